@@ -1,0 +1,223 @@
+//! The crate's error type, and [`Rejected`], which hands back whatever a
+//! refused call took ownership of.
+
+use std::fmt;
+
+use crate::backend::{PdId, WcStatus};
+use crate::op::OpKind;
+
+/// Everything that can go wrong, each variant saying what and why.
+///
+/// ```
+/// use rdma_ring::Error;
+/// let e = Error::SendQueueFull { outstanding: 127, depth: 127 };
+/// assert!(e.to_string().contains("send queue full"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The send queue has no room for another work request.
+    #[error("send queue full: {outstanding} of {depth} work requests outstanding or pushed; reap completions first")]
+    SendQueueFull {
+        /// Work requests posted or pushed and not yet completed.
+        outstanding: usize,
+        /// What the ring allows on this queue pair.
+        depth: usize,
+    },
+    /// The receive queue has no room for another receive.
+    #[error("receive queue full: {outstanding} of {depth} receives outstanding or pushed; reap completions first")]
+    RecvQueueFull {
+        /// Receives posted or pushed and not yet completed.
+        outstanding: usize,
+        /// What the ring allows on this queue pair.
+        depth: usize,
+    },
+    /// Another work request could make the completion queue overflow.
+    #[error("completion queue full: {possible} completions possible with {entries} entries; reap completions first")]
+    CompletionQueueFull {
+        /// Completions that outstanding work could still produce.
+        possible: usize,
+        /// Completion queue depth.
+        entries: usize,
+    },
+    /// The queue pair is in the error state and takes no more work.
+    #[error("queue pair is in the error state after a failed completion ({0}); it takes no more work requests")]
+    QpInError(WcStatus),
+    /// The ring is closed.
+    #[error("the ring is closed")]
+    Closed,
+    /// The local buffer is longer than the remote slice it targets.
+    #[error("local buffer of {local} bytes does not fit the remote slice of {remote} bytes")]
+    RemoteTooSmall {
+        /// Local length.
+        local: usize,
+        /// Remote length.
+        remote: u64,
+    },
+    /// The remote slice does not grant what the operation needs.
+    #[error("{op:?} needs remote {needed} rights, but the remote slice grants only {granted}")]
+    MissingRemoteRights {
+        /// The operation.
+        op: OpKind,
+        /// The right it needs.
+        needed: &'static str,
+        /// The rights granted, as text.
+        granted: String,
+    },
+    /// Inline data is larger than the queue pair allows.
+    #[error("inline payload of {len} bytes exceeds the queue pair's limit of {max} bytes")]
+    InlineTooLarge {
+        /// Payload length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// A buffer of one protection domain was used on a queue pair of another.
+    #[error(
+        "buffer is registered in protection domain {buf:?} but the queue pair belongs to {qp:?}"
+    )]
+    WrongPd {
+        /// The buffer's domain.
+        buf: PdId,
+        /// The queue pair's domain.
+        qp: PdId,
+    },
+    /// One work request can move at most 2^31 bytes.
+    #[error("buffer of {0} bytes exceeds the 2^31-byte limit of one work request")]
+    TooLong(usize),
+    /// A range or offset lies outside the buffer or slice.
+    #[error("range {start}..{end} is out of bounds for {len} bytes")]
+    OutOfBounds {
+        /// Range start.
+        start: u64,
+        /// Range end.
+        end: u64,
+        /// Length of what was sliced.
+        len: u64,
+    },
+    /// An atomic target is not 8-byte aligned.
+    #[error("atomic target at {addr:#x} is not 8-byte aligned")]
+    Misaligned {
+        /// The address.
+        addr: u64,
+    },
+    /// Memory of zero bytes cannot be registered.
+    #[error("cannot register an empty buffer")]
+    EmptyBuffer,
+    /// A wire record is malformed.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// Which record.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A work request completed with an error status.
+    #[error("{op:?} work request failed: {status}")]
+    Completion {
+        /// The operation.
+        op: OpKind,
+        /// Its status.
+        status: WcStatus,
+    },
+    /// A completion named a `wr_id` the ring never issued or already retired.
+    #[error("completion for unknown wr_id {wr_id:#018x} (stale, duplicated or foreign); ignored")]
+    UnknownWrId {
+        /// The offending `wr_id`.
+        wr_id: u64,
+    },
+    /// The device refused a work request at post time.
+    #[error("device refused the work request at post time: {0}")]
+    PostRejected(&'static str),
+    /// The completion queue overflowed; the device moved the QP to error.
+    #[error("completion queue overrun: the device dropped completions and moved the queue pair to error")]
+    CqOverrun,
+    /// Waiting for completions took longer than allowed.
+    #[error("timed out after {0:?} waiting for completions")]
+    Timeout(std::time::Duration),
+    /// A wait asked for more completions than the work in flight can give.
+    #[error("waiting for {wanted} completions, but only {possible} can still arrive")]
+    WaitUnsatisfiable {
+        /// Completions asked for.
+        wanted: usize,
+        /// Completions that can still arrive.
+        possible: usize,
+    },
+    /// The buffer pool has no free chunk.
+    #[error("buffer pool exhausted: all {0} chunks are in use")]
+    PoolExhausted(usize),
+    /// A verb of libibverbs failed.
+    #[error("{verb} failed: {source}")]
+    Verbs {
+        /// The verb, e.g. `ibv_reg_mr`.
+        verb: &'static str,
+        /// errno as an I/O error.
+        source: std::io::Error,
+    },
+    /// No device of that name.
+    #[error("no RDMA device named {0:?}")]
+    NoSuchDevice(String),
+    /// The soft device refused a request.
+    #[error("soft device: {0}")]
+    Soft(&'static str),
+}
+
+/// A refused call's error together with what the call took ownership of, so
+/// that nothing is lost: a pushed op, a buffer, a pool chunk.
+///
+/// ```
+/// use rdma_ring::{Error, Rejected};
+/// let r = Rejected::new(Error::Closed, vec![1u8, 2, 3]);
+/// let (error, value) = r.into_parts();
+/// assert!(matches!(error, Error::Closed));
+/// assert_eq!(value, vec![1, 2, 3]);
+/// ```
+pub struct Rejected<T> {
+    error: Error,
+    value: T,
+}
+
+impl<T> Rejected<T> {
+    /// Pairs an error with the value it hands back.
+    pub fn new(error: Error, value: T) -> Self {
+        Rejected { error, value }
+    }
+    /// Why the call was refused.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+    /// The value handed back.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+    /// Both parts.
+    pub fn into_parts(self) -> (Error, T) {
+        (self.error, self.value)
+    }
+}
+
+impl<T> fmt::Debug for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (the value is handed back)", self.error)
+    }
+}
+
+impl<T> std::error::Error for Rejected<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<Rejected<T>> for Error {
+    fn from(r: Rejected<T>) -> Error {
+        r.error
+    }
+}

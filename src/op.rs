@@ -1,0 +1,726 @@
+//! Typed work requests, one small builder per operation: the required parts
+//! in `new`, options as chained setters.
+//!
+//! Each builder takes ownership of its local buffer; the buffer comes back
+//! in the operation's [`Completion`](crate::ring::Completion). The types
+//! catch at compile time what can be caught:
+//!
+//! * the target of [`Read`] and [`Recv`] must be writable local memory
+//!   ([`IoBufMut`]); a [`ReadOnlyBuf`](crate::buf::ReadOnlyBuf) is refused;
+//! * the local target of [`CompareSwap`] and [`FetchAdd`] is a [`Word`]:
+//!   exactly 8 bytes, 8-aligned, writable;
+//! * the remote target of an atomic is a [`RemoteWord`]: 8 aligned bytes of
+//!   a [`RemoteSlice`] with atomic rights;
+//! * `inline` exists only on operations whose payload can be inline, and
+//!   `solicited` only on those that consume a receive at the peer.
+//!
+//! What depends on values (the remote slice is large enough and grants the
+//! right rights, the buffer's protection domain is the queue pair's, an
+//! inline payload fits) is checked at push time, and a refused push hands
+//! the builder back.
+//!
+//! Signaling is the ring's business: every operation comes back as a
+//! completion whether or not its work request asked the device for a CQE.
+//! [`Write::signaled`] and friends force a CQE, which releases the
+//! operation (and those before it) as early as possible.
+
+use crate::backend::{QpCaps, SendFlags, SendOpcode, SendWr, Sge};
+use crate::buf::{BaseBuf, IoBuf, IoBufMut, OwnedBuf, RemoteAccess, RemoteSlice, RemoteWord, Word};
+use crate::error::Error;
+
+/// The largest payload one work request may carry (the RC message limit).
+pub const MAX_MESSAGE_LEN: usize = 1 << 31;
+
+/// Which operation a work request is.
+///
+/// ```
+/// use rdma_ring::op::OpKind;
+/// assert!(OpKind::Recv.is_recv());
+/// assert!(!OpKind::SendImm.is_recv());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// RDMA READ.
+    Read,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA WRITE with immediate data.
+    WriteImm,
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendImm,
+    /// Receive.
+    Recv,
+    /// 8-byte compare-and-swap.
+    CompareSwap,
+    /// 8-byte fetch-and-add.
+    FetchAdd,
+}
+
+impl OpKind {
+    /// All eight kinds.
+    pub const ALL: [OpKind; 8] = [
+        OpKind::Read,
+        OpKind::Write,
+        OpKind::WriteImm,
+        OpKind::Send,
+        OpKind::SendImm,
+        OpKind::Recv,
+        OpKind::CompareSwap,
+        OpKind::FetchAdd,
+    ];
+
+    /// Whether this is a receive (posted to the receive queue).
+    pub fn is_recv(self) -> bool {
+        self == OpKind::Recv
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An operation the ring can push. Sealed: the eight builders of this
+/// module are the operations.
+pub trait Operation: sealed::Sealed + Sized {
+    /// Which operation this is.
+    fn kind(&self) -> OpKind;
+    #[doc(hidden)]
+    fn check(&self, caps: &QpCaps) -> Result<(), Error>;
+    #[doc(hidden)]
+    fn into_prepared(self) -> Prepared;
+}
+
+/// An operation lowered to what the ring stores and posts.
+#[doc(hidden)]
+pub struct Prepared {
+    pub(crate) kind: OpKind,
+    pub(crate) user_data: u64,
+    pub(crate) buf: OwnedBuf,
+    /// `None` for a receive.
+    pub(crate) wr: Option<SendWr>,
+}
+
+fn check_local<B: IoBuf>(buf: &B, caps: &QpCaps) -> Result<(), Error> {
+    if buf.pd() != caps.pd {
+        return Err(Error::WrongPd {
+            buf: buf.pd(),
+            qp: caps.pd,
+        });
+    }
+    if buf.bytes_len() > MAX_MESSAGE_LEN {
+        return Err(Error::TooLong(buf.bytes_len()));
+    }
+    Ok(())
+}
+
+fn check_remote(
+    op: OpKind,
+    local: usize,
+    remote: &RemoteSlice,
+    needed: RemoteAccess,
+    name: &'static str,
+) -> Result<(), Error> {
+    if local as u64 > remote.len() {
+        return Err(Error::RemoteTooSmall {
+            local,
+            remote: remote.len(),
+        });
+    }
+    if !remote.rights().contains(needed) {
+        return Err(Error::MissingRemoteRights {
+            op,
+            needed: name,
+            granted: format!("{:?}", remote.rights()),
+        });
+    }
+    Ok(())
+}
+
+fn check_inline(flags: SendFlags, len: usize, caps: &QpCaps) -> Result<(), Error> {
+    if flags.contains(SendFlags::INLINE) && len > caps.max_inline_data as usize {
+        return Err(Error::InlineTooLarge {
+            len,
+            max: caps.max_inline_data,
+        });
+    }
+    Ok(())
+}
+
+fn wr(opcode: SendOpcode, flags: SendFlags, sge: Sge) -> SendWr {
+    SendWr {
+        flags,
+        ..SendWr::new(0, opcode, sge)
+    }
+}
+
+macro_rules! common_setters {
+    ($ty:ident) => {
+        impl<B> $ty<B> {
+            /// Tags the operation; its completion carries the tag back.
+            pub fn user_data(mut self, user_data: u64) -> Self {
+                self.user_data = user_data;
+                self
+            }
+
+            /// Asks the device for a completion queue entry for this work
+            /// request, so it (and every unsignaled one before it) is
+            /// released as soon as it completes. Without it the ring
+            /// decides; the operation comes back either way.
+            pub fn signaled(mut self) -> Self {
+                self.flags |= SendFlags::SIGNALED;
+                self
+            }
+
+            /// Makes the work request wait until earlier RDMA READs and
+            /// atomics on this queue pair have completed.
+            pub fn fence(mut self) -> Self {
+                self.flags |= SendFlags::FENCE;
+                self
+            }
+        }
+    };
+}
+
+macro_rules! inline_setter {
+    ($ty:ident) => {
+        impl<B> $ty<B> {
+            /// Copies the payload into the work request at post time (up to
+            /// the queue pair's `max_inline_data`), saving the NIC a DMA read.
+            pub fn inline(mut self) -> Self {
+                self.flags |= SendFlags::INLINE;
+                self
+            }
+        }
+    };
+}
+
+macro_rules! solicited_setter {
+    ($ty:ident) => {
+        impl<B> $ty<B> {
+            /// Asks the receiver to raise a solicited completion event.
+            pub fn solicited(mut self) -> Self {
+                self.flags |= SendFlags::SOLICITED;
+                self
+            }
+        }
+    };
+}
+
+/// RDMA WRITE: copies the local buffer into the start of a remote slice
+/// that grants `WRITE`. The remote slice must be at least as long.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice, RegisteredBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::Write;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let buf = RegisteredBuf::new(&pd, vec![1u8; 64]).unwrap();
+/// let remote = RemoteSlice::new(0x1000, 64, 7, RemoteAccess::WRITE);
+/// let op = Write::new(buf, remote).user_data(1).inline().signaled();
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct Write<B> {
+    buf: B,
+    remote: RemoteSlice,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: IoBuf> Write<B> {
+    /// Writes `buf` to the start of `remote`.
+    pub fn new(buf: B, remote: RemoteSlice) -> Self {
+        Write {
+            buf,
+            remote,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The buffer back, unsent.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+common_setters!(Write);
+inline_setter!(Write);
+
+/// RDMA WRITE with immediate data: like [`Write`], and also consumes a
+/// receive at the peer, whose completion carries `imm` and the length.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice, RegisteredBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::WriteImm;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let buf = RegisteredBuf::new(&pd, vec![1u8; 64]).unwrap();
+/// let remote = RemoteSlice::new(0x1000, 64, 7, RemoteAccess::WRITE);
+/// let op = WriteImm::new(buf, remote, 0xfeed).solicited().user_data(2);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct WriteImm<B> {
+    buf: B,
+    remote: RemoteSlice,
+    imm: u32,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: IoBuf> WriteImm<B> {
+    /// Writes `buf` to the start of `remote` and notifies the peer with `imm`.
+    pub fn new(buf: B, remote: RemoteSlice, imm: u32) -> Self {
+        WriteImm {
+            buf,
+            remote,
+            imm,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The buffer back, unsent.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+common_setters!(WriteImm);
+inline_setter!(WriteImm);
+solicited_setter!(WriteImm);
+
+/// SEND: the peer's next posted receive gets the local buffer's bytes.
+///
+/// ```
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::Send;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let op = Send::new(RegisteredBuf::new(&pd, b"ping".to_vec()).unwrap()).user_data(3);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct Send<B> {
+    buf: B,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: IoBuf> Send<B> {
+    /// Sends `buf`.
+    pub fn new(buf: B) -> Self {
+        Send {
+            buf,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The buffer back, unsent.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+common_setters!(Send);
+inline_setter!(Send);
+solicited_setter!(Send);
+
+/// SEND with immediate data: like [`Send`]; the peer's receive completion
+/// also carries `imm`.
+///
+/// ```
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::SendImm;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let op = SendImm::new(RegisteredBuf::new(&pd, b"ping".to_vec()).unwrap(), 42);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct SendImm<B> {
+    buf: B,
+    imm: u32,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: IoBuf> SendImm<B> {
+    /// Sends `buf` with immediate data `imm`.
+    pub fn new(buf: B, imm: u32) -> Self {
+        SendImm {
+            buf,
+            imm,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The buffer back, unsent.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+common_setters!(SendImm);
+inline_setter!(SendImm);
+solicited_setter!(SendImm);
+
+/// RDMA READ: copies the start of a remote slice that grants `READ` into
+/// the local buffer, which must be writable.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice, RegisteredBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::Read;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+/// let op = Read::new(buf, RemoteSlice::new(0x1000, 64, 7, RemoteAccess::READ)).user_data(4);
+/// # let _ = op;
+/// ```
+///
+/// A read-only buffer is refused at compile time:
+///
+/// ```compile_fail
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice, ReadOnlyBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::Read;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let buf = ReadOnlyBuf::new(&pd, &b"constant"[..]).unwrap();
+/// let op = Read::new(buf, RemoteSlice::new(0x1000, 64, 7, RemoteAccess::READ));
+/// ```
+#[derive(Debug)]
+pub struct Read<B> {
+    buf: B,
+    remote: RemoteSlice,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: IoBufMut> Read<B> {
+    /// Reads `buf.len()` bytes from the start of `remote` into `buf`.
+    pub fn new(buf: B, remote: RemoteSlice) -> Self {
+        Read {
+            buf,
+            remote,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The buffer back, unread.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+common_setters!(Read);
+
+/// A receive: the buffer waits for the peer's next SEND (or WRITE with
+/// immediate, which leaves the buffer untouched and delivers `imm`).
+///
+/// ```
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::Recv;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let op = Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap()).user_data(5);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct Recv<B> {
+    buf: B,
+    user_data: u64,
+}
+
+impl<B: IoBufMut> Recv<B> {
+    /// Posts `buf` to receive into.
+    pub fn new(buf: B) -> Self {
+        Recv { buf, user_data: 0 }
+    }
+
+    /// Tags the operation; its completion carries the tag back.
+    pub fn user_data(mut self, user_data: u64) -> Self {
+        self.user_data = user_data;
+        self
+    }
+
+    /// The buffer back, unposted.
+    pub fn into_buf(self) -> B {
+        self.buf
+    }
+}
+
+/// 8-byte compare-and-swap: if the remote word equals `compare`, it becomes
+/// `swap`; either way the word's old value lands in the local [`Word`].
+///
+/// ```
+/// use rdma_ring::buf::{BaseBuf, RemoteAccess, RemoteSlice, RegisteredBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::CompareSwap;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let local = RegisteredBuf::new(&pd, Box::new(0u64)).unwrap().word(0).unwrap();
+/// let remote = RemoteSlice::new(0x1000, 64, 7, RemoteAccess::ATOMIC).word(8).unwrap();
+/// let op = CompareSwap::new(local, remote, 0, 1).user_data(6);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct CompareSwap<B> {
+    word: Word<B>,
+    remote: RemoteWord,
+    compare: u64,
+    swap: u64,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: BaseBuf + IoBufMut> CompareSwap<B> {
+    /// Compares the remote word with `compare` and, if equal, swaps in `swap`.
+    pub fn new(word: Word<B>, remote: RemoteWord, compare: u64, swap: u64) -> Self {
+        CompareSwap {
+            word,
+            remote,
+            compare,
+            swap,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The word back, unsent.
+    pub fn into_buf(self) -> Word<B> {
+        self.word
+    }
+}
+common_setters!(CompareSwap);
+
+/// 8-byte fetch-and-add: adds `add` to the remote word (wrapping); the
+/// word's old value lands in the local [`Word`].
+///
+/// ```
+/// use rdma_ring::buf::{BaseBuf, RemoteAccess, RemoteSlice, RegisteredBuf};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::op::FetchAdd;
+/// let pd = SoftDevice::new().alloc_pd();
+/// let local = RegisteredBuf::new(&pd, Box::new(0u64)).unwrap().word(0).unwrap();
+/// let remote = RemoteSlice::new(0x1000, 64, 7, RemoteAccess::ATOMIC).word(0).unwrap();
+/// let op = FetchAdd::new(local, remote, 5).user_data(7);
+/// # let _ = op;
+/// ```
+#[derive(Debug)]
+pub struct FetchAdd<B> {
+    word: Word<B>,
+    remote: RemoteWord,
+    add: u64,
+    user_data: u64,
+    flags: SendFlags,
+}
+
+impl<B: BaseBuf + IoBufMut> FetchAdd<B> {
+    /// Adds `add` to the remote word.
+    pub fn new(word: Word<B>, remote: RemoteWord, add: u64) -> Self {
+        FetchAdd {
+            word,
+            remote,
+            add,
+            user_data: 0,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The word back, unsent.
+    pub fn into_buf(self) -> Word<B> {
+        self.word
+    }
+}
+common_setters!(FetchAdd);
+
+impl<B> sealed::Sealed for Write<B> {}
+impl<B: IoBuf> Operation for Write<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::Write
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)?;
+        check_inline(self.flags, self.buf.bytes_len(), caps)?;
+        check_remote(
+            OpKind::Write,
+            self.buf.bytes_len(),
+            &self.remote,
+            RemoteAccess::WRITE,
+            "WRITE",
+        )
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::Write, self.flags, self.buf.sge());
+        wr.remote_addr = self.remote.addr();
+        wr.rkey = self.remote.rkey();
+        Prepared {
+            kind: OpKind::Write,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for WriteImm<B> {}
+impl<B: IoBuf> Operation for WriteImm<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::WriteImm
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)?;
+        check_inline(self.flags, self.buf.bytes_len(), caps)?;
+        check_remote(
+            OpKind::WriteImm,
+            self.buf.bytes_len(),
+            &self.remote,
+            RemoteAccess::WRITE,
+            "WRITE",
+        )
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::WriteImm, self.flags, self.buf.sge());
+        wr.remote_addr = self.remote.addr();
+        wr.rkey = self.remote.rkey();
+        wr.imm = self.imm;
+        Prepared {
+            kind: OpKind::WriteImm,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for Send<B> {}
+impl<B: IoBuf> Operation for Send<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::Send
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)?;
+        check_inline(self.flags, self.buf.bytes_len(), caps)
+    }
+    fn into_prepared(self) -> Prepared {
+        let wr = wr(SendOpcode::Send, self.flags, self.buf.sge());
+        Prepared {
+            kind: OpKind::Send,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for SendImm<B> {}
+impl<B: IoBuf> Operation for SendImm<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::SendImm
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)?;
+        check_inline(self.flags, self.buf.bytes_len(), caps)
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::SendImm, self.flags, self.buf.sge());
+        wr.imm = self.imm;
+        Prepared {
+            kind: OpKind::SendImm,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for Read<B> {}
+impl<B: IoBufMut> Operation for Read<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::Read
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)?;
+        check_remote(
+            OpKind::Read,
+            self.buf.bytes_len(),
+            &self.remote,
+            RemoteAccess::READ,
+            "READ",
+        )
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::Read, self.flags, self.buf.sge());
+        wr.remote_addr = self.remote.addr();
+        wr.rkey = self.remote.rkey();
+        Prepared {
+            kind: OpKind::Read,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for Recv<B> {}
+impl<B: IoBufMut> Operation for Recv<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::Recv
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.buf, caps)
+    }
+    fn into_prepared(self) -> Prepared {
+        Prepared {
+            kind: OpKind::Recv,
+            user_data: self.user_data,
+            buf: self.buf.into_owned(),
+            wr: None,
+        }
+    }
+}
+
+impl<B> sealed::Sealed for CompareSwap<B> {}
+impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::CompareSwap
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.word, caps)
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::CompareSwap, self.flags, self.word.sge());
+        wr.remote_addr = self.remote.addr();
+        wr.rkey = self.remote.rkey();
+        wr.compare_add = self.compare;
+        wr.swap = self.swap;
+        Prepared {
+            kind: OpKind::CompareSwap,
+            user_data: self.user_data,
+            buf: self.word.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}
+
+impl<B> sealed::Sealed for FetchAdd<B> {}
+impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
+    fn kind(&self) -> OpKind {
+        OpKind::FetchAdd
+    }
+    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        check_local(&self.word, caps)
+    }
+    fn into_prepared(self) -> Prepared {
+        let mut wr = wr(SendOpcode::FetchAdd, self.flags, self.word.sge());
+        wr.remote_addr = self.remote.addr();
+        wr.rkey = self.remote.rkey();
+        wr.compare_add = self.add;
+        Prepared {
+            kind: OpKind::FetchAdd,
+            user_data: self.user_data,
+            buf: self.word.into_owned(),
+            wr: Some(wr),
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Reaping completions: explicit CQEs, and the unsignaled operations a
+//! signaled CQE completes implicitly.
+
+use std::fmt;
+use std::time::Instant;
+
+use super::{InFlight, Key, Ring, DRAIN_WR_ID};
+use crate::backend::{QueuePair, RawCompletion, WcStatus};
+use crate::buf::{IoBuf, OwnedBuf};
+use crate::error::Error;
+use crate::op::OpKind;
+
+/// A finished operation: its buffer back, with what happened.
+///
+/// ```
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+/// # use rdma_ring::buf::RegisteredBuf;
+/// # use rdma_ring::op::{Recv, Send};
+/// # use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// # let (a, b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// # let (mut a, mut b) = (Ring::new(a, RingConfig::default()), Ring::new(b, RingConfig::default()));
+/// b.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()).user_data(9)).unwrap();
+/// b.submission().submit().unwrap();
+/// a.submission().push(Send::new(RegisteredBuf::new(&pd, b"hi".to_vec()).unwrap())).unwrap();
+/// a.submission().submit().unwrap();
+/// let recv = b.completion().wait(1).unwrap().pop().unwrap();
+/// assert_eq!(recv.user_data(), 9);
+/// let (result, buf) = recv.into_parts();
+/// assert_eq!(result.unwrap(), 2);
+/// assert_eq!(&buf[..2], b"hi");
+/// ```
+pub struct Completion {
+    kind: OpKind,
+    user_data: u64,
+    status: WcStatus,
+    byte_len: u32,
+    imm: Option<u32>,
+    buf: OwnedBuf,
+}
+
+impl Completion {
+    pub(super) fn new(op: InFlight, status: WcStatus, byte_len: u32, imm: Option<u32>) -> Self {
+        Completion {
+            kind: op.kind,
+            user_data: op.user_data,
+            status,
+            byte_len,
+            imm,
+            buf: op.buf,
+        }
+    }
+
+    /// The operation's kind.
+    pub fn kind(&self) -> OpKind {
+        self.kind
+    }
+
+    /// The tag given at push.
+    pub fn user_data(&self) -> u64 {
+        self.user_data
+    }
+
+    /// What happened.
+    pub fn status(&self) -> WcStatus {
+        self.status
+    }
+
+    /// Bytes moved: for a receive, the bytes that arrived; for other
+    /// operations, the buffer's length on success and 0 otherwise.
+    pub fn byte_len(&self) -> u32 {
+        self.byte_len
+    }
+
+    /// Immediate data, for a receive that got it.
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+
+    /// The buffer.
+    pub fn buf(&self) -> &OwnedBuf {
+        &self.buf
+    }
+
+    /// `Ok(bytes moved)` or the failure as an [`Error::Completion`].
+    pub fn result(&self) -> Result<usize, Error> {
+        if self.status.is_success() {
+            Ok(self.byte_len as usize)
+        } else {
+            Err(Error::Completion {
+                op: self.kind,
+                status: self.status,
+            })
+        }
+    }
+
+    /// The buffer, dropping the rest.
+    pub fn into_buf(self) -> OwnedBuf {
+        self.buf
+    }
+
+    /// The result and the buffer.
+    pub fn into_parts(self) -> (Result<usize, Error>, OwnedBuf) {
+        (self.result(), self.buf)
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("kind", &self.kind)
+            .field("user_data", &self.user_data)
+            .field("status", &self.status)
+            .field("byte_len", &self.byte_len)
+            .field("imm", &self.imm)
+            .field("buf", &self.buf)
+            .finish()
+    }
+}
+
+/// The completion side of a [`Ring`].
+pub struct CompletionQueue<'a, Q: QueuePair> {
+    pub(super) ring: &'a mut Ring<Q>,
+}
+
+impl<Q: QueuePair> CompletionQueue<'_, Q> {
+    /// The next completion, if one is ready; never blocks. A CQE naming an
+    /// unknown `wr_id` is reported as [`Error::UnknownWrId`] after the
+    /// others polled with it are queued.
+    pub fn poll(&mut self) -> Result<Option<Completion>, Error> {
+        if let Some(c) = self.ring.ready.pop_front() {
+            return Ok(Some(c));
+        }
+        self.ring.reap_device()?;
+        Ok(self.ring.ready.pop_front())
+    }
+
+    /// Moves every ready completion into `out`; returns how many.
+    pub fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        let result = self.ring.reap_device();
+        let n = self.ring.ready.len();
+        out.extend(self.ring.ready.drain(..));
+        result.map(|_| n)
+    }
+
+    /// Waits (polling) until at least `min` completions are ready, up to the
+    /// ring's `wait_timeout`, and returns all that are.
+    pub fn wait(&mut self, min: usize) -> Result<Vec<Completion>, Error> {
+        let mut out = Vec::with_capacity(min);
+        self.wait_into(min, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`wait`](Self::wait), appending to `out`; returns how many were
+    /// appended. Fails at once if fewer than `min` operations are in flight.
+    pub fn wait_into(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize, Error> {
+        let timeout = self.ring.config.wait_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut got = 0;
+        loop {
+            got += self.reap(out)?;
+            if got >= min {
+                return Ok(got);
+            }
+            let possible = self.ring.outstanding_send + self.ring.outstanding_recv;
+            if got + possible < min {
+                return Err(Error::WaitUnsatisfiable {
+                    wanted: min,
+                    possible: got + possible,
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Completions ready without polling the device.
+    pub fn ready(&self) -> usize {
+        self.ring.ready.len()
+    }
+}
+
+impl<Q: QueuePair> Ring<Q> {
+    /// Moves CQEs from the device into `ready`, completing unsignaled
+    /// operations implicitly. Returns how many CQEs were reaped.
+    pub(super) fn reap_device(&mut self) -> Result<usize, Error> {
+        if self.outstanding_send + self.outstanding_recv == 0 && !self.drain_posted {
+            return Ok(0);
+        }
+        let n = self.qp.poll_cq(&mut self.scratch)?;
+        let mut unknown = None;
+        for i in 0..n {
+            let raw = self.scratch[i];
+            self.stats.cqes += 1;
+            if !self.process(raw) {
+                self.stats.unknown_cqes += 1;
+                unknown.get_or_insert(raw.wr_id);
+            }
+        }
+        match unknown {
+            Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
+            None => Ok(n),
+        }
+    }
+
+    /// Applies one CQE; false if it names no posted operation.
+    fn process(&mut self, raw: RawCompletion) -> bool {
+        if raw.wr_id == DRAIN_WR_ID && self.drain_posted {
+            self.drain_posted = false;
+            while let Some(key) = self.send_order.pop_front() {
+                self.complete_implicitly(key, WcStatus::WrFlushErr);
+            }
+            return true;
+        }
+        let key = Key::from_wr_id(raw.wr_id);
+        let (kind, posted) = match self.slab.get(key) {
+            Some(op) => (op.kind, op.posted),
+            None => return false,
+        };
+        if !posted {
+            return false;
+        }
+        if !raw.status.is_success() {
+            self.record_error(raw.status);
+        }
+        if kind.is_recv() {
+            let op = self.slab.remove(key).expect("checked above");
+            self.outstanding_recv -= 1;
+            let byte_len = if raw.status.is_success() {
+                raw.byte_len
+            } else {
+                0
+            };
+            self.ready
+                .push_back(Completion::new(op, raw.status, byte_len, raw.imm));
+            return true;
+        }
+        // RC completes a send queue in order: everything posted before this
+        // work request has completed too. If this one was flushed, so were
+        // they; otherwise they succeeded (an error would have had its own CQE).
+        let earlier = if raw.status.is_flush() {
+            WcStatus::WrFlushErr
+        } else {
+            WcStatus::Success
+        };
+        while let Some(front) = self.send_order.pop_front() {
+            if front == key {
+                break;
+            }
+            self.complete_implicitly(front, earlier);
+        }
+        let op = self.slab.remove(key).expect("checked above");
+        self.outstanding_send -= 1;
+        let byte_len = if raw.status.is_success() {
+            op.buf.bytes_len() as u32
+        } else {
+            0
+        };
+        self.ready
+            .push_back(Completion::new(op, raw.status, byte_len, None));
+        true
+    }
+
+    fn complete_implicitly(&mut self, key: Key, status: WcStatus) {
+        let Some(op) = self.slab.remove(key) else {
+            return;
+        };
+        self.outstanding_send -= 1;
+        self.stats.implicit += 1;
+        let byte_len = if status.is_success() {
+            op.buf.bytes_len() as u32
+        } else {
+            0
+        };
+        self.ready
+            .push_back(Completion::new(op, status, byte_len, None));
+    }
+}

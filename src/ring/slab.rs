@@ -1,0 +1,149 @@
+//! Fixed-capacity slab whose keys carry a generation, so a stale or
+//! duplicated `wr_id` can never name a reused slot.
+
+/// A slot index plus the generation it had when the key was issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Key {
+    index: u32,
+    generation: u32,
+}
+
+impl Key {
+    /// `wr_id` layout: generation in the high half, index in the low half.
+    pub(crate) fn to_wr_id(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    pub(crate) fn from_wr_id(wr_id: u64) -> Key {
+        Key {
+            index: wr_id as u32,
+            generation: (wr_id >> 32) as u32,
+        }
+    }
+}
+
+struct Entry<T> {
+    generation: u32,
+    value: Option<T>,
+    next_free: u32,
+}
+
+const NO_FREE: u32 = u32::MAX;
+
+/// Allocation happens once, in `with_capacity`; inserting into a full slab
+/// fails instead of growing, so the steady state allocates nothing.
+pub(crate) struct Slab<T> {
+    entries: Vec<Entry<T>>,
+    free_head: u32,
+    len: usize,
+}
+
+impl<T> Slab<T> {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        assert!(capacity < NO_FREE as usize, "slab capacity too large");
+        let entries = (0..capacity)
+            .map(|i| Entry {
+                generation: 0,
+                value: None,
+                next_free: if i + 1 < capacity {
+                    i as u32 + 1
+                } else {
+                    NO_FREE
+                },
+            })
+            .collect();
+        Slab {
+            entries,
+            free_head: if capacity == 0 { NO_FREE } else { 0 },
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn insert(&mut self, value: T) -> Option<Key> {
+        if self.free_head == NO_FREE {
+            return None;
+        }
+        let index = self.free_head;
+        let entry = &mut self.entries[index as usize];
+        self.free_head = entry.next_free;
+        entry.value = Some(value);
+        self.len += 1;
+        Some(Key {
+            index,
+            generation: entry.generation,
+        })
+    }
+
+    fn entry(&self, key: Key) -> Option<&Entry<T>> {
+        self.entries
+            .get(key.index as usize)
+            .filter(|e| e.generation == key.generation && e.value.is_some())
+    }
+
+    pub(crate) fn get(&self, key: Key) -> Option<&T> {
+        self.entry(key).and_then(|e| e.value.as_ref())
+    }
+
+    pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
+        self.entries
+            .get_mut(key.index as usize)
+            .filter(|e| e.generation == key.generation)
+            .and_then(|e| e.value.as_mut())
+    }
+
+    pub(crate) fn remove(&mut self, key: Key) -> Option<T> {
+        self.entry(key)?;
+        let entry = &mut self.entries[key.index as usize];
+        let value = entry.value.take();
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.next_free = self.free_head;
+        self.free_head = key.index;
+        self.len -= 1;
+        value
+    }
+
+    /// Removes every value, for teardown.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        let keys: Vec<Key> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.value.is_some())
+            .map(|(i, e)| Key {
+                index: i as u32,
+                generation: e.generation,
+            })
+            .collect();
+        keys.into_iter().filter_map(move |k| self.remove(k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_keys_miss() {
+        let mut slab = Slab::with_capacity(2);
+        let a = slab.insert("a").unwrap();
+        assert_eq!(slab.remove(a), Some("a"));
+        let b = slab.insert("b").unwrap();
+        assert_ne!(a.to_wr_id(), b.to_wr_id(), "reused slot, new generation");
+        assert_eq!(slab.get(a), None);
+        assert_eq!(slab.remove(a), None);
+        assert_eq!(slab.get(Key::from_wr_id(b.to_wr_id())), Some(&"b"));
+    }
+
+    #[test]
+    fn full_slab_refuses() {
+        let mut slab = Slab::with_capacity(1);
+        slab.insert(1).unwrap();
+        assert!(slab.insert(2).is_none());
+        assert_eq!(slab.len(), 1);
+        assert_eq!(slab.get(Key::from_wr_id(u64::MAX)), None);
+    }
+}
