@@ -210,8 +210,10 @@ impl<Q: QueuePair> Ring<Q> {
     fn process(&mut self, raw: RawCompletion) -> bool {
         if raw.wr_id == DRAIN_WR_ID && self.drain_posted {
             self.drain_posted = false;
+            // The marker went in last: every send before it is done, and
+            // those without a CQE of their own ran before the error.
             while let Some(key) = self.send_order.pop_front() {
-                self.complete_implicitly(key, WcStatus::WrFlushErr);
+                self.complete_implicitly(key);
             }
             return true;
         }
@@ -239,18 +241,14 @@ impl<Q: QueuePair> Ring<Q> {
             return true;
         }
         // RC completes a send queue in order: everything posted before this
-        // work request has completed too. If this one was flushed, so were
-        // they; otherwise they succeeded (an error would have had its own CQE).
-        let earlier = if raw.status.is_flush() {
-            WcStatus::WrFlushErr
-        } else {
-            WcStatus::Success
-        };
+        // work request has completed too, and successfully — a work request
+        // that fails or is flushed always gets a CQE of its own, signaled or
+        // not, and that CQE would have arrived first.
         while let Some(front) = self.send_order.pop_front() {
             if front == key {
                 break;
             }
-            self.complete_implicitly(front, earlier);
+            self.complete_implicitly(front);
         }
         let op = self.slab.remove(key).expect("checked above");
         self.outstanding_send -= 1;
@@ -264,18 +262,14 @@ impl<Q: QueuePair> Ring<Q> {
         true
     }
 
-    fn complete_implicitly(&mut self, key: Key, status: WcStatus) {
+    fn complete_implicitly(&mut self, key: Key) {
         let Some(op) = self.slab.remove(key) else {
             return;
         };
         self.outstanding_send -= 1;
         self.stats.implicit += 1;
-        let byte_len = if status.is_success() {
-            op.buf.bytes_len() as u32
-        } else {
-            0
-        };
+        let byte_len = op.buf.bytes_len() as u32;
         self.ready
-            .push_back(Completion::new(op, status, byte_len, None));
+            .push_back(Completion::new(op, WcStatus::Success, byte_len, None));
     }
 }
