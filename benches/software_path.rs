@@ -1,1 +1,78 @@
-fn main() {}
+//! The software path per operation: build + push + submit + reap, on the
+//! soft device's no-op mode (the device completes every work request at
+//! once and moves no data), at 1, 16 and 64 operations per submit.
+//! Criterion reports time per operation (throughput in elements).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rdma_ring::backend::soft::{Progress, SoftDevice, SoftQp};
+use rdma_ring::backend::QpConfig;
+use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
+use rdma_ring::op::Write;
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+
+struct Setup {
+    ring: Ring<SoftQp>,
+    remote: RemoteSlice,
+    bufs: Vec<PoolChunk>,
+    done: Vec<Completion>,
+    _pool: BufferPool,
+    _exposed: ExposedBuf<Vec<u8>>,
+}
+
+fn setup(batch: usize) -> Setup {
+    let dev = SoftDevice::with_progress(Progress::NoOp);
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_send_wr: 256,
+        max_recv_wr: 1,
+        ..QpConfig::default()
+    };
+    let (qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    std::mem::forget(peer); // keep the link up for the whole benchmark
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
+    let pool = BufferPool::new(&pd, 64, batch).unwrap();
+    let bufs = (0..batch).map(|_| pool.take().unwrap()).collect();
+    Setup {
+        ring: Ring::new(qp, RingConfig::default()),
+        remote: exposed.remote(),
+        bufs,
+        done: Vec::with_capacity(batch),
+        _pool: pool,
+        _exposed: exposed,
+    }
+}
+
+/// One round: push `bufs.len()` writes, submit once, reap them all, and
+/// take the buffers back for the next round.
+fn round(s: &mut Setup) {
+    let n = s.bufs.len();
+    let mut sq = s.ring.submission();
+    for (i, buf) in s.bufs.drain(..).enumerate() {
+        let target = s.remote.slice(i as u64 * 64..(i as u64 + 1) * 64).unwrap();
+        sq.push(Write::new(buf, target).user_data(i as u64))
+            .unwrap();
+    }
+    sq.submit().unwrap();
+    let mut cq = s.ring.completion();
+    while s.done.len() < n {
+        cq.reap(&mut s.done).unwrap();
+    }
+    for c in s.done.drain(..) {
+        s.bufs.push(c.into_buf().downcast::<PoolChunk>().unwrap());
+    }
+}
+
+fn software_path(c: &mut Criterion) {
+    let mut group = c.benchmark_group("software_path");
+    for batch in [1usize, 16, 64] {
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_function(format!("write_batch_{batch}"), |b| {
+            let mut s = setup(batch);
+            b.iter(|| round(&mut s));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, software_path);
+criterion_main!(benches);
