@@ -1,0 +1,628 @@
+//! Each ring invariant of DESIGN.md, checked on a chosen scenario: on the
+//! soft device, and on a wrapper queue pair that misbehaves on purpose
+//! (partial posts, forged CQEs, a device that cannot drain).
+
+use rdma_ring::backend::soft::{Progress, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{
+    PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr, WcStatus,
+};
+use rdma_ring::buf::{
+    BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
+};
+use rdma_ring::op::{OpKind, Read, Recv, Send, Write};
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+use rdma_ring::Error;
+
+struct Pair {
+    dev: SoftDevice,
+    pd: SoftPd,
+    a: Ring<SoftQp>,
+    b: Ring<SoftQp>,
+    exposed: ExposedBuf<Vec<u8>>,
+    pool: BufferPool,
+}
+
+fn pair(progress: Progress, config: QpConfig, ring: RingConfig) -> Pair {
+    let dev = SoftDevice::with_progress(progress);
+    let pd = dev.alloc_pd();
+    let (qa, qb) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 1024], RemoteAccess::all()).unwrap();
+    let pool = BufferPool::new(&pd, 1024, 256).unwrap();
+    Pair {
+        a: Ring::new(qa, ring),
+        b: Ring::new(qb, ring),
+        dev,
+        pd,
+        exposed,
+        pool,
+    }
+}
+
+fn default_pair() -> Pair {
+    pair(Progress::Auto, QpConfig::default(), RingConfig::default())
+}
+
+fn reap_all<Q: QueuePair>(ring: &mut Ring<Q>) -> Vec<Completion> {
+    let mut out = Vec::new();
+    ring.completion().reap(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn one_doorbell_for_a_batch_of_64() {
+    let mut p = pair(
+        Progress::Auto,
+        QpConfig {
+            max_send_wr: 128,
+            ..QpConfig::default()
+        },
+        RingConfig::default(),
+    );
+    let remote = p.exposed.remote();
+    let control = p.a.qp().control();
+    for i in 0..64u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    assert_eq!(p.a.submission().submit().unwrap(), 64);
+    let counters = control.counters();
+    assert_eq!((counters.send_posts, counters.send_wrs), (1, 64));
+    assert_eq!(p.a.stats().doorbells, 1);
+    let done = p.a.completion().wait(64).unwrap();
+    let mut tags: Vec<u64> = done.iter().map(|c| c.user_data()).collect();
+    tags.sort();
+    assert_eq!(tags, (0..64).collect::<Vec<_>>());
+}
+
+#[test]
+fn unsignaled_ops_complete_with_the_last_signaled_one() {
+    let mut p = pair(
+        Progress::Manual,
+        QpConfig::default(),
+        RingConfig {
+            signal_interval: 1000,
+            ..RingConfig::default()
+        },
+    );
+    let remote = p.exposed.remote();
+    for i in 0..10u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    assert_eq!(
+        p.a.stats().signaled,
+        1,
+        "only the last WR of the submit asks for a CQE"
+    );
+    // Nine WRs run: no CQE yet, so nothing comes back.
+    for _ in 0..9 {
+        assert!(p.a.qp().control().step());
+    }
+    assert!(reap_all(&mut p.a).is_empty());
+    assert!(p.a.qp().control().step());
+    let done = reap_all(&mut p.a);
+    assert_eq!(
+        done.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    assert!(done
+        .iter()
+        .all(|c| c.status().is_success() && c.byte_len() == 1024));
+    assert_eq!(p.a.stats().implicit, 9);
+}
+
+#[test]
+fn signal_interval_bounds_unsignaled_runs() {
+    let mut p = pair(
+        Progress::Auto,
+        QpConfig::default(),
+        RingConfig {
+            signal_interval: 4,
+            ..RingConfig::default()
+        },
+    );
+    let remote = p.exposed.remote();
+    for i in 0..16u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), target))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    assert_eq!(p.a.stats().signaled, 4);
+    assert_eq!(p.a.completion().wait(16).unwrap().len(), 16);
+}
+
+#[test]
+fn full_send_queue_hands_the_op_back() {
+    let mut p = pair(
+        Progress::Manual,
+        QpConfig {
+            max_send_wr: 4,
+            ..QpConfig::default()
+        },
+        RingConfig::default(),
+    );
+    let remote = p.exposed.remote().slice(0..1024).unwrap();
+    for _ in 0..3 {
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), remote))
+            .unwrap();
+    }
+    let mut chunk = p.pool.take().unwrap();
+    chunk[..4].copy_from_slice(b"mine");
+    let rejected =
+        p.a.submission()
+            .push(Write::new(chunk, remote).user_data(7))
+            .unwrap_err();
+    assert!(matches!(
+        rejected.error(),
+        Error::SendQueueFull {
+            outstanding: 3,
+            depth: 3
+        }
+    ));
+    let chunk = rejected.into_value().into_buf();
+    assert_eq!(&chunk[..4], b"mine");
+    // Room returns once completions are reaped.
+    p.a.submission().submit().unwrap();
+    p.dev.progress();
+    assert_eq!(reap_all(&mut p.a).len(), 3);
+    p.a.submission().push(Write::new(chunk, remote)).unwrap();
+}
+
+#[test]
+fn full_receive_queue_hands_the_op_back() {
+    let mut p = pair(
+        Progress::Auto,
+        QpConfig {
+            max_recv_wr: 2,
+            ..QpConfig::default()
+        },
+        RingConfig::default(),
+    );
+    for _ in 0..2 {
+        p.b.submission()
+            .push(Recv::new(p.pool.take().unwrap()))
+            .unwrap();
+    }
+    let rejected =
+        p.b.submission()
+            .push(Recv::new(p.pool.take().unwrap()))
+            .unwrap_err();
+    assert!(matches!(rejected.error(), Error::RecvQueueFull { .. }));
+}
+
+#[test]
+fn injected_error_fails_one_and_flushes_the_rest() {
+    let mut p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
+    let remote = p.exposed.remote();
+    p.a.qp().control().fail_nth(3, WcStatus::RemOpErr);
+    for i in 0..6u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    p.dev.progress();
+    let done = reap_all(&mut p.a);
+    let statuses: Vec<(u64, WcStatus)> = done.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, WcStatus::RemOpErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr),
+            (5, WcStatus::WrFlushErr),
+        ]
+    );
+    assert_eq!(p.a.error_status(), Some(WcStatus::RemOpErr));
+    let refused = p.a.submission().push(Write::new(
+        p.pool.take().unwrap(),
+        remote.slice(0..8).unwrap(),
+    ));
+    assert!(matches!(
+        refused.unwrap_err().error(),
+        Error::QpInError(WcStatus::RemOpErr)
+    ));
+    drop(done);
+    drop(p.a);
+    drop(p.b);
+    assert_eq!(p.pool.available(), p.pool.capacity());
+}
+
+#[test]
+fn wrong_rkey_is_a_remote_access_error_and_moves_both_sides_to_error() {
+    let mut p = default_pair();
+    let good = p.exposed.remote();
+    let forged = RemoteSlice::new(good.addr(), 1024, good.rkey() ^ 0x40, RemoteAccess::all());
+    p.b.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(50))
+        .unwrap();
+    p.b.submission().submit().unwrap();
+    p.a.submission()
+        .push(Write::new(p.pool.take().unwrap(), forged).user_data(1))
+        .unwrap();
+    p.a.submission()
+        .push(Write::new(p.pool.take().unwrap(), good.slice(0..1024).unwrap()).user_data(2))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    let done = p.a.completion().wait(2).unwrap();
+    assert_eq!(done[0].status(), WcStatus::RemAccessErr);
+    assert_eq!(done[1].status(), WcStatus::WrFlushErr);
+    assert!(matches!(
+        done[0].result(),
+        Err(Error::Completion {
+            op: OpKind::Write,
+            ..
+        })
+    ));
+    // The responder's receive is flushed: its QP went to error too (RC class C).
+    let b_done = p.b.completion().wait(1).unwrap();
+    assert_eq!(
+        (b_done[0].user_data(), b_done[0].status()),
+        (50, WcStatus::WrFlushErr)
+    );
+}
+
+#[test]
+fn push_checks_remote_bounds_rights_and_domain() {
+    let mut p = default_pair();
+    let read_only = p
+        .exposed
+        .remote()
+        .slice(0..512)
+        .unwrap()
+        .restrict(RemoteAccess::READ);
+    let r =
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), read_only))
+            .unwrap_err();
+    assert!(matches!(
+        r.error(),
+        Error::RemoteTooSmall {
+            local: 1024,
+            remote: 512
+        }
+    ));
+    let r =
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap().slice(0..512), read_only))
+            .unwrap_err();
+    assert!(
+        matches!(r.error(), Error::MissingRemoteRights { .. }),
+        "{}",
+        r.error()
+    );
+
+    let other_pd = p.dev.alloc_pd();
+    let foreign = RegisteredBuf::new(&other_pd, vec![0u8; 16]).unwrap();
+    let r = p.a.submission().push(Send::new(foreign)).unwrap_err();
+    assert!(matches!(r.error(), Error::WrongPd { .. }));
+    let back: RegisteredBuf = r.into_value().into_buf();
+    assert_eq!(back.len(), 16);
+
+    let big = RegisteredBuf::new(&p.pd, vec![0u8; 1000]).unwrap();
+    let r = p.a.submission().push(Send::new(big).inline()).unwrap_err();
+    assert!(matches!(
+        r.error(),
+        Error::InlineTooLarge { len: 1000, max: 64 }
+    ));
+}
+
+#[test]
+fn send_without_receive_fails_after_rnr_retries() {
+    let mut p = pair(
+        Progress::Manual,
+        QpConfig {
+            rnr_retry: 2,
+            ..QpConfig::default()
+        },
+        RingConfig::default(),
+    );
+    p.a.submission()
+        .push(Send::new(p.pool.take().unwrap()).user_data(1))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    for _ in 0..2 {
+        p.dev.progress();
+        assert!(reap_all(&mut p.a).is_empty(), "still retrying");
+    }
+    p.dev.progress();
+    let done = reap_all(&mut p.a);
+    assert_eq!(done[0].status(), WcStatus::RnrRetryExcErr);
+    assert_eq!(p.a.qp().control().counters().rnr_naks, 3);
+}
+
+#[test]
+fn receive_too_small_fails_both_sides() {
+    let mut p = default_pair();
+    p.b.submission()
+        .push(Recv::new(p.pool.take().unwrap().slice(0..8)).user_data(9))
+        .unwrap();
+    p.b.submission().submit().unwrap();
+    p.a.submission()
+        .push(Send::new(p.pool.take().unwrap()))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    assert_eq!(
+        p.a.completion().wait(1).unwrap()[0].status(),
+        WcStatus::RemInvReqErr
+    );
+    assert_eq!(
+        p.b.completion().wait(1).unwrap()[0].status(),
+        WcStatus::LocLenErr
+    );
+}
+
+#[test]
+fn a_vanished_peer_fails_ops_in_bounded_time() {
+    let mut p = default_pair();
+    let remote = p.exposed.remote();
+    p.a.qp().control().break_connection();
+    for i in 0..4u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Read::new(p.pool.take().unwrap(), target))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    let done = p.a.completion().wait(4).unwrap();
+    assert_eq!(done[0].status(), WcStatus::RetryExcErr);
+    assert!(done[1..].iter().all(|c| c.status() == WcStatus::WrFlushErr));
+
+    // Dropping the peer's ring (and so its QP) has the same effect.
+    let mut p = default_pair();
+    drop(p.b);
+    p.a.submission()
+        .push(Write::new(
+            p.pool.take().unwrap(),
+            p.exposed.remote().slice(0..1024).unwrap(),
+        ))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    assert_eq!(
+        p.a.completion().wait(1).unwrap()[0].status(),
+        WcStatus::RetryExcErr
+    );
+}
+
+#[test]
+fn dropping_a_ring_with_ops_in_flight_returns_every_buffer() {
+    let mut p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
+    let remote = p.exposed.remote();
+    for i in 0..20u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        p.a.submission()
+            .push(Write::new(p.pool.take().unwrap(), target))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    p.a.submission()
+        .push(Recv::new(p.pool.take().unwrap()))
+        .unwrap(); // never submitted
+    p.a.qp().control().step(); // one ran, nineteen never will
+    let control = p.a.qp().control();
+    drop(p.a);
+    assert_eq!(control.state(), None, "the QP is destroyed after the drain");
+    assert_eq!(p.pool.available(), p.pool.capacity());
+}
+
+#[test]
+fn close_hands_every_op_back() {
+    let mut p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
+    for i in 0..5 {
+        p.a.submission()
+            .push(Recv::new(p.pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    p.a.submission().submit().unwrap();
+    p.a.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(5))
+        .unwrap();
+    let back = p.a.close();
+    let mut tags: Vec<u64> = back.iter().map(|c| c.user_data()).collect();
+    tags.sort();
+    assert_eq!(tags, (0..6).collect::<Vec<_>>());
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    let chunk: PoolChunk = back
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_buf()
+        .downcast()
+        .unwrap();
+    assert_eq!(chunk.len(), 1024);
+}
+
+thread_local! {
+    static ACCEPT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static FORGED: std::cell::RefCell<Vec<RawCompletion>> = const { std::cell::RefCell::new(Vec::new()) };
+    static WEDGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Accept at most this many send WRs per post (this thread's rings).
+fn set_accept(n: Option<usize>) {
+    ACCEPT.with(|a| a.set(n));
+}
+
+/// Report these CQEs before the real ones.
+fn set_forged(cqes: Vec<RawCompletion>) {
+    FORGED.with(|f| *f.borrow_mut() = cqes);
+}
+
+/// Refuse to move to error and report no completions: a device that
+/// cannot drain.
+fn set_wedged(wedged: bool) {
+    WEDGED.with(|w| w.set(wedged));
+}
+
+/// A queue pair that misbehaves on purpose, around a soft one; the knobs
+/// are thread-local so a test can turn them while a ring owns the QP.
+struct Misbehaving {
+    inner: SoftQp,
+}
+
+impl QueuePair for Misbehaving {
+    fn caps(&self) -> QpCaps {
+        self.inner.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if WEDGED.with(|w| w.get()) {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected("wedged"),
+            });
+        }
+        let n = ACCEPT
+            .with(|a| a.get())
+            .map_or(wrs.len(), |n| n.min(wrs.len()));
+        // SAFETY: the caller's contract is passed through unchanged.
+        unsafe { self.inner.post_send(&wrs[..n]) }?;
+        if n < wrs.len() {
+            return Err(PostError {
+                accepted: n,
+                error: Error::PostRejected("test refuses the rest"),
+            });
+        }
+        Ok(())
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract is passed through unchanged.
+        unsafe { self.inner.post_recv(wrs) }
+    }
+    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        if WEDGED.with(|w| w.get()) {
+            return Ok(0);
+        }
+        if let Some(c) = FORGED.with(|f| f.borrow_mut().pop()) {
+            out[0] = c;
+            return Ok(1);
+        }
+        self.inner.poll_cq(out)
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        if WEDGED.with(|w| w.get()) {
+            return Err(Error::Soft("wedged"));
+        }
+        self.inner.set_error()
+    }
+}
+
+fn misbehaving(p: &Pair) -> Ring<Misbehaving> {
+    let (qp, peer) = p
+        .dev
+        .connected_pair(&p.pd, &p.pd, QpConfig::default())
+        .unwrap();
+    std::mem::forget(peer); // keep the link up for the test's lifetime
+    Ring::new(
+        Misbehaving { inner: qp },
+        RingConfig {
+            drain_timeout: std::time::Duration::from_millis(50),
+            ..RingConfig::default()
+        },
+    )
+}
+
+#[test]
+fn a_partial_post_hands_back_the_unposted_ops() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..5u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    // Accept two, refuse from the third on.
+    set_accept(Some(2));
+    let err = ring.submission().submit().unwrap_err();
+    assert_eq!(err.posted, 2);
+    assert_eq!(
+        err.unposted.iter().map(|u| u.user_data).collect::<Vec<_>>(),
+        vec![2, 3, 4]
+    );
+    assert!(err.unposted.iter().all(|u| u.buf.len() == 1024));
+    drop(err);
+    // The posted prefix ended unsignaled; the next submit's WR releases it.
+    set_accept(None);
+    ring.submission()
+        .push(Write::new(p.pool.take().unwrap(), remote.slice(0..1024).unwrap()).user_data(9))
+        .unwrap();
+    ring.submission().submit().unwrap();
+    let done = ring.completion().wait(3).unwrap();
+    assert_eq!(
+        done.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
+        vec![0, 1, 9]
+    );
+}
+
+#[test]
+fn forged_and_stale_completions_are_reported_not_trusted() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    ring.submission()
+        .push(
+            Write::new(
+                p.pool.take().unwrap(),
+                p.exposed.remote().slice(0..1024).unwrap(),
+            )
+            .user_data(1),
+        )
+        .unwrap();
+    ring.submission().submit().unwrap();
+    let first = ring.completion().wait(1).unwrap();
+    assert_eq!(first[0].user_data(), 1);
+    // Nothing is in flight now; forge a CQE for a new op's slot with a bad
+    // generation, and one for an index that never existed.
+    ring.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(2))
+        .unwrap();
+    ring.submission().submit().unwrap();
+    set_forged(vec![
+        RawCompletion {
+            wr_id: 0xdead_0000_0000_0000,
+            ..RawCompletion::default()
+        },
+        RawCompletion {
+            wr_id: 0x0000_0001_0000_ffff,
+            ..RawCompletion::default()
+        },
+    ]);
+    let err = ring.completion().poll().unwrap_err();
+    assert!(matches!(err, Error::UnknownWrId { .. }), "{err}");
+    let err = ring.completion().poll().unwrap_err();
+    assert!(matches!(err, Error::UnknownWrId { .. }), "{err}");
+    assert_eq!(ring.stats().unknown_cqes, 2);
+    assert_eq!(ring.in_flight(), 1, "the real receive is untouched");
+}
+
+#[test]
+fn a_device_that_cannot_drain_leaks_instead_of_freeing() {
+    let p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
+    let mut ring = misbehaving(&p);
+    for i in 0..3u64 {
+        let target = p.exposed.remote().slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(p.pool.take().unwrap(), target))
+            .unwrap();
+    }
+    ring.submission().submit().unwrap();
+    set_wedged(true);
+    drop(ring);
+    set_wedged(false);
+    assert_eq!(
+        p.pool.available(),
+        p.pool.capacity() - 3,
+        "in-flight buffers leaked, not freed"
+    );
+}
