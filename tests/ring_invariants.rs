@@ -553,17 +553,21 @@ fn a_partial_post_hands_back_the_unposted_ops() {
     );
     assert!(err.unposted.iter().all(|u| u.buf.len() == 1024));
     drop(err);
-    // The posted prefix ended unsignaled; the next submit's WR releases it.
     set_accept(None);
+    // The posted prefix ended unsignaled; the ring's sync marker releases it
+    // without waiting for later work.
+    let done = ring.completion().wait(2).unwrap();
+    assert_eq!(
+        done.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert!(done.iter().all(|c| c.status().is_success()));
+    assert_eq!(ring.in_flight(), 0);
     ring.submission()
         .push(Write::new(p.pool.take().unwrap(), remote.slice(0..1024).unwrap()).user_data(9))
         .unwrap();
     ring.submission().submit().unwrap();
-    let done = ring.completion().wait(3).unwrap();
-    assert_eq!(
-        done.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
-        vec![0, 1, 9]
-    );
+    assert_eq!(ring.completion().wait(1).unwrap()[0].user_data(), 9);
 }
 
 #[test]
@@ -625,4 +629,30 @@ fn a_device_that_cannot_drain_leaks_instead_of_freeing() {
         p.pool.capacity() - 3,
         "in-flight buffers leaked, not freed"
     );
+}
+
+#[test]
+fn a_failed_wait_loses_nothing() {
+    let mut p = default_pair();
+    p.b.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(4))
+        .unwrap();
+    p.b.submission().submit().unwrap();
+    p.a.submission()
+        .push(Send::new(p.pool.take().unwrap().slice(0..8)))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    let err = p.b.completion().wait(2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WaitUnsatisfiable {
+                wanted: 2,
+                possible: 1
+            }
+        ),
+        "{err}"
+    );
+    let got = p.b.completion().wait(1).unwrap();
+    assert_eq!((got[0].user_data(), got[0].byte_len()), (4, 8));
 }

@@ -94,10 +94,10 @@ impl<T: BaseBuf + IoBufMut> IoBuf for Word<T> {
         OwnedBuf::new(self.buf.into_base(), self.offset, self.offset + 8)
     }
     fn from_owned(buf: OwnedBuf) -> Result<Self, OwnedBuf> {
-        let (base, start, end) = buf.into_base();
-        if end != start + 8 {
-            return Err(OwnedBuf::new(base, start, end));
+        if buf.bytes_len() != 8 || buf.sge().addr % 8 != 0 {
+            return Err(buf);
         }
+        let (base, start, end) = buf.into_base();
         match T::from_base(base) {
             Ok(buf) => Ok(Word { buf, offset: start }),
             Err(base) => Err(OwnedBuf::new(base, start, end)),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use super::{InFlight, Key, Ring, DRAIN_WR_ID};
+use super::{InFlight, Key, Ring, DRAIN_WR_ID, SYNC_KEY, SYNC_WR_ID};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
 use crate::buf::{IoBuf, OwnedBuf};
 use crate::error::Error;
@@ -145,15 +145,24 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
     }
 
     /// Waits (polling) until at least `min` completions are ready, up to the
-    /// ring's `wait_timeout`, and returns all that are.
+    /// ring's `wait_timeout`, and returns all that are. Fails at once if
+    /// fewer than `min` can still arrive. On any error nothing is lost: the
+    /// completions reaped so far stay ready for the next call.
     pub fn wait(&mut self, min: usize) -> Result<Vec<Completion>, Error> {
         let mut out = Vec::with_capacity(min);
-        self.wait_into(min, &mut out)?;
-        Ok(out)
+        match self.wait_into(min, &mut out) {
+            Ok(_) => Ok(out),
+            Err(e) => {
+                for c in out.into_iter().rev() {
+                    self.ring.ready.push_front(c);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Like [`wait`](Self::wait), appending to `out`; returns how many were
-    /// appended. Fails at once if fewer than `min` operations are in flight.
+    /// appended. On error, the completions appended so far stay in `out`.
     pub fn wait_into(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize, Error> {
         let timeout = self.ring.config.wait_timeout;
         let deadline = Instant::now() + timeout;
@@ -217,6 +226,21 @@ impl<Q: QueuePair> Ring<Q> {
             }
             return true;
         }
+        if raw.wr_id == SYNC_WR_ID {
+            if !self.send_order.contains(&SYNC_KEY) {
+                return false;
+            }
+            if !raw.status.is_success() {
+                self.record_error(raw.status);
+            }
+            while let Some(front) = self.send_order.pop_front() {
+                self.complete_implicitly(front);
+                if front == SYNC_KEY {
+                    break;
+                }
+            }
+            return true;
+        }
         let key = Key::from_wr_id(raw.wr_id);
         let (kind, posted) = match self.slab.get(key) {
             Some(op) => (op.kind, op.posted),
@@ -263,6 +287,11 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     fn complete_implicitly(&mut self, key: Key) {
+        if key == SYNC_KEY {
+            // A sync marker: it held a send slot and has no buffer.
+            self.outstanding_send -= 1;
+            return;
+        }
         let Some(op) = self.slab.remove(key) else {
             return;
         };

@@ -78,6 +78,13 @@ use slab::{Key, Slab};
 /// is beyond any slab).
 const DRAIN_WR_ID: u64 = u64::MAX;
 
+/// The `wr_id` of a sync marker: a zero-length signaled RDMA WRITE posted
+/// when a partial post left the accepted prefix unsignaled, so that prefix
+/// is released without waiting for later work. Its place in `send_order`
+/// is held by [`SYNC_KEY`].
+const SYNC_WR_ID: u64 = u64::MAX - 1;
+const SYNC_KEY: Key = Key::from_wr_id(SYNC_WR_ID);
+
 /// How a ring behaves.
 ///
 /// ```
@@ -148,6 +155,7 @@ pub struct Ring<Q: QueuePair> {
     qp: Q,
     caps: QpCaps,
     config: RingConfig,
+    marker_reserved: bool,
     send_limit: usize,
     recv_limit: usize,
     cqe_limit: usize,
@@ -174,9 +182,13 @@ impl<Q: QueuePair> Ring<Q> {
     /// by the queue pair's depths.
     pub fn new(qp: Q, config: RingConfig) -> Self {
         let caps = qp.caps();
-        let send_limit = (caps.max_send_wr as usize).saturating_sub(1).max(1);
+        // One send slot and one CQE are kept for the teardown marker, if the
+        // queues are deep enough to spare them.
+        let marker_reserved = caps.max_send_wr >= 2 && caps.cq_entries >= 2;
+        let reserve = usize::from(marker_reserved);
+        let send_limit = (caps.max_send_wr as usize - reserve).max(1);
         let recv_limit = caps.max_recv_wr as usize;
-        let cqe_limit = (caps.cq_entries as usize).saturating_sub(1).max(1);
+        let cqe_limit = (caps.cq_entries as usize - reserve).max(1);
         let signal_interval = match config.signal_interval {
             0 => (send_limit / 2).max(1),
             n => n.min(send_limit),
@@ -186,6 +198,7 @@ impl<Q: QueuePair> Ring<Q> {
             qp,
             caps,
             config,
+            marker_reserved,
             send_limit,
             recv_limit,
             cqe_limit,

@@ -14,7 +14,7 @@ impl Key {
         (u64::from(self.generation) << 32) | u64::from(self.index)
     }
 
-    pub(crate) fn from_wr_id(wr_id: u64) -> Key {
+    pub(crate) const fn from_wr_id(wr_id: u64) -> Key {
         Key {
             index: wr_id as u32,
             generation: (wr_id >> 32) as u32,

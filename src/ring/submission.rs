@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::{credit_error, InFlight, PushResult, Ring};
-use crate::backend::{PostError, QueuePair, RecvWr, SendFlags, WcStatus};
+use crate::backend::{PostError, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, Sge, WcStatus};
 use crate::buf::{IoBuf, OwnedBuf};
 use crate::error::{Error, Rejected};
 use crate::op::{OpKind, Operation};
@@ -248,9 +248,13 @@ impl<Q: QueuePair> Ring<Q> {
             self.stats.send_wrs += accepted as u64;
             posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                // The accepted prefix may end unsignaled: make sure the next
-                // send asks for a CQE so that prefix is released by it.
-                self.force_signal = true;
+                if accepted > 0
+                    && !self.pending_send[accepted - 1]
+                        .flags
+                        .contains(SendFlags::SIGNALED)
+                {
+                    self.post_sync_marker();
+                }
                 let unposted = self.take_unposted_send(accepted);
                 match &mut failure {
                     Some((_, list)) => list.extend(unposted),
@@ -267,6 +271,25 @@ impl<Q: QueuePair> Ring<Q> {
                 posted,
                 unposted,
             }),
+        }
+    }
+
+    /// The accepted prefix of a partial post ends unsignaled: post a
+    /// zero-length signaled RDMA WRITE behind it, whose CQE releases the
+    /// prefix. It takes the send slot (and CQE) an unposted op freed. If
+    /// even that post fails, the next send asks for a CQE instead.
+    fn post_sync_marker(&mut self) {
+        let mut marker = SendWr::new(super::SYNC_WR_ID, SendOpcode::Write, Sge::default());
+        marker.flags = SendFlags::SIGNALED;
+        // SAFETY: a zero-length work request names no memory.
+        let posted = unsafe { self.qp.post_send(&[marker]) }.is_ok();
+        self.stats.doorbells += 1;
+        if posted {
+            self.send_order.push_back(super::SYNC_KEY);
+            self.outstanding_send += 1;
+            self.stats.signaled += 1;
+        } else {
+            self.force_signal = true;
         }
     }
 

@@ -50,14 +50,17 @@ impl<Q: QueuePair> Ring<Q> {
             return false;
         }
         // A signaled marker behind everything else: once its flush CQE
-        // arrives, every earlier send has completed, even unsignaled ones a
-        // device flushes without a CQE of their own.
-        let mut marker = SendWr::new(DRAIN_WR_ID, SendOpcode::Send, Sge::default());
-        marker.flags = SendFlags::SIGNALED;
-        // SAFETY: the marker has no scatter/gather element, so it names no
-        // memory at all.
-        if unsafe { self.qp.post_send(&[marker]) }.is_ok() {
-            self.drain_posted = true;
+        // arrives, every earlier send has completed. The ones still without a
+        // CQE then ran successfully before the error, since a flushed work
+        // request always gets a CQE of its own (and that came first).
+        if self.marker_reserved {
+            let mut marker = SendWr::new(DRAIN_WR_ID, SendOpcode::Send, Sge::default());
+            marker.flags = SendFlags::SIGNALED;
+            // SAFETY: the marker has no scatter/gather element, so it names no
+            // memory at all.
+            if unsafe { self.qp.post_send(&[marker]) }.is_ok() {
+                self.drain_posted = true;
+            }
         }
         let deadline = Instant::now() + self.config.drain_timeout;
         while self.outstanding_send + self.outstanding_recv > 0 {

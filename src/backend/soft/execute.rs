@@ -56,6 +56,11 @@ impl DeviceState {
                 }
             };
             let qp = self.qp(qpn).expect("running qp exists");
+            // The fault countdown counts executed work requests, not RNR
+            // retries.
+            if let Some((n, fault)) = qp.fault {
+                qp.fault = Some((n - 1, fault));
+            }
             qp.sq.pop_front();
             qp.rnr = None;
             qp.counters.executed += 1;
@@ -86,12 +91,9 @@ impl DeviceState {
 
     fn execute(&mut self, qpn: usize, wr: &SendWr) -> Outcome {
         let qp = self.qp(qpn).expect("running qp exists");
-        if let Some((n, status)) = qp.fault {
-            if n <= 1 {
-                qp.fault = None;
-                return Outcome::Complete(status);
-            }
-            qp.fault = Some((n - 1, status));
+        if let Some((1, status)) = qp.fault {
+            qp.fault = None;
+            return Outcome::Complete(status);
         }
         let (local_pd, link_broken, peer) = (qp.pd, qp.link_broken, qp.peer);
         let peer_qpn = match peer {

@@ -99,8 +99,13 @@ impl QpEntry {
     /// moving the queue pair to error, as hardware does.
     pub(super) fn push_cqe(&mut self, cqe: RawCompletion) {
         if self.cq.len() >= self.config.completion_entries() as usize {
+            // The CQ is unusable from here on, as on hardware: the queue pair
+            // is in error and its work requests are gone without CQEs (the
+            // ring then cannot drain, and leaks their buffers).
             self.overrun = true;
             self.state = QpState::Error;
+            self.sq.clear();
+            self.rq.clear();
         } else {
             self.cq.push_back(cqe);
         }
@@ -178,6 +183,10 @@ impl DeviceState {
         pd: PdId,
         right: Access,
     ) -> Result<usize, WcStatus> {
+        // A zero-length request touches no memory, so no key is checked.
+        if len == 0 {
+            return Ok(addr as usize);
+        }
         let mr = if rkey & RKEY_BIT != 0 {
             self.mrs.get(&(rkey & !RKEY_BIT))
         } else {
@@ -186,9 +195,6 @@ impl DeviceState {
         let mr = mr.ok_or(WcStatus::RemAccessErr)?;
         if mr.pd != pd || !mr.access.contains(right) {
             return Err(WcStatus::RemAccessErr);
-        }
-        if len == 0 {
-            return Ok(addr as usize);
         }
         within(mr, addr, len).ok_or(WcStatus::RemAccessErr)
     }
