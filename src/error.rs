@@ -143,6 +143,9 @@ pub enum Error {
         /// Completions that can still arrive.
         possible: usize,
     },
+    /// Finished operations awaited by futures fill the ring's slots.
+    #[error("{0} finished operations are held for futures that have not collected them; poll or drop those futures")]
+    Unclaimed(usize),
     /// The buffer pool has no free chunk.
     #[error("buffer pool exhausted: all {0} chunks are in use")]
     PoolExhausted(usize),

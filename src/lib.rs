@@ -66,6 +66,7 @@
 //!   signaling, credits, teardown.
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
+//! * [`future`]: await any operation on any executor.
 //!
 //! [soft device]: backend::soft
 
@@ -75,6 +76,7 @@
 pub mod backend;
 pub mod buf;
 pub mod error;
+pub mod future;
 pub mod op;
 pub mod ring;
 

@@ -84,8 +84,12 @@ mod sealed {
 /// An operation the ring can push. Sealed: the eight builders of this
 /// module are the operations.
 pub trait Operation: sealed::Sealed + Sized {
+    /// The buffer the operation owns and hands back.
+    type Buf: IoBuf;
     /// Which operation this is.
     fn kind(&self) -> OpKind;
+    /// The buffer back, without running the operation.
+    fn into_buf(self) -> Self::Buf;
     #[doc(hidden)]
     fn check(&self, caps: &QpCaps) -> Result<(), Error>;
     #[doc(hidden)]
@@ -536,6 +540,10 @@ common_setters!(FetchAdd);
 
 impl<B> sealed::Sealed for Write<B> {}
 impl<B: IoBuf> Operation for Write<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::Write
     }
@@ -565,6 +573,10 @@ impl<B: IoBuf> Operation for Write<B> {
 
 impl<B> sealed::Sealed for WriteImm<B> {}
 impl<B: IoBuf> Operation for WriteImm<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::WriteImm
     }
@@ -595,6 +607,10 @@ impl<B: IoBuf> Operation for WriteImm<B> {
 
 impl<B> sealed::Sealed for Send<B> {}
 impl<B: IoBuf> Operation for Send<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::Send
     }
@@ -615,6 +631,10 @@ impl<B: IoBuf> Operation for Send<B> {
 
 impl<B> sealed::Sealed for SendImm<B> {}
 impl<B: IoBuf> Operation for SendImm<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::SendImm
     }
@@ -636,6 +656,10 @@ impl<B: IoBuf> Operation for SendImm<B> {
 
 impl<B> sealed::Sealed for Read<B> {}
 impl<B: IoBufMut> Operation for Read<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::Read
     }
@@ -664,6 +688,10 @@ impl<B: IoBufMut> Operation for Read<B> {
 
 impl<B> sealed::Sealed for Recv<B> {}
 impl<B: IoBufMut> Operation for Recv<B> {
+    type Buf = B;
+    fn into_buf(self) -> B {
+        self.buf
+    }
     fn kind(&self) -> OpKind {
         OpKind::Recv
     }
@@ -682,6 +710,10 @@ impl<B: IoBufMut> Operation for Recv<B> {
 
 impl<B> sealed::Sealed for CompareSwap<B> {}
 impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
+    type Buf = Word<B>;
+    fn into_buf(self) -> Word<B> {
+        self.word
+    }
     fn kind(&self) -> OpKind {
         OpKind::CompareSwap
     }
@@ -705,6 +737,10 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
 
 impl<B> sealed::Sealed for FetchAdd<B> {}
 impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
+    type Buf = Word<B>;
+    fn into_buf(self) -> Word<B> {
+        self.word
+    }
     fn kind(&self) -> OpKind {
         OpKind::FetchAdd
     }

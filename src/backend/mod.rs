@@ -17,7 +17,10 @@ pub mod soft;
 pub mod verbs;
 mod wc;
 
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use wc::WcStatus;
 
@@ -365,4 +368,36 @@ pub trait QueuePair {
     /// Moves the queue pair to the error state: every outstanding and future
     /// work request completes with [`WcStatus::WrFlushErr`].
     fn set_error(&mut self) -> Result<(), Error>;
+
+    /// The completion channel of this queue pair's completion queue, if the
+    /// backend has one. The futures adapter uses it to sleep until a
+    /// completion arrives instead of polling.
+    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+        None
+    }
+}
+
+/// A completion channel: tells a sleeping thread, or a reactor watching
+/// its file descriptor, that a completion arrived.
+///
+/// Events are one-shot, as with `ibv_req_notify_cq`: after [`arm`], the
+/// next CQE added to the completion queue raises one event and disarms.
+/// CQEs that were already there raise nothing, so a consumer must arm
+/// first and poll the completion queue after — the order that loses no
+/// wake-up:
+///
+/// 1. [`take`] the pending events (the descriptor stops being readable);
+/// 2. [`arm`] again;
+/// 3. poll the completion queue until it is empty.
+///
+/// [`arm`]: CompletionEvents::arm
+/// [`take`]: CompletionEvents::take
+pub trait CompletionEvents: AsFd + Send + Sync {
+    /// Requests an event for the next CQE.
+    fn arm(&self) -> Result<(), Error>;
+    /// Consumes pending events without blocking; returns how many there were.
+    fn take(&self) -> Result<usize, Error>;
+    /// Blocks until an event is pending or `timeout` passes; returns whether
+    /// one is pending (it stays pending until [`take`](Self::take)).
+    fn wait(&self, timeout: Duration) -> Result<bool, Error>;
 }

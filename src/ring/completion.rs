@@ -253,15 +253,13 @@ impl<Q: QueuePair> Ring<Q> {
             self.record_error(raw.status);
         }
         if kind.is_recv() {
-            let op = self.slab.remove(key).expect("checked above");
             self.outstanding_recv -= 1;
             let byte_len = if raw.status.is_success() {
                 raw.byte_len
             } else {
                 0
             };
-            self.ready
-                .push_back(Completion::new(op, raw.status, byte_len, raw.imm));
+            self.finish(key, raw.status, byte_len, raw.imm);
             return true;
         }
         // RC completes a send queue in order: everything posted before this
@@ -274,15 +272,12 @@ impl<Q: QueuePair> Ring<Q> {
             }
             self.complete_implicitly(front);
         }
-        let op = self.slab.remove(key).expect("checked above");
         self.outstanding_send -= 1;
-        let byte_len = if raw.status.is_success() {
-            op.buf.bytes_len() as u32
-        } else {
-            0
+        let byte_len = match self.slab.get(key) {
+            Some(op) if raw.status.is_success() => op.buf.bytes_len() as u32,
+            _ => 0,
         };
-        self.ready
-            .push_back(Completion::new(op, raw.status, byte_len, None));
+        self.finish(key, raw.status, byte_len, None);
         true
     }
 
@@ -292,13 +287,12 @@ impl<Q: QueuePair> Ring<Q> {
             self.outstanding_send -= 1;
             return;
         }
-        let Some(op) = self.slab.remove(key) else {
+        let Some(op) = self.slab.get(key) else {
             return;
         };
+        let byte_len = op.buf.bytes_len() as u32;
         self.outstanding_send -= 1;
         self.stats.implicit += 1;
-        let byte_len = op.buf.bytes_len() as u32;
-        self.ready
-            .push_back(Completion::new(op, WcStatus::Success, byte_len, None));
+        self.finish(key, WcStatus::Success, byte_len, None);
     }
 }

@@ -58,6 +58,7 @@
 //! ```
 
 mod completion;
+mod lifecycle;
 mod slab;
 mod submission;
 mod teardown;
@@ -72,7 +73,9 @@ use crate::backend::{QpCaps, QueuePair, RawCompletion, RecvWr, SendWr, WcStatus}
 use crate::buf::OwnedBuf;
 use crate::error::{Error, Rejected};
 use crate::op::OpKind;
-use slab::{Key, Slab};
+use lifecycle::Owner;
+pub(crate) use slab::Key;
+use slab::Slab;
 
 /// The `wr_id` of the teardown marker; never a slab key (index `u32::MAX`
 /// is beyond any slab).
@@ -146,7 +149,9 @@ struct InFlight {
     kind: OpKind,
     user_data: u64,
     buf: OwnedBuf,
+    /// Posted and not yet completed: a CQE may name it.
     posted: bool,
+    owner: Owner,
 }
 
 /// An io_uring-style ring over one queue pair. See the [module
@@ -170,6 +175,8 @@ pub struct Ring<Q: QueuePair> {
     since_signal: usize,
     force_signal: bool,
     ready: VecDeque<Completion>,
+    /// Woken when a completion is queued in `ready` (the async stream).
+    ready_waker: Option<std::task::Waker>,
     scratch: Vec<RawCompletion>,
     error: Option<WcStatus>,
     drain_posted: bool,
@@ -193,7 +200,9 @@ impl<Q: QueuePair> Ring<Q> {
             0 => (send_limit / 2).max(1),
             n => n.min(send_limit),
         };
-        let capacity = send_limit + recv_limit;
+        // Room for every operation the queues allow, and as many again for
+        // operations that finished but whose futures have not collected them.
+        let capacity = 2 * (send_limit + recv_limit);
         Ring {
             qp,
             caps,
@@ -212,6 +221,7 @@ impl<Q: QueuePair> Ring<Q> {
             since_signal: 0,
             force_signal: false,
             ready: VecDeque::with_capacity(capacity),
+            ready_waker: None,
             scratch: vec![RawCompletion::default(); config.poll_batch.max(1)],
             error: None,
             drain_posted: false,

@@ -63,6 +63,10 @@ impl<T> Slab<T> {
         self.len
     }
 
+    pub(crate) fn is_full(&self) -> bool {
+        self.free_head == NO_FREE
+    }
+
     pub(crate) fn insert(&mut self, value: T) -> Option<Key> {
         if self.free_head == NO_FREE {
             return None;

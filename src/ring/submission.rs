@@ -142,6 +142,14 @@ impl std::error::Error for SubmitError {
 
 impl<Q: QueuePair> Ring<Q> {
     pub(super) fn push<T: Operation>(&mut self, op: T) -> PushResult<T> {
+        self.push_owned(op, super::Owner::Queue).map(|_| ())
+    }
+
+    pub(super) fn push_owned<T: Operation>(
+        &mut self,
+        op: T,
+        owner: super::Owner,
+    ) -> Result<super::Key, Rejected<T>> {
         if self.closed {
             return Err(Rejected::new(Error::Closed, op));
         }
@@ -155,6 +163,10 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(error) = op.check(&self.caps) {
             return Err(Rejected::new(error, op));
         }
+        if self.slab.is_full() {
+            let unclaimed = self.slab.len() - self.outstanding_send - self.outstanding_recv;
+            return Err(Rejected::new(Error::Unclaimed(unclaimed), op));
+        }
         let prepared = op.into_prepared();
         let sge = prepared.buf.sge();
         let key = self
@@ -164,8 +176,9 @@ impl<Q: QueuePair> Ring<Q> {
                 user_data: prepared.user_data,
                 buf: prepared.buf,
                 posted: false,
+                owner,
             })
-            .expect("credits bound the slab: send + receive limits are its capacity");
+            .expect("checked above that the slab has room");
         match prepared.wr {
             None => self.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
@@ -184,7 +197,7 @@ impl<Q: QueuePair> Ring<Q> {
                 self.pending_send.push(wr);
             }
         }
-        Ok(())
+        Ok(key)
     }
 
     pub(super) fn submit(&mut self) -> Result<usize, SubmitError> {
@@ -309,17 +322,28 @@ impl<Q: QueuePair> Ring<Q> {
         self.remove_unposted(keys)
     }
 
+    /// Operations the device did not take go back to their owners: to the
+    /// caller in the list, or, for awaited ones, to their futures as
+    /// flushed (they never ran).
     fn remove_unposted(&mut self, keys: Vec<super::Key>) -> Vec<Unposted> {
-        keys.into_iter()
-            .map(|key| {
-                let op = self.slab.remove(key).expect("pending op is in the slab");
-                Unposted {
-                    kind: op.kind,
-                    user_data: op.user_data,
-                    buf: op.buf,
-                }
-            })
-            .collect()
+        let mut unposted = Vec::new();
+        for key in keys {
+            let queued = matches!(
+                self.slab.get(key).map(|op| &op.owner),
+                Some(super::Owner::Queue)
+            );
+            if !queued {
+                self.finish(key, WcStatus::WrFlushErr, 0, None);
+                continue;
+            }
+            let op = self.slab.remove(key).expect("pending op is in the slab");
+            unposted.push(Unposted {
+                kind: op.kind,
+                user_data: op.user_data,
+                buf: op.buf,
+            });
+        }
+        unposted
     }
 
     /// Hands every pushed-but-unsubmitted operation back as a flushed
@@ -333,9 +357,7 @@ impl<Q: QueuePair> Ring<Q> {
             .map(super::Key::from_wr_id)
             .collect();
         for key in keys {
-            let op = self.slab.remove(key).expect("pending op is in the slab");
-            self.ready
-                .push_back(super::Completion::new(op, WcStatus::WrFlushErr, 0, None));
+            self.finish(key, WcStatus::WrFlushErr, 0, None);
         }
     }
 }

@@ -27,15 +27,17 @@
 //! b.control().fail_nth(1, WcStatus::RemOpErr); // b's next WR fails
 //! ```
 
+mod events;
 mod execute;
 mod state;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
+pub use events::SoftEvents;
 pub use state::{QpCounters, QpState};
 
 use crate::backend::{
-    Access, MemoryRegion, PdId, PostError, ProtectionDomain, QpCaps, QpConfig, QueuePair,
+    Access, CompletionEvents, MemoryRegion, PdId, PostError, ProtectionDomain, QpCaps, QpConfig, QueuePair,
     RawCompletion, RecvWr, SendFlags, SendWr, WcStatus,
 };
 use crate::error::Error;
@@ -64,6 +66,8 @@ pub const MAX_QP_WR: u32 = 1 << 14;
 
 struct Shared {
     state: Mutex<DeviceState>,
+    /// Signaled after anything that may have raised a completion event.
+    events: Condvar,
 }
 
 impl Shared {
@@ -71,6 +75,13 @@ impl Shared {
         // A panic while holding the lock cannot leave memory half-copied in
         // a way that matters more than the panic itself; keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes threads blocked in `SoftEvents::wait`, if there can be any.
+    fn notify(&self, state: &DeviceState) {
+        if state.has_channels {
+            self.events.notify_all();
+        }
     }
 }
 
@@ -112,6 +123,7 @@ impl SoftDevice {
         SoftDevice {
             shared: Arc::new(Shared {
                 state: Mutex::new(DeviceState::new(progress)),
+                events: Condvar::new(),
             }),
         }
     }
@@ -137,7 +149,9 @@ impl SoftDevice {
     pub fn progress(&self) -> usize {
         let mut state = self.shared.lock();
         let manual = state.progress == Progress::Manual;
-        state.run_all(manual)
+        let ran = state.run_all(manual);
+        self.shared.notify(&state);
+        ran
     }
 
     /// A new protection domain.
@@ -168,6 +182,7 @@ impl SoftDevice {
         state.qps.push(Some(QpEntry::new(pd.id, config)));
         Ok(SoftQp {
             shared: Arc::clone(&self.shared),
+            events: OnceLock::new(),
             qpn,
             caps: QpCaps {
                 max_send_wr: config.max_send_wr,
@@ -306,6 +321,7 @@ impl Drop for SoftMr {
 /// the queue pair; its peer's later requests fail with `RetryExcErr`.
 pub struct SoftQp {
     shared: Arc<Shared>,
+    events: OnceLock<Option<Arc<SoftEvents>>>,
     qpn: usize,
     caps: QpCaps,
 }
@@ -386,6 +402,7 @@ impl QueuePair for SoftQp {
         if progress == Progress::Auto {
             state.run_all(false);
         }
+        self.shared.notify(&state);
         Ok(())
     }
 
@@ -417,6 +434,7 @@ impl QueuePair for SoftQp {
         if progress == Progress::Auto {
             state.run_all(false);
         }
+        self.shared.notify(&state);
         Ok(())
     }
 
@@ -424,6 +442,7 @@ impl QueuePair for SoftQp {
         let mut state = self.shared.lock();
         if state.progress == Progress::Auto {
             state.run_all(false);
+            self.shared.notify(&state);
         }
         let qp = state
             .qp(self.qpn)
@@ -450,7 +469,15 @@ impl QueuePair for SoftQp {
             .qp(self.qpn)
             .ok_or(Error::Soft("queue pair destroyed"))?;
         qp.enter_error();
+        self.shared.notify(&state);
         Ok(())
+    }
+
+    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+        let events = self
+            .events
+            .get_or_init(|| events::channel(&self.shared, self.qpn).ok().map(Arc::new));
+        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
     }
 }
 
@@ -513,7 +540,10 @@ impl QpControl {
     /// Executes at most one send work request of this queue pair (manual
     /// mode); returns whether one completed.
     pub fn step(&self) -> bool {
-        self.shared.lock().run_qp(self.qpn, 1, true) == 1
+        let mut state = self.shared.lock();
+        let ran = state.run_qp(self.qpn, 1, true) == 1;
+        self.shared.notify(&state);
+        ran
     }
 
     /// The queue pair's state, or `None` once destroyed.

@@ -75,6 +75,7 @@ pub(super) struct QpEntry {
     /// Fail the n-th work request executed from now with this status.
     pub(super) fault: Option<(u64, WcStatus)>,
     pub(super) counters: QpCounters,
+    pub(super) events: Option<super::events::EventSource>,
 }
 
 impl QpEntry {
@@ -92,6 +93,7 @@ impl QpEntry {
             rnr: None,
             fault: None,
             counters: QpCounters::default(),
+            events: None,
         }
     }
 
@@ -108,6 +110,9 @@ impl QpEntry {
             self.rq.clear();
         } else {
             self.cq.push_back(cqe);
+            if let Some(events) = self.events.as_mut() {
+                events.on_cqe();
+            }
         }
     }
 
@@ -139,6 +144,8 @@ pub(super) struct DeviceState {
     pub(super) mrs: HashMap<u32, MrEntry>,
     pub(super) next_mr: u32,
     pub(super) qps: Vec<Option<QpEntry>>,
+    /// Whether any queue pair has a completion channel (so waiters exist).
+    pub(super) has_channels: bool,
 }
 
 impl DeviceState {
@@ -148,6 +155,7 @@ impl DeviceState {
             mrs: HashMap::new(),
             next_mr: 1,
             qps: Vec::new(),
+            has_channels: false,
         }
     }
 

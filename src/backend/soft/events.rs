@@ -1,0 +1,119 @@
+//! The soft device's completion channel: a socket pair whose read end
+//! becomes readable when an armed completion queue gets a CQE.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Shared;
+use crate::backend::CompletionEvents;
+use crate::error::Error;
+
+/// The device side of a channel, kept with its queue pair.
+pub(super) struct EventSource {
+    writer: UnixStream,
+    armed: bool,
+    pending: u64,
+}
+
+impl EventSource {
+    /// Raises an event if armed (one-shot).
+    pub(super) fn on_cqe(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.pending += 1;
+            // A full socket buffer means the reader is readable already.
+            let _ = (&self.writer).write(&[1]);
+        }
+    }
+}
+
+/// The consumer side of a soft queue pair's completion channel.
+pub struct SoftEvents {
+    shared: Arc<Shared>,
+    qpn: usize,
+    reader: UnixStream,
+}
+
+impl std::fmt::Debug for SoftEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftEvents").field("qpn", &self.qpn).finish()
+    }
+}
+
+pub(super) fn channel(shared: &Arc<Shared>, qpn: usize) -> Result<SoftEvents, Error> {
+    let io = |source| Error::Verbs {
+        verb: "socketpair (soft completion channel)",
+        source,
+    };
+    let (reader, writer) = UnixStream::pair().map_err(io)?;
+    reader.set_nonblocking(true).map_err(io)?;
+    writer.set_nonblocking(true).map_err(io)?;
+    let mut state = shared.lock();
+    let qp = state.qp(qpn).ok_or(Error::Soft("queue pair destroyed"))?;
+    qp.events = Some(EventSource {
+        writer,
+        armed: false,
+        pending: 0,
+    });
+    state.has_channels = true;
+    Ok(SoftEvents {
+        shared: Arc::clone(shared),
+        qpn,
+        reader,
+    })
+}
+
+impl AsFd for SoftEvents {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.reader.as_fd()
+    }
+}
+
+impl CompletionEvents for SoftEvents {
+    fn arm(&self) -> Result<(), Error> {
+        let mut state = self.shared.lock();
+        let qp = state.qp(self.qpn).ok_or(Error::Soft("queue pair destroyed"))?;
+        if let Some(events) = qp.events.as_mut() {
+            events.armed = true;
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> Result<usize, Error> {
+        let pending = {
+            let mut state = self.shared.lock();
+            let qp = state.qp(self.qpn).ok_or(Error::Soft("queue pair destroyed"))?;
+            qp.events.as_mut().map_or(0, |e| std::mem::take(&mut e.pending))
+        };
+        let mut sink = [0u8; 64];
+        loop {
+            match (&self.reader).read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(Error::Verbs {
+                        verb: "read (soft completion channel)",
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(pending as usize)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        let state = self.shared.lock();
+        let pending = |s: &mut super::DeviceState| s.qp(self.qpn).and_then(|q| q.events.as_ref()).map_or(0, |e| e.pending);
+        let (mut state, _) = self
+            .shared
+            .events
+            .wait_timeout_while(state, timeout, |s| pending(s) == 0)
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(pending(&mut state) > 0)
+    }
+}

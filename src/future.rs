@@ -1,0 +1,529 @@
+//! Futures adapters: await any operation on any executor.
+//!
+//! [`AsyncRing`] shares a [`Ring`] between tasks. Each operation method
+//! (`write`, `read`, `send`, `recv`, …) pushes and submits at once and
+//! returns an [`OpFuture`] that owns the operation: awaiting it gives
+//! `(result, buffer)`, the buffer back whatever happened. Built on
+//! `futures-core` only; no executor is a dependency.
+//!
+//! # Ownership and cancel safety
+//!
+//! The buffer moves into the ring when the operation is pushed. Dropping
+//! the future before completion marks the operation orphaned: the buffer
+//! is released when its completion is reaped, never while the device may
+//! still use it. Dropping the last [`AsyncRing`] handle closes the ring:
+//! the queue pair moves to error, and futures still pending resolve with
+//! a flush error (and their buffers) instead of hanging.
+//!
+//! # Wake-up sources
+//!
+//! Something must notice completions and wake the tasks awaiting them.
+//! Choose with [`Wakeup`]:
+//!
+//! * [`Wakeup::Busy`]: every poll of a pending future polls the device and
+//!   asks to be polled again. No threads, no file descriptors, lowest
+//!   latency; it keeps a core busy while anything is pending. For
+//!   dedicated polling threads and benchmarks.
+//! * [`Wakeup::Reactor`]: the completion channel's file descriptor
+//!   ([`AsyncRing::completion_fd`], `AsRawFd` + `AsFd`) goes to your
+//!   reactor — tokio's `AsyncFd`, async-io's `Async` — and a small task
+//!   calls [`AsyncRing::drive`] whenever it is readable. Idle costs
+//!   nothing. For async services.
+//! * [`Wakeup::Thread`]: a small notifier thread blocks on the completion
+//!   channel and calls `drive`. Works with any executor, including
+//!   `futures::executor::block_on`, at the cost of one thread per ring.
+//!
+//! `drive` takes the pending events, re-arms the channel, and only then
+//! polls the completion queue, so a completion that lands between the
+//! poll and the re-arm still raises an event: no lost wake-ups.
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let exposed = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Thread).unwrap();
+//!
+//! # futures_executor_stub::block_on(async {
+//! let buf = RegisteredBuf::new(&pd, vec![9u8; 64]).unwrap();
+//! let (result, buf) = ring.write(buf, exposed.remote()).await;
+//! assert_eq!(result.unwrap(), 64);
+//! assert_eq!(buf.len(), 64); // the buffer is back
+//! # });
+//! # drop(ring);
+//! # assert_eq!(exposed.into_inner(), vec![9u8; 64]);
+//! # mod futures_executor_stub {
+//! #     pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #         let waker = std::task::Waker::noop();
+//! #         let mut cx = std::task::Context::from_waker(&waker);
+//! #         let mut f = std::pin::pin!(f);
+//! #         loop {
+//! #             if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; }
+//! #             std::thread::yield_now();
+//! #         }
+//! #     }
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use futures_core::Stream;
+
+use crate::backend::{CompletionEvents, QueuePair};
+use crate::buf::{BaseBuf, IoBuf, IoBufMut, RemoteSlice, RemoteWord, Word};
+use crate::error::Error;
+use crate::op::{self, Operation};
+use crate::ring::{Completion, Key, Ring, SubmitError};
+
+/// How tasks awaiting operations are woken. See the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Pending futures poll the device on every poll and reschedule
+    /// themselves at once.
+    Busy,
+    /// Your reactor watches [`AsyncRing::completion_fd`] and calls
+    /// [`AsyncRing::drive`] when it is readable.
+    Reactor,
+    /// A notifier thread blocks on the completion channel and drives.
+    Thread,
+}
+
+struct Shared<Q: QueuePair> {
+    ring: Mutex<Ring<Q>>,
+    wakeup: Wakeup,
+    events: Option<Arc<dyn CompletionEvents>>,
+    handles: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl<Q: QueuePair> Shared<Q> {
+    fn lock(&self) -> MutexGuard<'_, Ring<Q>> {
+        // The ring's state stays consistent across a panicking waker.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn drive(&self) -> Result<usize, Error> {
+        if let Some(events) = &self.events {
+            events.take()?;
+            events.arm()?;
+        }
+        self.lock().dispatch()
+    }
+}
+
+/// A [`Ring`] shared between tasks, with awaitable operations. Cloning
+/// gives another handle; dropping the last handle closes the ring.
+pub struct AsyncRing<Q: QueuePair + Send + 'static> {
+    shared: Arc<Shared<Q>>,
+    notifier: Option<Arc<NotifierThread>>,
+}
+
+struct NotifierThread {
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
+    /// Shares `ring`, woken as `wakeup` says. [`Wakeup::Reactor`] and
+    /// [`Wakeup::Thread`] need a backend with a completion channel.
+    pub fn new(ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+        let events = match wakeup {
+            Wakeup::Busy => None,
+            Wakeup::Reactor | Wakeup::Thread => Some(
+                ring.qp()
+                    .completion_events()
+                    .ok_or(Error::Soft("this queue pair has no completion channel; use Wakeup::Busy"))?,
+            ),
+        };
+        if let Some(events) = &events {
+            events.arm()?;
+        }
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(ring),
+            wakeup,
+            events,
+            handles: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+        });
+        let notifier = (wakeup == Wakeup::Thread).then(|| {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name("rdma-ring-notifier".into())
+                .spawn(move || notifier_loop(&shared))
+                .expect("spawning the notifier thread");
+            Arc::new(NotifierThread {
+                handle: Mutex::new(Some(handle)),
+            })
+        });
+        Ok(AsyncRing { shared, notifier })
+    }
+
+    /// The completion channel's descriptor, for your reactor
+    /// ([`Wakeup::Reactor`]); `None` without a channel.
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+
+    /// Takes pending completion events, re-arms the channel, then moves
+    /// every completion to its future (waking it). Call it whenever the
+    /// completion descriptor is readable. Returns how many CQEs it reaped.
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// Pushes `op` and submits it at once (one doorbell); the future
+    /// resolves to the result and the buffer. A refused push resolves at
+    /// once with the error and the buffer.
+    pub fn op<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
+        let future = self.push(op);
+        if future.key().is_some() {
+            // A refused submit hands the operation back through its future:
+            // its slot is gone, so report it there.
+            if let Err(e) = self.submit() {
+                drop(e);
+            }
+        }
+        future
+    }
+
+    /// Pushes `op` without submitting: push several, then [`submit`] them
+    /// with one doorbell, then await them.
+    ///
+    /// [`submit`]: Self::submit
+    pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
+        let mut ring = self.shared.lock();
+        let state = match ring.push_awaited(op) {
+            Ok(key) => State::InFlight(key),
+            Err(rejected) => {
+                let (error, op) = rejected.into_parts();
+                State::Failed(Some((error, op.into_buf())))
+            }
+        };
+        OpFuture {
+            shared: Arc::clone(&self.shared),
+            state,
+            _out: PhantomData,
+        }
+    }
+
+    /// Posts everything pushed since the last submit, with one doorbell.
+    pub fn submit(&self) -> Result<usize, SubmitError> {
+        self.shared.lock().submission().submit()
+    }
+
+    /// Runs `f` on the ring itself: push operations whose completions go
+    /// to [`completions`](Self::completions), read stats, and so on.
+    pub fn with_ring<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
+        f(&mut self.shared.lock())
+    }
+
+    /// A stream of the completions of operations pushed through
+    /// [`with_ring`](Self::with_ring) (not of awaited ones), for users who
+    /// batch and reap asynchronously. It ends once the ring is closed and
+    /// drained.
+    pub fn completions(&self) -> CompletionStream<Q> {
+        CompletionStream {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Closes the ring now: the queue pair moves to error and every pending
+    /// future resolves with a flush error and its buffer.
+    pub fn close(&self) {
+        self.shared.lock().shutdown_in_place();
+    }
+
+    /// RDMA WRITE of `buf` to the start of `remote`.
+    pub fn write<B: IoBuf>(&self, buf: B, remote: RemoteSlice) -> OpFuture<Q, B> {
+        self.op(op::Write::new(buf, remote))
+    }
+
+    /// RDMA WRITE with immediate data.
+    pub fn write_imm<B: IoBuf>(&self, buf: B, remote: RemoteSlice, imm: u32) -> OpFuture<Q, B> {
+        self.op(op::WriteImm::new(buf, remote, imm))
+    }
+
+    /// RDMA READ of the start of `remote` into `buf`.
+    pub fn read<B: IoBufMut>(&self, buf: B, remote: RemoteSlice) -> OpFuture<Q, B> {
+        self.op(op::Read::new(buf, remote))
+    }
+
+    /// SEND of `buf`.
+    pub fn send<B: IoBuf>(&self, buf: B) -> OpFuture<Q, B> {
+        self.op(op::Send::new(buf))
+    }
+
+    /// SEND with immediate data.
+    pub fn send_imm<B: IoBuf>(&self, buf: B, imm: u32) -> OpFuture<Q, B> {
+        self.op(op::SendImm::new(buf, imm))
+    }
+
+    /// A receive into `buf`; resolves to what arrived.
+    pub fn recv<B: IoBufMut>(&self, buf: B) -> OpFuture<Q, B, Received> {
+        let future = self.op(op::Recv::new(buf));
+        OpFuture {
+            shared: Arc::clone(&future.shared),
+            state: future.take_state(),
+            _out: PhantomData,
+        }
+    }
+
+    /// Compare-and-swap on a remote word; the old value lands in `word`.
+    pub fn compare_swap<B: BaseBuf + IoBufMut>(
+        &self,
+        word: Word<B>,
+        remote: RemoteWord,
+        compare: u64,
+        swap: u64,
+    ) -> OpFuture<Q, Word<B>> {
+        self.op(op::CompareSwap::new(word, remote, compare, swap))
+    }
+
+    /// Fetch-and-add on a remote word; the old value lands in `word`.
+    pub fn fetch_add<B: BaseBuf + IoBufMut>(&self, word: Word<B>, remote: RemoteWord, add: u64) -> OpFuture<Q, Word<B>> {
+        self.op(op::FetchAdd::new(word, remote, add))
+    }
+}
+
+fn notifier_loop<Q: QueuePair>(shared: &Shared<Q>) {
+    let Some(events) = shared.events.clone() else {
+        return;
+    };
+    while !shared.stop.load(Ordering::Acquire) {
+        match events.wait(Duration::from_millis(50)) {
+            Ok(true) => {
+                let _ = shared.drive();
+            }
+            Ok(false) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Clone for AsyncRing<Q> {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::AcqRel);
+        AsyncRing {
+            shared: Arc::clone(&self.shared),
+            notifier: self.notifier.clone(),
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.shared.lock().shutdown_in_place();
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(notifier) = &self.notifier {
+            let handle = notifier.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(handle) = handle {
+                if handle.thread().id() != std::thread::current().id() {
+                    let _ = handle.join();
+                }
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncRing<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncRing")
+            .field("wakeup", &self.shared.wakeup)
+            .field("ring", &*self.shared.lock())
+            .finish()
+    }
+}
+
+/// The completion channel's descriptor, for a reactor: implements
+/// `AsRawFd` (tokio `AsyncFd`) and `AsFd` (async-io `Async`).
+#[derive(Clone)]
+pub struct CompletionFd(Arc<dyn CompletionEvents>);
+
+impl AsFd for CompletionFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl fmt::Debug for CompletionFd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CompletionFd").field(&self.as_raw_fd()).finish()
+    }
+}
+
+/// What a receive got.
+///
+/// ```
+/// use rdma_ring::future::Received;
+/// let r = Received { len: 5, imm: Some(7) };
+/// assert_eq!(r.imm, Some(7));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes that arrived (for a WRITE with immediate: bytes written).
+    pub len: usize,
+    /// Immediate data, if the sender sent some.
+    pub imm: Option<u32>,
+}
+
+/// How a finished operation's result is presented.
+pub trait OpOutput: Sized {
+    #[doc(hidden)]
+    fn from_completion(c: &Completion) -> Result<Self, Error>;
+}
+
+impl OpOutput for usize {
+    fn from_completion(c: &Completion) -> Result<Self, Error> {
+        c.result()
+    }
+}
+
+impl OpOutput for Received {
+    fn from_completion(c: &Completion) -> Result<Self, Error> {
+        c.result().map(|len| Received { len, imm: c.imm() })
+    }
+}
+
+enum State<B> {
+    InFlight(Key),
+    Failed(Option<(Error, B)>),
+    Done,
+}
+
+/// An operation in flight; resolves to `(result, buffer)`. Dropping it
+/// early is safe: the buffer is released when the device is done with it.
+#[must_use = "an operation's buffer comes back only through its future"]
+pub struct OpFuture<Q: QueuePair, B, O = usize> {
+    shared: Arc<Shared<Q>>,
+    state: State<B>,
+    _out: PhantomData<fn() -> O>,
+}
+
+impl<Q: QueuePair, B, O> OpFuture<Q, B, O> {
+    fn key(&self) -> Option<Key> {
+        match self.state {
+            State::InFlight(key) => Some(key),
+            _ => None,
+        }
+    }
+
+    fn take_state(mut self) -> State<B> {
+        std::mem::replace(&mut self.state, State::Done)
+    }
+}
+
+// Nothing in the future is ever pinned in place (the buffer moves out on
+// completion), so it is `Unpin` whatever the buffer type.
+impl<Q: QueuePair, B, O> Unpin for OpFuture<Q, B, O> {}
+
+impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
+    type Output = (Result<O, Error>, B);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Failed(failed) => {
+                let (error, buf) = failed.take().expect("polled after completion");
+                this.state = State::Done;
+                Poll::Ready((Err(error), buf))
+            }
+            State::Done => panic!("OpFuture polled after completion"),
+            State::InFlight(key) => {
+                let key = *key;
+                let mut ring = this.shared.lock();
+                // Unknown CQEs are counted in the ring's stats; they cannot
+                // belong to this operation.
+                let _ = ring.dispatch();
+                match ring.poll_awaited(key, cx.waker()) {
+                    Some(completion) => {
+                        drop(ring);
+                        this.state = State::Done;
+                        let result = O::from_completion(&completion);
+                        let buf = B::from_owned(completion.into_buf())
+                            .unwrap_or_else(|_| unreachable!("the ring hands back the buffer type it was given"));
+                        Poll::Ready((result, buf))
+                    }
+                    None => {
+                        if this.shared.wakeup == Wakeup::Busy {
+                            cx.waker().wake_by_ref();
+                        }
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair, B, O> Drop for OpFuture<Q, B, O> {
+    fn drop(&mut self) {
+        if let State::InFlight(key) = self.state {
+            self.shared.lock().orphan(key);
+        }
+    }
+}
+
+impl<Q: QueuePair, B, O> fmt::Debug for OpFuture<Q, B, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::InFlight(_) => "in flight",
+            State::Failed(_) => "refused",
+            State::Done => "done",
+        };
+        f.debug_struct("OpFuture").field("state", &state).finish()
+    }
+}
+
+/// The completions of operations pushed through [`AsyncRing::with_ring`].
+pub struct CompletionStream<Q: QueuePair> {
+    shared: Arc<Shared<Q>>,
+}
+
+impl<Q: QueuePair> Stream for CompletionStream<Q> {
+    type Item = Completion;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Completion>> {
+        let mut ring = self.shared.lock();
+        let _ = ring.dispatch();
+        if let Some(c) = ring.pop_ready() {
+            return Poll::Ready(Some(c));
+        }
+        if ring.is_closed() && ring.in_flight() == 0 {
+            return Poll::Ready(None);
+        }
+        ring.set_ready_waker(cx.waker());
+        if self.shared.wakeup == Wakeup::Busy {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for CompletionStream<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionStream").finish_non_exhaustive()
+    }
+}
