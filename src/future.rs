@@ -143,11 +143,9 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     pub fn new(ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
         let events = match wakeup {
             Wakeup::Busy => None,
-            Wakeup::Reactor | Wakeup::Thread => Some(
-                ring.qp()
-                    .completion_events()
-                    .ok_or(Error::Soft("this queue pair has no completion channel; use Wakeup::Busy"))?,
-            ),
+            Wakeup::Reactor | Wakeup::Thread => Some(ring.qp().completion_events().ok_or(
+                Error::Soft("this queue pair has no completion channel; use Wakeup::Busy"),
+            )?),
         };
         if let Some(events) = &events {
             events.arm()?;
@@ -183,6 +181,15 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// completion descriptor is readable. Returns how many CQEs it reaped.
     pub fn drive(&self) -> Result<usize, Error> {
         self.shared.drive()
+    }
+
+    /// A handle that can [`drive`](Driver::drive) the ring (from a reactor
+    /// task) without keeping it open: the ring still closes when the last
+    /// [`AsyncRing`] handle drops.
+    pub fn driver(&self) -> Driver<Q> {
+        Driver {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Pushes `op` and submits it at once (one doorbell); the future
@@ -294,7 +301,12 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     }
 
     /// Fetch-and-add on a remote word; the old value lands in `word`.
-    pub fn fetch_add<B: BaseBuf + IoBufMut>(&self, word: Word<B>, remote: RemoteWord, add: u64) -> OpFuture<Q, Word<B>> {
+    pub fn fetch_add<B: BaseBuf + IoBufMut>(
+        &self,
+        word: Word<B>,
+        remote: RemoteWord,
+        add: u64,
+    ) -> OpFuture<Q, Word<B>> {
         self.op(op::FetchAdd::new(word, remote, add))
     }
 }
@@ -332,7 +344,11 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
         self.shared.lock().shutdown_in_place();
         self.shared.stop.store(true, Ordering::Release);
         if let Some(notifier) = &self.notifier {
-            let handle = notifier.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let handle = notifier
+                .handle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             if let Some(handle) = handle {
                 if handle.thread().id() != std::thread::current().id() {
                     let _ = handle.join();
@@ -347,6 +363,50 @@ impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncRing<Q> {
         f.debug_struct("AsyncRing")
             .field("wakeup", &self.shared.wakeup)
             .field("ring", &*self.shared.lock())
+            .finish()
+    }
+}
+
+/// Drives a ring from a reactor task; see [`AsyncRing::driver`].
+///
+/// A tokio driver task, for instance:
+///
+/// ```ignore
+/// let fd = tokio::io::unix::AsyncFd::new(driver.completion_fd().unwrap())?;
+/// loop {
+///     let mut ready = fd.readable().await?;
+///     driver.drive()?;
+///     ready.clear_ready();
+/// }
+/// ```
+pub struct Driver<Q: QueuePair> {
+    shared: Arc<Shared<Q>>,
+}
+
+impl<Q: QueuePair> Driver<Q> {
+    /// See [`AsyncRing::drive`].
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// See [`AsyncRing::completion_fd`].
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+}
+
+impl<Q: QueuePair> Clone for Driver<Q> {
+    fn clone(&self) -> Self {
+        Driver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for Driver<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("wakeup", &self.shared.wakeup)
             .finish()
     }
 }
@@ -370,7 +430,9 @@ impl AsRawFd for CompletionFd {
 
 impl fmt::Debug for CompletionFd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CompletionFd").field(&self.as_raw_fd()).finish()
+        f.debug_tuple("CompletionFd")
+            .field(&self.as_raw_fd())
+            .finish()
     }
 }
 
@@ -462,8 +524,9 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                         drop(ring);
                         this.state = State::Done;
                         let result = O::from_completion(&completion);
-                        let buf = B::from_owned(completion.into_buf())
-                            .unwrap_or_else(|_| unreachable!("the ring hands back the buffer type it was given"));
+                        let buf = B::from_owned(completion.into_buf()).unwrap_or_else(|_| {
+                            unreachable!("the ring hands back the buffer type it was given")
+                        });
                         Poll::Ready((result, buf))
                     }
                     None => {

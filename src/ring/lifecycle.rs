@@ -33,7 +33,8 @@ impl<Q: QueuePair> Ring<Q> {
         match &mut op.owner {
             Owner::Queue => {
                 let op = self.slab.remove(key).expect("present above");
-                self.ready.push_back(Completion::new(op, status, byte_len, imm));
+                self.ready
+                    .push_back(Completion::new(op, status, byte_len, imm));
                 if let Some(waker) = self.ready_waker.take() {
                     waker.wake();
                 }
@@ -100,13 +101,18 @@ impl<Q: QueuePair> Ring<Q> {
 
     fn is_pending(&self, key: Key) -> bool {
         let wr_id = key.to_wr_id();
-        self.pending_send.iter().any(|wr| wr.wr_id == wr_id) || self.pending_recv.iter().any(|wr| wr.wr_id == wr_id)
+        self.pending_send.iter().any(|wr| wr.wr_id == wr_id)
+            || self.pending_recv.iter().any(|wr| wr.wr_id == wr_id)
     }
 
     /// Remembers `waker` to wake when a completion is queued for the
     /// completion queue.
     pub(crate) fn set_ready_waker(&mut self, waker: &Waker) {
-        if !self.ready_waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        if !self
+            .ready_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(waker))
+        {
             self.ready_waker = Some(waker.clone());
         }
     }

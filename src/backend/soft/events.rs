@@ -39,7 +39,9 @@ pub struct SoftEvents {
 
 impl std::fmt::Debug for SoftEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftEvents").field("qpn", &self.qpn).finish()
+        f.debug_struct("SoftEvents")
+            .field("qpn", &self.qpn)
+            .finish()
     }
 }
 
@@ -75,7 +77,9 @@ impl AsFd for SoftEvents {
 impl CompletionEvents for SoftEvents {
     fn arm(&self) -> Result<(), Error> {
         let mut state = self.shared.lock();
-        let qp = state.qp(self.qpn).ok_or(Error::Soft("queue pair destroyed"))?;
+        let qp = state
+            .qp(self.qpn)
+            .ok_or(Error::Soft("queue pair destroyed"))?;
         if let Some(events) = qp.events.as_mut() {
             events.armed = true;
         }
@@ -85,8 +89,12 @@ impl CompletionEvents for SoftEvents {
     fn take(&self) -> Result<usize, Error> {
         let pending = {
             let mut state = self.shared.lock();
-            let qp = state.qp(self.qpn).ok_or(Error::Soft("queue pair destroyed"))?;
-            qp.events.as_mut().map_or(0, |e| std::mem::take(&mut e.pending))
+            let qp = state
+                .qp(self.qpn)
+                .ok_or(Error::Soft("queue pair destroyed"))?;
+            qp.events
+                .as_mut()
+                .map_or(0, |e| std::mem::take(&mut e.pending))
         };
         let mut sink = [0u8; 64];
         loop {
@@ -108,7 +116,11 @@ impl CompletionEvents for SoftEvents {
 
     fn wait(&self, timeout: Duration) -> Result<bool, Error> {
         let state = self.shared.lock();
-        let pending = |s: &mut super::DeviceState| s.qp(self.qpn).and_then(|q| q.events.as_ref()).map_or(0, |e| e.pending);
+        let pending = |s: &mut super::DeviceState| {
+            s.qp(self.qpn)
+                .and_then(|q| q.events.as_ref())
+                .map_or(0, |e| e.pending)
+        };
         let (mut state, _) = self
             .shared
             .events

@@ -37,8 +37,8 @@ pub use events::SoftEvents;
 pub use state::{QpCounters, QpState};
 
 use crate::backend::{
-    Access, CompletionEvents, MemoryRegion, PdId, PostError, ProtectionDomain, QpCaps, QpConfig, QueuePair,
-    RawCompletion, RecvWr, SendFlags, SendWr, WcStatus,
+    Access, CompletionEvents, MemoryRegion, PdId, PostError, ProtectionDomain, QpCaps, QpConfig,
+    QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, WcStatus,
 };
 use crate::error::Error;
 use state::{flushed, DeviceState, MrEntry, QpEntry, RKEY_BIT};

@@ -1,0 +1,151 @@
+//! The futures adapter on three executors — tokio (reactor wake-ups through
+//! `AsyncFd`), smol (async-io's `Async`), and `futures::executor::block_on`
+//! (notifier thread, and busy polling) — on the soft device, both with
+//! completions arriving inside the post (auto progress) and arriving later
+//! from another thread (manual progress driven by a background thread).
+
+#[path = "../examples/async_common/mod.rs"]
+mod async_common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_ring::backend::soft::{Progress, SoftDevice, SoftQp};
+use rdma_ring::future::{AsyncRing, Wakeup};
+
+/// Runs `dev.progress()` every few hundred microseconds until dropped, so
+/// completions arrive late and only a real wake-up can resolve a future.
+struct Progressor {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progressor {
+    fn start(dev: &SoftDevice) -> Progressor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (dev, flag) = (dev.clone(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                dev.progress();
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        });
+        Progressor {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Progressor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+fn tokio_driver(ring: &AsyncRing<SoftQp>) -> tokio::task::JoinHandle<()> {
+    use tokio::io::{unix::AsyncFd, Interest};
+    let driver = ring.driver();
+    let channel = driver.completion_fd().unwrap();
+    // SAFETY: a `CompletionFd` keeps its descriptor open while it lives and
+    // always reports the same one.
+    let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }
+        .map_err(|e| e.to_string())
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok(mut ready) = fd.readable().await {
+            driver.drive().unwrap();
+            ready.clear_ready();
+        }
+    })
+}
+
+fn smol_driver(ring: &AsyncRing<SoftQp>) -> smol::Task<()> {
+    let driver = ring.driver();
+    let fd = smol::Async::new(driver.completion_fd().unwrap()).unwrap();
+    smol::spawn(async move {
+        while fd.readable().await.is_ok() {
+            driver.drive().unwrap();
+        }
+    })
+}
+
+fn tokio_run(dev: SoftDevice) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let e = async_common::endpoints_on(dev, Wakeup::Reactor).unwrap();
+        let drivers = [tokio_driver(&e.a), tokio_driver(&e.b)];
+        let result =
+            tokio::time::timeout(Duration::from_secs(60), async_common::exercise(&e)).await;
+        for d in drivers {
+            d.abort();
+        }
+        result.expect("no hang").unwrap();
+    });
+}
+
+fn smol_run(dev: SoftDevice) {
+    smol::block_on(async {
+        let e = async_common::endpoints_on(dev, Wakeup::Reactor).unwrap();
+        let drivers = [smol_driver(&e.a), smol_driver(&e.b)];
+        async_common::exercise(&e).await.unwrap();
+        drop(drivers);
+    });
+}
+
+fn block_on_run(dev: SoftDevice, wakeup: Wakeup) {
+    futures::executor::block_on(async {
+        let e = async_common::endpoints_on(dev, wakeup).unwrap();
+        async_common::exercise(&e).await.unwrap();
+    });
+}
+
+#[test]
+fn tokio_quickstart() {
+    tokio_run(SoftDevice::new());
+}
+
+#[test]
+fn tokio_quickstart_with_late_completions() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let _progress = Progressor::start(&dev);
+    tokio_run(dev.clone());
+}
+
+#[test]
+fn smol_quickstart() {
+    smol_run(SoftDevice::new());
+}
+
+#[test]
+fn smol_quickstart_with_late_completions() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let _progress = Progressor::start(&dev);
+    smol_run(dev.clone());
+}
+
+#[test]
+fn block_on_quickstart_with_notifier_thread() {
+    block_on_run(SoftDevice::new(), Wakeup::Thread);
+}
+
+#[test]
+fn block_on_quickstart_with_late_completions() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let _progress = Progressor::start(&dev);
+    block_on_run(dev.clone(), Wakeup::Thread);
+}
+
+#[test]
+fn block_on_quickstart_busy_polling() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let _progress = Progressor::start(&dev);
+    block_on_run(dev.clone(), Wakeup::Busy);
+}
