@@ -37,6 +37,8 @@
 //! polls the completion queue, so a completion that lands between the
 //! poll and the re-arm still raises an event: no lost wake-ups.
 //!
+//! ## Busy polling, on `futures::executor::block_on`
+//!
 //! ```
 //! use rdma_ring::backend::soft::SoftDevice;
 //! use rdma_ring::backend::QpConfig;
@@ -48,27 +50,110 @@
 //! let pd = dev.alloc_pd();
 //! let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
 //! let exposed = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
-//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Thread).unwrap();
+//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
 //!
-//! # futures_executor_stub::block_on(async {
-//! let buf = RegisteredBuf::new(&pd, vec![9u8; 64]).unwrap();
-//! let (result, buf) = ring.write(buf, exposed.remote()).await;
-//! assert_eq!(result.unwrap(), 64);
-//! assert_eq!(buf.len(), 64); // the buffer is back
+//! futures::executor::block_on(async {
+//!     let buf = RegisteredBuf::new(&pd, vec![9u8; 64]).unwrap();
+//!     let (result, buf) = ring.write(buf, exposed.remote()).await;
+//!     assert_eq!(result.unwrap(), 64);
+//!     assert_eq!(buf.len(), 64); // the buffer is back
+//! });
+//! drop(ring);
+//! assert_eq!(exposed.into_inner(), vec![9u8; 64]);
+//! ```
+//!
+//! ## A reactor: tokio's `AsyncFd`
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//! use tokio::io::{unix::AsyncFd, Interest};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let a = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Reactor).unwrap();
+//! let b = AsyncRing::new(Ring::new(qb, RingConfig::default()), Wakeup::Reactor).unwrap();
+//!
+//! // One small task per ring turns readiness of the completion channel
+//! // into wake-ups. A `Driver` does not keep the ring open.
+//! for ring in [&a, &b] {
+//!     let driver = ring.driver();
+//!     let channel = driver.completion_fd().unwrap();
+//!     // SAFETY: a `CompletionFd` keeps its descriptor open while it lives.
+//!     let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }.unwrap();
+//!     tokio::spawn(async move {
+//!         while let Ok(mut ready) = fd.readable().await {
+//!             driver.drive().unwrap();
+//!             ready.clear_ready();
+//!         }
+//!     });
+//! }
+//!
+//! let recv = b.recv(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap());
+//! let send = a.send_imm(RegisteredBuf::new(&pd, b"hello".to_vec()).unwrap(), 7);
+//! let ((sent, _), (got, buf)) = tokio::join!(send, recv);
+//! sent.unwrap();
+//! let got = got.unwrap();
+//! assert_eq!((got.len, got.imm), (5, Some(7)));
+//! assert_eq!(&buf[..5], b"hello");
 //! # });
-//! # drop(ring);
-//! # assert_eq!(exposed.into_inner(), vec![9u8; 64]);
-//! # mod futures_executor_stub {
-//! #     pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-//! #         let waker = std::task::Waker::noop();
-//! #         let mut cx = std::task::Context::from_waker(&waker);
-//! #         let mut f = std::pin::pin!(f);
-//! #         loop {
-//! #             if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; }
-//! #             std::thread::yield_now();
-//! #         }
-//! #     }
-//! # }
+//! ```
+//!
+//! ## A reactor: async-io's `Async` (smol)
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! smol::block_on(async {
+//!     let dev = SoftDevice::new();
+//!     let pd = dev.alloc_pd();
+//!     let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//!     let exposed = ExposedBuf::new(&pd, vec![5u8; 64], RemoteAccess::READ).unwrap();
+//!     let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Reactor).unwrap();
+//!     let driver = ring.driver();
+//!     let fd = smol::Async::new(driver.completion_fd().unwrap()).unwrap();
+//!     let _task = smol::spawn(async move {
+//!         while fd.readable().await.is_ok() {
+//!             driver.drive().unwrap();
+//!         }
+//!     });
+//!     let (result, buf) = ring.read(RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap(), exposed.remote()).await;
+//!     assert_eq!(result.unwrap(), 64);
+//!     assert!(buf.iter().all(|&b| b == 5));
+//! });
+//! ```
+//!
+//! ## A notifier thread, for executors without a reactor
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{BaseBuf, ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let counter = ExposedBuf::new(&pd, Box::new(41u64), RemoteAccess::ATOMIC).unwrap();
+//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Thread).unwrap();
+//! let word = RegisteredBuf::new(&pd, Box::new(0u64)).unwrap().word(0).unwrap();
+//! let (result, word) = futures::executor::block_on(
+//!     ring.fetch_add(word, counter.remote().word(0).unwrap(), 1),
+//! );
+//! result.unwrap();
+//! assert_eq!(word.get(), 41);
+//! drop(ring);
+//! assert_eq!(*counter.into_inner(), 42);
 //! ```
 
 use std::fmt;
@@ -369,16 +454,7 @@ impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncRing<Q> {
 
 /// Drives a ring from a reactor task; see [`AsyncRing::driver`].
 ///
-/// A tokio driver task, for instance:
-///
-/// ```ignore
-/// let fd = tokio::io::unix::AsyncFd::new(driver.completion_fd().unwrap())?;
-/// loop {
-///     let mut ready = fd.readable().await?;
-///     driver.drive()?;
-///     ready.clear_ready();
-/// }
-/// ```
+/// The [module docs](self) show driver tasks for tokio and smol.
 pub struct Driver<Q: QueuePair> {
     shared: Arc<Shared<Q>>,
 }
