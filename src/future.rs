@@ -188,6 +188,11 @@ pub enum Wakeup {
     Thread,
 }
 
+thread_local! {
+    /// Wakers collected under a ring's lock, woken after it is released.
+    static WAKES: std::cell::RefCell<Vec<std::task::Waker>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 struct Shared<Q: QueuePair> {
     ring: Mutex<Ring<Q>>,
     wakeup: Wakeup,
@@ -202,12 +207,32 @@ impl<Q: QueuePair> Shared<Q> {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Runs `f` on the locked ring, then wakes the wakers it collected
+    /// with the lock released (see `ring::lifecycle`).
+    fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
+        WAKES.with(|cell| {
+            let mut wakes = cell.take();
+            let result = {
+                let mut ring = self.lock();
+                let result = f(&mut ring);
+                ring.take_wakes(&mut wakes);
+                result
+            };
+            for waker in wakes.drain(..) {
+                waker.wake();
+            }
+            // The list keeps its capacity for the next call on this thread.
+            cell.replace(wakes);
+            result
+        })
+    }
+
     fn drive(&self) -> Result<usize, Error> {
         if let Some(events) = &self.events {
             events.take()?;
             events.arm()?;
         }
-        self.lock().dispatch()
+        self.with(|ring| ring.dispatch())
     }
 }
 
@@ -283,11 +308,14 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     pub fn op<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
         let future = self.push(op);
         if future.key().is_some() {
-            // A refused submit hands the operation back through its future:
-            // its slot is gone, so report it there.
-            if let Err(e) = self.submit() {
-                drop(e);
-            }
+            // Awaited operations the device refused resolve through their
+            // futures (flushed: they never ran); operations pushed for the
+            // completion queue go to it, so nothing is lost.
+            self.shared.with(|ring| {
+                if let Err(e) = ring.submission().submit() {
+                    ring.requeue_unposted(e.unposted);
+                }
+            });
         }
         future
     }
@@ -297,14 +325,13 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     ///
     /// [`submit`]: Self::submit
     pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
-        let mut ring = self.shared.lock();
-        let state = match ring.push_awaited(op) {
+        let state = self.shared.with(|ring| match ring.push_awaited(op) {
             Ok(key) => State::InFlight(key),
             Err(rejected) => {
                 let (error, op) = rejected.into_parts();
                 State::Failed(Some((error, op.into_buf())))
             }
-        };
+        });
         OpFuture {
             shared: Arc::clone(&self.shared),
             state,
@@ -314,13 +341,13 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
 
     /// Posts everything pushed since the last submit, with one doorbell.
     pub fn submit(&self) -> Result<usize, SubmitError> {
-        self.shared.lock().submission().submit()
+        self.shared.with(|ring| ring.submission().submit())
     }
 
     /// Runs `f` on the ring itself: push operations whose completions go
     /// to [`completions`](Self::completions), read stats, and so on.
     pub fn with_ring<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        f(&mut self.shared.lock())
+        self.shared.with(f)
     }
 
     /// A stream of the completions of operations pushed through
@@ -334,9 +361,12 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     }
 
     /// Closes the ring now: the queue pair moves to error and every pending
-    /// future resolves with a flush error and its buffer.
+    /// future resolves with a flush error and its buffer. This waits, with
+    /// the ring locked, up to the ring's `drain_timeout` for the device to
+    /// flush; operations it does not return by then are leaked (never freed
+    /// under the NIC) and their futures stay pending.
     pub fn close(&self) {
-        self.shared.lock().shutdown_in_place();
+        self.shared.with(|ring| ring.shutdown_in_place());
     }
 
     /// RDMA WRITE of `buf` to the start of `remote`.
@@ -426,7 +456,7 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
         if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        self.shared.lock().shutdown_in_place();
+        self.shared.with(|ring| ring.shutdown_in_place());
         self.shared.stop.store(true, Ordering::Release);
         if let Some(notifier) = &self.notifier {
             let handle = notifier
@@ -591,13 +621,14 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
             State::Done => panic!("OpFuture polled after completion"),
             State::InFlight(key) => {
                 let key = *key;
-                let mut ring = this.shared.lock();
                 // Unknown CQEs are counted in the ring's stats; they cannot
                 // belong to this operation.
-                let _ = ring.dispatch();
-                match ring.poll_awaited(key, cx.waker()) {
+                let polled = this.shared.with(|ring| {
+                    let _ = ring.dispatch();
+                    ring.poll_awaited(key, cx.waker())
+                });
+                match polled {
                     Some(completion) => {
-                        drop(ring);
                         this.state = State::Done;
                         let result = O::from_completion(&completion);
                         let buf = B::from_owned(completion.into_buf()).unwrap_or_else(|_| {
@@ -620,7 +651,7 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
 impl<Q: QueuePair, B, O> Drop for OpFuture<Q, B, O> {
     fn drop(&mut self) {
         if let State::InFlight(key) = self.state {
-            self.shared.lock().orphan(key);
+            self.shared.with(|ring| ring.orphan(key));
         }
     }
 }
@@ -645,19 +676,21 @@ impl<Q: QueuePair> Stream for CompletionStream<Q> {
     type Item = Completion;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Completion>> {
-        let mut ring = self.shared.lock();
-        let _ = ring.dispatch();
-        if let Some(c) = ring.pop_ready() {
-            return Poll::Ready(Some(c));
-        }
-        if ring.is_closed() && ring.in_flight() == 0 {
-            return Poll::Ready(None);
-        }
-        ring.set_ready_waker(cx.waker());
-        if self.shared.wakeup == Wakeup::Busy {
+        let polled = self.shared.with(|ring| {
+            let _ = ring.dispatch();
+            if let Some(c) = ring.pop_ready() {
+                return Poll::Ready(Some(c));
+            }
+            if ring.stream_ended() {
+                return Poll::Ready(None);
+            }
+            ring.set_ready_waker(cx.waker());
+            Poll::Pending
+        });
+        if polled.is_pending() && self.shared.wakeup == Wakeup::Busy {
             cx.waker().wake_by_ref();
         }
-        Poll::Pending
+        polled
     }
 }
 

@@ -292,3 +292,90 @@ fn the_completion_stream_yields_batched_ops() {
     assert_eq!(tags, (0..20).collect::<Vec<_>>());
     drop(s.a);
 }
+
+#[test]
+fn one_event_for_many_completions_wakes_every_future() {
+    // 64 receives awaited; the first 40 futures are dropped; then 41 sends
+    // complete in one burst, raising one event: the driver must reap past
+    // the 40 orphans to wake the 41st receive.
+    let s = setup(Progress::Manual, 128, Wakeup::Reactor);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use tokio::io::{unix::AsyncFd, Interest};
+        let driver = s.b.driver();
+        // SAFETY: a `CompletionFd` keeps its descriptor open while it lives.
+        let fd = unsafe {
+            AsyncFd::register_with_interest(driver.completion_fd().unwrap(), Interest::READABLE)
+        }
+        .map_err(|e| e.to_string())
+        .unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok(mut ready) = fd.readable().await {
+                driver.drive().unwrap();
+                ready.clear_ready();
+            }
+        });
+        let mut recvs: Vec<_> = (0..64).map(|_| s.b.recv(s.pool.take().unwrap())).collect();
+        let kept = recvs.split_off(40);
+        drop(recvs);
+        let mut kept = kept.into_iter();
+        // The 41st receive waits in its own task: only a wake-up from the
+        // driver can resolve it.
+        let first = tokio::spawn(kept.next().unwrap());
+        tokio::task::yield_now().await;
+        let sends: Vec<_> = (0..41u8)
+            .map(|i| {
+                s.a.send_imm(s.pool.take().unwrap().slice(0..4), u32::from(i))
+            })
+            .collect();
+        s.dev.progress();
+        let (got, _) = tokio::time::timeout(Duration::from_secs(10), first)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert_eq!(got.unwrap().imm, Some(40));
+        for (result, _) in join_all(sends).await {
+            result.unwrap();
+        }
+        drop(kept);
+        task.abort();
+    });
+}
+
+#[test]
+fn the_completion_stream_ends_when_the_ring_closes() {
+    use futures::StreamExt;
+    let s = setup(Progress::Manual, 16, Wakeup::Thread);
+    let stream = s.a.completions();
+    let waiter = std::thread::spawn(move || futures::executor::block_on(stream.count()));
+    std::thread::sleep(Duration::from_millis(20));
+    drop(s.a);
+    assert_eq!(waiter.join().unwrap(), 0);
+}
+
+#[test]
+fn rnr_exhaustion_resolves_without_anyone_polling() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        rnr_retry: 2,
+        ..QpConfig::default()
+    };
+    let (qa, _qb) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let ring = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Thread).unwrap();
+    let buf = rdma_ring::buf::RegisteredBuf::new(&pd, vec![1u8; 8]).unwrap();
+    let (result, _) = futures::executor::block_on(ring.send(buf));
+    assert!(
+        matches!(
+            result,
+            Err(Error::Completion {
+                status: WcStatus::RnrRetryExcErr,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}

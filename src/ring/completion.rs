@@ -52,6 +52,17 @@ impl Completion {
         }
     }
 
+    pub(super) fn unposted(op: super::Unposted) -> Self {
+        Completion {
+            kind: op.kind,
+            user_data: op.user_data,
+            status: WcStatus::WrFlushErr,
+            byte_len: 0,
+            imm: None,
+            buf: op.buf,
+        }
+    }
+
     /// The operation's kind.
     pub fn kind(&self) -> OpKind {
         self.kind

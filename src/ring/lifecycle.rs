@@ -1,9 +1,14 @@
 //! Who an in-flight operation goes back to: the completion queue, or a
 //! future, and what happens when that future is dropped.
+//!
+//! Wakers are never woken nor dropped inside the ring: they are collected
+//! in `Ring::wakes` and the futures adapter wakes them after releasing the
+//! ring's lock, so a waker that runs or drops its task inline cannot
+//! re-enter the ring, and a panicking waker cannot leave it half-updated.
 
 use std::task::Waker;
 
-use super::{Completion, Key, Ring};
+use super::{Completion, Key, Ring, Unposted};
 use crate::backend::{QueuePair, WcStatus};
 use crate::error::Rejected;
 use crate::op::Operation;
@@ -33,22 +38,38 @@ impl<Q: QueuePair> Ring<Q> {
         match &mut op.owner {
             Owner::Queue => {
                 let op = self.slab.remove(key).expect("present above");
+                self.queued_in_flight -= 1;
                 self.ready
                     .push_back(Completion::new(op, status, byte_len, imm));
-                if let Some(waker) = self.ready_waker.take() {
-                    waker.wake();
-                }
+                self.wake_stream();
             }
             Owner::Awaited { waker, done } => {
                 *done = Some((status, byte_len, imm));
                 if let Some(waker) = waker.take() {
-                    waker.wake();
+                    self.wakes.push(waker);
                 }
             }
             Owner::Orphaned => {
                 self.slab.remove(key);
             }
         }
+    }
+
+    fn wake_stream(&mut self) {
+        if let Some(waker) = self.ready_waker.take() {
+            self.wakes.push(waker);
+        }
+    }
+
+    /// Removes an entry, keeping any waker it holds out of the slab's drop.
+    fn remove_quietly(&mut self, key: Key) -> Option<super::InFlight> {
+        let mut op = self.slab.remove(key)?;
+        if let Owner::Awaited { waker, .. } = &mut op.owner {
+            if let Some(waker) = waker.take() {
+                self.wakes.push(waker);
+            }
+        }
+        Some(op)
     }
 
     /// Pushes an operation whose completion goes to a future.
@@ -71,12 +92,16 @@ impl<Q: QueuePair> Ring<Q> {
         };
         match *done {
             Some((status, byte_len, imm)) => {
-                let op = self.slab.remove(key).expect("present above");
+                let op = self.remove_quietly(key).expect("present above");
                 Some(Completion::new(op, status, byte_len, imm))
             }
             None => {
                 if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                    *slot = Some(waker.clone());
+                    // The replaced waker is woken (spuriously, which is
+                    // allowed) outside the lock rather than dropped inside.
+                    if let Some(old) = slot.replace(waker.clone()) {
+                        self.wakes.push(old);
+                    }
                 }
                 None
             }
@@ -84,18 +109,23 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The future of an operation was dropped: release the operation now if
-    /// it has finished, else when its completion is reaped.
+    /// it has finished or never reached the device, else when its
+    /// completion is reaped.
     pub(crate) fn orphan(&mut self, key: Key) {
         let pending = self.is_pending(key);
         let Some(op) = self.slab.get_mut(key) else {
             return;
         };
-        // Finished, or never handed to the device (and not about to be):
-        // nothing can touch the buffer, so release it now.
-        if matches!(op.owner, Owner::Awaited { done: Some(_), .. }) || (!op.posted && !pending) {
-            self.slab.remove(key);
+        let finished = matches!(op.owner, Owner::Awaited { done: Some(_), .. });
+        if finished || (!op.posted && !pending) {
+            self.remove_quietly(key);
         } else {
-            op.owner = Owner::Orphaned;
+            if let Owner::Awaited {
+                waker: Some(waker), ..
+            } = std::mem::replace(&mut op.owner, Owner::Orphaned)
+            {
+                self.wakes.push(waker);
+            }
         }
     }
 
@@ -113,13 +143,32 @@ impl<Q: QueuePair> Ring<Q> {
             .as_ref()
             .is_some_and(|w| w.will_wake(waker))
         {
-            self.ready_waker = Some(waker.clone());
+            if let Some(old) = self.ready_waker.replace(waker.clone()) {
+                self.wakes.push(old);
+            }
         }
     }
 
-    /// Moves CQEs from the device to their owners.
+    /// Moves every CQE the device has to its owner.
     pub(crate) fn dispatch(&mut self) -> Result<usize, crate::Error> {
-        self.reap_device()
+        let mut total = 0;
+        loop {
+            let n = self.reap_device()?;
+            total += n;
+            if n < self.scratch.len() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Operations the device refused at submit, handed to the completion
+    /// queue as flushed (they never ran), so that nothing is lost when the
+    /// caller of the submit was an awaited operation's future.
+    pub(crate) fn requeue_unposted(&mut self, unposted: Vec<Unposted>) {
+        for op in unposted {
+            self.ready.push_back(Completion::unposted(op));
+        }
+        self.wake_stream();
     }
 
     /// Takes the next completion queued for the completion queue.
@@ -127,13 +176,23 @@ impl<Q: QueuePair> Ring<Q> {
         self.ready.pop_front()
     }
 
-    /// Whether the ring is closed.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed
+    /// Whether the completion stream has ended: the ring is closed and
+    /// nothing pushed for the completion queue remains.
+    pub(crate) fn stream_ended(&self) -> bool {
+        self.closed && self.queued_in_flight == 0 && self.ready.is_empty()
     }
 
     /// Closes the ring in place: error, drain, owners get their operations.
     pub(crate) fn shutdown_in_place(&mut self) -> bool {
-        self.shutdown()
+        let drained = self.shutdown();
+        self.wake_stream();
+        drained
+    }
+
+    /// Moves the wakers collected so far into `into` (which keeps its
+    /// capacity, as the ring's list keeps its own), to be woken once the
+    /// ring's lock is released.
+    pub(crate) fn take_wakes(&mut self, into: &mut Vec<Waker>) {
+        into.append(&mut self.wakes);
     }
 }

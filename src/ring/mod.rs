@@ -177,6 +177,10 @@ pub struct Ring<Q: QueuePair> {
     ready: VecDeque<Completion>,
     /// Woken when a completion is queued in `ready` (the async stream).
     ready_waker: Option<std::task::Waker>,
+    /// Wakers to wake once the caller has released the ring.
+    wakes: Vec<std::task::Waker>,
+    /// Queue-owned operations pushed and not yet in `ready`.
+    queued_in_flight: usize,
     scratch: Vec<RawCompletion>,
     error: Option<WcStatus>,
     drain_posted: bool,
@@ -222,6 +226,8 @@ impl<Q: QueuePair> Ring<Q> {
             force_signal: false,
             ready: VecDeque::with_capacity(capacity),
             ready_waker: None,
+            wakes: Vec::with_capacity(capacity + 1),
+            queued_in_flight: 0,
             scratch: vec![RawCompletion::default(); config.poll_batch.max(1)],
             error: None,
             drain_posted: false,

@@ -179,6 +179,12 @@ impl<Q: QueuePair> Ring<Q> {
                 owner,
             })
             .expect("checked above that the slab has room");
+        if matches!(
+            self.slab.get(key).map(|op| &op.owner),
+            Some(super::Owner::Queue)
+        ) {
+            self.queued_in_flight += 1;
+        }
         match prepared.wr {
             None => self.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
@@ -337,6 +343,7 @@ impl<Q: QueuePair> Ring<Q> {
                 continue;
             }
             let op = self.slab.remove(key).expect("pending op is in the slab");
+            self.queued_in_flight -= 1;
             unposted.push(Unposted {
                 kind: op.kind,
                 user_data: op.user_data,

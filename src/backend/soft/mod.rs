@@ -85,6 +85,30 @@ impl Shared {
     }
 }
 
+/// In auto mode a send waiting on RNR is retried by the device itself, as a
+/// NIC would, even if nobody posts or polls: a timer thread runs while any
+/// queue pair waits.
+fn kick_rnr_timer(shared: &Arc<Shared>, state: &mut DeviceState) {
+    let waiting = |s: &DeviceState| s.qps.iter().flatten().any(|qp| qp.rnr.is_some());
+    if state.progress != Progress::Auto || state.rnr_timer || !waiting(state) {
+        return;
+    }
+    state.rnr_timer = true;
+    let shared = Arc::clone(shared);
+    std::thread::spawn(move || loop {
+        std::thread::sleep(execute::RNR_TIMER);
+        let mut state = shared.lock();
+        if state.progress == Progress::Auto {
+            state.run_all(false);
+        }
+        shared.notify(&state);
+        if state.progress != Progress::Auto || !waiting(&state) {
+            state.rnr_timer = false;
+            return;
+        }
+    });
+}
+
 /// The in-process software RC device. Cloning gives another handle to the
 /// same device.
 ///
@@ -401,6 +425,7 @@ impl QueuePair for SoftQp {
         }
         if progress == Progress::Auto {
             state.run_all(false);
+            kick_rnr_timer(&self.shared, &mut state);
         }
         self.shared.notify(&state);
         Ok(())
@@ -433,6 +458,7 @@ impl QueuePair for SoftQp {
         }
         if progress == Progress::Auto {
             state.run_all(false);
+            kick_rnr_timer(&self.shared, &mut state);
         }
         self.shared.notify(&state);
         Ok(())
@@ -442,6 +468,7 @@ impl QueuePair for SoftQp {
         let mut state = self.shared.lock();
         if state.progress == Progress::Auto {
             state.run_all(false);
+            kick_rnr_timer(&self.shared, &mut state);
             self.shared.notify(&state);
         }
         let qp = state

@@ -146,6 +146,8 @@ pub(super) struct DeviceState {
     pub(super) qps: Vec<Option<QpEntry>>,
     /// Whether any queue pair has a completion channel (so waiters exist).
     pub(super) has_channels: bool,
+    /// Whether the auto-mode RNR retry timer is running.
+    pub(super) rnr_timer: bool,
 }
 
 impl DeviceState {
@@ -156,6 +158,7 @@ impl DeviceState {
             next_mr: 1,
             qps: Vec::new(),
             has_channels: false,
+            rnr_timer: false,
         }
     }
 
