@@ -157,6 +157,14 @@ pub enum Error {
         /// errno as an I/O error.
         source: std::io::Error,
     },
+    /// The endpoint exchange with a peer failed.
+    #[error("handshake failed while {step}: {reason}")]
+    Handshake {
+        /// What the handshake was doing.
+        step: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// No device of that name.
     #[error("no RDMA device named {0:?}")]
     NoSuchDevice(String),

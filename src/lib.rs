@@ -67,6 +67,7 @@
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
 //! * [`future`]: await any operation on any executor.
+//! * [`connect`]: endpoint records and the TCP handshake.
 //!
 //! [soft device]: backend::soft
 
@@ -75,6 +76,7 @@
 
 pub mod backend;
 pub mod buf;
+pub mod connect;
 pub mod error;
 pub mod future;
 pub mod op;

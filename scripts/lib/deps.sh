@@ -32,7 +32,7 @@ ensure_cargo_fuzz() {
 # What the Soft-RoCE VM needs: QEMU, a stock Debian kernel (its rdma_rxe
 # module is Soft-RoCE), the rdma-core user space, and virtme-ng.
 ensure_vm_deps() {
-    local packages="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2 kmod"
+    local packages="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2 kmod busybox-static"
     local missing=""
     for p in $packages; do
         dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -270,6 +270,9 @@ pub struct QpConfig {
     pub rnr_retry: u8,
     /// Transport retries before a request fails with `RetryExceeded`.
     pub retry_cnt: u8,
+    /// Local ACK timeout exponent: a request is retried after 4.096 µs ×
+    /// 2^`ack_timeout` without an answer (16 ≈ 268 ms).
+    pub ack_timeout: u8,
 }
 
 impl Default for QpConfig {
@@ -281,6 +284,7 @@ impl Default for QpConfig {
             max_inline_data: 64,
             rnr_retry: 6,
             retry_cnt: 6,
+            ack_timeout: 16,
         }
     }
 }

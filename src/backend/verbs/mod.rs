@@ -1,13 +1,40 @@
-//! The libibverbs backend (feature `verbs`), through rdma-sys.
+//! The libibverbs backend (feature `verbs`), through rdma-sys: real RDMA
+//! hardware, or Soft-RoCE.
 //!
-//! So far this lists the host's RDMA devices, which is how the examples
-//! decide between real hardware and the soft device. Queue pairs, memory
-//! registration and completion channels over verbs are the next step; the
-//! [`QueuePair`](crate::backend::QueuePair) and
-//! [`ProtectionDomain`](crate::backend::ProtectionDomain) traits are the
-//! boundary they will implement.
+//! * [`VerbsDevice`]: open a device by name, pick its port and GID (RoCE v2
+//!   IPv4-mapped by default), read its limits.
+//! * [`VerbsPd`]: a protection domain; registers memory with exactly the
+//!   access rights asked for.
+//! * [`VerbsQp`]: an RC queue pair with its own completion queue and
+//!   completion channel. `post_send` posts one linked `ibv_send_wr` list
+//!   (one doorbell); a refusal at `bad_wr` reports how many were taken, from
+//!   the return value; `poll_cq` reaps in batches.
+//!
+//! Every failing verb becomes [`Error::Verbs`] naming the verb and errno.
+//!
+//! ```no_run
+//! use rdma_ring::backend::verbs::VerbsDevice;
+//! use rdma_ring::backend::QpConfig;
+//! let dev = VerbsDevice::open("rxe0").unwrap();
+//! let pd = dev.alloc_pd().unwrap();
+//! let mut a = dev.create_qp(&pd, QpConfig::default()).unwrap();
+//! let mut b = dev.create_qp(&pd, QpConfig::default()).unwrap();
+//! let (ea, eb) = (a.endpoint(), b.endpoint());
+//! a.connect(&eb).unwrap();
+//! b.connect(&ea).unwrap();
+//! ```
+
+mod device;
+mod events;
+mod pd;
+mod qp;
 
 use std::ffi::CStr;
+
+pub use device::{DeviceLimits, DeviceOptions, VerbsDevice};
+pub use events::VerbsEvents;
+pub use pd::VerbsPd;
+pub use qp::VerbsQp;
 
 use crate::error::Error;
 
@@ -27,7 +54,7 @@ pub fn device_names() -> Result<Vec<String>, Error> {
     if list.is_null() {
         let err = std::io::Error::last_os_error();
         // ENOSYS: no RDMA subsystem in this kernel, which means "no devices".
-        if err.raw_os_error() == Some(libc_enosys()) {
+        if err.raw_os_error() == Some(libc::ENOSYS) {
             return Ok(Vec::new());
         }
         return Err(Error::Verbs {
@@ -50,8 +77,4 @@ pub fn device_names() -> Result<Vec<String>, Error> {
     // SAFETY: `list` came from `ibv_get_device_list` and is freed once.
     unsafe { rdma_sys::ibv_free_device_list(list) };
     Ok(names)
-}
-
-fn libc_enosys() -> i32 {
-    38
 }

@@ -1,0 +1,298 @@
+//! Opening a device: context, limits, port and GID.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_port_attr};
+
+use super::pd::VerbsPd;
+use super::qp::VerbsQp;
+use crate::backend::QpConfig;
+use crate::error::Error;
+
+pub(super) fn verbs_error(verb: &'static str, errno: i32) -> Error {
+    Error::Verbs {
+        verb,
+        source: std::io::Error::from_raw_os_error(errno),
+    }
+}
+
+pub(super) fn last_error(verb: &'static str) -> Error {
+    Error::Verbs {
+        verb,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// What a device can do, from `ibv_query_device`; queue pairs are checked
+/// against it.
+///
+/// ```
+/// use rdma_ring::backend::verbs::DeviceLimits;
+/// let limits = DeviceLimits { max_qp_wr: 16384, max_sge: 32, max_cqe: 65536, max_qp_rd_atom: 128, max_qp_init_rd_atom: 128, atomics: true };
+/// assert!(limits.atomics);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Deepest queue a queue pair may have.
+    pub max_qp_wr: u32,
+    /// Scatter/gather elements per work request.
+    pub max_sge: u32,
+    /// Deepest completion queue.
+    pub max_cqe: u32,
+    /// Outstanding RDMA READs and atomics a queue pair may answer.
+    pub max_qp_rd_atom: u8,
+    /// Outstanding RDMA READs and atomics a queue pair may issue.
+    pub max_qp_init_rd_atom: u8,
+    /// Whether the device runs 8-byte atomics.
+    pub atomics: bool,
+}
+
+/// Which port and GID to use.
+///
+/// ```
+/// use rdma_ring::backend::verbs::DeviceOptions;
+/// let options = DeviceOptions { gid_index: Some(1), ..DeviceOptions::default() };
+/// assert_eq!(options.port, 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Port number (from 1).
+    pub port: u8,
+    /// GID table index; `None` picks a RoCE v2 IPv4-mapped GID if there is
+    /// one (what RoCE needs to route), else index 0 (InfiniBand).
+    pub gid_index: Option<u8>,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            port: 1,
+            gid_index: None,
+        }
+    }
+}
+
+pub(super) struct DeviceInner {
+    pub(super) ctx: *mut ibv_context,
+    pub(super) name: String,
+    pub(super) port: u8,
+    pub(super) gid_index: u8,
+    pub(super) gid: [u8; 16],
+    pub(super) lid: u16,
+    pub(super) active_mtu: u32,
+    pub(super) limits: DeviceLimits,
+}
+
+// SAFETY: libibverbs contexts are thread-safe; the pointer is owned by this
+// value and closed once, in `Drop`.
+unsafe impl Send for DeviceInner {}
+// SAFETY: as above; shared use only calls thread-safe verbs.
+unsafe impl Sync for DeviceInner {}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: every PD, CQ and QP holds an `Arc` of this value, so they
+        // are all gone; the context is closed exactly once.
+        unsafe { rdma_sys::ibv_close_device(self.ctx) };
+    }
+}
+
+/// An RDMA device opened through libibverbs, with the port and GID its
+/// queue pairs use.
+///
+/// ```no_run
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// let dev = VerbsDevice::open("rxe0").unwrap();
+/// println!("{} gid index {} limits {:?}", dev.name(), dev.gid_index(), dev.limits());
+/// ```
+#[derive(Clone)]
+pub struct VerbsDevice {
+    pub(super) inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for VerbsDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsDevice")
+            .field("name", &self.inner.name)
+            .field("port", &self.inner.port)
+            .field("gid_index", &self.inner.gid_index)
+            .finish()
+    }
+}
+
+impl VerbsDevice {
+    /// Opens the device called `name` with default options.
+    pub fn open(name: &str) -> Result<Self, Error> {
+        Self::open_with(name, DeviceOptions::default())
+    }
+
+    /// Opens the first device libibverbs lists, if there is one.
+    pub fn open_first() -> Result<Option<Self>, Error> {
+        match super::device_names()?.first() {
+            Some(name) => Self::open(name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Opens the device called `name`.
+    pub fn open_with(name: &str, options: DeviceOptions) -> Result<Self, Error> {
+        let mut count = 0;
+        // SAFETY: writes the count; the list is freed below.
+        let list = unsafe { rdma_sys::ibv_get_device_list(&mut count) };
+        if list.is_null() {
+            return Err(last_error("ibv_get_device_list"));
+        }
+        let mut ctx = std::ptr::null_mut();
+        let mut found = false;
+        for i in 0..count.max(0) as usize {
+            // SAFETY: the list holds `count` valid device pointers.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a valid device has a NUL-terminated name.
+            let dev_name = unsafe { CStr::from_ptr(rdma_sys::ibv_get_device_name(dev)) };
+            if dev_name.to_bytes() == name.as_bytes() {
+                found = true;
+                // SAFETY: `dev` is valid until the list is freed; an opened
+                // context stays valid after that.
+                ctx = unsafe { rdma_sys::ibv_open_device(dev) };
+                break;
+            }
+        }
+        let open_error = found.then(|| last_error("ibv_open_device"));
+        // SAFETY: freed once; contexts opened from it stay valid.
+        unsafe { rdma_sys::ibv_free_device_list(list) };
+        if !found {
+            return Err(Error::NoSuchDevice(name.to_owned()));
+        }
+        if ctx.is_null() {
+            return Err(open_error.expect("found"));
+        }
+        let mut inner = DeviceInner {
+            ctx,
+            name: name.to_owned(),
+            port: options.port,
+            gid_index: 0,
+            gid: [0; 16],
+            lid: 0,
+            active_mtu: 0,
+            limits: DeviceLimits {
+                max_qp_wr: 0,
+                max_sge: 0,
+                max_cqe: 0,
+                max_qp_rd_atom: 0,
+                max_qp_init_rd_atom: 0,
+                atomics: false,
+            },
+        };
+        // From here on `inner` closes the context if anything fails.
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is open; `attr` is a valid out-pointer.
+        let ret = unsafe { rdma_sys::ibv_query_device(ctx, &mut attr) };
+        if ret != 0 {
+            return Err(verbs_error("ibv_query_device", ret));
+        }
+        inner.limits = DeviceLimits {
+            max_qp_wr: attr.max_qp_wr.max(0) as u32,
+            max_sge: attr.max_sge.max(0) as u32,
+            max_cqe: attr.max_cqe.max(0) as u32,
+            max_qp_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
+            max_qp_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
+            atomics: attr.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
+        };
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut port: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is open; `port` is a valid out-pointer.
+        let ret = unsafe { rdma_sys::___ibv_query_port(ctx, options.port, &mut port) };
+        if ret != 0 {
+            return Err(verbs_error("ibv_query_port", ret));
+        }
+        if port.state != rdma_sys::ibv_port_state::IBV_PORT_ACTIVE {
+            return Err(Error::Verbs {
+                verb: "ibv_query_port",
+                source: std::io::Error::other(format!("port {} of {name} is not active", options.port)),
+            });
+        }
+        inner.lid = port.lid;
+        inner.active_mtu = port.active_mtu;
+        let (index, gid) = match options.gid_index {
+            Some(index) => (index, query_gid(ctx, options.port, index)?),
+            None => pick_gid(ctx, name, options.port, port.gid_tbl_len)?,
+        };
+        inner.gid_index = index;
+        inner.gid = gid;
+        Ok(VerbsDevice { inner: Arc::new(inner) })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// What the device can do.
+    pub fn limits(&self) -> DeviceLimits {
+        self.inner.limits
+    }
+
+    /// The GID table index queue pairs use.
+    pub fn gid_index(&self) -> u8 {
+        self.inner.gid_index
+    }
+
+    /// The GID queue pairs use.
+    pub fn gid(&self) -> [u8; 16] {
+        self.inner.gid
+    }
+
+    /// A new protection domain.
+    pub fn alloc_pd(&self) -> Result<VerbsPd, Error> {
+        VerbsPd::new(Arc::clone(&self.inner))
+    }
+
+    /// A new RC queue pair in INIT (receives may be posted), with its own
+    /// completion queue and completion channel.
+    pub fn create_qp(&self, pd: &VerbsPd, config: QpConfig) -> Result<VerbsQp, Error> {
+        VerbsQp::new(pd, config)
+    }
+}
+
+fn query_gid(ctx: *mut ibv_context, port: u8, index: u8) -> Result<[u8; 16], Error> {
+    // SAFETY: all-zero is a valid GID.
+    let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+    // SAFETY: `ctx` is open; `gid` is a valid out-pointer.
+    let ret = unsafe { rdma_sys::ibv_query_gid(ctx, port, i32::from(index), &mut gid) };
+    if ret != 0 {
+        return Err(verbs_error("ibv_query_gid", ret));
+    }
+    // SAFETY: every bit pattern of the union is a valid byte array.
+    Ok(unsafe { gid.raw })
+}
+
+fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+/// The RoCE v2 IPv4-mapped GID if there is one, else the first IPv4-mapped
+/// one, else index 0.
+fn pick_gid(ctx: *mut ibv_context, name: &str, port: u8, table_len: i32) -> Result<(u8, [u8; 16]), Error> {
+    let mut first_mapped = None;
+    for index in 0..table_len.clamp(0, 256) as u16 {
+        let index = index as u8;
+        let Ok(gid) = query_gid(ctx, port, index) else { continue };
+        if !is_ipv4_mapped(&gid) {
+            continue;
+        }
+        let kind = std::fs::read_to_string(format!(
+            "/sys/class/infiniband/{name}/ports/{port}/gid_attrs/types/{index}"
+        ))
+        .unwrap_or_default();
+        if kind.trim().eq_ignore_ascii_case("RoCE v2") {
+            return Ok((index, gid));
+        }
+        first_mapped.get_or_insert((index, gid));
+    }
+    match first_mapped {
+        Some(found) => Ok(found),
+        None => Ok((0, query_gid(ctx, port, 0)?)),
+    }
+}

@@ -1,0 +1,433 @@
+//! RC queue pairs over verbs: CQ with a completion channel, state
+//! transitions, linked-list posts, batched polls.
+
+use std::sync::{Arc, OnceLock};
+
+use rdma_sys::{
+    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_recv_wr,
+    ibv_send_wr, ibv_sge, ibv_wc, ibv_wr_opcode,
+};
+
+use super::device::{last_error, verbs_error};
+use super::events::VerbsEvents;
+use super::pd::{PdInner, VerbsPd};
+use crate::backend::{
+    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendOpcode, SendWr, WcStatus,
+};
+use crate::connect::Endpoint;
+use crate::error::Error;
+
+/// A completion queue and its channel, shared by a queue pair and the
+/// completion events handed to reactors (which may outlive the QP).
+pub(super) struct CqInner {
+    pub(super) _pd: Arc<PdInner>,
+    pub(super) channel: *mut ibv_comp_channel,
+    pub(super) cq: *mut ibv_cq,
+}
+
+// SAFETY: CQs and channels are thread-safe in libibverbs; the pointers are
+// owned by this value and destroyed once, in `Drop`.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: the QP using this CQ was destroyed first (it holds an `Arc`
+        // of this value), and events are acknowledged as they are taken, so
+        // the CQ and then its channel can be destroyed, once each.
+        unsafe {
+            rdma_sys::ibv_destroy_cq(self.cq);
+            rdma_sys::ibv_destroy_comp_channel(self.channel);
+        }
+    }
+}
+
+/// An RC queue pair on a verbs device, with its own completion queue.
+/// Created in INIT; [`connect`](Self::connect) moves it through RTR to RTS.
+pub struct VerbsQp {
+    pd: Arc<PdInner>,
+    cq: Arc<CqInner>,
+    qp: *mut ibv_qp,
+    caps: QpCaps,
+    config: QpConfig,
+    psn: u32,
+    connected: bool,
+    send_wrs: Vec<ibv_send_wr>,
+    send_sges: Vec<ibv_sge>,
+    recv_wrs: Vec<ibv_recv_wr>,
+    recv_sges: Vec<ibv_sge>,
+    wcs: Vec<ibv_wc>,
+    events: OnceLock<Option<Arc<VerbsEvents>>>,
+}
+
+// SAFETY: the QP pointer is owned by this value; libibverbs QPs may be used
+// from any thread, and `&mut self` serializes posting and polling.
+unsafe impl Send for VerbsQp {}
+
+impl std::fmt::Debug for VerbsQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQp")
+            .field("qpn", &self.qpn())
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+impl VerbsQp {
+    pub(super) fn new(pd: &VerbsPd, config: QpConfig) -> Result<Self, Error> {
+        let pd = Arc::clone(&pd.inner);
+        let limits = pd.dev.limits;
+        if config.max_send_wr == 0 || config.max_send_wr > limits.max_qp_wr || config.max_recv_wr > limits.max_qp_wr {
+            return Err(Error::Verbs {
+                verb: "ibv_create_qp",
+                source: std::io::Error::other(format!(
+                    "queue depths {}/{} exceed the device's max_qp_wr {}",
+                    config.max_send_wr, config.max_recv_wr, limits.max_qp_wr
+                )),
+            });
+        }
+        let cq_entries = config.completion_entries().min(limits.max_cqe);
+        // SAFETY: the context is open while `pd.dev` lives.
+        let channel = unsafe { rdma_sys::ibv_create_comp_channel(pd.dev.ctx) };
+        if channel.is_null() {
+            return Err(last_error("ibv_create_comp_channel"));
+        }
+        // SAFETY: as above; the channel was just created on this context.
+        let cq = unsafe { rdma_sys::ibv_create_cq(pd.dev.ctx, cq_entries as i32, std::ptr::null_mut(), channel, 0) };
+        if cq.is_null() {
+            let err = last_error("ibv_create_cq");
+            // SAFETY: created above, unused.
+            unsafe { rdma_sys::ibv_destroy_comp_channel(channel) };
+            return Err(err);
+        }
+        let cq = Arc::new(CqInner {
+            _pd: Arc::clone(&pd),
+            channel,
+            cq,
+        });
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.cq;
+        init.recv_cq = cq.cq;
+        init.cap.max_send_wr = config.max_send_wr;
+        init.cap.max_recv_wr = config.max_recv_wr.max(1);
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = config.max_inline_data;
+        init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
+        init.sq_sig_all = 0;
+        // SAFETY: the PD and CQ are live; `init` is a valid in/out pointer.
+        let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd, &mut init) };
+        if qp.is_null() {
+            return Err(last_error("ibv_create_qp"));
+        }
+        let caps = QpCaps {
+            max_send_wr: config.max_send_wr,
+            max_recv_wr: config.max_recv_wr,
+            cq_entries,
+            max_inline_data: init.cap.max_inline_data.min(config.max_inline_data),
+            pd: pd.id,
+        };
+        let send_len = config.max_send_wr as usize + 1;
+        let recv_len = config.max_recv_wr.max(1) as usize;
+        let mut this = VerbsQp {
+            // SAFETY (for the zeroed arrays): plain C structs; all-zero is valid.
+            send_wrs: (0..send_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            send_sges: (0..send_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            recv_wrs: (0..recv_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            recv_sges: (0..recv_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            wcs: (0..64).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            pd,
+            cq,
+            qp,
+            caps,
+            config,
+            psn: random_psn(),
+            connected: false,
+            events: OnceLock::new(),
+        };
+        this.enter_init()?;
+        Ok(this)
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: the QP is live until `Drop`.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    /// What a peer needs to connect to this queue pair: send it (e.g. with
+    /// [`Endpoint::encode`]) any way you like.
+    pub fn endpoint(&self) -> Endpoint {
+        let dev = &self.pd.dev;
+        Endpoint {
+            qpn: self.qpn(),
+            psn: self.psn,
+            lid: dev.lid,
+            gid: dev.gid,
+            mtu: dev.active_mtu as u8,
+        }
+    }
+
+    fn modify(&mut self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, verb: &'static str) -> Result<(), Error> {
+        // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
+        let ret = unsafe { rdma_sys::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        if ret != 0 {
+            return Err(verbs_error(verb, ret));
+        }
+        Ok(())
+    }
+
+    fn enter_init(&mut self) -> Result<(), Error> {
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = self.pd.dev.port;
+        // The QP allows every remote operation; each memory registration
+        // decides what a peer may really do (least privilege lives there).
+        attr.qp_access_flags = (rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+            .0;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut attr, mask, "ibv_modify_qp(INIT)")
+    }
+
+    /// Connects to a peer's endpoint: INIT → RTR → RTS. Works with any RC
+    /// peer that exchanged endpoints another way (e.g. `ibv_rc_pingpong`:
+    /// its QPN, PSN, LID and GID), as long as both use the same GID type.
+    pub fn connect(&mut self, remote: &Endpoint) -> Result<(), Error> {
+        let dev = Arc::clone(&self.pd.dev);
+        let limits = dev.limits;
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = dev.active_mtu.min(u32::from(remote.mtu));
+        attr.dest_qp_num = remote.qpn;
+        attr.rq_psn = remote.psn;
+        attr.max_dest_rd_atomic = limits.max_qp_rd_atom.clamp(1, 16);
+        attr.min_rnr_timer = 12; // 0.64 ms
+        attr.ah_attr.dlid = remote.lid;
+        attr.ah_attr.sl = 0;
+        attr.ah_attr.src_path_bits = 0;
+        attr.ah_attr.port_num = dev.port;
+        if remote.gid.iter().any(|&b| b != 0) {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = remote.gid;
+            attr.ah_attr.grh.sgid_index = dev.gid_index;
+            attr.ah_attr.grh.hop_limit = 64;
+        }
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut attr, mask, "ibv_modify_qp(RTR)")?;
+
+        // SAFETY: as above.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        attr.timeout = self.config.ack_timeout;
+        attr.retry_cnt = self.config.retry_cnt.min(7);
+        // 7 would retry forever: keep below it.
+        attr.rnr_retry = self.config.rnr_retry.min(6);
+        attr.sq_psn = self.psn;
+        attr.max_rd_atomic = limits.max_qp_init_rd_atom.clamp(1, 16);
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, mask, "ibv_modify_qp(RTS)")?;
+        self.connected = true;
+        Ok(())
+    }
+
+    /// Whether [`connect`](Self::connect) has succeeded.
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+}
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
+    match op {
+        SendOpcode::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        SendOpcode::WriteImm => ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        SendOpcode::Send => ibv_wr_opcode::IBV_WR_SEND,
+        SendOpcode::SendImm => ibv_wr_opcode::IBV_WR_SEND_WITH_IMM,
+        SendOpcode::Read => ibv_wr_opcode::IBV_WR_RDMA_READ,
+        SendOpcode::CompareSwap => ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+        SendOpcode::FetchAdd => ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
+    }
+}
+
+impl QueuePair for VerbsQp {
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > self.send_wrs.len() {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected("more work requests than the send queue holds"),
+            });
+        }
+        let base = self.send_wrs.as_mut_ptr();
+        let sges = self.send_sges.as_mut_ptr();
+        for (i, wr) in wrs.iter().enumerate() {
+            self.send_sges[i] = ibv_sge {
+                addr: wr.sge.addr,
+                length: wr.sge.len,
+                lkey: wr.sge.lkey,
+            };
+            let out = &mut self.send_wrs[i];
+            out.wr_id = wr.wr_id;
+            out.next = if i + 1 < wrs.len() {
+                base.wrapping_add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+            out.sg_list = sges.wrapping_add(i);
+            out.num_sge = i32::from(wr.sge.len != 0);
+            out.opcode = opcode(wr.opcode);
+            out.send_flags = wr.flags.bits();
+            out.imm_data_invalidated_rkey_union.imm_data = wr.imm.to_be();
+            if wr.opcode.is_atomic() {
+                out.wr.atomic = rdma_sys::atomic_t {
+                    remote_addr: wr.remote_addr,
+                    compare_add: wr.compare_add,
+                    swap: wr.swap,
+                    rkey: wr.rkey,
+                };
+            } else {
+                out.wr.rdma = rdma_sys::rdma_t {
+                    remote_addr: wr.remote_addr,
+                    rkey: wr.rkey,
+                };
+            }
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the list is linked within `send_wrs`, each SGE points into
+        // `send_sges`, both live across the call; the caller guarantees the
+        // memory the SGEs name (this function's contract).
+        let ret = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let accepted = if bad.is_null() {
+            0
+        } else {
+            (bad as usize - base as usize) / std::mem::size_of::<ibv_send_wr>()
+        };
+        Err(PostError {
+            accepted,
+            error: verbs_error("ibv_post_send", ret),
+        })
+    }
+
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        if wrs.len() > self.recv_wrs.len() {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected("more receives than the receive queue holds"),
+            });
+        }
+        let base = self.recv_wrs.as_mut_ptr();
+        let sges = self.recv_sges.as_mut_ptr();
+        for (i, wr) in wrs.iter().enumerate() {
+            self.recv_sges[i] = ibv_sge {
+                addr: wr.sge.addr,
+                length: wr.sge.len,
+                lkey: wr.sge.lkey,
+            };
+            let out = &mut self.recv_wrs[i];
+            out.wr_id = wr.wr_id;
+            out.next = if i + 1 < wrs.len() {
+                base.wrapping_add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+            out.sg_list = sges.wrapping_add(i);
+            out.num_sge = i32::from(wr.sge.len != 0);
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: as for `post_send`.
+        let ret = unsafe { rdma_sys::ibv_post_recv(self.qp, base, &mut bad) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let accepted = if bad.is_null() {
+            0
+        } else {
+            (bad as usize - base as usize) / std::mem::size_of::<ibv_recv_wr>()
+        };
+        Err(PostError {
+            accepted,
+            error: verbs_error("ibv_post_recv", ret),
+        })
+    }
+
+    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        let max = out.len().min(self.wcs.len());
+        // SAFETY: the CQ is live; `wcs` has room for `max` entries.
+        let n = unsafe { rdma_sys::ibv_poll_cq(self.cq.cq, max as i32, self.wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(verbs_error("ibv_poll_cq", -n));
+        }
+        for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
+            let with_imm = wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            *slot = RawCompletion {
+                wr_id: wc.wr_id,
+                status: WcStatus::from_code(wc.status),
+                byte_len: wc.byte_len,
+                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
+                imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+            };
+        }
+        Ok(n as usize)
+    }
+
+    fn set_error(&mut self) -> Result<(), Error> {
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(ERR)")
+    }
+
+    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+        let events = self
+            .events
+            .get_or_init(|| VerbsEvents::new(Arc::clone(&self.cq)).ok().map(Arc::new));
+        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // SAFETY: the QP is destroyed once; the ring that posted to it has
+        // drained or leaked its buffers before dropping it.
+        unsafe { rdma_sys::ibv_destroy_qp(self.qp) };
+    }
+}

@@ -1,0 +1,163 @@
+//! Exchanging endpoints over TCP.
+//!
+//! Each side writes its 32-byte [`Endpoint`] record and reads the peer's,
+//! then (after connecting its queue pair) writes one "ready" byte and waits
+//! for the peer's, so neither side sends before the other can receive. Any
+//! failure — garbage, a truncated record, another version, silence past the
+//! timeout, a closed connection — is a clear error, never a panic or a hang.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_ring::backend::verbs::VerbsDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::connect::tcp;
+//! let dev = VerbsDevice::open("rxe0").unwrap();
+//! let pd = dev.alloc_pd().unwrap();
+//! let mut qp = dev.create_qp(&pd, QpConfig::default()).unwrap();
+//! let mut stream = std::net::TcpStream::connect("192.0.2.1:7471").unwrap();
+//! let remote = tcp::exchange(&mut stream, &qp.endpoint(), Duration::from_secs(10)).unwrap();
+//! qp.connect(&remote).unwrap();
+//! tcp::ready(&mut stream, Duration::from_secs(10)).unwrap();
+//! ```
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use super::{Endpoint, ENDPOINT_WIRE_LEN};
+use crate::error::Error;
+
+const READY: u8 = 0x5a;
+
+fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> Error {
+    let reason = match e.kind() {
+        ErrorKind::UnexpectedEof => format!("peer closed the connection after {got} of {want} bytes"),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+            format!("timed out after {got} of {want} bytes")
+        }
+        _ => e.to_string(),
+    };
+    Error::Handshake { step, reason }
+}
+
+fn read_exact(stream: &mut TcpStream, buf: &mut [u8], step: &'static str) -> Result<(), Error> {
+    let mut got = 0;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(io_error(step, ErrorKind::UnexpectedEof.into(), got, buf.len()));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_error(step, e, got, buf.len())),
+        }
+    }
+    Ok(())
+}
+
+fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<(), Error> {
+    let setup = |e: std::io::Error| Error::Handshake {
+        step: "setting socket timeouts",
+        reason: e.to_string(),
+    };
+    stream.set_read_timeout(Some(timeout)).map_err(setup)?;
+    stream.set_write_timeout(Some(timeout)).map_err(setup)
+}
+
+/// Sends `local` and returns the peer's endpoint, each way within
+/// `timeout`.
+pub fn exchange(stream: &mut TcpStream, local: &Endpoint, timeout: Duration) -> Result<Endpoint, Error> {
+    set_timeouts(stream, timeout)?;
+    stream
+        .write_all(&local.encode())
+        .map_err(|e| io_error("sending our endpoint", e, 0, ENDPOINT_WIRE_LEN))?;
+    let mut record = [0u8; ENDPOINT_WIRE_LEN];
+    read_exact(stream, &mut record, "reading the peer's endpoint")?;
+    Endpoint::decode(&record)
+}
+
+/// After both queue pairs are connected: tells the peer we are ready and
+/// waits until it is too.
+pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
+    set_timeouts(stream, timeout)?;
+    stream
+        .write_all(&[READY])
+        .map_err(|e| io_error("sending ready", e, 0, 1))?;
+    let mut byte = [0u8; 1];
+    read_exact(stream, &mut byte, "waiting for the peer to be ready")?;
+    if byte[0] != READY {
+        return Err(Error::Handshake {
+            step: "waiting for the peer to be ready",
+            reason: format!("expected the ready byte {READY:#04x}, got {:#04x}", byte[0]),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn endpoint(qpn: u32) -> Endpoint {
+        Endpoint {
+            qpn,
+            psn: 7,
+            lid: 0,
+            gid: [1; 16],
+            mtu: 5,
+        }
+    }
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (client, server)
+    }
+
+    #[test]
+    fn both_sides_learn_each_other() {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            let got = exchange(&mut b, &endpoint(2), Duration::from_secs(5)).unwrap();
+            ready(&mut b, Duration::from_secs(5)).unwrap();
+            got
+        });
+        let got = exchange(&mut a, &endpoint(1), Duration::from_secs(5)).unwrap();
+        ready(&mut a, Duration::from_secs(5)).unwrap();
+        assert_eq!(got, endpoint(2));
+        assert_eq!(t.join().unwrap(), endpoint(1));
+    }
+
+    fn peer_sends(bytes: &'static [u8], then_close: bool) -> Error {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            // A peer that reads our record, then answers with `bytes`.
+            let mut ours = [0u8; ENDPOINT_WIRE_LEN];
+            b.read_exact(&mut ours).unwrap();
+            b.write_all(bytes).unwrap();
+            if !then_close {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+        let err = exchange(&mut a, &endpoint(1), Duration::from_millis(200)).unwrap_err();
+        t.join().unwrap();
+        err
+    }
+
+    #[test]
+    fn garbage_truncation_other_versions_and_silence_are_clear_errors() {
+        let garbage = peer_sends(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n12345", true).to_string();
+        assert!(garbage.contains("magic"), "{garbage}");
+        let truncated = peer_sends(b"RE\x01\x05", true).to_string();
+        assert!(truncated.contains("closed the connection after 4 of 32"), "{truncated}");
+        let mut v2 = endpoint(1).encode();
+        v2[2] = 2;
+        let v2: &'static [u8] = Box::leak(Box::new(v2));
+        let version = peer_sends(v2, true).to_string();
+        assert!(version.contains("version 2"), "{version}");
+        let silence = peer_sends(b"", false).to_string();
+        assert!(silence.contains("timed out after 0 of 32"), "{silence}");
+    }
+}
