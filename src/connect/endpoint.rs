@@ -55,20 +55,30 @@ impl Endpoint {
             what: "endpoint record",
             reason,
         };
-        let record: &[u8; ENDPOINT_WIRE_LEN] = bytes
-            .try_into()
-            .map_err(|_| bad(format!("expected {ENDPOINT_WIRE_LEN} bytes, got {}", bytes.len())))?;
+        let record: &[u8; ENDPOINT_WIRE_LEN] = bytes.try_into().map_err(|_| {
+            bad(format!(
+                "expected {ENDPOINT_WIRE_LEN} bytes, got {}",
+                bytes.len()
+            ))
+        })?;
         if record[0..2] != MAGIC {
-            return Err(bad(format!("bad magic {:02x?} (not an rdma-ring endpoint)", &record[0..2])));
+            return Err(bad(format!(
+                "bad magic {:02x?} (not an rdma-ring endpoint)",
+                &record[0..2]
+            )));
         }
         if record[2] != VERSION {
-            return Err(bad(format!("unsupported version {} (this build speaks {VERSION})", record[2])));
+            return Err(bad(format!(
+                "unsupported version {} (this build speaks {VERSION})",
+                record[2]
+            )));
         }
         let mtu = record[3];
         if !(1..=5).contains(&mtu) {
             return Err(bad(format!("MTU code {mtu} is not an ibv_mtu (1..=5)")));
         }
-        let u32_at = |at: usize| u32::from_be_bytes(record[at..at + 4].try_into().expect("4 bytes"));
+        let u32_at =
+            |at: usize| u32::from_be_bytes(record[at..at + 4].try_into().expect("4 bytes"));
         let (qpn, psn) = (u32_at(4), u32_at(8));
         if qpn > 0x00ff_ffff || psn > 0x00ff_ffff {
             return Err(bad(format!("QPN {qpn:#x} or PSN {psn:#x} exceeds 24 bits")));
@@ -78,7 +88,13 @@ impl Endpoint {
         }
         let lid = u16::from_be_bytes([record[12], record[13]]);
         let gid: [u8; 16] = record[16..32].try_into().expect("16 bytes");
-        Ok(Endpoint { qpn, psn, lid, gid, mtu })
+        Ok(Endpoint {
+            qpn,
+            psn,
+            lid,
+            gid,
+            mtu,
+        })
     }
 }
 
@@ -102,7 +118,14 @@ mod tests {
 
     #[test]
     fn rejects_each_malformation() {
-        let good = Endpoint { qpn: 1, psn: 2, lid: 3, gid: [4; 16], mtu: 3 }.encode();
+        let good = Endpoint {
+            qpn: 1,
+            psn: 2,
+            lid: 3,
+            gid: [4; 16],
+            mtu: 3,
+        }
+        .encode();
         let cases: [(usize, u8, &str); 5] = [
             (0, b'X', "magic"),
             (2, 9, "version"),

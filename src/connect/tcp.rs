@@ -31,7 +31,9 @@ const READY: u8 = 0x5a;
 
 fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> Error {
     let reason = match e.kind() {
-        ErrorKind::UnexpectedEof => format!("peer closed the connection after {got} of {want} bytes"),
+        ErrorKind::UnexpectedEof => {
+            format!("peer closed the connection after {got} of {want} bytes")
+        }
         ErrorKind::WouldBlock | ErrorKind::TimedOut => {
             format!("timed out after {got} of {want} bytes")
         }
@@ -45,7 +47,12 @@ fn read_exact(stream: &mut TcpStream, buf: &mut [u8], step: &'static str) -> Res
     while got < buf.len() {
         match stream.read(&mut buf[got..]) {
             Ok(0) => {
-                return Err(io_error(step, ErrorKind::UnexpectedEof.into(), got, buf.len()));
+                return Err(io_error(
+                    step,
+                    ErrorKind::UnexpectedEof.into(),
+                    got,
+                    buf.len(),
+                ));
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -66,7 +73,11 @@ fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<(), Error> {
 
 /// Sends `local` and returns the peer's endpoint, each way within
 /// `timeout`.
-pub fn exchange(stream: &mut TcpStream, local: &Endpoint, timeout: Duration) -> Result<Endpoint, Error> {
+pub fn exchange(
+    stream: &mut TcpStream,
+    local: &Endpoint,
+    timeout: Duration,
+) -> Result<Endpoint, Error> {
     set_timeouts(stream, timeout)?;
     stream
         .write_all(&local.encode())
@@ -151,7 +162,10 @@ mod tests {
         let garbage = peer_sends(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n12345", true).to_string();
         assert!(garbage.contains("magic"), "{garbage}");
         let truncated = peer_sends(b"RE\x01\x05", true).to_string();
-        assert!(truncated.contains("closed the connection after 4 of 32"), "{truncated}");
+        assert!(
+            truncated.contains("closed the connection after 4 of 32"),
+            "{truncated}"
+        );
         let mut v2 = endpoint(1).encode();
         v2[2] = 2;
         let v2: &'static [u8] = Box::leak(Box::new(v2));

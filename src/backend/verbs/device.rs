@@ -210,7 +210,10 @@ impl VerbsDevice {
         if port.state != rdma_sys::ibv_port_state::IBV_PORT_ACTIVE {
             return Err(Error::Verbs {
                 verb: "ibv_query_port",
-                source: std::io::Error::other(format!("port {} of {name} is not active", options.port)),
+                source: std::io::Error::other(format!(
+                    "port {} of {name} is not active",
+                    options.port
+                )),
             });
         }
         inner.lid = port.lid;
@@ -221,7 +224,9 @@ impl VerbsDevice {
         };
         inner.gid_index = index;
         inner.gid = gid;
-        Ok(VerbsDevice { inner: Arc::new(inner) })
+        Ok(VerbsDevice {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The device's name.
@@ -274,11 +279,18 @@ fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
 
 /// The RoCE v2 IPv4-mapped GID if there is one, else the first IPv4-mapped
 /// one, else index 0.
-fn pick_gid(ctx: *mut ibv_context, name: &str, port: u8, table_len: i32) -> Result<(u8, [u8; 16]), Error> {
+fn pick_gid(
+    ctx: *mut ibv_context,
+    name: &str,
+    port: u8,
+    table_len: i32,
+) -> Result<(u8, [u8; 16]), Error> {
     let mut first_mapped = None;
     for index in 0..table_len.clamp(0, 256) as u16 {
         let index = index as u8;
-        let Ok(gid) = query_gid(ctx, port, index) else { continue };
+        let Ok(gid) = query_gid(ctx, port, index) else {
+            continue;
+        };
         if !is_ipv4_mapped(&gid) {
             continue;
         }

@@ -17,7 +17,9 @@ pub struct VerbsEvents {
 
 impl std::fmt::Debug for VerbsEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerbsEvents").field("fd", &self.fd()).finish()
+        f.debug_struct("VerbsEvents")
+            .field("fd", &self.fd())
+            .finish()
     }
 }
 

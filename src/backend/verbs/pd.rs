@@ -36,7 +36,9 @@ pub struct VerbsPd {
 
 impl std::fmt::Debug for VerbsPd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerbsPd").field("id", &self.inner.id).finish()
+        f.debug_struct("VerbsPd")
+            .field("id", &self.inner.id)
+            .finish()
     }
 }
 
@@ -62,10 +64,16 @@ impl ProtectionDomain for VerbsPd {
         self.inner.id
     }
 
-    unsafe fn register_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Box<dyn MemoryRegion>, Error> {
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Box<dyn MemoryRegion>, Error> {
         // SAFETY: the caller keeps the memory valid until the region drops
         // (this function's contract); the PD is live while `self` is.
-        let mr = unsafe { rdma_sys::ibv_reg_mr(self.inner.pd, addr.cast(), len, access.bits() as i32) };
+        let mr =
+            unsafe { rdma_sys::ibv_reg_mr(self.inner.pd, addr.cast(), len, access.bits() as i32) };
         if mr.is_null() {
             return Err(last_error("ibv_reg_mr"));
         }

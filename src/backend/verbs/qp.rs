@@ -4,15 +4,16 @@
 use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
-    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wr_opcode,
+    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
+    ibv_qp_state, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, ibv_wr_opcode,
 };
 
 use super::device::{last_error, verbs_error};
 use super::events::VerbsEvents;
 use super::pd::{PdInner, VerbsPd};
 use crate::backend::{
-    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendOpcode, SendWr, WcStatus,
+    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendOpcode,
+    SendWr, WcStatus,
 };
 use crate::connect::Endpoint;
 use crate::error::Error;
@@ -78,7 +79,10 @@ impl VerbsQp {
     pub(super) fn new(pd: &VerbsPd, config: QpConfig) -> Result<Self, Error> {
         let pd = Arc::clone(&pd.inner);
         let limits = pd.dev.limits;
-        if config.max_send_wr == 0 || config.max_send_wr > limits.max_qp_wr || config.max_recv_wr > limits.max_qp_wr {
+        if config.max_send_wr == 0
+            || config.max_send_wr > limits.max_qp_wr
+            || config.max_recv_wr > limits.max_qp_wr
+        {
             return Err(Error::Verbs {
                 verb: "ibv_create_qp",
                 source: std::io::Error::other(format!(
@@ -94,7 +98,15 @@ impl VerbsQp {
             return Err(last_error("ibv_create_comp_channel"));
         }
         // SAFETY: as above; the channel was just created on this context.
-        let cq = unsafe { rdma_sys::ibv_create_cq(pd.dev.ctx, cq_entries as i32, std::ptr::null_mut(), channel, 0) };
+        let cq = unsafe {
+            rdma_sys::ibv_create_cq(
+                pd.dev.ctx,
+                cq_entries as i32,
+                std::ptr::null_mut(),
+                channel,
+                0,
+            )
+        };
         if cq.is_null() {
             let err = last_error("ibv_create_cq");
             // SAFETY: created above, unused.
@@ -133,10 +145,18 @@ impl VerbsQp {
         let recv_len = config.max_recv_wr.max(1) as usize;
         let mut this = VerbsQp {
             // SAFETY (for the zeroed arrays): plain C structs; all-zero is valid.
-            send_wrs: (0..send_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            send_sges: (0..send_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            recv_wrs: (0..recv_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            recv_sges: (0..recv_len).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            send_wrs: (0..send_len)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
+            send_sges: (0..send_len)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
+            recv_wrs: (0..recv_len)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
+            recv_sges: (0..recv_len)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
             wcs: (0..64).map(|_| unsafe { std::mem::zeroed() }).collect(),
             pd,
             cq,
@@ -170,7 +190,12 @@ impl VerbsQp {
         }
     }
 
-    fn modify(&mut self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, verb: &'static str) -> Result<(), Error> {
+    fn modify(
+        &mut self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        verb: &'static str,
+    ) -> Result<(), Error> {
         // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
         let ret = unsafe { rdma_sys::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if ret != 0 {
@@ -260,7 +285,11 @@ impl VerbsQp {
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
     (h.finish() as u32) & 0x00ff_ffff
 }
 
@@ -403,7 +432,8 @@ impl QueuePair for VerbsQp {
                 status: WcStatus::from_code(wc.status),
                 byte_len: wc.byte_len,
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
-                imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
             };
         }
         Ok(n as usize)
@@ -413,7 +443,11 @@ impl QueuePair for VerbsQp {
         // SAFETY: a plain C struct, for which all-zero is valid.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(ERR)")
+        self.modify(
+            &mut attr,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
     }
 
     fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {

@@ -1,0 +1,143 @@
+//! The conformance suite on a real verbs device — Soft-RoCE's `rxe0` in
+//! the VM that `scripts/test` boots (`scripts/softroce`), or the device
+//! named by `RDMA_RING_DEVICE`. These tests need a device, so they are
+//! ignored in a plain `cargo test`; `scripts/test` runs them in the VM with
+//! `--include-ignored`, where a missing device fails them loudly.
+#![cfg(feature = "verbs")]
+
+mod conformance;
+
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use conformance::Fabric;
+use rdma_ring::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use rdma_ring::backend::QpConfig;
+use rdma_ring::connect::tcp;
+
+struct Verbs {
+    dev: VerbsDevice,
+    pd: VerbsPd,
+}
+
+impl Verbs {
+    fn new() -> Verbs {
+        let name = std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into());
+        let dev = VerbsDevice::open(&name).unwrap_or_else(|e| {
+            panic!(
+                "NO RDMA DEVICE: cannot open {name:?} ({e}). These tests need a device: \
+                 run them in the Soft-RoCE VM (scripts/test does, through scripts/softroce)"
+            )
+        });
+        let pd = dev.alloc_pd().unwrap();
+        Verbs { dev, pd }
+    }
+}
+
+impl Fabric for Verbs {
+    type Qp = VerbsQp;
+    type Pd = VerbsPd;
+    fn pd(&self) -> &VerbsPd {
+        &self.pd
+    }
+    /// Two queue pairs on one device, connected manually (endpoint records
+    /// handed over in memory).
+    fn pair(&self, config: QpConfig) -> (VerbsQp, VerbsQp) {
+        let mut a = self.dev.create_qp(&self.pd, config).unwrap();
+        let mut b = self.dev.create_qp(&self.pd, config).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        (a, b)
+    }
+}
+
+conformance_tests!(Verbs::new(), #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]);
+
+/// The TCP handshake connects two queue pairs: each side in its own
+/// thread, endpoints exchanged over loopback TCP, then a SEND crosses.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn connects_over_a_tcp_handshake() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let fabric = Verbs::new();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(30);
+    let server_qp = fabric
+        .dev
+        .create_qp(&fabric.pd, QpConfig::default())
+        .unwrap();
+    let client_qp = fabric
+        .dev
+        .create_qp(&fabric.pd, QpConfig::default())
+        .unwrap();
+    let server = std::thread::spawn(move || {
+        let mut qp = server_qp;
+        let (mut stream, _) = listener.accept().unwrap();
+        let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
+        qp.connect(&remote).unwrap();
+        (qp, stream)
+    });
+    let mut qp = client_qp;
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
+    qp.connect(&remote).unwrap();
+    let (server_qp, mut server_stream) = server.join().unwrap();
+
+    let mut server_ring = Ring::new(server_qp, RingConfig::default());
+    server_ring
+        .submission()
+        .push(Recv::new(
+            RegisteredBuf::new(&fabric.pd, vec![0u8; 64]).unwrap(),
+        ))
+        .unwrap();
+    server_ring.submission().submit().unwrap();
+    let ready = std::thread::spawn(move || tcp::ready(&mut server_stream, timeout));
+    tcp::ready(&mut stream, timeout).unwrap();
+    ready.join().unwrap().unwrap();
+
+    let mut client_ring = Ring::new(qp, RingConfig::default());
+    client_ring
+        .submission()
+        .push(Send::new(
+            RegisteredBuf::new(&fabric.pd, b"over tcp".to_vec()).unwrap(),
+        ))
+        .unwrap();
+    client_ring.submission().submit().unwrap();
+    assert!(client_ring.completion().wait(1).unwrap()[0]
+        .status()
+        .is_success());
+    let got = server_ring.completion().wait(1).unwrap().pop().unwrap();
+    assert_eq!(&got.buf()[..got.byte_len() as usize], b"over tcp");
+}
+
+/// A peer that speaks garbage during the handshake gets a clear error.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn a_garbage_peer_is_refused() {
+    use std::io::{Read, Write};
+    let fabric = Verbs::new();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut theirs = [0u8; 32];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&[0xff; 32]).unwrap();
+    });
+    let qp = fabric
+        .dev
+        .create_qp(&fabric.pd, QpConfig::default())
+        .unwrap();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let err = tcp::exchange(&mut stream, &qp.endpoint(), Duration::from_secs(10)).unwrap_err();
+    assert!(
+        err.to_string().contains("malformed endpoint record"),
+        "{err}"
+    );
+    peer.join().unwrap();
+}
