@@ -1,51 +1,69 @@
 //! The async quickstart on smol, woken by async-io's reactor: the
 //! completion channel's descriptor goes to `Async`, and a small task
-//! drives the ring whenever it is readable.
+//! drives each ring whenever it is readable.
 //!
 //! ```text
-//! cargo run --example async_smol
+//! cargo run --example async_smol [-- --device soft|NAME]
 //! ```
 
 mod async_common;
 
-use rdma_ring::backend::soft::SoftQp;
+use std::process::ExitCode;
+
+use async_common::Endpoints;
+use rdma_ring::backend::{ProtectionDomain, QueuePair};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use smol::Async;
 
-fn spawn_driver(ring: &AsyncRing<SoftQp>) -> smol::Task<()> {
+fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Task<()> {
     let driver = ring.driver();
     let fd = Async::new(
         driver
             .completion_fd()
-            .expect("the soft device has a completion channel"),
+            .expect("the backend has a completion channel"),
     )
     .expect("registering the completion channel with async-io");
     smol::spawn(async move {
-        loop {
-            if fd.readable().await.is_err() || driver.drive().is_err() {
+        while fd.readable().await.is_ok() {
+            if driver.drive().is_err() {
                 return;
             }
         }
     })
 }
 
-fn main() -> std::process::ExitCode {
-    println!("device: soft (in-process software RC device); executor: smol, woken through async-io's Async");
-    let result = smol::block_on(async {
-        let endpoints = async_common::endpoints(Wakeup::Reactor)?;
-        let drivers = [spawn_driver(&endpoints.a), spawn_driver(&endpoints.b)];
-        let result = async_common::exercise(&endpoints).await;
-        drop(drivers); // cancels the driver tasks
-        result
-    });
-    match result {
+async fn run<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
+    e: Endpoints<P, Q>,
+) -> Result<(), String> {
+    let drivers = [spawn_driver(&e.a), spawn_driver(&e.b)];
+    let result = async_common::exercise(&e).await;
+    drop(drivers); // cancels the driver tasks
+    result
+}
+
+async fn main_async() -> Result<(), String> {
+    let device = async_common::device_arg()?;
+    println!("device: {device}; executor: smol, woken through async-io's Async");
+    if device == "soft" {
+        return run(async_common::endpoints(Wakeup::Reactor)?).await;
+    }
+    #[cfg(feature = "verbs")]
+    return run(async_common::verbs_endpoints(&device, Wakeup::Reactor)?).await;
+    #[cfg(not(feature = "verbs"))]
+    Err(format!(
+        "device {device:?}: this build has no verbs backend"
+    ))
+}
+
+fn main() -> ExitCode {
+    match smol::block_on(main_async()) {
         Ok(()) => {
             println!("async_smol: all checks passed");
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("async_smol: FAILED: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,33 +1,33 @@
 //! The async quickstart on tokio, woken by the reactor: the completion
-//! channel's descriptor goes to `AsyncFd`, and a small task drives the
+//! channel's descriptor goes to `AsyncFd`, and a small task drives each
 //! ring whenever it is readable.
 //!
 //! ```text
-//! cargo run --example async_tokio
+//! cargo run --example async_tokio [-- --device soft|NAME]
 //! ```
 
 mod async_common;
 
-use rdma_ring::backend::soft::SoftQp;
+use std::process::ExitCode;
+
+use async_common::Endpoints;
+use rdma_ring::backend::{ProtectionDomain, QueuePair};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-fn spawn_driver(ring: &AsyncRing<SoftQp>) -> tokio::task::JoinHandle<()> {
+fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> tokio::task::JoinHandle<()> {
     let driver = ring.driver();
     let channel = driver
         .completion_fd()
-        .expect("the soft device has a completion channel");
+        .expect("the backend has a completion channel");
     // SAFETY: a `CompletionFd` keeps its channel (and so the descriptor)
     // open for as long as it lives, and always reports the same descriptor.
     let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }
         .map_err(|e| e.to_string())
         .expect("registering the completion channel with tokio");
     tokio::spawn(async move {
-        loop {
-            let Ok(mut ready) = fd.readable().await else {
-                return;
-            };
+        while let Ok(mut ready) = fd.readable().await {
             if driver.drive().is_err() {
                 return;
             }
@@ -36,31 +36,41 @@ fn spawn_driver(ring: &AsyncRing<SoftQp>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> std::process::ExitCode {
-    println!(
-        "device: soft (in-process software RC device); executor: tokio, woken through AsyncFd"
-    );
-    let endpoints = match async_common::endpoints(Wakeup::Reactor) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("async_tokio: FAILED: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let drivers = [spawn_driver(&endpoints.a), spawn_driver(&endpoints.b)];
-    let result = async_common::exercise(&endpoints).await;
+async fn run<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
+    e: Endpoints<P, Q>,
+) -> Result<(), String> {
+    let drivers = [spawn_driver(&e.a), spawn_driver(&e.b)];
+    let result = async_common::exercise(&e).await;
     for d in drivers {
         d.abort();
     }
-    match result {
+    result
+}
+
+async fn main_async() -> Result<(), String> {
+    let device = async_common::device_arg()?;
+    println!("device: {device}; executor: tokio, woken through AsyncFd");
+    if device == "soft" {
+        return run(async_common::endpoints(Wakeup::Reactor)?).await;
+    }
+    #[cfg(feature = "verbs")]
+    return run(async_common::verbs_endpoints(&device, Wakeup::Reactor)?).await;
+    #[cfg(not(feature = "verbs"))]
+    Err(format!(
+        "device {device:?}: this build has no verbs backend"
+    ))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match main_async().await {
         Ok(()) => {
             println!("async_tokio: all checks passed");
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("async_tokio: FAILED: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

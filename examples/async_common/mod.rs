@@ -5,7 +5,7 @@
 
 use futures::future::join_all;
 use rdma_ring::backend::soft::{SoftDevice, SoftPd, SoftQp};
-use rdma_ring::backend::QpConfig;
+use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::ring::{Ring, RingConfig};
@@ -14,21 +14,42 @@ pub const CHUNKS: usize = 32;
 pub const CHUNK: usize = 4096;
 const IMM: u32 = 0x00C0_FFEE;
 
-/// Two connected async rings on the soft device.
-pub struct Endpoints {
-    pub dev: SoftDevice,
-    pub pd_a: SoftPd,
-    pub pd_b: SoftPd,
-    pub a: AsyncRing<SoftQp>,
-    pub b: AsyncRing<SoftQp>,
+/// Two connected async rings and their protection domains.
+pub struct Endpoints<P, Q: QueuePair + Send + 'static> {
+    pub pd_a: P,
+    pub pd_b: P,
+    pub a: AsyncRing<Q>,
+    pub b: AsyncRing<Q>,
 }
 
-pub fn endpoints(wakeup: Wakeup) -> Result<Endpoints, String> {
+/// `--device soft|NAME` from the command line (default: soft).
+pub fn device_arg() -> Result<String, String> {
+    let mut args = std::env::args().skip(1);
+    let mut device = "soft".to_string();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--device" => {
+                device = args
+                    .next()
+                    .ok_or("--device needs a value: soft or a device name")?
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: [--device soft|NAME]"
+                ))
+            }
+        }
+    }
+    Ok(device)
+}
+
+/// Two connected async rings on the soft device.
+pub fn endpoints(wakeup: Wakeup) -> Result<Endpoints<SoftPd, SoftQp>, String> {
     endpoints_on(SoftDevice::new(), wakeup)
 }
 
 /// Two connected async rings on `dev` (whatever its progress mode).
-pub fn endpoints_on(dev: SoftDevice, wakeup: Wakeup) -> Result<Endpoints, String> {
+pub fn endpoints_on(dev: SoftDevice, wakeup: Wakeup) -> Result<Endpoints<SoftPd, SoftQp>, String> {
     let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
     let (qa, qb) = dev
         .connected_pair(&pd_a, &pd_b, QpConfig::default())
@@ -37,10 +58,29 @@ pub fn endpoints_on(dev: SoftDevice, wakeup: Wakeup) -> Result<Endpoints, String
         AsyncRing::new(Ring::new(qa, RingConfig::default()), wakeup).map_err(|e| e.to_string())?;
     let b =
         AsyncRing::new(Ring::new(qb, RingConfig::default()), wakeup).map_err(|e| e.to_string())?;
+    Ok(Endpoints { pd_a, pd_b, a, b })
+}
+
+/// Two connected async rings on the verbs device `name`.
+#[cfg(feature = "verbs")]
+pub fn verbs_endpoints(
+    name: &str,
+    wakeup: Wakeup,
+) -> Result<Endpoints<rdma_ring::backend::verbs::VerbsPd, rdma_ring::backend::verbs::VerbsQp>, String>
+{
+    let e = |e: rdma_ring::Error| e.to_string();
+    let dev = rdma_ring::backend::verbs::VerbsDevice::open(name).map_err(e)?;
+    let pd = dev.alloc_pd().map_err(e)?;
+    let mut qa = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
+    let mut qb = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    qa.connect(&eb).map_err(e)?;
+    qb.connect(&ea).map_err(e)?;
+    let a = AsyncRing::new(Ring::new(qa, RingConfig::default()), wakeup).map_err(e)?;
+    let b = AsyncRing::new(Ring::new(qb, RingConfig::default()), wakeup).map_err(e)?;
     Ok(Endpoints {
-        dev,
-        pd_a,
-        pd_b,
+        pd_a: pd.clone(),
+        pd_b: pd,
         a,
         b,
     })
@@ -60,7 +100,9 @@ fn pattern(chunk: usize, offset: usize) -> u8 {
 
 /// Writes, reads back, sends with immediate data, runs both atomics and
 /// drops a future mid-flight; checks everything; prints op by op.
-pub async fn exercise(e: &Endpoints) -> Result<(), String> {
+pub async fn exercise<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
+    e: &Endpoints<P, Q>,
+) -> Result<(), String> {
     let err = |e: rdma_ring::Error| e.to_string();
     let data = ExposedBuf::new(
         &e.pd_b,

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE VM (see scripts/softroce), from the repository
+# root: the verbs conformance suite and the examples on rxe0. Its argument
+# is the conformance test binary, built on the host.
+set -euo pipefail
+conformance="$1"
+examples=target/debug/examples
+
+echo "==> [vm] verbs conformance suite on rxe0"
+RDMA_RING_DEVICE=rxe0 "$conformance" --include-ignored --test-threads=1
+
+echo "==> [vm] quickstart on rxe0, one process"
+"$examples/quickstart" --device rxe0
+
+echo "==> [vm] quickstart on rxe0, two processes over the TCP handshake"
+"$examples/quickstart" --device rxe0 --listen 127.0.0.1:7471 > /tmp/quickstart-b.log 2>&1 &
+listener=$!
+sleep 1
+"$examples/quickstart" --device rxe0 --connect 127.0.0.1:7471
+if ! wait "$listener"; then
+    cat /tmp/quickstart-b.log
+    echo "the listening quickstart failed" >&2
+    exit 1
+fi
+cat /tmp/quickstart-b.log
+
+for example in async_tokio async_smol async_block_on; do
+    echo "==> [vm] $example on rxe0"
+    "$examples/$example" --device rxe0
+done
+echo "==> [vm] all checks passed on rxe0"
