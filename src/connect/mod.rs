@@ -7,7 +7,11 @@
 //! * [`tcp`]: exchange endpoints over a `std::net` stream, with timeouts.
 //! * Manual: give a queue pair's `connect` an [`Endpoint`] obtained any
 //!   other way, e.g. from another verbs program.
+//! * `cm` (feature `verbs`): connect through librdmacm, so standard
+//!   rdma_cm peers can connect.
 
+#[cfg(feature = "verbs")]
+pub mod cm;
 mod endpoint;
 pub mod tcp;
 

@@ -276,6 +276,20 @@ impl VerbsQp {
         Ok(())
     }
 
+    /// Applies attributes computed elsewhere (rdma_cm's `rdma_init_qp_attr`).
+    pub(crate) fn modify_raw(
+        &mut self,
+        attr: &mut ibv_qp_attr,
+        mask: i32,
+        verb: &'static str,
+    ) -> Result<(), Error> {
+        self.modify(attr, ibv_qp_attr_mask(mask as u32), verb)
+    }
+
+    pub(crate) fn mark_connected(&mut self) {
+        self.connected = true;
+    }
+
     /// Whether [`connect`](Self::connect) has succeeded.
     pub fn is_connected(&self) -> bool {
         self.connected

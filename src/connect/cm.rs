@@ -1,0 +1,556 @@
+//! Connecting through the RDMA connection manager (librdmacm), so that
+//! standard rdma_cm peers can connect (feature `verbs`).
+//!
+//! The queue pair is this crate's own [`VerbsQp`]: rdma_cm resolves the
+//! address and route and carries the connection handshake (with private
+//! data), and the queue pair is moved to RTR and RTS with the attributes
+//! rdma_cm computed (`rdma_init_qp_attr`). The result, [`CmQp`], is a
+//! [`QueuePair`]: give it to a [`Ring`](crate::ring::Ring). Dropping it
+//! disconnects.
+//!
+//! rdma_cm needs an address that routes to an RDMA device (on Soft-RoCE
+//! the address of the interface `rxe` runs on; loopback does not route),
+//! and the [`VerbsDevice`] passed in must be that device.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdma_ring::backend::verbs::VerbsDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::connect::cm;
+//! let dev = VerbsDevice::open("rxe1").unwrap();
+//! let pd = dev.alloc_pd().unwrap();
+//! let qp = cm::connect(&dev, &pd, "10.99.0.1:7472".parse().unwrap(), QpConfig::default(),
+//!                      b"hello", Duration::from_secs(10)).unwrap();
+//! println!("peer said {:?}", qp.peer_private_data());
+//! ```
+
+use std::ffi::CStr;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{
+    ibv_qp_attr, rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param, rdma_event_channel,
+};
+
+use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use crate::backend::{
+    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
+};
+use crate::error::Error;
+
+/// Private data rdma_cm carries in a connect request or reply, at most.
+pub const MAX_PRIVATE_DATA: usize = 56;
+
+fn cm_error(verb: &'static str) -> Error {
+    Error::Verbs {
+        verb,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+fn cm_failure(step: &'static str, reason: String) -> Error {
+    Error::Handshake { step, reason }
+}
+
+/// An event channel and an id on it, destroyed together (id first).
+struct CmId {
+    channel: *mut rdma_event_channel,
+    id: *mut rdma_cm_id,
+}
+
+// SAFETY: librdmacm ids and channels may be used from any thread; this
+// value owns both and destroys them once.
+unsafe impl Send for CmId {}
+// SAFETY: shared references never call into librdmacm.
+unsafe impl Sync for CmId {}
+
+impl CmId {
+    fn new() -> Result<CmId, Error> {
+        // SAFETY: no arguments; NULL on failure.
+        let channel = unsafe { rdma_sys::rdma_create_event_channel() };
+        if channel.is_null() {
+            return Err(cm_error("rdma_create_event_channel"));
+        }
+        let mut this = CmId {
+            channel,
+            id: std::ptr::null_mut(),
+        };
+        // SAFETY: the channel is live; `id` is a valid out-pointer.
+        let ret = unsafe {
+            rdma_sys::rdma_create_id(
+                channel,
+                &mut this.id,
+                std::ptr::null_mut(),
+                rdma_sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if ret != 0 {
+            return Err(cm_error("rdma_create_id"));
+        }
+        Ok(this)
+    }
+
+    /// An id from a connect request, moved to a channel of its own so it
+    /// does not depend on the listener's.
+    fn adopt(id: *mut rdma_cm_id) -> Result<CmId, Error> {
+        // SAFETY: no arguments; NULL on failure.
+        let channel = unsafe { rdma_sys::rdma_create_event_channel() };
+        if channel.is_null() {
+            // SAFETY: the id came from a connect request and is ours to destroy.
+            unsafe { rdma_sys::rdma_destroy_id(id) };
+            return Err(cm_error("rdma_create_event_channel"));
+        }
+        let this = CmId { channel, id };
+        // SAFETY: both are live; migrating moves the id's events to `channel`.
+        if unsafe { rdma_sys::rdma_migrate_id(id, channel) } != 0 {
+            return Err(cm_error("rdma_migrate_id"));
+        }
+        Ok(this)
+    }
+
+    /// The name of the device rdma_cm bound this id to.
+    fn device_name(&self) -> Option<String> {
+        // SAFETY: the id is live; `verbs` is set once an address is bound or
+        // resolved, and its device has a NUL-terminated name.
+        unsafe {
+            let ctx = (*self.id).verbs;
+            if ctx.is_null() {
+                return None;
+            }
+            let name = rdma_sys::ibv_get_device_name((*ctx).device);
+            Some(CStr::from_ptr(name).to_string_lossy().into_owned())
+        }
+    }
+
+    /// Waits up to `timeout` for the next event on this id's channel.
+    fn next_event(&self, timeout: Duration) -> Result<Event, Error> {
+        // SAFETY: the channel is live.
+        let fd = unsafe { (*self.channel).fd };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // SAFETY: one valid pollfd.
+            let ret =
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if ret > 0 {
+                break;
+            }
+            if ret == 0 || Instant::now() >= deadline {
+                return Err(cm_failure(
+                    "waiting for an rdma_cm event",
+                    format!("no event within {timeout:?}"),
+                ));
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Verbs {
+                    verb: "poll on the rdma_cm event channel",
+                    source: err,
+                });
+            }
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the channel is readable, so this does not block; `raw` is a
+        // valid out-pointer.
+        if unsafe { rdma_sys::rdma_get_cm_event(self.channel, &mut raw) } != 0 {
+            return Err(cm_error("rdma_get_cm_event"));
+        }
+        // SAFETY: a valid event until acknowledged below; the connection
+        // parameters are the union member for connection events, and their
+        // private data pointer is valid for its length until the ack.
+        let event = unsafe {
+            let e = &*raw;
+            let conn = e.param.conn;
+            let private = if conn.private_data.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    usize::from(conn.private_data_len),
+                )
+                .to_vec()
+            };
+            Event {
+                kind: e.event,
+                status: e.status,
+                id: e.id,
+                private,
+            }
+        };
+        // SAFETY: acknowledged exactly once.
+        unsafe { rdma_sys::rdma_ack_cm_event(raw) };
+        Ok(event)
+    }
+
+    fn expect(
+        &self,
+        want: ev::Type,
+        step: &'static str,
+        timeout: Duration,
+    ) -> Result<Event, Error> {
+        let event = self.next_event(timeout)?;
+        if event.kind != want {
+            return Err(cm_failure(
+                step,
+                format!("got {} (status {})", event_name(event.kind), event.status),
+            ));
+        }
+        Ok(event)
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once each, the id before its channel.
+        unsafe {
+            if !self.id.is_null() {
+                rdma_sys::rdma_destroy_id(self.id);
+            }
+            rdma_sys::rdma_destroy_event_channel(self.channel);
+        }
+    }
+}
+
+struct Event {
+    kind: ev::Type,
+    status: i32,
+    id: *mut rdma_cm_id,
+    private: Vec<u8>,
+}
+
+fn event_name(kind: ev::Type) -> String {
+    // SAFETY: returns a static NUL-terminated string for any value.
+    unsafe { CStr::from_ptr(rdma_sys::rdma_event_str(kind)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut storage as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            sin6.sin6_scope_id = v6.scope_id();
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+fn check_private(data: &[u8]) -> Result<(), Error> {
+    if data.len() > MAX_PRIVATE_DATA {
+        return Err(cm_failure(
+            "preparing the connection",
+            format!(
+                "{} bytes of private data; rdma_cm carries at most {MAX_PRIVATE_DATA}",
+                data.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_device(id: &CmId, dev: &VerbsDevice) -> Result<(), Error> {
+    match id.device_name() {
+        Some(name) if name == dev.name() => Ok(()),
+        other => Err(cm_failure(
+            "matching the device",
+            format!(
+                "rdma_cm routed the connection through {:?}, but the queue pair is on {:?}",
+                other.unwrap_or_else(|| "no device".into()),
+                dev.name()
+            ),
+        )),
+    }
+}
+
+fn conn_param(
+    qp: &VerbsQp,
+    dev: &VerbsDevice,
+    config: &QpConfig,
+    private: &[u8],
+) -> rdma_conn_param {
+    let limits = dev.limits();
+    rdma_conn_param {
+        private_data: if private.is_empty() {
+            std::ptr::null()
+        } else {
+            private.as_ptr().cast()
+        },
+        private_data_len: private.len() as u8,
+        responder_resources: limits.max_qp_rd_atom.clamp(1, 16),
+        initiator_depth: limits.max_qp_init_rd_atom.clamp(1, 16),
+        flow_control: 1,
+        retry_count: config.retry_cnt.min(7),
+        rnr_retry_count: config.rnr_retry.min(6),
+        srq: 0,
+        qp_num: qp.qpn(),
+    }
+}
+
+/// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`.
+fn ready_qp(id: &CmId, qp: &mut VerbsQp) -> Result<(), Error> {
+    for (state, verb) in [
+        (
+            rdma_sys::ibv_qp_state::IBV_QPS_RTR,
+            "rdma_init_qp_attr(RTR)",
+        ),
+        (
+            rdma_sys::ibv_qp_state::IBV_QPS_RTS,
+            "rdma_init_qp_attr(RTS)",
+        ),
+    ] {
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: the id is connected or connecting; both are valid out-pointers.
+        if unsafe { rdma_sys::rdma_init_qp_attr(id.id, &mut attr, &mut mask) } != 0 {
+            return Err(cm_error(verb));
+        }
+        qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm attributes)")?;
+    }
+    qp.mark_connected();
+    Ok(())
+}
+
+/// Connects to an rdma_cm listener at `addr`, sending `private_data` (at
+/// most [`MAX_PRIVATE_DATA`] bytes) with the request.
+pub fn connect(
+    dev: &VerbsDevice,
+    pd: &VerbsPd,
+    addr: SocketAddr,
+    config: QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<CmQp, Error> {
+    check_private(private_data)?;
+    let id = CmId::new()?;
+    let (mut dst, _) = sockaddr(&addr);
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: the id is live; `dst` holds a valid address of its family.
+    if unsafe {
+        rdma_sys::rdma_resolve_addr(
+            id.id,
+            std::ptr::null_mut(),
+            (&mut dst as *mut libc::sockaddr_storage).cast(),
+            ms,
+        )
+    } != 0
+    {
+        return Err(cm_error("rdma_resolve_addr"));
+    }
+    id.expect(
+        ev::RDMA_CM_EVENT_ADDR_RESOLVED,
+        "resolving the address",
+        timeout,
+    )?;
+    // SAFETY: the address is resolved.
+    if unsafe { rdma_sys::rdma_resolve_route(id.id, ms) } != 0 {
+        return Err(cm_error("rdma_resolve_route"));
+    }
+    id.expect(
+        ev::RDMA_CM_EVENT_ROUTE_RESOLVED,
+        "resolving the route",
+        timeout,
+    )?;
+    check_device(&id, dev)?;
+    let mut qp = dev.create_qp(pd, config)?;
+    let mut param = conn_param(&qp, dev, &config, private_data);
+    // SAFETY: the route is resolved; `param` and its private data live
+    // across the call.
+    if unsafe { rdma_sys::rdma_connect(id.id, &mut param) } != 0 {
+        return Err(cm_error("rdma_connect"));
+    }
+    let event = id.next_event(timeout)?;
+    match event.kind {
+        ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
+        ev::RDMA_CM_EVENT_REJECTED => {
+            return Err(cm_failure(
+                "connecting",
+                format!(
+                    "the peer rejected the connection (status {}, private data {:?})",
+                    event.status, event.private
+                ),
+            ))
+        }
+        other => {
+            return Err(cm_failure(
+                "connecting",
+                format!("got {} (status {})", event_name(other), event.status),
+            ))
+        }
+    }
+    ready_qp(&id, &mut qp)?;
+    if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
+        // SAFETY: the connect response arrived and the QP is in RTS.
+        if unsafe { rdma_sys::rdma_establish(id.id) } != 0 {
+            return Err(cm_error("rdma_establish"));
+        }
+    }
+    Ok(CmQp {
+        qp: Some(qp),
+        id: Arc::new(id),
+        peer_private_data: event.private,
+    })
+}
+
+/// An rdma_cm listener.
+pub struct CmListener {
+    id: CmId,
+}
+
+impl std::fmt::Debug for CmListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmListener").finish_non_exhaustive()
+    }
+}
+
+impl CmListener {
+    /// Listens on `addr` (an address of an RDMA device's interface).
+    pub fn bind(addr: SocketAddr) -> Result<CmListener, Error> {
+        let id = CmId::new()?;
+        let (mut sa, _) = sockaddr(&addr);
+        // SAFETY: the id is live; `sa` holds a valid address of its family.
+        if unsafe {
+            rdma_sys::rdma_bind_addr(id.id, (&mut sa as *mut libc::sockaddr_storage).cast())
+        } != 0
+        {
+            return Err(cm_error("rdma_bind_addr"));
+        }
+        // SAFETY: the id is bound.
+        if unsafe { rdma_sys::rdma_listen(id.id, 8) } != 0 {
+            return Err(cm_error("rdma_listen"));
+        }
+        Ok(CmListener { id })
+    }
+
+    /// Accepts the next connection request within `timeout`, answering with
+    /// `private_data`; the request's own private data is in the result.
+    pub fn accept(
+        &self,
+        dev: &VerbsDevice,
+        pd: &VerbsPd,
+        config: QpConfig,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<CmQp, Error> {
+        check_private(private_data)?;
+        let request = self.id.expect(
+            ev::RDMA_CM_EVENT_CONNECT_REQUEST,
+            "waiting for a connect request",
+            timeout,
+        )?;
+        let id = CmId::adopt(request.id)?;
+        if let Err(e) = check_device(&id, dev) {
+            // SAFETY: a pending request may be rejected once.
+            unsafe { rdma_sys::rdma_reject(id.id, std::ptr::null(), 0) };
+            return Err(e);
+        }
+        let mut qp = dev.create_qp(pd, config)?;
+        ready_qp(&id, &mut qp)?;
+        let mut param = conn_param(&qp, dev, &config, private_data);
+        // SAFETY: the request is pending; `param` lives across the call.
+        if unsafe { rdma_sys::rdma_accept(id.id, &mut param) } != 0 {
+            return Err(cm_error("rdma_accept"));
+        }
+        id.expect(
+            ev::RDMA_CM_EVENT_ESTABLISHED,
+            "establishing the connection",
+            timeout,
+        )?;
+        Ok(CmQp {
+            qp: Some(qp),
+            id: Arc::new(id),
+            peer_private_data: request.private,
+        })
+    }
+}
+
+/// A queue pair connected through rdma_cm. Dropping it disconnects.
+pub struct CmQp {
+    qp: Option<VerbsQp>,
+    id: Arc<CmId>,
+    peer_private_data: Vec<u8>,
+}
+
+impl std::fmt::Debug for CmQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmQp").field("qp", &self.qp).finish()
+    }
+}
+
+impl CmQp {
+    /// The private data the peer sent with its request or reply. rdma_cm
+    /// delivers it padded with zeros to the transport's fixed size (56
+    /// bytes in a request, 196 in a reply on InfiniBand and RoCE), so frame
+    /// what you send (a length prefix, or a fixed-size record).
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private_data
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &VerbsQp {
+        self.qp.as_ref().expect("present until drop")
+    }
+
+    fn qp_mut(&mut self) -> &mut VerbsQp {
+        self.qp.as_mut().expect("present until drop")
+    }
+}
+
+impl QueuePair for CmQp {
+    fn caps(&self) -> QpCaps {
+        self.qp().caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract, passed through.
+        unsafe { self.qp_mut().post_send(wrs) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract, passed through.
+        unsafe { self.qp_mut().post_recv(wrs) }
+    }
+    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        self.qp_mut().poll_cq(out)
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.qp_mut().set_error()
+    }
+    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+        self.qp().completion_events()
+    }
+}
+
+impl Drop for CmQp {
+    fn drop(&mut self) {
+        // SAFETY: the id is connected (or was); disconnecting twice is
+        // harmless, and the QP is destroyed right after.
+        unsafe { rdma_sys::rdma_disconnect(self.id.id) };
+        self.qp.take();
+    }
+}
