@@ -82,6 +82,9 @@ pub enum Error {
         /// The queue pair's domain.
         qp: PdId,
     },
+    /// The device does not support this operation.
+    #[error("{0:?} is not supported by this device")]
+    Unsupported(OpKind),
     /// One work request can move at most 2^31 bytes.
     #[error("buffer of {0} bytes exceeds the 2^31-byte limit of one work request")]
     TooLong(usize),

@@ -718,6 +718,9 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
         OpKind::CompareSwap
     }
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        if !caps.atomics {
+            return Err(Error::Unsupported(OpKind::CompareSwap));
+        }
         check_local(&self.word, caps)
     }
     fn into_prepared(self) -> Prepared {
@@ -745,6 +748,9 @@ impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
         OpKind::FetchAdd
     }
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
+        if !caps.atomics {
+            return Err(Error::Unsupported(OpKind::FetchAdd));
+        }
         check_local(&self.word, caps)
     }
     fn into_prepared(self) -> Prepared {

@@ -656,3 +656,51 @@ fn a_failed_wait_loses_nothing() {
     let got = p.b.completion().wait(1).unwrap();
     assert_eq!((got[0].user_data(), got[0].byte_len()), (4, 8));
 }
+
+/// A device without atomics: the push is refused, the word handed back.
+#[test]
+fn atomics_are_refused_on_a_device_without_them() {
+    struct NoAtomics(SoftQp);
+    impl QueuePair for NoAtomics {
+        fn caps(&self) -> QpCaps {
+            QpCaps {
+                atomics: false,
+                ..self.0.caps()
+            }
+        }
+        unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract is passed through unchanged.
+            unsafe { self.0.post_send(wrs) }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract is passed through unchanged.
+            unsafe { self.0.post_recv(wrs) }
+        }
+        fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+            self.0.poll_cq(out)
+        }
+        fn set_error(&mut self) -> Result<(), Error> {
+            self.0.set_error()
+        }
+    }
+    let p = default_pair();
+    let (qp, _peer) = p
+        .dev
+        .connected_pair(&p.pd, &p.pd, QpConfig::default())
+        .unwrap();
+    let mut ring = Ring::new(NoAtomics(qp), RingConfig::default());
+    let word = RegisteredBuf::new(&p.pd, Box::new(5u64))
+        .unwrap()
+        .word(0)
+        .unwrap();
+    let remote = p.exposed.remote().word(0).unwrap();
+    let refused = ring
+        .submission()
+        .push(rdma_ring::op::FetchAdd::new(word, remote, 1))
+        .unwrap_err();
+    assert!(matches!(
+        refused.error(),
+        Error::Unsupported(OpKind::FetchAdd)
+    ));
+    assert_eq!(refused.into_value().into_buf().get(), 5);
+}

@@ -220,7 +220,7 @@ pub struct RawCompletion {
 ///
 /// ```
 /// # use rdma_ring::backend::{QpCaps, PdId};
-/// let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, cq_entries: 129, max_inline_data: 64, pd: PdId::fresh() };
+/// let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, cq_entries: 129, max_inline_data: 64, atomics: true, pd: PdId::fresh() };
 /// assert!(caps.cq_entries >= caps.max_send_wr + caps.max_recv_wr);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +233,8 @@ pub struct QpCaps {
     pub cq_entries: u32,
     /// Largest payload that may be posted inline.
     pub max_inline_data: u32,
+    /// Whether the device runs 8-byte atomics.
+    pub atomics: bool,
     /// The protection domain of the queue pair.
     pub pd: PdId,
 }

@@ -213,6 +213,7 @@ impl SoftDevice {
                 max_recv_wr: config.max_recv_wr,
                 cq_entries: config.completion_entries(),
                 max_inline_data: config.max_inline_data,
+                atomics: true,
                 pd: pd.id,
             },
         })

@@ -139,6 +139,7 @@ impl VerbsQp {
             max_recv_wr: config.max_recv_wr,
             cq_entries,
             max_inline_data: init.cap.max_inline_data.min(config.max_inline_data),
+            atomics: limits.atomics,
             pd: pd.id,
         };
         let send_len = config.max_send_wr as usize + 1;
