@@ -1,0 +1,194 @@
+//! Throughput of RDMA WRITE or READ through the ring, with perftest's knobs:
+//! message size, WRs per post (batch), WRs outstanding (depth), and CQE
+//! every N WRs (signaling). Two queue pairs of one device, connected to
+//! each other, like perftest against 127.0.0.1.
+//!
+//! ```text
+//! cargo run --release --example perf -- [--device soft|noop|NAME] [--op write|read]
+//!     [--size 64] [--batch 32] [--depth 128] [--signal 32] [--iters 100000]
+//! ```
+//!
+//! `--device noop` runs the soft device in its no-op mode: the device costs
+//! next to nothing, so the figure is the software path alone. It prints one
+//! line: `perf: <device> <op> size=.. batch=.. depth=.. signal=..: <ops> ops
+//! in <secs> s = <Mops> Mops/s <MB/s> MB/s`. Compare figures only within
+//! one run on one machine (`scripts/perf` puts it beside perftest).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rdma_ring::backend::soft::{Progress, SoftDevice};
+use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
+use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess};
+use rdma_ring::op::{Read, Write};
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+
+struct Params {
+    device: String,
+    op: String,
+    size: usize,
+    batch: usize,
+    depth: usize,
+    signal: usize,
+    iters: u64,
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn params() -> Result<Params> {
+    let mut p = Params {
+        device: "noop".into(),
+        op: "write".into(),
+        size: 64,
+        batch: 32,
+        depth: 128,
+        signal: 32,
+        iters: 100_000,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--device" => p.device = value,
+            "--op" => p.op = value,
+            "--size" => p.size = value.parse()?,
+            "--batch" => p.batch = value.parse()?,
+            "--depth" => p.depth = value.parse()?,
+            "--signal" => p.signal = value.parse()?,
+            "--iters" => p.iters = value.parse()?,
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    if p.batch == 0 || p.depth < p.batch || p.size == 0 {
+        return Err("need size > 0 and 0 < batch <= depth".into());
+    }
+    if p.op != "write" && p.op != "read" {
+        return Err(format!("--op {}: write or read", p.op).into());
+    }
+    Ok(p)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perf: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config(p: &Params) -> QpConfig {
+    QpConfig {
+        max_send_wr: p.depth as u32 + 1,
+        max_recv_wr: 1,
+        ..QpConfig::default()
+    }
+}
+
+fn run() -> Result<()> {
+    let p = params()?;
+    match p.device.as_str() {
+        "soft" | "noop" => {
+            let mode = if p.device == "noop" {
+                Progress::NoOp
+            } else {
+                Progress::Auto
+            };
+            let dev = SoftDevice::with_progress(mode);
+            let pd = dev.alloc_pd();
+            let (qa, qb) = dev.connected_pair(&pd, &pd, config(&p))?;
+            measure(&p, &pd, qa, qb)
+        }
+        name => verbs(&p, name),
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn verbs(p: &Params, name: &str) -> Result<()> {
+    let dev = rdma_ring::backend::verbs::VerbsDevice::open(name)?;
+    let pd = dev.alloc_pd()?;
+    let mut qa = dev.create_qp(&pd, config(p))?;
+    let mut qb = dev.create_qp(&pd, config(p))?;
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    qa.connect(&eb)?;
+    qb.connect(&ea)?;
+    measure(p, &pd, qa, qb)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs(_p: &Params, name: &str) -> Result<()> {
+    Err(format!("device {name:?}: this build has no verbs backend").into())
+}
+
+fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q) -> Result<()> {
+    let rights = if p.op == "write" {
+        RemoteAccess::WRITE
+    } else {
+        RemoteAccess::READ
+    };
+    let target = ExposedBuf::new(pd, vec![0u8; p.size * p.depth], rights)?;
+    let remote = target.remote();
+    let pool = BufferPool::new(pd, p.size, p.depth)?;
+    let mut bufs: Vec<PoolChunk> = (0..p.depth)
+        .map(|_| pool.take())
+        .collect::<std::result::Result<_, _>>()?;
+    let mut ring = Ring::new(
+        qa,
+        RingConfig {
+            signal_interval: p.signal,
+            ..RingConfig::default()
+        },
+    );
+    let mut done: Vec<Completion> = Vec::with_capacity(p.depth);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let slices: Vec<_> = (0..p.depth)
+        .map(|i| remote.slice((i * p.size) as u64..((i + 1) * p.size) as u64))
+        .collect::<std::result::Result<_, _>>()?;
+    let start = Instant::now();
+    while completed < p.iters {
+        // Top the queue up in batches of `batch` WRs, one doorbell each.
+        while bufs.len() >= p.batch && posted < p.iters {
+            let n = p.batch.min((p.iters - posted) as usize);
+            let mut sq = ring.submission();
+            for _ in 0..n {
+                let buf = bufs.pop().expect("counted above");
+                let slot = (posted as usize) % p.depth;
+                if p.op == "write" {
+                    sq.push(Write::new(buf, slices[slot])).map_err(|r| r.to_string())?;
+                } else {
+                    sq.push(Read::new(buf, slices[slot])).map_err(|r| r.to_string())?;
+                }
+                posted += 1;
+            }
+            sq.submit().map_err(|e| e.to_string())?;
+        }
+        ring.completion().reap(&mut done)?;
+        for c in done.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("completion failed: {}", c.status()).into());
+            }
+            completed += 1;
+            bufs.push(
+                c.into_buf()
+                    .downcast()
+                    .map_err(|_| "a pool chunk came back as another type")?,
+            );
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mops = completed as f64 / secs / 1e6;
+    let mbps = completed as f64 * p.size as f64 / secs / 1e6;
+    println!(
+        "perf: {} {} size={} batch={} depth={} signal={}: {completed} ops in {secs:.3} s = {mops:.4} Mops/s {mbps:.2} MB/s ({} doorbells, {} CQEs)",
+        p.device,
+        p.op,
+        p.size,
+        p.batch,
+        p.depth,
+        p.signal,
+        ring.stats().doorbells,
+        ring.stats().cqes
+    );
+    Ok(())
+}
