@@ -155,9 +155,11 @@ fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q)
                 let buf = bufs.pop().expect("counted above");
                 let slot = (posted as usize) % p.depth;
                 if p.op == "write" {
-                    sq.push(Write::new(buf, slices[slot])).map_err(|r| r.to_string())?;
+                    sq.push(Write::new(buf, slices[slot]))
+                        .map_err(|r| r.to_string())?;
                 } else {
-                    sq.push(Read::new(buf, slices[slot])).map_err(|r| r.to_string())?;
+                    sq.push(Read::new(buf, slices[slot]))
+                        .map_err(|r| r.to_string())?;
                 }
                 posted += 1;
             }

@@ -231,3 +231,41 @@ fn connects_through_rdma_cm() {
     drop(ring);
     assert!(exposed.into_inner().iter().all(|&b| b == 0x77));
 }
+
+/// `connect_qp` / `accept_qp` do the whole TCP handshake in one call each.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn connects_with_one_call_per_side() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let fabric = Verbs::new();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(30);
+    let (dev, pd) = (fabric.dev.clone(), fabric.pd.clone());
+    let (posted_tx, posted_rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let qp = tcp::accept_qp(&listener, &dev, &pd, QpConfig::default(), timeout).unwrap();
+        let mut ring = Ring::new(qp, RingConfig::default());
+        ring.submission()
+            .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()))
+            .unwrap();
+        ring.submission().submit().unwrap();
+        posted_tx.send(()).unwrap();
+        let got = ring.completion().wait(1).unwrap().pop().unwrap();
+        got.buf()[..got.byte_len() as usize].to_vec()
+    });
+    let qp = tcp::connect_qp(&fabric.dev, &fabric.pd, addr, QpConfig::default(), timeout).unwrap();
+    posted_rx.recv().unwrap();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    ring.submission()
+        .push(Send::new(
+            RegisteredBuf::new(&fabric.pd, b"one call".to_vec()).unwrap(),
+        ))
+        .unwrap();
+    ring.submission().submit().unwrap();
+    assert!(ring.completion().wait(1).unwrap()[0].status().is_success());
+    assert_eq!(server.join().unwrap(), b"one call");
+}

@@ -6,6 +6,9 @@
 //! failure — garbage, a truncated record, another version, silence past the
 //! timeout, a closed connection — is a clear error, never a panic or a hang.
 //!
+//! [`connect_qp`] and [`accept_qp`] do all of it; [`exchange`] and
+//! [`ready`] are the steps, for protocols of your own:
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_ring::backend::verbs::VerbsDevice;
@@ -13,11 +16,15 @@
 //! use rdma_ring::connect::tcp;
 //! let dev = VerbsDevice::open("rxe0").unwrap();
 //! let pd = dev.alloc_pd().unwrap();
+//! let timeout = Duration::from_secs(10);
+//! // One call ...
+//! let qp = tcp::connect_qp(&dev, &pd, "192.0.2.1:7471", QpConfig::default(), timeout).unwrap();
+//! // ... or the steps.
 //! let mut qp = dev.create_qp(&pd, QpConfig::default()).unwrap();
-//! let mut stream = std::net::TcpStream::connect("192.0.2.1:7471").unwrap();
-//! let remote = tcp::exchange(&mut stream, &qp.endpoint(), Duration::from_secs(10)).unwrap();
+//! let mut stream = std::net::TcpStream::connect("192.0.2.1:7472").unwrap();
+//! let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
 //! qp.connect(&remote).unwrap();
-//! tcp::ready(&mut stream, Duration::from_secs(10)).unwrap();
+//! tcp::ready(&mut stream, timeout).unwrap();
 //! ```
 
 use std::io::{ErrorKind, Read, Write};
@@ -103,6 +110,51 @@ pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+/// Connects a new queue pair to the peer listening at `addr`: TCP connect,
+/// endpoint exchange, INIT → RTR → RTS, ready exchange. Receives the peer
+/// needs first can be posted by the listener before it calls
+/// [`accept_qp`]; anything this side must post before the peer sends,
+/// post on the returned queue pair's ring before the first send is awaited.
+#[cfg(feature = "verbs")]
+pub fn connect_qp(
+    dev: &crate::backend::verbs::VerbsDevice,
+    pd: &crate::backend::verbs::VerbsPd,
+    addr: impl std::net::ToSocketAddrs,
+    config: crate::backend::QpConfig,
+    timeout: Duration,
+) -> Result<crate::backend::verbs::VerbsQp, Error> {
+    let mut stream = TcpStream::connect(addr).map_err(|e| Error::Handshake {
+        step: "connecting over TCP",
+        reason: e.to_string(),
+    })?;
+    let mut qp = dev.create_qp(pd, config)?;
+    let remote = exchange(&mut stream, &qp.endpoint(), timeout)?;
+    qp.connect(&remote)?;
+    ready(&mut stream, timeout)?;
+    Ok(qp)
+}
+
+/// Accepts one peer on `listener` and connects a new queue pair to it: the
+/// other half of [`connect_qp`].
+#[cfg(feature = "verbs")]
+pub fn accept_qp(
+    listener: &std::net::TcpListener,
+    dev: &crate::backend::verbs::VerbsDevice,
+    pd: &crate::backend::verbs::VerbsPd,
+    config: crate::backend::QpConfig,
+    timeout: Duration,
+) -> Result<crate::backend::verbs::VerbsQp, Error> {
+    let (mut stream, _) = listener.accept().map_err(|e| Error::Handshake {
+        step: "accepting over TCP",
+        reason: e.to_string(),
+    })?;
+    let mut qp = dev.create_qp(pd, config)?;
+    let remote = exchange(&mut stream, &qp.endpoint(), timeout)?;
+    qp.connect(&remote)?;
+    ready(&mut stream, timeout)?;
+    Ok(qp)
 }
 
 #[cfg(test)]
