@@ -106,6 +106,7 @@ pub struct Prepared {
     pub(crate) wr: Option<SendWr>,
 }
 
+#[inline]
 fn check_local<B: IoBuf>(buf: &B, caps: &QpCaps) -> Result<(), Error> {
     if buf.pd() != caps.pd {
         return Err(Error::WrongPd {
@@ -119,6 +120,7 @@ fn check_local<B: IoBuf>(buf: &B, caps: &QpCaps) -> Result<(), Error> {
     Ok(())
 }
 
+#[inline]
 fn check_remote(
     op: OpKind,
     local: usize,
@@ -142,6 +144,7 @@ fn check_remote(
     Ok(())
 }
 
+#[inline]
 fn check_inline(flags: SendFlags, len: usize, caps: &QpCaps) -> Result<(), Error> {
     if flags.contains(SendFlags::INLINE) && len > caps.max_inline_data as usize {
         return Err(Error::InlineTooLarge {
@@ -152,6 +155,7 @@ fn check_inline(flags: SendFlags, len: usize, caps: &QpCaps) -> Result<(), Error
     Ok(())
 }
 
+#[inline]
 fn wr(opcode: SendOpcode, flags: SendFlags, sge: Sge) -> SendWr {
     SendWr {
         flags,
@@ -547,6 +551,7 @@ impl<B: IoBuf> Operation for Write<B> {
     fn kind(&self) -> OpKind {
         OpKind::Write
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)?;
         check_inline(self.flags, self.buf.bytes_len(), caps)?;
@@ -558,6 +563,7 @@ impl<B: IoBuf> Operation for Write<B> {
             "WRITE",
         )
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::Write, self.flags, self.buf.sge());
         wr.remote_addr = self.remote.addr();
@@ -580,6 +586,7 @@ impl<B: IoBuf> Operation for WriteImm<B> {
     fn kind(&self) -> OpKind {
         OpKind::WriteImm
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)?;
         check_inline(self.flags, self.buf.bytes_len(), caps)?;
@@ -591,6 +598,7 @@ impl<B: IoBuf> Operation for WriteImm<B> {
             "WRITE",
         )
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::WriteImm, self.flags, self.buf.sge());
         wr.remote_addr = self.remote.addr();
@@ -614,10 +622,12 @@ impl<B: IoBuf> Operation for Send<B> {
     fn kind(&self) -> OpKind {
         OpKind::Send
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)?;
         check_inline(self.flags, self.buf.bytes_len(), caps)
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let wr = wr(SendOpcode::Send, self.flags, self.buf.sge());
         Prepared {
@@ -638,10 +648,12 @@ impl<B: IoBuf> Operation for SendImm<B> {
     fn kind(&self) -> OpKind {
         OpKind::SendImm
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)?;
         check_inline(self.flags, self.buf.bytes_len(), caps)
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::SendImm, self.flags, self.buf.sge());
         wr.imm = self.imm;
@@ -663,6 +675,7 @@ impl<B: IoBufMut> Operation for Read<B> {
     fn kind(&self) -> OpKind {
         OpKind::Read
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)?;
         check_remote(
@@ -673,6 +686,7 @@ impl<B: IoBufMut> Operation for Read<B> {
             "READ",
         )
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::Read, self.flags, self.buf.sge());
         wr.remote_addr = self.remote.addr();
@@ -695,9 +709,11 @@ impl<B: IoBufMut> Operation for Recv<B> {
     fn kind(&self) -> OpKind {
         OpKind::Recv
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         check_local(&self.buf, caps)
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         Prepared {
             kind: OpKind::Recv,
@@ -717,12 +733,14 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
     fn kind(&self) -> OpKind {
         OpKind::CompareSwap
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         if !caps.atomics {
             return Err(Error::Unsupported(OpKind::CompareSwap));
         }
         check_local(&self.word, caps)
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::CompareSwap, self.flags, self.word.sge());
         wr.remote_addr = self.remote.addr();
@@ -747,12 +765,14 @@ impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
     fn kind(&self) -> OpKind {
         OpKind::FetchAdd
     }
+    #[inline]
     fn check(&self, caps: &QpCaps) -> Result<(), Error> {
         if !caps.atomics {
             return Err(Error::Unsupported(OpKind::FetchAdd));
         }
         check_local(&self.word, caps)
     }
+    #[inline]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::FetchAdd, self.flags, self.word.sge());
         wr.remote_addr = self.remote.addr();

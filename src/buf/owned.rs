@@ -31,6 +31,7 @@ impl Base {
         }
     }
 
+    #[inline]
     fn sge(&self) -> Sge {
         match self {
             Base::Registered(b) => b.sge(),
@@ -39,6 +40,7 @@ impl Base {
         }
     }
 
+    #[inline]
     fn pd(&self) -> PdId {
         match self {
             Base::Registered(b) => b.pd(),
@@ -74,16 +76,19 @@ pub struct OwnedBuf {
 }
 
 impl OwnedBuf {
+    #[inline]
     pub(crate) fn new(base: Base, start: usize, end: usize) -> Self {
         debug_assert!(start <= end && end <= base.len());
         OwnedBuf { base, start, end }
     }
 
+    #[inline]
     pub(crate) fn whole(base: Base) -> Self {
         let end = base.len();
         OwnedBuf::new(base, 0, end)
     }
 
+    #[inline]
     pub(crate) fn into_base(self) -> (Base, usize, usize) {
         (self.base, self.start, self.end)
     }
@@ -136,9 +141,11 @@ impl fmt::Debug for OwnedBuf {
 impl sealed::Sealed for OwnedBuf {}
 
 impl IoBuf for OwnedBuf {
+    #[inline]
     fn bytes_len(&self) -> usize {
         self.end - self.start
     }
+    #[inline]
     fn sge(&self) -> Sge {
         let whole = self.base.sge();
         Sge {
@@ -147,6 +154,7 @@ impl IoBuf for OwnedBuf {
             lkey: whole.lkey,
         }
     }
+    #[inline]
     fn pd(&self) -> PdId {
         self.base.pd()
     }

@@ -34,9 +34,11 @@ pub struct BufferPool {
 
 struct PoolShared {
     // Field order is load-bearing: deregister before the memory is freed.
-    region: Box<dyn MemoryRegion>,
+    _region: Box<dyn MemoryRegion>,
     _memory: Vec<u64>,
     base: *mut u8,
+    lkey: u32,
+    pd: PdId,
     chunk_size: usize,
     stride: usize,
     count: usize,
@@ -75,7 +77,9 @@ impl BufferPool {
         let region = unsafe { pd.register_raw(base, total, Access::LOCAL_WRITE)? };
         Ok(BufferPool {
             shared: Arc::new(PoolShared {
-                region,
+                lkey: region.lkey(),
+                pd: region.pd(),
+                _region: region,
                 _memory: memory,
                 base,
                 chunk_size,
@@ -144,6 +148,7 @@ pub struct PoolChunk {
 }
 
 impl PoolChunk {
+    #[inline]
     fn ptr(&self) -> *mut u8 {
         self.shared
             .base
@@ -155,12 +160,14 @@ impl PoolChunk {
         self.index as usize
     }
 
+    #[inline]
     fn base_lkey(&self) -> u32 {
-        self.shared.region.lkey()
+        self.shared.lkey
     }
 
+    #[inline]
     fn base_pd(&self) -> PdId {
-        self.shared.region.pd()
+        self.shared.pd
     }
 }
 

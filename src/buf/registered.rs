@@ -19,20 +19,28 @@ use crate::error::{Error, Rejected};
 /// assert_eq!(&memory[..5], b"hello");
 /// ```
 pub struct RegisteredBuf {
+    // One pointer wide, so that operations and completions carrying it stay
+    // small and cheap to move.
+    inner: Box<RegisteredInner>,
+}
+
+struct RegisteredInner {
     // Field order is load-bearing: the registration is dropped (the memory
     // deregistered) before the memory itself is freed.
     region: Box<dyn MemoryRegion>,
     mem: Box<dyn StableBufMut>,
     ptr: *mut u8,
     len: usize,
+    lkey: u32,
+    pd: PdId,
 }
 
 // SAFETY: `ptr` points into `mem`, which this value owns alone; moving the
 // value to another thread moves that sole ownership (`StableBuf: Send`).
-unsafe impl Send for RegisteredBuf {}
-// SAFETY: through `&RegisteredBuf` only shared reads of the bytes happen;
+unsafe impl Send for RegisteredInner {}
+// SAFETY: through `&RegisteredInner` only shared reads of the bytes happen;
 // `mem` itself is never touched through a shared reference.
-unsafe impl Sync for RegisteredBuf {}
+unsafe impl Sync for RegisteredInner {}
 
 impl RegisteredBuf {
     /// Registers `mem` in `pd` for local access. On failure the memory comes
@@ -53,10 +61,14 @@ impl RegisteredBuf {
         // owns the buffer.
         match unsafe { pd.register_raw(ptr, len, Access::LOCAL_WRITE) } {
             Ok(region) => Ok(RegisteredBuf {
-                region,
-                mem: Box::new(mem),
-                ptr,
-                len,
+                inner: Box::new(RegisteredInner {
+                    lkey: region.lkey(),
+                    pd: region.pd(),
+                    region,
+                    mem: Box::new(mem),
+                    ptr,
+                    len,
+                }),
             }),
             Err(e) => Err(Rejected::new(e, mem)),
         }
@@ -64,18 +76,18 @@ impl RegisteredBuf {
 
     /// Deregisters and returns the memory, if it is of type `M`.
     pub fn into_inner<M: StableBufMut>(self) -> Result<M, Self> {
-        if !(&*self.mem as &dyn std::any::Any).is::<M>() {
+        if !(&*self.inner.mem as &dyn std::any::Any).is::<M>() {
             return Err(self);
         }
-        let RegisteredBuf { region, mem, .. } = self;
+        let RegisteredInner { region, mem, .. } = *self.inner;
         drop(region);
         let any: Box<dyn std::any::Any> = mem;
         Ok(*any.downcast::<M>().expect("type checked above"))
     }
 
-    /// The remote-key-free local key, for diagnostics.
+    /// The local key, for diagnostics.
     pub fn lkey(&self) -> u32 {
-        self.region.lkey()
+        self.inner.lkey
     }
 }
 
@@ -85,22 +97,22 @@ impl std::ops::Deref for RegisteredBuf {
         // SAFETY: `ptr` is valid for `len` bytes while `mem` lives
         // (`StableBuf`), and no device writes them now: the registration is
         // local-only and an in-flight operation would own this value.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
     }
 }
 
 impl std::ops::DerefMut for RegisteredBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`, and `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) }
     }
 }
 
 impl fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegisteredBuf")
-            .field("len", &self.len)
-            .field("lkey", &self.region.lkey())
+            .field("len", &self.inner.len)
+            .field("lkey", &self.inner.lkey)
             .finish()
     }
 }
@@ -116,17 +128,23 @@ impl fmt::Debug for RegisteredBuf {
 /// assert_eq!(&buf[..8], b"constant");
 /// ```
 pub struct ReadOnlyBuf {
-    // Field order is load-bearing, as in `RegisteredBuf`.
+    inner: Box<ReadOnlyInner>,
+}
+
+struct ReadOnlyInner {
+    // Field order is load-bearing, as in `RegisteredInner`.
     region: Box<dyn MemoryRegion>,
     mem: Box<dyn StableBuf>,
     ptr: *const u8,
     len: usize,
+    lkey: u32,
+    pd: PdId,
 }
 
-// SAFETY: as for `RegisteredBuf`; the bytes are never written at all.
-unsafe impl Send for ReadOnlyBuf {}
+// SAFETY: as for `RegisteredInner`; the bytes are never written at all.
+unsafe impl Send for ReadOnlyInner {}
 // SAFETY: only shared reads ever happen.
-unsafe impl Sync for ReadOnlyBuf {}
+unsafe impl Sync for ReadOnlyInner {}
 
 impl ReadOnlyBuf {
     /// Registers `mem` in `pd` with no write rights.
@@ -141,10 +159,14 @@ impl ReadOnlyBuf {
         // reads the bytes, which shared references may read concurrently.
         match unsafe { pd.register_raw(ptr.cast_mut(), len, Access::empty()) } {
             Ok(region) => Ok(ReadOnlyBuf {
-                region,
-                mem: Box::new(mem),
-                ptr,
-                len,
+                inner: Box::new(ReadOnlyInner {
+                    lkey: region.lkey(),
+                    pd: region.pd(),
+                    region,
+                    mem: Box::new(mem),
+                    ptr,
+                    len,
+                }),
             }),
             Err(e) => Err(Rejected::new(e, mem)),
         }
@@ -152,10 +174,10 @@ impl ReadOnlyBuf {
 
     /// Deregisters and returns the memory, if it is of type `M`.
     pub fn into_inner<M: StableBuf>(self) -> Result<M, Self> {
-        if !(&*self.mem as &dyn std::any::Any).is::<M>() {
+        if !(&*self.inner.mem as &dyn std::any::Any).is::<M>() {
             return Err(self);
         }
-        let ReadOnlyBuf { region, mem, .. } = self;
+        let ReadOnlyInner { region, mem, .. } = *self.inner;
         drop(region);
         let any: Box<dyn std::any::Any> = mem;
         Ok(*any.downcast::<M>().expect("type checked above"))
@@ -167,14 +189,14 @@ impl std::ops::Deref for ReadOnlyBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: `ptr` is valid for `len` bytes while `mem` lives, and
         // nothing writes them (no write rights, `StableBuf` contract).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
     }
 }
 
 impl fmt::Debug for ReadOnlyBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadOnlyBuf")
-            .field("len", &self.len)
+            .field("len", &self.inner.len)
             .finish()
     }
 }
@@ -185,9 +207,11 @@ macro_rules! impl_base_buf {
         impl sealed::Sealed for $ty {}
 
         impl IoBuf for $ty {
+            #[inline]
             fn bytes_len(&self) -> usize {
                 self.len()
             }
+            #[inline]
             fn sge(&self) -> Sge {
                 Sge {
                     addr: self.as_ptr() as u64,
@@ -195,12 +219,15 @@ macro_rules! impl_base_buf {
                     lkey: self.base_lkey(),
                 }
             }
+            #[inline]
             fn pd(&self) -> PdId {
                 self.base_pd()
             }
+            #[inline]
             fn into_owned(self) -> OwnedBuf {
                 OwnedBuf::whole(Base::$variant(self))
             }
+            #[inline]
             fn from_owned(buf: OwnedBuf) -> Result<Self, OwnedBuf> {
                 let (base, start, end) = buf.into_base();
                 match base {
@@ -226,20 +253,24 @@ macro_rules! impl_base_buf {
 pub(crate) use impl_base_buf;
 
 impl RegisteredBuf {
+    #[inline]
     fn base_lkey(&self) -> u32 {
-        self.region.lkey()
+        self.inner.lkey
     }
+    #[inline]
     fn base_pd(&self) -> PdId {
-        self.region.pd()
+        self.inner.pd
     }
 }
 
 impl ReadOnlyBuf {
+    #[inline]
     fn base_lkey(&self) -> u32 {
-        self.region.lkey()
+        self.inner.lkey
     }
+    #[inline]
     fn base_pd(&self) -> PdId {
-        self.region.pd()
+        self.inner.pd
     }
 }
 

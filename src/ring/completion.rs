@@ -41,6 +41,7 @@ pub struct Completion {
 }
 
 impl Completion {
+    #[inline]
     pub(super) fn new(op: InFlight, status: WcStatus, byte_len: u32, imm: Option<u32>) -> Self {
         Completion {
             kind: op.kind,
@@ -227,6 +228,7 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Applies one CQE; false if it names no posted operation.
+    #[inline]
     fn process(&mut self, raw: RawCompletion) -> bool {
         if raw.wr_id == DRAIN_WR_ID && self.drain_posted {
             self.drain_posted = false;
@@ -292,6 +294,7 @@ impl<Q: QueuePair> Ring<Q> {
         true
     }
 
+    #[inline]
     fn complete_implicitly(&mut self, key: Key) {
         if key == SYNC_KEY {
             // A sync marker: it held a send slot and has no buffer.

@@ -30,6 +30,7 @@ pub(crate) enum Owner {
 
 impl<Q: QueuePair> Ring<Q> {
     /// Hands a finished operation to its owner.
+    #[inline]
     pub(super) fn finish(&mut self, key: Key, status: WcStatus, byte_len: u32, imm: Option<u32>) {
         let Some(op) = self.slab.get_mut(key) else {
             return;

@@ -334,3 +334,7 @@ fn credit_error<Q: QueuePair>(ring: &Ring<Q>, recv: bool) -> Option<Error> {
     }
     None
 }
+// Operations move through the slab, the ready queue and the caller's hands
+// several times each: keep them small (one cache line and a half at most).
+static_assertions::const_assert!(std::mem::size_of::<InFlight>() <= 96);
+static_assertions::const_assert!(std::mem::size_of::<Completion>() <= 72);

@@ -10,10 +10,12 @@ pub(crate) struct Key {
 
 impl Key {
     /// `wr_id` layout: generation in the high half, index in the low half.
+    #[inline]
     pub(crate) fn to_wr_id(self) -> u64 {
         (u64::from(self.generation) << 32) | u64::from(self.index)
     }
 
+    #[inline]
     pub(crate) const fn from_wr_id(wr_id: u64) -> Key {
         Key {
             index: wr_id as u32,
@@ -59,14 +61,17 @@ impl<T> Slab<T> {
         }
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
+    #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.free_head == NO_FREE
     }
 
+    #[inline]
     pub(crate) fn insert(&mut self, value: T) -> Option<Key> {
         if self.free_head == NO_FREE {
             return None;
@@ -82,16 +87,19 @@ impl<T> Slab<T> {
         })
     }
 
+    #[inline]
     fn entry(&self, key: Key) -> Option<&Entry<T>> {
         self.entries
             .get(key.index as usize)
             .filter(|e| e.generation == key.generation && e.value.is_some())
     }
 
+    #[inline]
     pub(crate) fn get(&self, key: Key) -> Option<&T> {
         self.entry(key).and_then(|e| e.value.as_ref())
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         self.entries
             .get_mut(key.index as usize)
@@ -99,6 +107,7 @@ impl<T> Slab<T> {
             .and_then(|e| e.value.as_mut())
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, key: Key) -> Option<T> {
         self.entry(key)?;
         let entry = &mut self.entries[key.index as usize];

@@ -168,7 +168,6 @@ impl<Q: QueuePair> Ring<Q> {
             return Err(Rejected::new(Error::Unclaimed(unclaimed), op));
         }
         let prepared = op.into_prepared();
-        let sge = prepared.buf.sge();
         let key = self
             .slab
             .insert(InFlight {
@@ -186,10 +185,13 @@ impl<Q: QueuePair> Ring<Q> {
             self.queued_in_flight += 1;
         }
         match prepared.wr {
-            None => self.pending_recv.push(RecvWr {
-                wr_id: key.to_wr_id(),
-                sge,
-            }),
+            None => {
+                let sge = self.slab.get(key).expect("just inserted").buf.sge();
+                self.pending_recv.push(RecvWr {
+                    wr_id: key.to_wr_id(),
+                    sge,
+                })
+            }
             Some(mut wr) => {
                 wr.wr_id = key.to_wr_id();
                 self.since_signal += 1;
