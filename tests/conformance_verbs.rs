@@ -228,6 +228,17 @@ fn connects_through_rdma_cm() {
     }
     let (imm, payload) = server.join().unwrap();
     assert_eq!((imm, payload.as_slice()), (Some(3), &b"via rdma_cm"[..]));
+    // The server's queue pair is gone (it disconnected when dropped): a
+    // receive posted now is flushed instead of waiting forever.
+    ring.submission()
+        .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()).user_data(8))
+        .unwrap();
+    ring.submission().submit().unwrap();
+    let flushed = ring.completion().wait(1).unwrap().pop().unwrap();
+    assert_eq!(
+        (flushed.user_data(), flushed.status()),
+        (8, rdma_ring::backend::WcStatus::WrFlushErr)
+    );
     drop(ring);
     assert!(exposed.into_inner().iter().all(|&b| b == 0x77));
 }

@@ -65,13 +65,32 @@ unsafe impl Send for CmId {}
 // SAFETY: shared references never call into librdmacm.
 unsafe impl Sync for CmId {}
 
+/// An event channel whose descriptor does not block, so that a poll that
+/// loses an event to another thread, or a check for a disconnect, never
+/// blocks in `rdma_get_cm_event`.
+fn event_channel() -> Result<*mut rdma_event_channel, Error> {
+    // SAFETY: no arguments; NULL on failure.
+    let channel = unsafe { rdma_sys::rdma_create_event_channel() };
+    if channel.is_null() {
+        return Err(cm_error("rdma_create_event_channel"));
+    }
+    // SAFETY: the channel's descriptor is open; only its flags change.
+    let fd = unsafe { (*channel).fd };
+    // SAFETY: as above.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        let err = cm_error("fcntl(O_NONBLOCK) on the rdma_cm event channel");
+        // SAFETY: created above, unused.
+        unsafe { rdma_sys::rdma_destroy_event_channel(channel) };
+        return Err(err);
+    }
+    Ok(channel)
+}
+
 impl CmId {
     fn new() -> Result<CmId, Error> {
-        // SAFETY: no arguments; NULL on failure.
-        let channel = unsafe { rdma_sys::rdma_create_event_channel() };
-        if channel.is_null() {
-            return Err(cm_error("rdma_create_event_channel"));
-        }
+        let channel = event_channel()?;
         let mut this = CmId {
             channel,
             id: std::ptr::null_mut(),
@@ -94,19 +113,26 @@ impl CmId {
     /// An id from a connect request, moved to a channel of its own so it
     /// does not depend on the listener's.
     fn adopt(id: *mut rdma_cm_id) -> Result<CmId, Error> {
-        // SAFETY: no arguments; NULL on failure.
-        let channel = unsafe { rdma_sys::rdma_create_event_channel() };
-        if channel.is_null() {
-            // SAFETY: the id came from a connect request and is ours to destroy.
-            unsafe { rdma_sys::rdma_destroy_id(id) };
-            return Err(cm_error("rdma_create_event_channel"));
-        }
+        let channel = match event_channel() {
+            Ok(channel) => channel,
+            Err(e) => {
+                // SAFETY: the id came from a connect request and is ours to destroy.
+                unsafe { rdma_sys::rdma_destroy_id(id) };
+                return Err(e);
+            }
+        };
         let this = CmId { channel, id };
         // SAFETY: both are live; migrating moves the id's events to `channel`.
         if unsafe { rdma_sys::rdma_migrate_id(id, channel) } != 0 {
             return Err(cm_error("rdma_migrate_id"));
         }
         Ok(this)
+    }
+
+    /// The port rdma_cm bound this id to.
+    fn port(&self) -> u8 {
+        // SAFETY: the id is live.
+        unsafe { (*self.id).port_num }
     }
 
     /// The name of the device rdma_cm bound this id to.
@@ -134,32 +160,48 @@ impl CmId {
         };
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // SAFETY: one valid pollfd.
-            let ret =
-                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-            if ret > 0 {
-                break;
+            // Another thread may take an event we were woken for: the
+            // channel does not block, so that only means "wait again".
+            if let Some(event) = self.try_event()? {
+                return Ok(event);
             }
-            if ret == 0 || Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(cm_failure(
                     "waiting for an rdma_cm event",
                     format!("no event within {timeout:?}"),
                 ));
             }
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Verbs {
-                    verb: "poll on the rdma_cm event channel",
-                    source: err,
-                });
+            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(Error::Verbs {
+                        verb: "poll on the rdma_cm event channel",
+                        source: err,
+                    });
+                }
             }
         }
+    }
+
+    /// The next event if one is pending; never blocks.
+    fn try_event(&self) -> Result<Option<Event>, Error> {
         let mut raw = std::ptr::null_mut();
-        // SAFETY: the channel is readable, so this does not block; `raw` is a
-        // valid out-pointer.
+        // SAFETY: the channel does not block; `raw` is a valid out-pointer.
         if unsafe { rdma_sys::rdma_get_cm_event(self.channel, &mut raw) } != 0 {
-            return Err(cm_error("rdma_get_cm_event"));
+            let err = std::io::Error::last_os_error();
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) {
+                return Ok(None);
+            }
+            return Err(Error::Verbs {
+                verb: "rdma_get_cm_event",
+                source: err,
+            });
         }
         // SAFETY: a valid event until acknowledged below; the connection
         // parameters are the union member for connection events, and their
@@ -181,11 +223,13 @@ impl CmId {
                 status: e.status,
                 id: e.id,
                 private,
+                responder_resources: conn.responder_resources,
+                initiator_depth: conn.initiator_depth,
             }
         };
         // SAFETY: acknowledged exactly once.
         unsafe { rdma_sys::rdma_ack_cm_event(raw) };
-        Ok(event)
+        Ok(Some(event))
     }
 
     fn expect(
@@ -222,6 +266,8 @@ struct Event {
     status: i32,
     id: *mut rdma_cm_id,
     private: Vec<u8>,
+    responder_resources: u8,
+    initiator_depth: u8,
 }
 
 fn event_name(kind: ev::Type) -> String {
@@ -276,25 +322,32 @@ fn check_private(data: &[u8]) -> Result<(), Error> {
 
 fn check_device(id: &CmId, dev: &VerbsDevice) -> Result<(), Error> {
     match id.device_name() {
-        Some(name) if name == dev.name() => Ok(()),
+        Some(name) if name == dev.name() && id.port() == dev.port() => Ok(()),
         other => Err(cm_failure(
             "matching the device",
             format!(
-                "rdma_cm routed the connection through {:?}, but the queue pair is on {:?}",
+                "rdma_cm routed the connection through {:?} port {}, but the queue pair is on {:?} port {}",
                 other.unwrap_or_else(|| "no device".into()),
-                dev.name()
+                id.port(),
+                dev.name(),
+                dev.port()
             ),
         )),
     }
 }
 
-fn conn_param(
-    qp: &VerbsQp,
-    dev: &VerbsDevice,
-    config: &QpConfig,
-    private: &[u8],
-) -> rdma_conn_param {
+/// READ/atomic depths: (responder resources, initiator depth).
+type Depths = (u8, u8);
+
+fn local_depths(dev: &VerbsDevice) -> Depths {
     let limits = dev.limits();
+    (
+        limits.max_qp_rd_atom.clamp(1, 16),
+        limits.max_qp_init_rd_atom.clamp(1, 16),
+    )
+}
+
+fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -> rdma_conn_param {
     rdma_conn_param {
         private_data: if private.is_empty() {
             std::ptr::null()
@@ -302,8 +355,8 @@ fn conn_param(
             private.as_ptr().cast()
         },
         private_data_len: private.len() as u8,
-        responder_resources: limits.max_qp_rd_atom.clamp(1, 16),
-        initiator_depth: limits.max_qp_init_rd_atom.clamp(1, 16),
+        responder_resources: depths.0,
+        initiator_depth: depths.1,
         flow_control: 1,
         retry_count: config.retry_cnt.min(7),
         rnr_retry_count: config.rnr_retry.min(6),
@@ -312,8 +365,9 @@ fn conn_param(
     }
 }
 
-/// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`.
-fn ready_qp(id: &CmId, qp: &mut VerbsQp) -> Result<(), Error> {
+/// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`,
+/// and, when accepting, the READ/atomic depths agreed with the requester.
+fn ready_qp(id: &CmId, qp: &mut VerbsQp, depths: Option<Depths>) -> Result<(), Error> {
     for (state, verb) in [
         (
             rdma_sys::ibv_qp_state::IBV_QPS_RTR,
@@ -331,6 +385,13 @@ fn ready_qp(id: &CmId, qp: &mut VerbsQp) -> Result<(), Error> {
         // SAFETY: the id is connected or connecting; both are valid out-pointers.
         if unsafe { rdma_sys::rdma_init_qp_attr(id.id, &mut attr, &mut mask) } != 0 {
             return Err(cm_error(verb));
+        }
+        if let Some((responder, initiator)) = depths {
+            if state == rdma_sys::ibv_qp_state::IBV_QPS_RTR {
+                attr.max_dest_rd_atomic = responder;
+            } else {
+                attr.max_rd_atomic = initiator;
+            }
         }
         qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm attributes)")?;
     }
@@ -380,7 +441,7 @@ pub fn connect(
     )?;
     check_device(&id, dev)?;
     let mut qp = dev.create_qp(pd, config)?;
-    let mut param = conn_param(&qp, dev, &config, private_data);
+    let mut param = conn_param(&qp, local_depths(dev), &config, private_data);
     // SAFETY: the route is resolved; `param` and its private data live
     // across the call.
     if unsafe { rdma_sys::rdma_connect(id.id, &mut param) } != 0 {
@@ -405,7 +466,7 @@ pub fn connect(
             ))
         }
     }
-    ready_qp(&id, &mut qp)?;
+    ready_qp(&id, &mut qp, None)?;
     if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
         // SAFETY: the connect response arrived and the QP is in RTS.
         if unsafe { rdma_sys::rdma_establish(id.id) } != 0 {
@@ -416,6 +477,7 @@ pub fn connect(
         qp: Some(qp),
         id: Arc::new(id),
         peer_private_data: event.private,
+        idle_polls: 0,
     })
 }
 
@@ -472,8 +534,15 @@ impl CmListener {
             return Err(e);
         }
         let mut qp = dev.create_qp(pd, config)?;
-        ready_qp(&id, &mut qp)?;
-        let mut param = conn_param(&qp, dev, &config, private_data);
+        // Answer no more READs/atomics than we can, nor issue more than the
+        // requester can answer.
+        let (responder, initiator) = local_depths(dev);
+        let depths = (
+            responder.min(request.initiator_depth.max(1)),
+            initiator.min(request.responder_resources.max(1)),
+        );
+        ready_qp(&id, &mut qp, Some(depths))?;
+        let mut param = conn_param(&qp, depths, &config, private_data);
         // SAFETY: the request is pending; `param` lives across the call.
         if unsafe { rdma_sys::rdma_accept(id.id, &mut param) } != 0 {
             return Err(cm_error("rdma_accept"));
@@ -487,6 +556,7 @@ impl CmListener {
             qp: Some(qp),
             id: Arc::new(id),
             peer_private_data: request.private,
+            idle_polls: 0,
         })
     }
 }
@@ -496,7 +566,13 @@ pub struct CmQp {
     qp: Option<VerbsQp>,
     id: Arc<CmId>,
     peer_private_data: Vec<u8>,
+    /// Empty polls since the last look for a disconnect.
+    idle_polls: u32,
 }
+
+/// How many empty polls pass between looks at the rdma_cm channel for a
+/// disconnect (a look is one non-blocking system call).
+const DISCONNECT_CHECK_EVERY: u32 = 64;
 
 impl std::fmt::Debug for CmQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -536,7 +612,22 @@ impl QueuePair for CmQp {
         unsafe { self.qp_mut().post_recv(wrs) }
     }
     fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        self.qp_mut().poll_cq(out)
+        let n = self.qp_mut().poll_cq(out)?;
+        if n == 0 {
+            self.idle_polls += 1;
+            if self.idle_polls >= DISCONNECT_CHECK_EVERY {
+                self.idle_polls = 0;
+                // The peer left: rdma_cm says so on our channel, and with an
+                // external QP nothing else moves it to error, so do it here;
+                // everything outstanding then completes flushed.
+                if let Some(event) = self.id.try_event()? {
+                    if event.kind == ev::RDMA_CM_EVENT_DISCONNECTED {
+                        self.qp_mut().set_error()?;
+                    }
+                }
+            }
+        }
+        Ok(n)
     }
     fn set_error(&mut self) -> Result<(), Error> {
         self.qp_mut().set_error()

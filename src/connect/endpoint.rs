@@ -11,11 +11,12 @@ const VERSION: u8 = 1;
 ///
 /// Wire format (32 bytes, network byte order): magic `RE`, version 1, MTU
 /// (an `ibv_mtu` value, 1..=5), QPN (24 bits in 4 bytes), PSN (24 bits in
-/// 4 bytes), LID (2 bytes), 2 reserved zero bytes, GID (16 bytes).
+/// 4 bytes), LID (2 bytes), responder resources (1 byte), initiator depth
+/// (1 byte), GID (16 bytes).
 ///
 /// ```
 /// use rdma_ring::connect::Endpoint;
-/// let ep = Endpoint { qpn: 0x11, psn: 0x2233, lid: 0, gid: [0; 16], mtu: 5 };
+/// let ep = Endpoint { qpn: 0x11, psn: 0x2233, lid: 0, gid: [0; 16], mtu: 5, rd_atomic: 16, init_rd_atomic: 16 };
 /// let wire = ep.encode();
 /// assert_eq!(Endpoint::decode(&wire).unwrap(), ep);
 /// assert!(Endpoint::decode(&wire[..31]).is_err());
@@ -32,6 +33,12 @@ pub struct Endpoint {
     pub gid: [u8; 16],
     /// Path MTU as an `ibv_mtu` value: 1 = 256 … 5 = 4096 bytes.
     pub mtu: u8,
+    /// RDMA READs and atomics this side can answer at once (its responder
+    /// resources); 0 means unknown. The peer issues no more than that.
+    pub rd_atomic: u8,
+    /// RDMA READs and atomics this side will have outstanding at once (its
+    /// initiator depth); 0 means unknown.
+    pub init_rd_atomic: u8,
 }
 
 impl Endpoint {
@@ -44,12 +51,14 @@ impl Endpoint {
         out[4..8].copy_from_slice(&self.qpn.to_be_bytes());
         out[8..12].copy_from_slice(&self.psn.to_be_bytes());
         out[12..14].copy_from_slice(&self.lid.to_be_bytes());
+        out[14] = self.rd_atomic;
+        out[15] = self.init_rd_atomic;
         out[16..32].copy_from_slice(&self.gid);
         out
     }
 
     /// Decodes a wire record strictly: exact length, magic, version, MTU in
-    /// range, 24-bit QPN and PSN, reserved bytes zero. Never panics.
+    /// range, 24-bit QPN and PSN. Never panics.
     pub fn decode(bytes: &[u8]) -> Result<Endpoint, Error> {
         let bad = |reason: String| Error::Malformed {
             what: "endpoint record",
@@ -83,9 +92,6 @@ impl Endpoint {
         if qpn > 0x00ff_ffff || psn > 0x00ff_ffff {
             return Err(bad(format!("QPN {qpn:#x} or PSN {psn:#x} exceeds 24 bits")));
         }
-        if record[14..16] != [0, 0] {
-            return Err(bad("reserved bytes are not zero".into()));
-        }
         let lid = u16::from_be_bytes([record[12], record[13]]);
         let gid: [u8; 16] = record[16..32].try_into().expect("16 bytes");
         Ok(Endpoint {
@@ -94,6 +100,8 @@ impl Endpoint {
             lid,
             gid,
             mtu,
+            rd_atomic: record[14],
+            init_rd_atomic: record[15],
         })
     }
 }
@@ -110,8 +118,8 @@ mod tests {
         }
 
         #[test]
-        fn round_trips(qpn in 0u32..1 << 24, psn in 0u32..1 << 24, lid: u16, gid: [u8; 16], mtu in 1u8..=5) {
-            let ep = Endpoint { qpn, psn, lid, gid, mtu };
+        fn round_trips(qpn in 0u32..1 << 24, psn in 0u32..1 << 24, lid: u16, gid: [u8; 16], mtu in 1u8..=5, rd: u8, init: u8) {
+            let ep = Endpoint { qpn, psn, lid, gid, mtu, rd_atomic: rd, init_rd_atomic: init };
             prop_assert_eq!(Endpoint::decode(&ep.encode()).unwrap(), ep);
         }
     }
@@ -124,14 +132,15 @@ mod tests {
             lid: 3,
             gid: [4; 16],
             mtu: 3,
+            rd_atomic: 16,
+            init_rd_atomic: 16,
         }
         .encode();
-        let cases: [(usize, u8, &str); 5] = [
+        let cases: [(usize, u8, &str); 4] = [
             (0, b'X', "magic"),
             (2, 9, "version"),
             (3, 0, "MTU"),
             (4, 1, "24 bits"),
-            (15, 1, "reserved"),
         ];
         for (at, value, needle) in cases {
             let mut bad = good;

@@ -10,7 +10,7 @@
 //! [`ready`] are the steps, for protocols of your own:
 //!
 //! ```no_run
-//! use std::time::Duration;
+//! use std::time::{Duration, Instant};
 //! use rdma_ring::backend::verbs::VerbsDevice;
 //! use rdma_ring::backend::QpConfig;
 //! use rdma_ring::connect::tcp;
@@ -29,7 +29,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Endpoint, ENDPOINT_WIRE_LEN};
 use crate::error::Error;
@@ -49,9 +49,23 @@ fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> E
     Error::Handshake { step, reason }
 }
 
-fn read_exact(stream: &mut TcpStream, buf: &mut [u8], step: &'static str) -> Result<(), Error> {
+/// Reads exactly `buf.len()` bytes by `deadline` (a deadline for the whole
+/// read, so a peer trickling bytes cannot stretch it).
+fn read_exact(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    step: &'static str,
+) -> Result<(), Error> {
     let mut got = 0;
     while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io_error(step, ErrorKind::TimedOut.into(), got, buf.len()));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| io_error(step, e, got, buf.len()))?;
         match stream.read(&mut buf[got..]) {
             Ok(0) => {
                 return Err(io_error(
@@ -69,13 +83,13 @@ fn read_exact(stream: &mut TcpStream, buf: &mut [u8], step: &'static str) -> Res
     Ok(())
 }
 
-fn set_timeouts(stream: &TcpStream, timeout: Duration) -> Result<(), Error> {
-    let setup = |e: std::io::Error| Error::Handshake {
-        step: "setting socket timeouts",
-        reason: e.to_string(),
-    };
-    stream.set_read_timeout(Some(timeout)).map_err(setup)?;
-    stream.set_write_timeout(Some(timeout)).map_err(setup)
+fn set_write_timeout(stream: &TcpStream, timeout: Duration) -> Result<(), Error> {
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| Error::Handshake {
+            step: "setting socket timeouts",
+            reason: e.to_string(),
+        })
 }
 
 /// Sends `local` and returns the peer's endpoint, each way within
@@ -85,24 +99,31 @@ pub fn exchange(
     local: &Endpoint,
     timeout: Duration,
 ) -> Result<Endpoint, Error> {
-    set_timeouts(stream, timeout)?;
+    let deadline = Instant::now() + timeout;
+    set_write_timeout(stream, timeout)?;
     stream
         .write_all(&local.encode())
         .map_err(|e| io_error("sending our endpoint", e, 0, ENDPOINT_WIRE_LEN))?;
     let mut record = [0u8; ENDPOINT_WIRE_LEN];
-    read_exact(stream, &mut record, "reading the peer's endpoint")?;
+    read_exact(stream, &mut record, deadline, "reading the peer's endpoint")?;
     Endpoint::decode(&record)
 }
 
 /// After both queue pairs are connected: tells the peer we are ready and
 /// waits until it is too.
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
-    set_timeouts(stream, timeout)?;
+    let deadline = Instant::now() + timeout;
+    set_write_timeout(stream, timeout)?;
     stream
         .write_all(&[READY])
         .map_err(|e| io_error("sending ready", e, 0, 1))?;
     let mut byte = [0u8; 1];
-    read_exact(stream, &mut byte, "waiting for the peer to be ready")?;
+    read_exact(
+        stream,
+        &mut byte,
+        deadline,
+        "waiting for the peer to be ready",
+    )?;
     if byte[0] != READY {
         return Err(Error::Handshake {
             step: "waiting for the peer to be ready",
@@ -125,10 +146,7 @@ pub fn connect_qp(
     config: crate::backend::QpConfig,
     timeout: Duration,
 ) -> Result<crate::backend::verbs::VerbsQp, Error> {
-    let mut stream = TcpStream::connect(addr).map_err(|e| Error::Handshake {
-        step: "connecting over TCP",
-        reason: e.to_string(),
-    })?;
+    let mut stream = connect_within(addr, timeout)?;
     let mut qp = dev.create_qp(pd, config)?;
     let remote = exchange(&mut stream, &qp.endpoint(), timeout)?;
     qp.connect(&remote)?;
@@ -136,8 +154,33 @@ pub fn connect_qp(
     Ok(qp)
 }
 
+/// Connects to the first of `addr`'s addresses that answers within
+/// `timeout` each.
+#[cfg(feature = "verbs")]
+fn connect_within(
+    addr: impl std::net::ToSocketAddrs,
+    timeout: Duration,
+) -> Result<TcpStream, Error> {
+    let failed = |e: std::io::Error| Error::Handshake {
+        step: "connecting over TCP",
+        reason: e.to_string(),
+    };
+    let mut last = None;
+    for addr in addr.to_socket_addrs().map_err(failed)? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(failed(last.unwrap_or_else(|| {
+        std::io::Error::other("the address resolved to nothing")
+    })))
+}
+
 /// Accepts one peer on `listener` and connects a new queue pair to it: the
-/// other half of [`connect_qp`].
+/// other half of [`connect_qp`]. The accept itself waits for as long as the
+/// listener does (make it non-blocking to bound it); each handshake step
+/// after that is bounded by `timeout`.
 #[cfg(feature = "verbs")]
 pub fn accept_qp(
     listener: &std::net::TcpListener,
@@ -169,6 +212,8 @@ mod tests {
             lid: 0,
             gid: [1; 16],
             mtu: 5,
+            rd_atomic: 16,
+            init_rd_atomic: 16,
         }
     }
 

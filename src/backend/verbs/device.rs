@@ -239,6 +239,11 @@ impl VerbsDevice {
         self.inner.limits
     }
 
+    /// The port queue pairs use.
+    pub fn port(&self) -> u8 {
+        self.inner.port
+    }
+
     /// The GID table index queue pairs use.
     pub fn gid_index(&self) -> u8 {
         self.inner.gid_index

@@ -73,7 +73,21 @@ impl CompletionEvents for VerbsEvents {
             // this returns -1 (EAGAIN) once no event is pending.
             let ret = unsafe { rdma_sys::ibv_get_cq_event(self.cq.channel, &mut cq, &mut ctx) };
             if ret != 0 {
-                break;
+                let err = std::io::Error::last_os_error();
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) {
+                    break;
+                }
+                if n > 0 {
+                    // SAFETY: acknowledges the events taken before the failure.
+                    unsafe { rdma_sys::ibv_ack_cq_events(self.cq.cq, n) };
+                }
+                return Err(Error::Verbs {
+                    verb: "ibv_get_cq_event",
+                    source: err,
+                });
             }
             n += 1;
         }
@@ -91,7 +105,8 @@ impl CompletionEvents for VerbsEvents {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // Round up, so that a sub-millisecond timeout waits instead of spinning.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd.
         let ret = unsafe { libc::poll(&mut pfd, 1, ms) };
         if ret < 0 {

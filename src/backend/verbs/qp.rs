@@ -188,6 +188,8 @@ impl VerbsQp {
             lid: dev.lid,
             gid: dev.gid,
             mtu: dev.active_mtu as u8,
+            rd_atomic: dev.limits.max_qp_rd_atom.clamp(1, 16),
+            init_rd_atomic: dev.limits.max_qp_init_rd_atom.clamp(1, 16),
         }
     }
 
@@ -236,7 +238,12 @@ impl VerbsQp {
         attr.path_mtu = dev.active_mtu.min(u32::from(remote.mtu));
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = remote.psn;
-        attr.max_dest_rd_atomic = limits.max_qp_rd_atom.clamp(1, 16);
+        // Answer as many READs/atomics as the peer may issue, within our means.
+        let ours = limits.max_qp_rd_atom.clamp(1, 16);
+        attr.max_dest_rd_atomic = match remote.init_rd_atomic {
+            0 => ours,
+            theirs => ours.min(theirs),
+        };
         attr.min_rnr_timer = 12; // 0.64 ms
         attr.ah_attr.dlid = remote.lid;
         attr.ah_attr.sl = 0;
@@ -265,7 +272,12 @@ impl VerbsQp {
         // 7 would retry forever: keep below it.
         attr.rnr_retry = self.config.rnr_retry.min(6);
         attr.sq_psn = self.psn;
-        attr.max_rd_atomic = limits.max_qp_init_rd_atom.clamp(1, 16);
+        // Never have more outstanding than the peer can answer.
+        let ours = limits.max_qp_init_rd_atom.clamp(1, 16);
+        attr.max_rd_atomic = match remote.rd_atomic {
+            0 => ours,
+            theirs => ours.min(theirs),
+        };
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
             | ibv_qp_attr_mask::IBV_QP_TIMEOUT
             | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
@@ -438,14 +450,23 @@ impl QueuePair for VerbsQp {
         // SAFETY: the CQ is live; `wcs` has room for `max` entries.
         let n = unsafe { rdma_sys::ibv_poll_cq(self.cq.cq, max as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
-            return Err(verbs_error("ibv_poll_cq", -n));
+            // ibv_poll_cq reports failure as a negative count, not an errno.
+            return Err(Error::Verbs {
+                verb: "ibv_poll_cq",
+                source: std::io::Error::other(format!(
+                    "returned {n}: the completion queue is broken"
+                )),
+            });
         }
         for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
-            let with_imm = wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            let status = WcStatus::from_code(wc.status);
+            // Only a successful completion's flags and length are defined.
+            let ok = status.is_success();
+            let with_imm = ok && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             *slot = RawCompletion {
                 wr_id: wc.wr_id,
-                status: WcStatus::from_code(wc.status),
-                byte_len: wc.byte_len,
+                status,
+                byte_len: if ok { wc.byte_len } else { 0 },
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
                 imm: with_imm
                     .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
