@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{InFlight, Key, Ring, DRAIN_WR_ID, SYNC_KEY, SYNC_WR_ID};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
-use crate::buf::{IoBuf, OwnedBuf};
+use crate::buf::OwnedBuf;
 use crate::error::Error;
 use crate::op::OpKind;
 
@@ -272,7 +272,7 @@ impl<Q: QueuePair> Ring<Q> {
             } else {
                 0
             };
-            self.finish(key, raw.status, byte_len, raw.imm);
+            self.finish(key, raw.status, Some(byte_len), raw.imm);
             return true;
         }
         // RC completes a send queue in order: everything posted before this
@@ -286,11 +286,7 @@ impl<Q: QueuePair> Ring<Q> {
             self.complete_implicitly(front);
         }
         self.outstanding_send -= 1;
-        let byte_len = match self.slab.get(key) {
-            Some(op) if raw.status.is_success() => op.buf.bytes_len() as u32,
-            _ => 0,
-        };
-        self.finish(key, raw.status, byte_len, None);
+        self.finish(key, raw.status, None, None);
         true
     }
 
@@ -301,12 +297,11 @@ impl<Q: QueuePair> Ring<Q> {
             self.outstanding_send -= 1;
             return;
         }
-        let Some(op) = self.slab.get(key) else {
+        if self.slab.get(key).is_none() {
             return;
-        };
-        let byte_len = op.buf.bytes_len() as u32;
+        }
         self.outstanding_send -= 1;
         self.stats.implicit += 1;
-        self.finish(key, WcStatus::Success, byte_len, None);
+        self.finish(key, WcStatus::Success, None, None);
     }
 }

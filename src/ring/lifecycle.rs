@@ -10,6 +10,7 @@ use std::task::Waker;
 
 use super::{Completion, Key, Ring, Unposted};
 use crate::backend::{QueuePair, WcStatus};
+use crate::buf::IoBuf;
 use crate::error::Rejected;
 use crate::op::Operation;
 
@@ -29,12 +30,24 @@ pub(crate) enum Owner {
 }
 
 impl<Q: QueuePair> Ring<Q> {
-    /// Hands a finished operation to its owner.
+    /// Hands a finished operation to its owner. `byte_len` of `None` means
+    /// "the buffer's length if it succeeded" (send-side operations).
     #[inline]
-    pub(super) fn finish(&mut self, key: Key, status: WcStatus, byte_len: u32, imm: Option<u32>) {
+    pub(super) fn finish(
+        &mut self,
+        key: Key,
+        status: WcStatus,
+        byte_len: Option<u32>,
+        imm: Option<u32>,
+    ) {
         let Some(op) = self.slab.get_mut(key) else {
             return;
         };
+        let byte_len = byte_len.unwrap_or(if status.is_success() {
+            op.buf.bytes_len() as u32
+        } else {
+            0
+        });
         op.posted = false;
         match &mut op.owner {
             Owner::Queue => {

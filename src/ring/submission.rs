@@ -168,6 +168,7 @@ impl<Q: QueuePair> Ring<Q> {
             return Err(Rejected::new(Error::Unclaimed(unclaimed), op));
         }
         let prepared = op.into_prepared();
+        let queued = matches!(owner, super::Owner::Queue);
         let key = self
             .slab
             .insert(InFlight {
@@ -178,10 +179,7 @@ impl<Q: QueuePair> Ring<Q> {
                 owner,
             })
             .expect("checked above that the slab has room");
-        if matches!(
-            self.slab.get(key).map(|op| &op.owner),
-            Some(super::Owner::Queue)
-        ) {
+        if queued {
             self.queued_in_flight += 1;
         }
         match prepared.wr {
@@ -341,7 +339,7 @@ impl<Q: QueuePair> Ring<Q> {
                 Some(super::Owner::Queue)
             );
             if !queued {
-                self.finish(key, WcStatus::WrFlushErr, 0, None);
+                self.finish(key, WcStatus::WrFlushErr, Some(0), None);
                 continue;
             }
             let op = self.slab.remove(key).expect("pending op is in the slab");
@@ -366,7 +364,7 @@ impl<Q: QueuePair> Ring<Q> {
             .map(super::Key::from_wr_id)
             .collect();
         for key in keys {
-            self.finish(key, WcStatus::WrFlushErr, 0, None);
+            self.finish(key, WcStatus::WrFlushErr, Some(0), None);
         }
     }
 }
