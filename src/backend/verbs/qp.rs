@@ -320,6 +320,16 @@ fn random_psn() -> u32 {
     (h.finish() as u32) & 0x00ff_ffff
 }
 
+/// How many work requests of a list starting at `base` the device took
+/// before refusing `bad` (all before it; none if it named none).
+fn accepted<T>(base: *mut T, bad: *mut T) -> usize {
+    if bad.is_null() {
+        0
+    } else {
+        (bad as usize - base as usize) / std::mem::size_of::<T>()
+    }
+}
+
 fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     match op {
         SendOpcode::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -389,11 +399,7 @@ impl QueuePair for VerbsQp {
         if ret == 0 {
             return Ok(());
         }
-        let accepted = if bad.is_null() {
-            0
-        } else {
-            (bad as usize - base as usize) / std::mem::size_of::<ibv_send_wr>()
-        };
+        let accepted = accepted(base, bad);
         Err(PostError {
             accepted,
             error: verbs_error("ibv_post_send", ret),
@@ -434,11 +440,7 @@ impl QueuePair for VerbsQp {
         if ret == 0 {
             return Ok(());
         }
-        let accepted = if bad.is_null() {
-            0
-        } else {
-            (bad as usize - base as usize) / std::mem::size_of::<ibv_recv_wr>()
-        };
+        let accepted = accepted(base, bad);
         Err(PostError {
             accepted,
             error: verbs_error("ibv_post_recv", ret),
