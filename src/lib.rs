@@ -57,6 +57,14 @@
 //! # }
 //! ```
 //!
+//! ## On real hardware
+//!
+//! The same ring drives a [`backend::verbs::VerbsQp`] (feature `verbs`):
+//! open a device, connect a queue pair with [`connect::tcp::connect_qp`],
+//! a manual [`connect::Endpoint`], or [`connect::cm`] (rdma_cm), and hand
+//! it to [`ring::Ring::new`]. To await operations on any executor, wrap the
+//! ring in a [`future::AsyncRing`].
+//!
 //! ## Layout
 //!
 //! * [`op`]: the typed work requests.
