@@ -231,12 +231,12 @@ impl SoftDevice {
             return Err(Error::Soft("a queue pair cannot connect to itself"));
         }
         let mut state = self.shared.lock();
-        for (qpn, peer) in [(a.qpn, b.qpn), (b.qpn, a.qpn)] {
+        // Check both before changing either, so a refusal changes nothing.
+        for qpn in [a.qpn, b.qpn] {
             let qp = state.qp(qpn).ok_or(Error::Soft("queue pair destroyed"))?;
             if qp.state != QpState::Init {
                 return Err(Error::Soft("queue pair is not in the Init state"));
             }
-            let _ = peer;
         }
         for (qpn, peer) in [(a.qpn, b.qpn), (b.qpn, a.qpn)] {
             let qp = state.qp(qpn).expect("checked above");
