@@ -6,7 +6,11 @@
 //! ```text
 //! cargo run --release --example perf -- [--device soft|noop|NAME] [--op write|read]
 //!     [--size 64] [--batch 32] [--depth 128] [--signal 32] [--iters 100000]
+//!     [--inline 220]
 //! ```
+//!
+//! WRITEs of at most `--inline` bytes are posted inline, as perftest does
+//! by default (its `-I`); 0 turns that off.
 //!
 //! `--device noop` runs the soft device in its no-op mode: the device costs
 //! next to nothing, so the figure is the software path alone. It prints one
@@ -31,6 +35,7 @@ struct Params {
     depth: usize,
     signal: usize,
     iters: u64,
+    inline: usize,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -44,6 +49,7 @@ fn params() -> Result<Params> {
         depth: 128,
         signal: 32,
         iters: 100_000,
+        inline: 220,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -56,6 +62,7 @@ fn params() -> Result<Params> {
             "--depth" => p.depth = value.parse()?,
             "--signal" => p.signal = value.parse()?,
             "--iters" => p.iters = value.parse()?,
+            "--inline" => p.inline = value.parse()?,
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -82,6 +89,7 @@ fn config(p: &Params) -> QpConfig {
     QpConfig {
         max_send_wr: p.depth as u32 + 1,
         max_recv_wr: 1,
+        max_inline_data: p.inline as u32,
         ..QpConfig::default()
     }
 }
@@ -154,7 +162,10 @@ fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q)
             for _ in 0..n {
                 let buf = bufs.pop().expect("counted above");
                 let slot = (posted as usize) % p.depth;
-                if p.op == "write" {
+                if p.op == "write" && p.size <= p.inline {
+                    sq.push(Write::new(buf, slices[slot]).inline())
+                        .map_err(|r| r.to_string())?;
+                } else if p.op == "write" {
                     sq.push(Write::new(buf, slices[slot]))
                         .map_err(|r| r.to_string())?;
                 } else {
@@ -182,13 +193,14 @@ fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q)
     let mops = completed as f64 / secs / 1e6;
     let mbps = completed as f64 * p.size as f64 / secs / 1e6;
     println!(
-        "perf: {} {} size={} batch={} depth={} signal={}: {completed} ops in {secs:.3} s = {mops:.4} Mops/s {mbps:.2} MB/s ({} doorbells, {} CQEs)",
+        "perf: {} {} size={} batch={} depth={} signal={} inline={}: {completed} ops in {secs:.3} s = {mops:.4} Mops/s {mbps:.2} MB/s ({} doorbells, {} CQEs)",
         p.device,
         p.op,
         p.size,
         p.batch,
         p.depth,
         p.signal,
+        p.inline,
         ring.stats().doorbells,
         ring.stats().cqes
     );
