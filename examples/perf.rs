@@ -1,10 +1,11 @@
-//! Throughput of RDMA WRITE or READ through the ring, with perftest's knobs:
+//! Throughput of RDMA WRITE, READ, SEND or fetch-and-add through the ring,
+//! with perftest's knobs:
 //! message size, WRs per post (batch), WRs outstanding (depth), and CQE
 //! every N WRs (signaling). Two queue pairs of one device, connected to
 //! each other, like perftest against 127.0.0.1.
 //!
 //! ```text
-//! cargo run --release --example perf -- [--device soft|noop|NAME] [--op write|read]
+//! cargo run --release --example perf -- [--device soft|noop|NAME] [--op write|read|send|fetch_add]
 //!     [--size 64] [--batch 32] [--depth 128] [--signal 32] [--iters 100000]
 //!     [--inline 220]
 //! ```
@@ -23,8 +24,8 @@ use std::time::Instant;
 
 use rdma_ring::backend::soft::{Progress, SoftDevice};
 use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
-use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess};
-use rdma_ring::op::{Read, Write};
+use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess};
+use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 
 struct Params {
@@ -69,8 +70,11 @@ fn params() -> Result<Params> {
     if p.batch == 0 || p.depth < p.batch || p.size == 0 {
         return Err("need size > 0 and 0 < batch <= depth".into());
     }
-    if p.op != "write" && p.op != "read" {
-        return Err(format!("--op {}: write or read", p.op).into());
+    if !["write", "read", "send", "fetch_add"].contains(&p.op.as_str()) {
+        return Err(format!("--op {}: write, read, send or fetch_add", p.op).into());
+    }
+    if p.op == "fetch_add" {
+        p.size = 8;
     }
     Ok(p)
 }
@@ -85,10 +89,16 @@ fn main() -> ExitCode {
     }
 }
 
+fn rx_depth(p: &Params) -> usize {
+    (4 * p.depth).max(512)
+}
+
 fn config(p: &Params) -> QpConfig {
     QpConfig {
         max_send_wr: p.depth as u32 + 1,
-        max_recv_wr: 1,
+        // Like perftest's receiver (rx-depth 512): enough receives posted
+        // that a SEND rarely meets an empty queue (an RNR NAK stalls it).
+        max_recv_wr: rx_depth(p) as u32,
         max_inline_data: p.inline as u32,
         ..QpConfig::default()
     }
@@ -129,30 +139,103 @@ fn verbs(_p: &Params, name: &str) -> Result<()> {
     Err(format!("device {name:?}: this build has no verbs backend").into())
 }
 
-fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q) -> Result<()> {
-    let rights = if p.op == "write" {
-        RemoteAccess::WRITE
-    } else {
-        RemoteAccess::READ
+/// Reposts receives as they complete, on its own thread, until stopped.
+struct Receiver {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::result::Result<(), String>>,
+}
+
+impl Receiver {
+    fn spawn<Q: QueuePair + std::marker::Send + 'static>(
+        mut rx: Ring<Q>,
+        depth: usize,
+    ) -> Receiver {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut got = Vec::with_capacity(depth);
+            while !flag.load(Ordering::Relaxed) {
+                rx.completion().reap(&mut got).map_err(|e| e.to_string())?;
+                if got.is_empty() {
+                    continue;
+                }
+                let mut sq = rx.submission();
+                for c in got.drain(..) {
+                    if !c.status().is_success() {
+                        return Err(format!("receive failed: {}", c.status()));
+                    }
+                    let chunk: PoolChunk = c
+                        .into_buf()
+                        .downcast()
+                        .map_err(|_| "a receive buffer came back as another type")?;
+                    sq.push(Recv::new(chunk)).map_err(|r| r.to_string())?;
+                }
+                sq.submit().map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        Receiver { stop, thread }
+    }
+
+    fn stop(self) -> Result<()> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| "the receiver thread panicked")??;
+        Ok(())
+    }
+}
+
+fn measure<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
+    p: &Params,
+    pd: &P,
+    qa: Q,
+    qb: Q,
+) -> Result<()> {
+    let rights = match p.op.as_str() {
+        "write" => RemoteAccess::WRITE,
+        "read" => RemoteAccess::READ,
+        _ => RemoteAccess::ATOMIC,
     };
-    let target = ExposedBuf::new(pd, vec![0u8; p.size * p.depth], rights)?;
+    let target = ExposedBuf::new(pd, vec![0u8; p.size.max(8) * p.depth], rights)?;
     let remote = target.remote();
-    let pool = BufferPool::new(pd, p.size, p.depth)?;
+    let pool = BufferPool::new(pd, p.size.max(8), p.depth)?;
     let mut bufs: Vec<PoolChunk> = (0..p.depth)
         .map(|_| pool.take())
         .collect::<std::result::Result<_, _>>()?;
-    let mut ring = Ring::new(
-        qa,
-        RingConfig {
-            signal_interval: p.signal,
-            ..RingConfig::default()
-        },
-    );
+    let ring_config = RingConfig {
+        signal_interval: p.signal,
+        ..RingConfig::default()
+    };
+    let mut ring = Ring::new(qa, ring_config);
+    // SENDs need receives at the peer: a receiver thread keeps its receive
+    // queue full, as perftest's server process does on its own core. For
+    // the other operations the peer only has to stay connected.
+    let (receiver, _peer) = if p.op == "send" && p.device != "noop" {
+        let pool = BufferPool::new(pd, p.size, rx_depth(p))?;
+        let mut rx = Ring::new(qb, ring_config);
+        for _ in 0..rx_depth(p) {
+            rx.submission()
+                .push(Recv::new(pool.take()?))
+                .map_err(|r| r.to_string())?;
+        }
+        rx.submission().submit().map_err(|e| e.to_string())?;
+        (Some(Receiver::spawn(rx, rx_depth(p))), None)
+    } else {
+        (None, Some(qb))
+    };
     let mut done: Vec<Completion> = Vec::with_capacity(p.depth);
     let (mut posted, mut completed) = (0u64, 0u64);
-    let slices: Vec<_> = (0..p.depth)
-        .map(|i| remote.slice((i * p.size) as u64..((i + 1) * p.size) as u64))
+    let stride = p.size.max(8) as u64;
+    let slices: Vec<_> = (0..p.depth as u64)
+        .map(|i| remote.slice(i * stride..i * stride + p.size as u64))
         .collect::<std::result::Result<_, _>>()?;
+    let words: Vec<_> = (0..p.depth as u64)
+        .map(|i| remote.word(i * stride))
+        .filter_map(|w| w.ok())
+        .collect();
+    let inline = p.size <= p.inline;
     let start = Instant::now();
     while completed < p.iters {
         // Top the queue up in batches of `batch` WRs, one doorbell each.
@@ -162,16 +245,29 @@ fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q)
             for _ in 0..n {
                 let buf = bufs.pop().expect("counted above");
                 let slot = (posted as usize) % p.depth;
-                if p.op == "write" && p.size <= p.inline {
-                    sq.push(Write::new(buf, slices[slot]).inline())
-                        .map_err(|r| r.to_string())?;
-                } else if p.op == "write" {
-                    sq.push(Write::new(buf, slices[slot]))
-                        .map_err(|r| r.to_string())?;
-                } else {
-                    sq.push(Read::new(buf, slices[slot]))
-                        .map_err(|r| r.to_string())?;
-                }
+                let pushed = match p.op.as_str() {
+                    "write" if inline => sq
+                        .push(Write::new(buf, slices[slot]).inline())
+                        .map_err(|r| r.to_string()),
+                    "write" => sq
+                        .push(Write::new(buf, slices[slot]))
+                        .map_err(|r| r.to_string()),
+                    "read" => sq
+                        .push(Read::new(buf, slices[slot]))
+                        .map_err(|r| r.to_string()),
+                    "send" if inline => sq
+                        .push(Send::new(buf.slice(..p.size)).inline())
+                        .map_err(|r| r.to_string()),
+                    "send" => sq
+                        .push(Send::new(buf.slice(..p.size)))
+                        .map_err(|r| r.to_string()),
+                    _ => {
+                        let word = buf.word(0).map_err(|r| r.to_string())?;
+                        sq.push(FetchAdd::new(word, words[slot], 1))
+                            .map_err(|r| r.to_string())
+                    }
+                };
+                pushed?;
                 posted += 1;
             }
             sq.submit().map_err(|e| e.to_string())?;
@@ -182,12 +278,22 @@ fn measure<P: ProtectionDomain, Q: QueuePair>(p: &Params, pd: &P, qa: Q, _qb: Q)
                 return Err(format!("completion failed: {}", c.status()).into());
             }
             completed += 1;
-            bufs.push(
-                c.into_buf()
-                    .downcast()
-                    .map_err(|_| "a pool chunk came back as another type")?,
-            );
+            let base = c.into_buf();
+            let chunk = match base.downcast::<PoolChunk>() {
+                Ok(chunk) => chunk,
+                Err(base) => match base.downcast::<rdma_ring::buf::Slice<PoolChunk>>() {
+                    Ok(slice) => slice.into_inner(),
+                    Err(base) => base
+                        .downcast::<rdma_ring::buf::Word<PoolChunk>>()
+                        .map_err(|_| "a buffer came back as another type")?
+                        .into_inner(),
+                },
+            };
+            bufs.push(chunk);
         }
+    }
+    if let Some(receiver) = receiver {
+        receiver.stop()?;
     }
     let secs = start.elapsed().as_secs_f64();
     let mops = completed as f64 / secs / 1e6;
