@@ -704,3 +704,35 @@ fn atomics_are_refused_on_a_device_without_them() {
     ));
     assert_eq!(refused.into_value().into_buf().get(), 5);
 }
+
+/// A long wait sleeps on the completion channel (after a few polls) and
+/// still returns as soon as the completion arrives from another thread.
+#[test]
+fn a_long_wait_sleeps_on_the_channel_and_wakes_for_the_completion() {
+    let mut p = pair(
+        Progress::Auto,
+        QpConfig::default(),
+        RingConfig {
+            spin_polls: 10,
+            ..RingConfig::default()
+        },
+    );
+    p.b.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(3))
+        .unwrap();
+    p.b.submission().submit().unwrap();
+    let (mut a, pool) = (p.a, p.pool.clone());
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        a.submission()
+            .push(Send::new(pool.take().unwrap().slice(0..5)))
+            .unwrap();
+        a.submission().submit().unwrap();
+        a.completion().wait(1).unwrap();
+    });
+    let start = std::time::Instant::now();
+    let got = p.b.completion().wait(1).unwrap();
+    assert!(start.elapsed() >= std::time::Duration::from_millis(100));
+    assert_eq!((got[0].user_data(), got[0].byte_len()), (3, 5));
+    sender.join().unwrap();
+}

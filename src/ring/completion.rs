@@ -175,10 +175,18 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
 
     /// Like [`wait`](Self::wait), appending to `out`; returns how many were
     /// appended. On error, the completions appended so far stay in `out`.
+    ///
+    /// It polls first (completions usually arrive within microseconds),
+    /// then, if the backend has a completion channel and nothing arrived
+    /// after `RingConfig::spin_polls` polls, sleeps on the channel instead
+    /// of burning the core: arm, poll once more (a completion that landed
+    /// before the arm raised no event), then block until an event or a
+    /// short tick, whichever comes first.
     pub fn wait_into(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize, Error> {
         let timeout = self.ring.config.wait_timeout;
         let deadline = Instant::now() + timeout;
         let mut got = 0;
+        let mut idle = 0usize;
         loop {
             got += self.reap(out)?;
             if got >= min {
@@ -191,10 +199,29 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                     possible: got + possible,
                 });
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(Error::Timeout(timeout));
             }
-            std::thread::yield_now();
+            idle += 1;
+            if idle < self.ring.config.spin_polls {
+                std::thread::yield_now();
+                continue;
+            }
+            match self.ring.events() {
+                Some(events) => {
+                    events.arm()?;
+                    got += self.reap(out)?;
+                    if got >= min {
+                        return Ok(got);
+                    }
+                    // The tick bounds the sleep for devices that progress
+                    // only when polled (the soft device in manual mode).
+                    events.wait((deadline - now).min(SLEEP_TICK))?;
+                    events.take()?;
+                }
+                None => std::thread::yield_now(),
+            }
         }
     }
 
@@ -204,7 +231,18 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
     }
 }
 
+/// The longest a waiting thread sleeps on the completion channel before
+/// polling again.
+const SLEEP_TICK: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl<Q: QueuePair> Ring<Q> {
+    /// The queue pair's completion channel, fetched once.
+    fn events(&mut self) -> Option<std::sync::Arc<dyn crate::backend::CompletionEvents>> {
+        self.events
+            .get_or_insert_with(|| self.qp.completion_events())
+            .clone()
+    }
+
     /// Moves CQEs from the device into `ready`, completing unsignaled
     /// operations implicitly. Returns how many CQEs were reaped.
     pub(super) fn reap_device(&mut self) -> Result<usize, Error> {

@@ -105,6 +105,10 @@ pub struct RingConfig {
     pub drain_timeout: Duration,
     /// How long [`CompletionQueue::wait`] waits.
     pub wait_timeout: Duration,
+    /// Empty polls [`CompletionQueue::wait`] makes before it sleeps on the
+    /// completion channel (if the backend has one); `usize::MAX` never
+    /// sleeps.
+    pub spin_polls: usize,
     /// Completions moved from the device per poll call.
     pub poll_batch: usize,
 }
@@ -115,6 +119,7 @@ impl Default for RingConfig {
             signal_interval: 0,
             drain_timeout: Duration::from_secs(5),
             wait_timeout: Duration::from_secs(30),
+            spin_polls: 10_000,
             poll_batch: 32,
         }
     }
@@ -177,6 +182,9 @@ pub struct Ring<Q: QueuePair> {
     ready: VecDeque<Completion>,
     /// Woken when a completion is queued in `ready` (the async stream).
     ready_waker: Option<std::task::Waker>,
+    /// The completion channel, once asked for (`None` inside: the backend
+    /// has none).
+    events: Option<Option<std::sync::Arc<dyn crate::backend::CompletionEvents>>>,
     /// Wakers to wake once the caller has released the ring.
     wakes: Vec<std::task::Waker>,
     /// Queue-owned operations pushed and not yet in `ready`.
@@ -227,6 +235,7 @@ impl<Q: QueuePair> Ring<Q> {
             ready: VecDeque::with_capacity(capacity),
             ready_waker: None,
             wakes: Vec::with_capacity(capacity + 1),
+            events: None,
             queued_in_flight: 0,
             scratch: vec![RawCompletion::default(); config.poll_batch.max(1)],
             error: None,

@@ -373,6 +373,36 @@ pub fn awaited_ops<F: Fabric>(f: &F) {
     assert_eq!(pool.available(), 8);
 }
 
+/// A wait that outlasts its polling phase sleeps on the completion channel
+/// and wakes for a completion that arrives later, from another thread.
+pub fn long_wait_sleeps_and_wakes<F: Fabric>(f: &F) {
+    let (qa, qb) = f.pair(config());
+    let mut b = Ring::new(
+        qb,
+        RingConfig {
+            spin_polls: 10,
+            ..ring_config()
+        },
+    );
+    b.submission()
+        .push(Recv::new(RegisteredBuf::new(f.pd(), vec![0u8; 64]).unwrap()).user_data(6))
+        .unwrap();
+    submit(&mut b);
+    let mut a = Ring::new(qa, ring_config());
+    let msg = RegisteredBuf::new(f.pd(), b"late".to_vec()).unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        a.submission().push(Send::new(msg)).unwrap();
+        submit(&mut a);
+        wait(&mut a, 1);
+    });
+    let start = Instant::now();
+    let got = wait(&mut b, 1);
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert_eq!((got[0].user_data(), got[0].byte_len()), (6, 4));
+    sender.join().unwrap();
+}
+
 /// Generates one `#[test]` per check for the fabric `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -384,5 +414,6 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn vanished_peer_fails_in_bounded_time() { conformance::vanished_peer_fails_in_bounded_time(&$make) }
         $(#[$attr])* #[test] fn teardown_with_ops_in_flight() { conformance::teardown_with_ops_in_flight(&$make) }
         $(#[$attr])* #[test] fn awaited_ops() { conformance::awaited_ops(&$make) }
+        $(#[$attr])* #[test] fn long_wait_sleeps_and_wakes() { conformance::long_wait_sleeps_and_wakes(&$make) }
     };
 }
