@@ -316,7 +316,7 @@ impl<Q: QueuePair> std::fmt::Debug for Ring<Q> {
     }
 }
 
-/// Keeps the `Rejected` import honest for the submodules' signatures.
+/// What a push returns: nothing, or the refused operation with the reason.
 type PushResult<T> = Result<(), Rejected<T>>;
 
 /// Credits: why an operation of this kind cannot be pushed now, if it cannot.
