@@ -85,7 +85,10 @@ impl Completion {
         self.byte_len
     }
 
-    /// Immediate data, for a receive that got it.
+    /// Immediate data, for a receive that got it. A receive consumed by an
+    /// RDMA WRITE with immediate leaves its buffer untouched (the length is
+    /// what was written to the remote slice); this completion does not yet
+    /// say which of the two consumed it, so let the immediate value tell.
     pub fn imm(&self) -> Option<u32> {
         self.imm
     }
