@@ -546,7 +546,7 @@ impl fmt::Debug for CompletionFd {
 ///
 /// ```
 /// use rdma_ring::future::Received;
-/// let r = Received { len: 5, imm: Some(7) };
+/// let r = Received { len: 5, imm: Some(7), write_imm: false };
 /// assert_eq!(r.imm, Some(7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -555,6 +555,9 @@ pub struct Received {
     pub len: usize,
     /// Immediate data, if the sender sent some.
     pub imm: Option<u32>,
+    /// Whether an RDMA WRITE with immediate consumed the receive (the
+    /// buffer is untouched) rather than a SEND.
+    pub write_imm: bool,
 }
 
 /// How a finished operation's result is presented.
@@ -571,7 +574,11 @@ impl OpOutput for usize {
 
 impl OpOutput for Received {
     fn from_completion(c: &Completion) -> Result<Self, Error> {
-        c.result().map(|len| Received { len, imm: c.imm() })
+        c.result().map(|len| Received {
+            len,
+            imm: c.imm(),
+            write_imm: c.is_write_imm(),
+        })
     }
 }
 

@@ -214,6 +214,10 @@ pub struct RawCompletion {
     pub byte_len: u32,
     /// Immediate data that arrived with a receive.
     pub imm: Option<u32>,
+    /// Whether an RDMA WRITE with immediate (not a SEND) consumed this
+    /// receive: its buffer is untouched and `byte_len` counts the bytes
+    /// written to the remote slice.
+    pub by_write_imm: bool,
 }
 
 /// The limits of a queue pair and its completion queue, as created.

@@ -37,18 +37,26 @@ pub struct Completion {
     status: WcStatus,
     byte_len: u32,
     imm: Option<u32>,
+    by_write_imm: bool,
     buf: OwnedBuf,
 }
 
 impl Completion {
     #[inline]
-    pub(super) fn new(op: InFlight, status: WcStatus, byte_len: u32, imm: Option<u32>) -> Self {
+    pub(super) fn new(
+        op: InFlight,
+        status: WcStatus,
+        byte_len: u32,
+        imm: Option<u32>,
+        by_write_imm: bool,
+    ) -> Self {
         Completion {
             kind: op.kind,
             user_data: op.user_data,
             status,
             byte_len,
             imm,
+            by_write_imm,
             buf: op.buf,
         }
     }
@@ -60,6 +68,7 @@ impl Completion {
             status: WcStatus::WrFlushErr,
             byte_len: 0,
             imm: None,
+            by_write_imm: false,
             buf: op.buf,
         }
     }
@@ -85,12 +94,17 @@ impl Completion {
         self.byte_len
     }
 
-    /// Immediate data, for a receive that got it. A receive consumed by an
-    /// RDMA WRITE with immediate leaves its buffer untouched (the length is
-    /// what was written to the remote slice); this completion does not yet
-    /// say which of the two consumed it, so let the immediate value tell.
+    /// Immediate data, for a receive that got it.
     pub fn imm(&self) -> Option<u32> {
         self.imm
+    }
+
+    /// For a receive: whether an RDMA WRITE with immediate consumed it
+    /// rather than a SEND. Its buffer is then untouched, and
+    /// [`byte_len`](Self::byte_len) counts the bytes written to the remote
+    /// slice.
+    pub fn is_write_imm(&self) -> bool {
+        self.by_write_imm
     }
 
     /// The buffer.
@@ -129,6 +143,7 @@ impl fmt::Debug for Completion {
             .field("status", &self.status)
             .field("byte_len", &self.byte_len)
             .field("imm", &self.imm)
+            .field("by_write_imm", &self.by_write_imm)
             .field("buf", &self.buf)
             .finish()
     }
@@ -313,7 +328,7 @@ impl<Q: QueuePair> Ring<Q> {
             } else {
                 0
             };
-            self.finish(key, raw.status, Some(byte_len), raw.imm);
+            self.finish(key, raw.status, Some(byte_len), raw.imm, raw.by_write_imm);
             return true;
         }
         // RC completes a send queue in order: everything posted before this
@@ -327,7 +342,7 @@ impl<Q: QueuePair> Ring<Q> {
             self.complete_implicitly(front);
         }
         self.outstanding_send -= 1;
-        self.finish(key, raw.status, None, None);
+        self.finish(key, raw.status, None, None, false);
         true
     }
 
@@ -343,6 +358,6 @@ impl<Q: QueuePair> Ring<Q> {
         }
         self.outstanding_send -= 1;
         self.stats.implicit += 1;
-        self.finish(key, WcStatus::Success, None, None);
+        self.finish(key, WcStatus::Success, None, None, false);
     }
 }

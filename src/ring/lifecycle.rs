@@ -22,7 +22,7 @@ pub(crate) enum Owner {
     /// finished, its result kept until the future collects it.
     Awaited {
         waker: Option<Waker>,
-        done: Option<(WcStatus, u32, Option<u32>)>,
+        done: Option<(WcStatus, u32, Option<u32>, bool)>,
     },
     /// Its future was dropped: the buffer is released when the completion
     /// is reaped, never before.
@@ -39,6 +39,7 @@ impl<Q: QueuePair> Ring<Q> {
         status: WcStatus,
         byte_len: Option<u32>,
         imm: Option<u32>,
+        by_write_imm: bool,
     ) {
         let Some(op) = self.slab.get_mut(key) else {
             return;
@@ -54,11 +55,11 @@ impl<Q: QueuePair> Ring<Q> {
                 let op = self.slab.remove(key).expect("present above");
                 self.queued_in_flight -= 1;
                 self.ready
-                    .push_back(Completion::new(op, status, byte_len, imm));
+                    .push_back(Completion::new(op, status, byte_len, imm, by_write_imm));
                 self.wake_stream();
             }
             Owner::Awaited { waker, done } => {
-                *done = Some((status, byte_len, imm));
+                *done = Some((status, byte_len, imm, by_write_imm));
                 if let Some(waker) = waker.take() {
                     self.wakes.push(waker);
                 }
@@ -105,9 +106,9 @@ impl<Q: QueuePair> Ring<Q> {
             return None;
         };
         match *done {
-            Some((status, byte_len, imm)) => {
+            Some((status, byte_len, imm, by_write_imm)) => {
                 let op = self.remove_quietly(key).expect("present above");
-                Some(Completion::new(op, status, byte_len, imm))
+                Some(Completion::new(op, status, byte_len, imm, by_write_imm))
             }
             None => {
                 if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {

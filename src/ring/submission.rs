@@ -339,7 +339,7 @@ impl<Q: QueuePair> Ring<Q> {
                 Some(super::Owner::Queue)
             );
             if !queued {
-                self.finish(key, WcStatus::WrFlushErr, Some(0), None);
+                self.finish(key, WcStatus::WrFlushErr, Some(0), None, false);
                 continue;
             }
             let op = self.slab.remove(key).expect("pending op is in the slab");
@@ -364,7 +364,7 @@ impl<Q: QueuePair> Ring<Q> {
             .map(super::Key::from_wr_id)
             .collect();
         for key in keys {
-            self.finish(key, WcStatus::WrFlushErr, Some(0), None);
+            self.finish(key, WcStatus::WrFlushErr, Some(0), None, false);
         }
     }
 }

@@ -132,6 +132,11 @@ pub fn every_op_kind<F: Fabric>(f: &F) {
     assert_eq!((got[1].byte_len(), got[1].imm()), (13, Some(0xabcd)));
     assert_eq!(&got[1].buf()[..13], b"send with imm");
     assert_eq!((got[2].byte_len(), got[2].imm()), (100, Some(0x1234)));
+    assert_eq!(
+        got.iter().map(|c| c.is_write_imm()).collect::<Vec<_>>(),
+        [false, false, true],
+        "only the WRITE with immediate is reported as one"
+    );
     drop(got);
 
     // Both atomics.

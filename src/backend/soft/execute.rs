@@ -72,6 +72,7 @@ impl DeviceState {
                         status,
                         byte_len: wr.sge.len,
                         imm: None,
+                        by_write_imm: false,
                     });
                 }
             } else {
@@ -82,6 +83,7 @@ impl DeviceState {
                     status,
                     byte_len: 0,
                     imm: None,
+                    by_write_imm: false,
                 });
                 qp.enter_error();
             }
@@ -135,7 +137,7 @@ impl DeviceState {
                 }
                 copy(local, remote, len);
                 if wr.opcode == SendOpcode::WriteImm {
-                    self.deliver(peer_qpn, len as u32, Some(wr.imm));
+                    self.deliver(peer_qpn, len as u32, Some(wr.imm), true);
                 }
                 Outcome::Complete(WcStatus::Success)
             }
@@ -157,7 +159,7 @@ impl DeviceState {
                 }
                 copy(local, target, len);
                 let imm = (wr.opcode == SendOpcode::SendImm).then_some(wr.imm);
-                self.deliver(peer_qpn, len as u32, imm);
+                self.deliver(peer_qpn, len as u32, imm, false);
                 Outcome::Complete(WcStatus::Success)
             }
             SendOpcode::Read => {
@@ -222,7 +224,7 @@ impl DeviceState {
     }
 
     /// Consumes the peer's next receive with a successful CQE.
-    fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>) {
+    fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, by_write_imm: bool) {
         let peer = self.qp(peer).expect("peer exists");
         let recv = peer.rq.pop_front().expect("receive checked present");
         peer.push_cqe(RawCompletion {
@@ -230,6 +232,7 @@ impl DeviceState {
             status: WcStatus::Success,
             byte_len,
             imm,
+            by_write_imm,
         });
     }
 
@@ -243,6 +246,7 @@ impl DeviceState {
             status,
             byte_len: 0,
             imm: None,
+            by_write_imm: false,
         });
         peer.enter_error();
     }

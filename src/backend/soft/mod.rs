@@ -418,6 +418,7 @@ impl QueuePair for SoftQp {
                         status: WcStatus::Success,
                         byte_len: wr.sge.len,
                         imm: None,
+                        by_write_imm: false,
                     });
                 }
             } else {
@@ -452,6 +453,7 @@ impl QueuePair for SoftQp {
                     status: WcStatus::Success,
                     byte_len: 0,
                     imm: None,
+                    by_write_imm: false,
                 });
             } else {
                 qp.rq.push_back(*wr);

@@ -136,6 +136,7 @@ pub(super) fn flushed(wr_id: u64) -> RawCompletion {
         status: WcStatus::WrFlushErr,
         byte_len: 0,
         imm: None,
+        by_write_imm: false,
     }
 }
 

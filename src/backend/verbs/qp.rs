@@ -472,6 +472,7 @@ impl QueuePair for VerbsQp {
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
                 imm: with_imm
                     .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                by_write_imm: ok && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
             };
         }
         Ok(n as usize)
