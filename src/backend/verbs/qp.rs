@@ -145,20 +145,11 @@ impl VerbsQp {
         let send_len = config.max_send_wr as usize + 1;
         let recv_len = config.max_recv_wr.max(1) as usize;
         let mut this = VerbsQp {
-            // SAFETY (for the zeroed arrays): plain C structs; all-zero is valid.
-            send_wrs: (0..send_len)
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect(),
-            send_sges: (0..send_len)
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect(),
-            recv_wrs: (0..recv_len)
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect(),
-            recv_sges: (0..recv_len)
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect(),
-            wcs: (0..64).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            send_wrs: zeroed(send_len),
+            send_sges: zeroed(send_len),
+            recv_wrs: zeroed(recv_len),
+            recv_sges: zeroed(recv_len),
+            wcs: zeroed(64),
             pd,
             cq,
             qp,
@@ -318,6 +309,29 @@ fn random_psn() -> u32 {
             .map_or(0, |d| d.as_nanos() as u64),
     );
     (h.finish() as u32) & 0x00ff_ffff
+}
+
+/// C structs of libibverbs for which all-zero bytes are a valid value.
+///
+/// # Safety
+///
+/// Implement only for plain C structs and unions of integers and raw
+/// pointers, for which `mem::zeroed` is a valid value.
+unsafe trait Zeroable: Sized {}
+// SAFETY: each is a plain C struct of integers, raw pointers and unions of
+// those.
+unsafe impl Zeroable for ibv_send_wr {}
+// SAFETY: as above.
+unsafe impl Zeroable for ibv_recv_wr {}
+// SAFETY: as above.
+unsafe impl Zeroable for ibv_sge {}
+// SAFETY: as above.
+unsafe impl Zeroable for ibv_wc {}
+
+/// `n` zeroed values, the reusable staging arrays of a queue pair.
+fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
+    // SAFETY: all-zero is a valid `T` (the `Zeroable` contract).
+    (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
 }
 
 /// How many work requests of a list starting at `base` the device took
