@@ -447,11 +447,11 @@ fn b_finish<Q: QueuePair>(b: &mut Ring<Q>, state: BState) -> Result<()> {
         || "payload differs".into(),
     )?;
     println!("recv with imm: B's receive got \"chunks written\" and imm {IMM:#x}");
-    let counters = state.counters.into_inner();
+    let counters = state.counters.into_inner()?;
     check(counters[..] == [42, 105], || {
         format!("counters are {counters:?}, wanted [42, 105]")
     })?;
-    let data = state.data.into_inner();
+    let data = state.data.into_inner()?;
     let bad = (0..CHUNKS * CHUNK).find(|&n| data[n] != pattern(n / CHUNK, n % CHUNK));
     check(bad.is_none(), || {
         format!("B's memory differs at byte {bad:?}")

@@ -149,6 +149,20 @@ pub enum Error {
     /// Finished operations awaited by futures fill the ring's slots.
     #[error("{0} finished operations are held for futures that have not collected them; poll or drop those futures")]
     Unclaimed(usize),
+    /// Memory was asked back as a type it is not.
+    #[error("the registered memory is not a {0}; the buffer is handed back")]
+    WrongMemoryType(&'static str),
+    /// A buffer pool's size does not fit in memory's address space.
+    #[error("a pool of {count} chunks of {chunk_size} bytes is too large")]
+    PoolTooLarge {
+        /// Bytes per chunk asked for.
+        chunk_size: usize,
+        /// Chunks asked for.
+        count: usize,
+    },
+    /// Allocating memory failed.
+    #[error("could not allocate {0} bytes")]
+    OutOfMemory(usize),
     /// The buffer pool has no free chunk.
     #[error("buffer pool exhausted: all {0} chunks are in use")]
     PoolExhausted(usize),

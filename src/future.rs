@@ -59,7 +59,7 @@
 //!     assert_eq!(buf.len(), 64); // the buffer is back
 //! });
 //! drop(ring);
-//! assert_eq!(exposed.into_inner(), vec![9u8; 64]);
+//! assert_eq!(exposed.into_inner().unwrap(), vec![9u8; 64]);
 //! ```
 //!
 //! ## A reactor: tokio's `AsyncFd`
@@ -153,7 +153,7 @@
 //! result.unwrap();
 //! assert_eq!(word.get(), 41);
 //! drop(ring);
-//! assert_eq!(*counter.into_inner(), 42);
+//! assert_eq!(*counter.into_inner().unwrap(), 42);
 //! ```
 
 use std::fmt;
@@ -210,21 +210,21 @@ impl<Q: QueuePair> Shared<Q> {
     /// Runs `f` on the locked ring, then wakes the wakers it collected
     /// with the lock released (see `ring::lifecycle`).
     fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        WAKES.with(|cell| {
-            let mut wakes = cell.take();
-            let result = {
-                let mut ring = self.lock();
-                let result = f(&mut ring);
-                ring.take_wakes(&mut wakes);
-                result
-            };
-            for waker in wakes.drain(..) {
-                waker.wake();
-            }
-            // The list keeps its capacity for the next call on this thread.
-            cell.replace(wakes);
+        // The thread's list is reused so the steady state allocates nothing;
+        // a thread already destroying its thread-locals (a future dropped in
+        // another thread-local's destructor) gets a list of its own.
+        let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
+        let result = {
+            let mut ring = self.lock();
+            let result = f(&mut ring);
+            ring.take_wakes(&mut wakes);
             result
-        })
+        };
+        for waker in wakes.drain(..) {
+            waker.wake();
+        }
+        let _ = WAKES.try_with(|cell| cell.replace(wakes));
+        result
     }
 
     fn drive(&self) -> Result<usize, Error> {
@@ -344,10 +344,24 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
         self.shared.with(|ring| ring.submission().submit())
     }
 
-    /// Runs `f` on the ring itself: push operations whose completions go
-    /// to [`completions`](Self::completions), read stats, and so on.
-    pub fn with_ring<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        self.shared.with(f)
+    /// Runs `f` on the ring, locked: push operations whose completions go
+    /// to [`completions`](Self::completions), read stats, and so on. The
+    /// ring is lent as a [`LockedRing`], never as `&mut Ring`, so it
+    /// cannot be swapped or replaced under the futures that own
+    /// operations in it.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    /// assert_eq!(ring.with_ring(|r| r.stats().doorbells), 0);
+    /// ```
+    pub fn with_ring<R>(&self, f: impl FnOnce(LockedRing<'_, Q>) -> R) -> R {
+        self.shared.with(|ring| f(LockedRing { ring }))
     }
 
     /// A stream of the completions of operations pushed through
@@ -479,6 +493,56 @@ impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncRing<Q> {
             .field("wakeup", &self.shared.wakeup)
             .field("ring", &*self.shared.lock())
             .finish()
+    }
+}
+
+/// A ring shared by an [`AsyncRing`], lent by [`AsyncRing::with_ring`]
+/// while its lock is held. It reads as a `&Ring` and hands out the
+/// submission and completion sides; it never hands out `&mut Ring`, which
+/// would let safe code swap the ring out from under pending futures.
+///
+/// Swapping two lent rings does not compile:
+///
+/// ```compile_fail
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+/// # use rdma_ring::future::{AsyncRing, Wakeup};
+/// # use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// # let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// let a = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Busy).unwrap();
+/// let b = AsyncRing::new(Ring::new(qb, RingConfig::default()), Wakeup::Busy).unwrap();
+/// a.with_ring(|mut ra| b.with_ring(|mut rb| std::mem::swap(&mut *ra, &mut *rb)));
+/// ```
+pub struct LockedRing<'a, Q: QueuePair> {
+    ring: &'a mut Ring<Q>,
+}
+
+impl<Q: QueuePair> LockedRing<'_, Q> {
+    /// The submission side: push operations whose completions go to the
+    /// [`CompletionStream`] (or to [`completion`](Self::completion)).
+    pub fn submission(&mut self) -> crate::ring::SubmissionQueue<'_, Q> {
+        self.ring.submission()
+    }
+
+    /// The completion side, for operations pushed through
+    /// [`submission`](Self::submission). Awaited operations are not
+    /// reaped here: their CQEs go to their futures.
+    pub fn completion(&mut self) -> crate::ring::CompletionQueue<'_, Q> {
+        self.ring.completion()
+    }
+}
+
+impl<Q: QueuePair> std::ops::Deref for LockedRing<'_, Q> {
+    type Target = Ring<Q>;
+    fn deref(&self) -> &Ring<Q> {
+        self.ring
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for LockedRing<'_, Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.ring.fmt(f)
     }
 }
 

@@ -85,8 +85,10 @@
 pub mod backend;
 pub mod buf;
 pub mod connect;
+mod deadline;
 pub mod error;
 pub mod future;
+pub mod leak;
 pub mod op;
 pub mod ring;
 

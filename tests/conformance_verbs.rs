@@ -240,7 +240,7 @@ fn connects_through_rdma_cm() {
         (8, rdma_ring::backend::WcStatus::WrFlushErr)
     );
     drop(ring);
-    assert!(exposed.into_inner().iter().all(|&b| b == 0x77));
+    assert!(exposed.into_inner().unwrap().iter().all(|&b| b == 0x77));
 }
 
 /// `connect_qp` / `accept_qp` do the whole TCP handshake in one call each.

@@ -129,7 +129,7 @@ fn a_thousand_concurrent_awaited_ops_in_random_order() {
     stepper.join().unwrap();
     drop((s.a, s.b));
     let [on_a, on_b] = s.exposed;
-    let (on_a, on_b) = (on_a.into_inner(), on_b.into_inner());
+    let (on_a, on_b) = (on_a.into_inner().unwrap(), on_b.into_inner().unwrap());
     for i in 0..600 {
         assert!(on_b[i * 64..(i + 1) * 64].iter().all(|&b| b == i as u8));
         assert!(on_a[i * 64..(i + 1) * 64].iter().all(|&b| b == !(i as u8)));
@@ -273,7 +273,7 @@ fn the_completion_stream_yields_batched_ops() {
     use futures::StreamExt;
     let s = setup(Progress::Auto, 64, Wakeup::Thread);
     let remote = s.exposed[1].remote();
-    s.a.with_ring(|ring| {
+    s.a.with_ring(|mut ring| {
         let mut sq = ring.submission();
         for i in 0..20u64 {
             sq.push(

@@ -471,7 +471,10 @@ struct Misbehaving {
     inner: SoftQp,
 }
 
-impl QueuePair for Misbehaving {
+// SAFETY: misbehaves only in ways the contract allows (partial posts with
+// an exact `accepted`, unknown `wr_id`s, a device that reports nothing);
+// every real completion is the inner soft queue pair's.
+unsafe impl QueuePair for Misbehaving {
     fn caps(&self) -> QpCaps {
         self.inner.caps()
     }
@@ -661,7 +664,9 @@ fn a_failed_wait_loses_nothing() {
 #[test]
 fn atomics_are_refused_on_a_device_without_them() {
     struct NoAtomics(SoftQp);
-    impl QueuePair for NoAtomics {
+    // SAFETY: everything but `caps` is the soft queue pair's, and claiming
+    // no atomics only makes the ring refuse more.
+    unsafe impl QueuePair for NoAtomics {
         fn caps(&self) -> QpCaps {
             QpCaps {
                 atomics: false,

@@ -216,11 +216,11 @@ pub async fn exercise<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
     println!("dropped a pending receive: its chunk came back only after the ring flushed it");
 
     drop(e.b.clone());
-    let counters = counters.into_inner();
+    let counters = counters.into_inner().map_err(|r| r.to_string())?;
     check(counters[..] == [42, 105], || {
         format!("counters are {counters:?}")
     })?;
-    let data = data.into_inner();
+    let data = data.into_inner().map_err(|r| r.to_string())?;
     let bad = (0..CHUNKS * CHUNK).find(|&n| data[n] != pattern(n / CHUNK, n % CHUNK));
     check(bad.is_none(), || {
         format!("B's memory differs at byte {bad:?}")

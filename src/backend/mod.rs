@@ -244,7 +244,10 @@ pub struct QpCaps {
 }
 
 /// How a backend refused part of a posted list: the first `accepted` work
-/// requests were posted, the rest were not.
+/// requests were posted, the rest were not. A backend that cannot tell
+/// which it posted reports them all as accepted (`accepted` equal to the
+/// list's length); the ring then moves the queue pair to error, so that
+/// whatever the device did take comes back flushed.
 #[derive(Debug)]
 pub struct PostError {
     /// Number of work requests the device took before the one it refused.
@@ -306,15 +309,32 @@ impl QpConfig {
     }
 }
 
-/// A memory registration. Dropping it deregisters the memory; after that
-/// the device never touches the memory again.
-pub trait MemoryRegion: Send + Sync {
+/// A memory registration.
+///
+/// # Safety
+///
+/// The ring and the buffer types hand memory to the device on the strength
+/// of these promises, so an implementation must keep them:
+///
+/// * [`lkey`](Self::lkey) and [`rkey`](Self::rkey) name a registration of
+///   exactly the bytes passed to [`ProtectionDomain::register_raw`], with
+///   exactly the access rights asked for (an rkey of 0 when no remote right
+///   was asked), in the domain [`pd`](Self::pd) names;
+/// * once [`deregister`](Self::deregister) returns `Ok`, the device never
+///   touches the memory again through either key, so its owner may free it;
+///   when it returns `Err`, the registration may still be live, and the
+///   owner keeps the memory (or leaks it) rather than free it;
+/// * dropping a region that was not deregistered deregisters it, if it can.
+pub unsafe trait MemoryRegion: Send + Sync {
     /// Local key, for scatter/gather elements.
     fn lkey(&self) -> u32;
     /// Remote key, for peers; meaningful only with remote access rights.
     fn rkey(&self) -> u32;
     /// The protection domain the memory is registered in.
     fn pd(&self) -> PdId;
+    /// Ends the registration: after `Ok` the device no longer accesses the
+    /// memory. Calling it again after `Ok` does nothing.
+    fn deregister(&mut self) -> Result<(), Error>;
 }
 
 /// A protection domain: the scope of memory registrations and queue pairs.
@@ -326,7 +346,14 @@ pub trait MemoryRegion: Send + Sync {
 /// [`RegisteredBuf::new`]: crate::buf::RegisteredBuf::new
 /// [`BufferPool::new`]: crate::buf::BufferPool::new
 /// [`ExposedBuf::new`]: crate::buf::ExposedBuf::new
-pub trait ProtectionDomain: Send + Sync {
+///
+/// # Safety
+///
+/// [`id`](Self::id) is this domain's identity for as long as it lives, and
+/// every region [`register_raw`](Self::register_raw) returns belongs to it
+/// and keeps the promises of [`MemoryRegion`]. The ring refuses a buffer
+/// of another domain on the strength of `id`.
+pub unsafe trait ProtectionDomain: Send + Sync {
     /// This domain's identity.
     fn id(&self) -> PdId;
 
@@ -350,7 +377,28 @@ pub trait ProtectionDomain: Send + Sync {
 ///
 /// The ring is the only intended caller; the methods are public so that new
 /// backends can be written outside the crate.
-pub trait QueuePair {
+///
+/// # Safety
+///
+/// The ring releases an operation's buffer to safe code when the queue pair
+/// reports the operation complete, so an implementation must report
+/// truthfully:
+///
+/// * [`poll_cq`](Self::poll_cq) reports a completion for a `wr_id` only
+///   once the device has finished with every byte that work request names,
+///   at most once per posted work request, and never for a `wr_id` that was
+///   not posted (a `wr_id` it cannot vouch for must not be reported);
+/// * send work requests complete in posting order, and one that fails or
+///   is flushed is reported whether or not it asked for a completion;
+///   after [`set_error`](Self::set_error) returns `Ok`, every outstanding
+///   work request is reported, flushed or not, in bounded time;
+/// * a post that returns `Err(PostError { accepted, .. })` handed exactly
+///   the first `accepted` work requests to the device and none after them
+///   (when it cannot tell, it must report them all as accepted: a work
+///   request wrongly reported as refused would be freed under the device);
+/// * [`caps`](Self::caps) describes the queue pair as created: the ring
+///   keeps within those depths so that no completion is dropped.
+pub unsafe trait QueuePair {
     /// Queue depths and limits.
     fn caps(&self) -> QpCaps;
 

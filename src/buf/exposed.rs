@@ -1,10 +1,12 @@
 //! Memory exposed to a peer.
 
 use std::fmt;
+use std::marker::PhantomData;
 
+use super::registration::Registration;
 use super::{RemoteAccess, RemoteSlice, StableBufMut};
-use crate::backend::{Access, MemoryRegion, ProtectionDomain};
-use crate::error::{Error, Rejected};
+use crate::backend::{Access, ProtectionDomain};
+use crate::error::Rejected;
 
 /// Memory you own, exposed so that a peer may read, write or run atomics on
 /// it, with exactly the rights you grant. Because a peer may write it at any
@@ -20,35 +22,23 @@ use crate::error::{Error, Rejected};
 /// let remote = exposed.remote(); // send remote.encode() to the peer
 /// assert_eq!(remote.len(), 4096);
 /// assert_eq!(remote.rights(), RemoteAccess::READ);
-/// let memory: Vec<u8> = exposed.into_inner(); // the peer's rkey is dead now
+/// let memory: Vec<u8> = exposed.into_inner().unwrap(); // the peer's rkey is dead now
 /// assert_eq!(memory.len(), 4096);
 /// ```
 pub struct ExposedBuf<M: StableBufMut> {
-    // Field order is load-bearing: revoke access before the memory is freed.
-    region: Box<dyn MemoryRegion>,
-    mem: M,
-    ptr: *mut u8,
-    len: usize,
+    registration: Registration,
     rights: RemoteAccess,
+    _memory: PhantomData<M>,
 }
-
-// SAFETY: `ptr` points into `mem`, owned by this value (`M: Send`).
-unsafe impl<M: StableBufMut> Send for ExposedBuf<M> {}
-// SAFETY: safe methods on `&self` do not touch the bytes at all.
-unsafe impl<M: StableBufMut> Sync for ExposedBuf<M> {}
 
 impl<M: StableBufMut> ExposedBuf<M> {
     /// Registers `mem` in `pd` with exactly `rights` for peers (plus the
     /// local write right verbs require alongside remote write and atomics).
     pub fn new(
         pd: &dyn ProtectionDomain,
-        mut mem: M,
+        mem: M,
         rights: RemoteAccess,
     ) -> Result<Self, Rejected<M>> {
-        let len = mem.stable_len();
-        if len == 0 {
-            return Err(Rejected::new(Error::EmptyBuffer, mem));
-        }
         let mut access = Access::empty();
         if rights.contains(RemoteAccess::READ) {
             access |= Access::REMOTE_READ;
@@ -59,40 +49,42 @@ impl<M: StableBufMut> ExposedBuf<M> {
         if rights.contains(RemoteAccess::ATOMIC) {
             access |= Access::REMOTE_ATOMIC | Access::LOCAL_WRITE;
         }
-        let ptr = mem.stable_mut_ptr();
-        // SAFETY: `mem` moves into the returned value and is freed only after
-        // the region is dropped (field order); its bytes do not move. Safe
-        // code never forms references to the bytes while they are exposed.
-        match unsafe { pd.register_raw(ptr, len, access) } {
-            Ok(region) => Ok(ExposedBuf {
-                region,
-                mem,
-                ptr,
-                len,
+        // SAFETY: `StableBufMut` promises the bytes are `mem`'s own, outside
+        // itself, and stay put while it lives; safe code never forms
+        // references to them while they are exposed.
+        let registered = unsafe {
+            Registration::new(pd, mem, access, |m: &mut M| {
+                (m.stable_mut_ptr(), m.stable_len())
+            })
+        };
+        match registered {
+            Ok(registration) => Ok(ExposedBuf {
+                registration,
                 rights,
+                _memory: PhantomData,
             }),
-            Err(e) => Err(Rejected::new(e, mem)),
+            Err((e, mem)) => Err(Rejected::new(e, mem)),
         }
     }
 
     /// The descriptor a peer needs: address, length, rkey and rights.
     pub fn remote(&self) -> RemoteSlice {
         RemoteSlice::new(
-            self.ptr as u64,
-            self.len as u64,
-            self.region.rkey(),
+            self.registration.ptr() as u64,
+            self.registration.len() as u64,
+            self.registration.rkey(),
             self.rights,
         )
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.registration.len()
     }
 
     /// Whether the buffer is empty (never, registration refuses that).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.registration.len() == 0
     }
 
     /// The bytes, while exposed.
@@ -103,9 +95,9 @@ impl<M: StableBufMut> ExposedBuf<M> {
     /// reference lives; arrange that with your protocol (e.g. the peer
     /// sends a message after its last write).
     pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes while `mem` lives; the caller
-        // promises no concurrent device writes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        // SAFETY: the bytes are valid while the registration lives; the
+        // caller promises no concurrent device writes.
+        unsafe { std::slice::from_raw_parts(self.registration.ptr(), self.registration.len()) }
     }
 
     /// The bytes, for writing, while exposed.
@@ -116,14 +108,26 @@ impl<M: StableBufMut> ExposedBuf<M> {
     pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as for `as_slice`, with `&mut self` excluding local aliases
         // and the caller excluding peers.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.registration.ptr(), self.registration.len()) }
     }
 
-    /// Revokes the peer's access (deregisters) and gives the memory back.
-    pub fn into_inner(self) -> M {
-        let ExposedBuf { region, mem, .. } = self;
-        drop(region);
-        mem
+    /// Revokes the peer's access (deregisters) and gives the memory back. If
+    /// the device refuses to deregister, the buffer comes back, still
+    /// exposed, and the memory is not handed out.
+    pub fn into_inner(self) -> Result<M, Rejected<Self>> {
+        let rights = self.rights;
+        self.registration
+            .into_memory::<M>()
+            .map_err(|(e, registration)| {
+                Rejected::new(
+                    e,
+                    ExposedBuf {
+                        registration,
+                        rights,
+                        _memory: PhantomData,
+                    },
+                )
+            })
     }
 }
 

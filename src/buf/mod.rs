@@ -25,6 +25,7 @@ mod exposed;
 mod owned;
 mod pool;
 mod registered;
+mod registration;
 mod remote;
 mod slice;
 mod stable;

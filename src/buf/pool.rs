@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use super::registered::impl_base_buf;
+use super::registration::Registration;
 use super::{sealed, Base, BaseBuf, IoBuf, IoBufMut, OwnedBuf};
-use crate::backend::{Access, MemoryRegion, PdId, ProtectionDomain, Sge};
+use crate::backend::{Access, PdId, ProtectionDomain, Sge};
 use crate::error::Error;
 
 /// Chunks start on this boundary, so every chunk can hold aligned atomic
@@ -33,9 +34,8 @@ pub struct BufferPool {
 }
 
 struct PoolShared {
-    // Field order is load-bearing: deregister before the memory is freed.
-    _region: Box<dyn MemoryRegion>,
-    _memory: Vec<u64>,
+    /// The pool's memory (a `Vec<u64>`), deregistered before it is freed.
+    _registration: Registration,
     base: *mut u8,
     lkey: u32,
     pd: PdId,
@@ -45,7 +45,7 @@ struct PoolShared {
     free: Mutex<Vec<u32>>,
 }
 
-// SAFETY: `base` points into `_memory`, owned by this value; each chunk's
+// SAFETY: `base` points into the registered memory, owned by this value; each chunk's
 // bytes are reachable only through the one `PoolChunk` holding its index
 // (the free list hands each index out once), so sharing the pool between
 // threads never shares a chunk's bytes.
@@ -60,28 +60,40 @@ impl BufferPool {
         if chunk_size == 0 || count == 0 {
             return Err(Error::EmptyBuffer);
         }
-        let stride = chunk_size.div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN;
-        let total = stride
-            .checked_mul(count)
-            .ok_or(Error::TooLong(usize::MAX))?;
+        let too_large = || Error::PoolTooLarge { chunk_size, count };
+        if u32::try_from(count).is_err() {
+            return Err(too_large());
+        }
+        let stride = chunk_size
+            .checked_next_multiple_of(CHUNK_ALIGN)
+            .ok_or_else(too_large)?;
         // Over-allocate by one alignment unit so the first chunk can start on
         // a CHUNK_ALIGN boundary.
-        let mut memory = vec![0u64; (total + CHUNK_ALIGN) / 8];
-        let raw = memory.as_mut_ptr().cast::<u8>();
-        let base = raw.wrapping_add(raw.align_offset(CHUNK_ALIGN));
-        // SAFETY: `memory` is owned by the pool and freed only after the
-        // region is dropped (field order); a Vec's heap buffer does not move.
-        // `base..base + total` lies inside it. Safe code reaches a chunk's
-        // bytes only through its `PoolChunk`, which an in-flight operation
-        // owns.
-        let region = unsafe { pd.register_raw(base, total, Access::LOCAL_WRITE)? };
+        let total = stride.checked_mul(count).ok_or_else(too_large)?;
+        let words = total.checked_add(CHUNK_ALIGN).ok_or_else(too_large)? / 8;
+        let mut memory: Vec<u64> = Vec::new();
+        memory
+            .try_reserve_exact(words)
+            .map_err(|_| Error::OutOfMemory(total))?;
+        memory.resize(words, 0);
+        // SAFETY: a Vec's heap buffer is the Vec's own, outside the Vec value,
+        // and does not move while the Vec is not resized (the pool never
+        // resizes it); `base..base + total` lies inside it. Safe code reaches
+        // a chunk's bytes only through its `PoolChunk`, which an in-flight
+        // operation owns.
+        let registration = unsafe {
+            Registration::new(pd, memory, Access::LOCAL_WRITE, |m: &mut Vec<u64>| {
+                let raw = m.as_mut_ptr().cast::<u8>();
+                (raw.wrapping_add(raw.align_offset(CHUNK_ALIGN)), total)
+            })
+        }
+        .map_err(|(e, _)| e)?;
         Ok(BufferPool {
             shared: Arc::new(PoolShared {
-                lkey: region.lkey(),
-                pd: region.pd(),
-                _region: region,
-                _memory: memory,
-                base,
+                lkey: registration.lkey(),
+                pd: registration.pd(),
+                base: registration.ptr(),
+                _registration: registration,
                 chunk_size,
                 stride,
                 count,

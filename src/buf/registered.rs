@@ -2,8 +2,9 @@
 
 use std::fmt;
 
+use super::registration::Registration;
 use super::{sealed, Base, BaseBuf, IoBuf, IoBufMut, OwnedBuf, StableBuf, StableBufMut};
-use crate::backend::{Access, MemoryRegion, PdId, ProtectionDomain, Sge};
+use crate::backend::{Access, PdId, ProtectionDomain, Sge};
 use crate::error::{Error, Rejected};
 
 /// Memory you own, registered with local write rights and no remote
@@ -21,98 +22,77 @@ use crate::error::{Error, Rejected};
 pub struct RegisteredBuf {
     // One pointer wide, so that operations and completions carrying it stay
     // small and cheap to move.
-    inner: Box<RegisteredInner>,
+    inner: Box<Registration>,
 }
-
-struct RegisteredInner {
-    // Field order is load-bearing: the registration is dropped (the memory
-    // deregistered) before the memory itself is freed.
-    region: Box<dyn MemoryRegion>,
-    mem: Box<dyn StableBufMut>,
-    ptr: *mut u8,
-    len: usize,
-    lkey: u32,
-    pd: PdId,
-}
-
-// SAFETY: `ptr` points into `mem`, which this value owns alone; moving the
-// value to another thread moves that sole ownership (`StableBuf: Send`).
-unsafe impl Send for RegisteredInner {}
-// SAFETY: through `&RegisteredInner` only shared reads of the bytes happen;
-// `mem` itself is never touched through a shared reference.
-unsafe impl Sync for RegisteredInner {}
 
 impl RegisteredBuf {
     /// Registers `mem` in `pd` for local access. On failure the memory comes
     /// back inside the error.
-    pub fn new<M: StableBufMut>(
-        pd: &dyn ProtectionDomain,
-        mut mem: M,
-    ) -> Result<Self, Rejected<M>> {
-        let len = mem.stable_len();
-        if len == 0 {
-            return Err(Rejected::new(Error::EmptyBuffer, mem));
-        }
-        let ptr = mem.stable_mut_ptr();
-        // SAFETY: `mem` moves into the returned value and is freed only after
-        // the region is dropped (field order); `StableBufMut` promises the
-        // bytes do not move with it. The registration grants no remote
-        // rights, and safe code reaches the bytes only while no operation
-        // owns the buffer.
-        match unsafe { pd.register_raw(ptr, len, Access::LOCAL_WRITE) } {
-            Ok(region) => Ok(RegisteredBuf {
-                inner: Box::new(RegisteredInner {
-                    lkey: region.lkey(),
-                    pd: region.pd(),
-                    region,
-                    mem: Box::new(mem),
-                    ptr,
-                    len,
-                }),
+    pub fn new<M: StableBufMut>(pd: &dyn ProtectionDomain, mem: M) -> Result<Self, Rejected<M>> {
+        // SAFETY: `StableBufMut` promises the bytes are `mem`'s own, stay put
+        // while `mem` lives unmoved in its box, and are reached by nothing
+        // else; safe code reaches them only through this value, which an
+        // in-flight operation owns while the device may write them.
+        let registered = unsafe {
+            Registration::new(pd, mem, Access::LOCAL_WRITE, |m: &mut M| {
+                (m.stable_mut_ptr(), m.stable_len())
+            })
+        };
+        match registered {
+            Ok(registration) => Ok(RegisteredBuf {
+                inner: Box::new(registration),
             }),
-            Err(e) => Err(Rejected::new(e, mem)),
+            Err((e, mem)) => Err(Rejected::new(e, mem)),
         }
     }
 
-    /// Deregisters and returns the memory, if it is of type `M`.
-    pub fn into_inner<M: StableBufMut>(self) -> Result<M, Self> {
-        if !(&*self.inner.mem as &dyn std::any::Any).is::<M>() {
-            return Err(self);
+    /// Deregisters and returns the memory, if it is of type `M`. If it is
+    /// of another type, or deregistration fails, the buffer comes back,
+    /// still registered.
+    pub fn into_inner<M: StableBufMut>(self) -> Result<M, Rejected<Self>> {
+        if !self.inner.holds::<M>() {
+            let wanted = std::any::type_name::<M>();
+            return Err(Rejected::new(Error::WrongMemoryType(wanted), self));
         }
-        let RegisteredInner { region, mem, .. } = *self.inner;
-        drop(region);
-        let any: Box<dyn std::any::Any> = mem;
-        Ok(*any.downcast::<M>().expect("type checked above"))
+        match self.inner.into_memory::<M>() {
+            Ok(mem) => Ok(mem),
+            Err((e, inner)) => Err(Rejected::new(
+                e,
+                RegisteredBuf {
+                    inner: Box::new(inner),
+                },
+            )),
+        }
     }
 
     /// The local key, for diagnostics.
     pub fn lkey(&self) -> u32 {
-        self.inner.lkey
+        self.inner.lkey()
     }
 }
 
 impl std::ops::Deref for RegisteredBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes while `mem` lives
+        // SAFETY: the registration's bytes are valid while it lives
         // (`StableBuf`), and no device writes them now: the registration is
         // local-only and an in-flight operation would own this value.
-        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
+        unsafe { std::slice::from_raw_parts(self.inner.ptr(), self.inner.len()) }
     }
 }
 
 impl std::ops::DerefMut for RegisteredBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`, and `&mut self` makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.inner.ptr(), self.inner.len()) }
     }
 }
 
 impl fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegisteredBuf")
-            .field("len", &self.inner.len)
-            .field("lkey", &self.inner.lkey)
+            .field("len", &self.inner.len())
+            .field("lkey", &self.inner.lkey())
             .finish()
     }
 }
@@ -128,75 +108,60 @@ impl fmt::Debug for RegisteredBuf {
 /// assert_eq!(&buf[..8], b"constant");
 /// ```
 pub struct ReadOnlyBuf {
-    inner: Box<ReadOnlyInner>,
+    inner: Box<Registration>,
 }
-
-struct ReadOnlyInner {
-    // Field order is load-bearing, as in `RegisteredInner`.
-    region: Box<dyn MemoryRegion>,
-    mem: Box<dyn StableBuf>,
-    ptr: *const u8,
-    len: usize,
-    lkey: u32,
-    pd: PdId,
-}
-
-// SAFETY: as for `RegisteredInner`; the bytes are never written at all.
-unsafe impl Send for ReadOnlyInner {}
-// SAFETY: only shared reads ever happen.
-unsafe impl Sync for ReadOnlyInner {}
 
 impl ReadOnlyBuf {
     /// Registers `mem` in `pd` with no write rights.
     pub fn new<M: StableBuf>(pd: &dyn ProtectionDomain, mem: M) -> Result<Self, Rejected<M>> {
-        let len = mem.stable_len();
-        if len == 0 {
-            return Err(Rejected::new(Error::EmptyBuffer, mem));
-        }
-        let ptr = mem.stable_ptr();
-        // SAFETY: `mem` outlives the region (field order) and its bytes do not
-        // move (`StableBuf`). No write rights are granted, so the device only
-        // reads the bytes, which shared references may read concurrently.
-        match unsafe { pd.register_raw(ptr.cast_mut(), len, Access::empty()) } {
-            Ok(region) => Ok(ReadOnlyBuf {
-                inner: Box::new(ReadOnlyInner {
-                    lkey: region.lkey(),
-                    pd: region.pd(),
-                    region,
-                    mem: Box::new(mem),
-                    ptr,
-                    len,
-                }),
+        // SAFETY: `StableBuf` promises the bytes stay put while `mem` lives
+        // unmoved in its box; no write rights are granted, so the device only
+        // reads them, as shared references may at the same time.
+        let registered = unsafe {
+            Registration::new(pd, mem, Access::empty(), |m: &mut M| {
+                (m.stable_ptr().cast_mut(), m.stable_len())
+            })
+        };
+        match registered {
+            Ok(registration) => Ok(ReadOnlyBuf {
+                inner: Box::new(registration),
             }),
-            Err(e) => Err(Rejected::new(e, mem)),
+            Err((e, mem)) => Err(Rejected::new(e, mem)),
         }
     }
 
-    /// Deregisters and returns the memory, if it is of type `M`.
-    pub fn into_inner<M: StableBuf>(self) -> Result<M, Self> {
-        if !(&*self.inner.mem as &dyn std::any::Any).is::<M>() {
-            return Err(self);
+    /// Deregisters and returns the memory, if it is of type `M`; otherwise,
+    /// or if deregistration fails, the buffer comes back.
+    pub fn into_inner<M: StableBuf>(self) -> Result<M, Rejected<Self>> {
+        if !self.inner.holds::<M>() {
+            let wanted = std::any::type_name::<M>();
+            return Err(Rejected::new(Error::WrongMemoryType(wanted), self));
         }
-        let ReadOnlyInner { region, mem, .. } = *self.inner;
-        drop(region);
-        let any: Box<dyn std::any::Any> = mem;
-        Ok(*any.downcast::<M>().expect("type checked above"))
+        match self.inner.into_memory::<M>() {
+            Ok(mem) => Ok(mem),
+            Err((e, inner)) => Err(Rejected::new(
+                e,
+                ReadOnlyBuf {
+                    inner: Box::new(inner),
+                },
+            )),
+        }
     }
 }
 
 impl std::ops::Deref for ReadOnlyBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes while `mem` lives, and
+        // SAFETY: the bytes are valid while the registration lives, and
         // nothing writes them (no write rights, `StableBuf` contract).
-        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
+        unsafe { std::slice::from_raw_parts(self.inner.ptr(), self.inner.len()) }
     }
 }
 
 impl fmt::Debug for ReadOnlyBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadOnlyBuf")
-            .field("len", &self.inner.len)
+            .field("len", &self.inner.len())
             .finish()
     }
 }
@@ -255,22 +220,22 @@ pub(crate) use impl_base_buf;
 impl RegisteredBuf {
     #[inline]
     fn base_lkey(&self) -> u32 {
-        self.inner.lkey
+        self.inner.lkey()
     }
     #[inline]
     fn base_pd(&self) -> PdId {
-        self.inner.pd
+        self.inner.pd()
     }
 }
 
 impl ReadOnlyBuf {
     #[inline]
     fn base_lkey(&self) -> u32 {
-        self.inner.lkey
+        self.inner.lkey()
     }
     #[inline]
     fn base_pd(&self) -> PdId {
-        self.inner.pd
+        self.inner.pd()
     }
 }
 

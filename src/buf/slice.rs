@@ -74,7 +74,7 @@ impl<T: BaseBuf> Slice<T> {
         {
             let err = crate::Error::OutOfBounds {
                 start: offset as u64,
-                end: offset as u64 + 8,
+                end: (offset as u64).saturating_add(8),
                 len: (self.end - self.start) as u64,
             };
             return Err(Rejected::new(err, self));

@@ -31,7 +31,7 @@ impl<T: BaseBuf + IoBufMut> Word<T> {
         if offset.checked_add(8).is_none_or(|end| end > len) {
             let err = Error::OutOfBounds {
                 start: offset as u64,
-                end: offset as u64 + 8,
+                end: (offset as u64).saturating_add(8),
                 len: len as u64,
             };
             return Err(Rejected::new(err, buf));

@@ -27,7 +27,7 @@
 use std::ffi::CStr;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdma_sys::{
     ibv_qp_attr, rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param, rdma_event_channel,
@@ -37,6 +37,7 @@ use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
 use crate::backend::{
     CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
 };
+use crate::deadline::Deadline;
 use crate::error::Error;
 
 /// Private data rdma_cm carries in a connect request or reply, at most.
@@ -62,8 +63,11 @@ struct CmId {
 // SAFETY: librdmacm ids and channels may be used from any thread; this
 // value owns both and destroys them once.
 unsafe impl Send for CmId {}
-// SAFETY: shared references never call into librdmacm.
-unsafe impl Sync for CmId {}
+// Not `Sync`: `next_event`, `try_event` and `expect` call into librdmacm
+// through `&self`, and nothing here orders two threads doing so at once.
+static_assertions::assert_not_impl_any!(CmId: Sync);
+static_assertions::assert_not_impl_any!(CmQp: Sync);
+static_assertions::assert_not_impl_any!(CmListener: Sync);
 
 /// An event channel whose descriptor does not block, so that a poll that
 /// loses an event to another thread, or a check for a disconnect, never
@@ -158,14 +162,14 @@ impl CmId {
             events: libc::POLLIN,
             revents: 0,
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             // Another thread may take an event we were woken for: the
             // channel does not block, so that only means "wait again".
             if let Some(event) = self.try_event()? {
                 return Ok(event);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.remaining();
             if left.is_zero() {
                 return Err(cm_failure(
                     "waiting for an rdma_cm event",
@@ -475,7 +479,7 @@ pub fn connect(
     }
     Ok(CmQp {
         qp: Some(qp),
-        id: Arc::new(id),
+        id,
         peer_private_data: event.private,
         idle_polls: 0,
     })
@@ -554,7 +558,7 @@ impl CmListener {
         )?;
         Ok(CmQp {
             qp: Some(qp),
-            id: Arc::new(id),
+            id,
             peer_private_data: request.private,
             idle_polls: 0,
         })
@@ -564,7 +568,7 @@ impl CmListener {
 /// A queue pair connected through rdma_cm. Dropping it disconnects.
 pub struct CmQp {
     qp: Option<VerbsQp>,
-    id: Arc<CmId>,
+    id: CmId,
     peer_private_data: Vec<u8>,
     /// Empty polls since the last look for a disconnect.
     idle_polls: u32,
@@ -599,7 +603,10 @@ impl CmQp {
     }
 }
 
-impl QueuePair for CmQp {
+// SAFETY: every call goes to the inner `VerbsQp`, which keeps the
+// contract; a disconnect only moves that queue pair to error, after which
+// it reports every outstanding work request flushed.
+unsafe impl QueuePair for CmQp {
     fn caps(&self) -> QpCaps {
         self.qp().caps()
     }
@@ -617,11 +624,17 @@ impl QueuePair for CmQp {
             self.idle_polls += 1;
             if self.idle_polls >= DISCONNECT_CHECK_EVERY {
                 self.idle_polls = 0;
-                // The peer left: rdma_cm says so on our channel, and with an
-                // external QP nothing else moves it to error, so do it here;
-                // everything outstanding then completes flushed.
+                // The peer left, or the device is going away: rdma_cm says so
+                // on our channel, and with an external QP nothing else moves
+                // it to error, so do it here; everything outstanding then
+                // completes flushed. If even that fails (the device is gone),
+                // the error reaches the ring, which leaks what it cannot
+                // drain.
                 if let Some(event) = self.id.try_event()? {
-                    if event.kind == ev::RDMA_CM_EVENT_DISCONNECTED {
+                    if matches!(
+                        event.kind,
+                        ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+                    ) {
                         self.qp_mut().set_error()?;
                     }
                 }

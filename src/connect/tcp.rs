@@ -10,7 +10,7 @@
 //! [`ready`] are the steps, for protocols of your own:
 //!
 //! ```no_run
-//! use std::time::{Duration, Instant};
+//! use std::time::Duration;
 //! use rdma_ring::backend::verbs::VerbsDevice;
 //! use rdma_ring::backend::QpConfig;
 //! use rdma_ring::connect::tcp;
@@ -29,9 +29,10 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Endpoint, ENDPOINT_WIRE_LEN};
+use crate::deadline::Deadline;
 use crate::error::Error;
 
 const READY: u8 = 0x5a;
@@ -54,12 +55,12 @@ fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> E
 fn read_exact(
     stream: &mut TcpStream,
     buf: &mut [u8],
-    deadline: Instant,
+    deadline: Deadline,
     step: &'static str,
 ) -> Result<(), Error> {
     let mut got = 0;
     while got < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.remaining();
         if left.is_zero() {
             return Err(io_error(step, ErrorKind::TimedOut.into(), got, buf.len()));
         }
@@ -99,7 +100,7 @@ pub fn exchange(
     local: &Endpoint,
     timeout: Duration,
 ) -> Result<Endpoint, Error> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     set_write_timeout(stream, timeout)?;
     stream
         .write_all(&local.encode())
@@ -112,7 +113,7 @@ pub fn exchange(
 /// After both queue pairs are connected: tells the peer we are ready and
 /// waits until it is too.
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     set_write_timeout(stream, timeout)?;
     stream
         .write_all(&[READY])

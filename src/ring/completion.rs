@@ -2,11 +2,11 @@
 //! signaled CQE completes implicitly.
 
 use std::fmt;
-use std::time::Instant;
 
 use super::{InFlight, Key, Ring, DRAIN_WR_ID, SYNC_KEY, SYNC_WR_ID};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
 use crate::buf::OwnedBuf;
+use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::op::OpKind;
 
@@ -202,7 +202,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
     /// short tick, whichever comes first.
     pub fn wait_into(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize, Error> {
         let timeout = self.ring.config.wait_timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut got = 0;
         let mut idle = 0usize;
         loop {
@@ -217,8 +217,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                     possible: got + possible,
                 });
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.expired() {
                 return Err(Error::Timeout(timeout));
             }
             idle += 1;
@@ -235,7 +234,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                     }
                     // The tick bounds the sleep for devices that progress
                     // only when polled (the soft device in manual mode).
-                    events.wait((deadline - now).min(SLEEP_TICK))?;
+                    events.wait(deadline.remaining().min(SLEEP_TICK))?;
                     events.take()?;
                 }
                 None => std::thread::yield_now(),

@@ -54,7 +54,7 @@
 //! let done = ring.completion().wait(1).unwrap();
 //! assert_eq!(done[0].user_data(), 1);
 //! assert!(done[0].status().is_success());
-//! assert_eq!(target.into_inner(), vec![7u8; 64]);
+//! assert_eq!(target.into_inner().unwrap(), vec![7u8; 64]);
 //! ```
 
 mod completion;

@@ -216,10 +216,7 @@ impl<Q: QueuePair> Ring<Q> {
             // on a failed teardown the buffer is leaked, never freed.
             let result = unsafe { self.qp.post_recv(&self.pending_recv) };
             self.stats.doorbells += 1;
-            let accepted = match result {
-                Ok(()) => self.pending_recv.len(),
-                Err(PostError { accepted, .. }) => accepted,
-            };
+            let accepted = self.accepted(&result, self.pending_recv.len());
             for i in 0..accepted {
                 let key = super::Key::from_wr_id(self.pending_recv[i].wr_id);
                 self.slab
@@ -247,10 +244,7 @@ impl<Q: QueuePair> Ring<Q> {
             // a later signaled CQE on this send queue, or a flush).
             let result = unsafe { self.qp.post_send(&self.pending_send) };
             self.stats.doorbells += 1;
-            let accepted = match result {
-                Ok(()) => self.pending_send.len(),
-                Err(PostError { accepted, .. }) => accepted,
-            };
+            let accepted = self.accepted(&result, self.pending_send.len());
             for i in 0..accepted {
                 let wr = self.pending_send[i];
                 let key = super::Key::from_wr_id(wr.wr_id);
@@ -290,6 +284,26 @@ impl<Q: QueuePair> Ring<Q> {
                 posted,
                 unposted,
             }),
+        }
+    }
+
+    /// How many of `len` posted work requests the device took. A refusal
+    /// that claims them all (the backend could not tell which it took) or
+    /// more than were posted (a backend bug) counts as taking them all, and
+    /// moves the queue pair to error: whatever the device did take then
+    /// comes back flushed, and nothing it may hold is handed back early.
+    fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
+        match result {
+            Ok(()) => len,
+            Err(PostError { accepted, .. }) if *accepted < len => *accepted,
+            Err(_) => {
+                self.record_error(WcStatus::LocQpOpErr);
+                // If even this fails the ring still refuses new work; the
+                // operations come back when the device reports them, or are
+                // leaked at teardown.
+                let _ = self.qp.set_error();
+                len
+            }
         }
     }
 

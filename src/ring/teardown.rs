@@ -1,9 +1,8 @@
 //! Closing a ring with work in flight: error, drain, and only then release.
 
-use std::time::Instant;
-
 use super::{Completion, Ring, DRAIN_WR_ID};
 use crate::backend::{QueuePair, SendFlags, SendOpcode, SendWr, Sge, WcStatus};
+use crate::deadline::Deadline;
 
 impl<Q: QueuePair> Ring<Q> {
     /// Closes the ring and hands back every operation it still holds, each
@@ -62,11 +61,11 @@ impl<Q: QueuePair> Ring<Q> {
                 self.drain_posted = true;
             }
         }
-        let deadline = Instant::now() + self.config.drain_timeout;
+        let deadline = Deadline::after(self.config.drain_timeout);
         while self.outstanding_send + self.outstanding_recv > 0 {
             // Unknown wr_ids are counted in stats; teardown goes on.
             let _ = self.reap_device();
-            if Instant::now() >= deadline {
+            if deadline.expired() {
                 return false;
             }
             std::thread::yield_now();
@@ -82,6 +81,7 @@ impl<Q: QueuePair> Drop for Ring<Q> {
             // free memory under the NIC.
             for op in self.slab.drain() {
                 if op.posted {
+                    crate::leak::record_buffer(op.buf.len());
                     std::mem::forget(op.buf);
                 }
             }

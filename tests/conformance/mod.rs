@@ -166,8 +166,8 @@ pub fn every_op_kind<F: Fabric>(f: &F) {
         .collect();
     assert_eq!(olds, [7, 70, 100], "CAS hit, CAS miss, FAA");
     drop((a, b));
-    assert_eq!(&*counters.into_inner(), &[70, 105]);
-    let memory = target.into_inner();
+    assert_eq!(&*counters.into_inner().unwrap(), &[70, 105]);
+    let memory = target.into_inner().unwrap();
     assert!(memory[..4096]
         .iter()
         .enumerate()
@@ -203,7 +203,7 @@ pub fn batch_of_64_with_one_doorbell<F: Fabric>(f: &F) {
     );
     assert_eq!(a.stats().implicit, 64 - a.stats().signaled);
     drop((done, a));
-    let memory = target.into_inner();
+    let memory = target.into_inner().unwrap();
     assert!((0..64).all(|i| memory[i * 256..(i + 1) * 256].iter().all(|&b| b == i as u8)));
 }
 

@@ -539,7 +539,7 @@ impl Model {
                 side.delivered.is_empty() && side.received.is_empty(),
                 "unmatched send or receive"
             );
-            let memory = side.exposed.take().unwrap().into_inner();
+            let memory = side.exposed.take().unwrap().into_inner().unwrap();
             assert_eq!(memory, side.region, "region differs from the model");
         }
         assert_eq!(

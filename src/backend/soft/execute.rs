@@ -31,7 +31,9 @@ impl DeviceState {
             if qp.state != QpState::ReadyToSend {
                 break;
             }
-            let Some(&wr) = qp.sq.front() else { break };
+            let Some(&queued) = qp.sq.front() else { break };
+            qp.check_not_reported(&queued);
+            let wr = queued.wr;
             let status = match self.execute(qpn, &wr) {
                 Outcome::Complete(status) => status,
                 Outcome::Rnr => {
@@ -67,6 +69,7 @@ impl DeviceState {
             done += 1;
             if status.is_success() {
                 if wr.flags.contains(SendFlags::SIGNALED) {
+                    qp.report_send(queued.seq);
                     qp.push_cqe(RawCompletion {
                         wr_id: wr.wr_id,
                         status,
@@ -78,6 +81,7 @@ impl DeviceState {
             } else {
                 // An error completion always has a CQE, and the queue pair
                 // goes to error, flushing everything behind it.
+                qp.report_send(queued.seq);
                 qp.push_cqe(RawCompletion {
                     wr_id: wr.wr_id,
                     status,

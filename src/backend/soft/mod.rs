@@ -41,7 +41,7 @@ use crate::backend::{
     QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, WcStatus,
 };
 use crate::error::Error;
-use state::{flushed, DeviceState, MrEntry, QpEntry, RKEY_BIT};
+use state::{flushed, DeviceState, MrEntry, QpEntry, QueuedSend, RKEY_BIT};
 
 /// When the soft device executes work requests.
 ///
@@ -178,6 +178,13 @@ impl SoftDevice {
         ran
     }
 
+    /// Makes the next `n` deregistrations on this device fail, as a
+    /// registration with memory windows still bound would on hardware: the
+    /// memory's owner must then keep it rather than free it.
+    pub fn fail_deregistrations(&self, n: u32) {
+        self.shared.lock().fail_deregistrations = n;
+    }
+
     /// A new protection domain.
     pub fn alloc_pd(&self) -> SoftPd {
         SoftPd {
@@ -272,7 +279,9 @@ impl std::fmt::Debug for SoftPd {
     }
 }
 
-impl ProtectionDomain for SoftPd {
+// SAFETY: `id` is fixed at creation, and every region is registered in this
+// domain; `SoftMr` keeps the `MemoryRegion` promises (see there).
+unsafe impl ProtectionDomain for SoftPd {
     fn id(&self) -> PdId {
         self.id
     }
@@ -311,6 +320,7 @@ impl ProtectionDomain for SoftPd {
             key,
             rkey: if remote { key | RKEY_BIT } else { 0 },
             pd: self.id,
+            registered: true,
         }))
     }
 }
@@ -320,9 +330,14 @@ struct SoftMr {
     key: u32,
     rkey: u32,
     pd: PdId,
+    registered: bool,
 }
 
-impl MemoryRegion for SoftMr {
+// SAFETY: the keys name the `MrEntry` made in `register_raw` for exactly the
+// bytes and rights asked; execution reaches memory only through an entry
+// found under the device lock, and `deregister` removes the entry under that
+// lock, so after it returns `Ok` no execution can reach the memory.
+unsafe impl MemoryRegion for SoftMr {
     fn lkey(&self) -> u32 {
         self.key
     }
@@ -332,13 +347,28 @@ impl MemoryRegion for SoftMr {
     fn pd(&self) -> PdId {
         self.pd
     }
+    fn deregister(&mut self) -> Result<(), Error> {
+        if !self.registered {
+            return Ok(());
+        }
+        let mut state = self.shared.lock();
+        if state.fail_deregistrations > 0 {
+            state.fail_deregistrations -= 1;
+            return Err(Error::Soft("injected deregistration failure"));
+        }
+        state.mrs.remove(&self.key);
+        self.registered = false;
+        Ok(())
+    }
 }
 
 impl Drop for SoftMr {
     fn drop(&mut self) {
-        // Under the device lock: once this returns, no execution can reach
-        // the memory through either key.
-        self.shared.lock().mrs.remove(&self.key);
+        if self.registered {
+            // Under the device lock: once this returns, no execution can
+            // reach the memory through either key.
+            self.shared.lock().mrs.remove(&self.key);
+        }
     }
 }
 
@@ -380,7 +410,11 @@ impl SoftQp {
     }
 }
 
-impl QueuePair for SoftQp {
+// SAFETY: the soft device executes each send queue in order and reports a
+// CQE only after a work request has executed (or been flushed, for which it
+// always makes a CQE); a post accepts a prefix and reports its length
+// exactly; `caps` is the configuration the queues were made with.
+unsafe impl QueuePair for SoftQp {
     fn caps(&self) -> QpCaps {
         self.caps
     }
@@ -409,10 +443,15 @@ impl QueuePair for SoftQp {
                 ));
             }
             qp.counters.send_wrs += 1;
+            let seq = qp.take_seq();
             if qp.state == QpState::Error {
+                qp.report_send(seq);
                 qp.push_cqe(flushed(wr.wr_id));
-            } else if progress == Progress::NoOp {
+            } else if progress == Progress::NoOp && qp.sq.is_empty() {
+                // Completing at once is only in order behind nothing: a work
+                // request queued earlier (in another mode) must run first.
                 if wr.flags.contains(SendFlags::SIGNALED) {
+                    qp.report_send(seq);
                     qp.push_cqe(RawCompletion {
                         wr_id: wr.wr_id,
                         status: WcStatus::Success,
@@ -422,7 +461,7 @@ impl QueuePair for SoftQp {
                     });
                 }
             } else {
-                qp.sq.push_back(*wr);
+                qp.sq.push_back(QueuedSend { seq, wr: *wr });
             }
         }
         if progress == Progress::Auto {
@@ -447,7 +486,7 @@ impl QueuePair for SoftQp {
             qp.counters.recv_wrs += 1;
             if qp.state == QpState::Error {
                 qp.push_cqe(flushed(wr.wr_id));
-            } else if progress == Progress::NoOp {
+            } else if progress == Progress::NoOp && qp.rq.is_empty() {
                 qp.push_cqe(RawCompletion {
                     wr_id: wr.wr_id,
                     status: WcStatus::Success,

@@ -67,7 +67,12 @@ pub(super) struct QpEntry {
     pub(super) state: QpState,
     pub(super) peer: Option<usize>,
     pub(super) link_broken: bool,
-    pub(super) sq: VecDeque<SendWr>,
+    pub(super) sq: VecDeque<QueuedSend>,
+    /// Sequence number of the next send work request posted.
+    pub(super) next_seq: u64,
+    /// The last send work request whose completion (and so, RC being in
+    /// order, every earlier one's) the device has reported.
+    pub(super) reported_through: u64,
     pub(super) rq: VecDeque<RecvWr>,
     pub(super) cq: VecDeque<RawCompletion>,
     pub(super) overrun: bool,
@@ -87,6 +92,8 @@ impl QpEntry {
             peer: None,
             link_broken: false,
             sq: VecDeque::with_capacity(config.max_send_wr as usize),
+            next_seq: 1,
+            reported_through: 0,
             rq: VecDeque::with_capacity(config.max_recv_wr as usize),
             cq: VecDeque::with_capacity(config.completion_entries() as usize),
             overrun: false,
@@ -121,12 +128,53 @@ impl QpEntry {
     pub(super) fn enter_error(&mut self) {
         self.state = QpState::Error;
         self.rnr = None;
-        while let Some(wr) = self.sq.pop_front() {
-            self.push_cqe(flushed(wr.wr_id));
+        while let Some(queued) = self.sq.pop_front() {
+            self.report_send(queued.seq);
+            self.push_cqe(flushed(queued.wr.wr_id));
         }
         while let Some(wr) = self.rq.pop_front() {
             self.push_cqe(flushed(wr.wr_id));
         }
+    }
+}
+
+/// A send work request waiting in a send queue, with its place in posting
+/// order.
+#[derive(Clone, Copy)]
+pub(super) struct QueuedSend {
+    pub(super) seq: u64,
+    pub(super) wr: SendWr,
+}
+
+impl QpEntry {
+    /// Numbers the next send work request in posting order.
+    pub(super) fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Notes that a CQE for send work request `seq` is being reported: the
+    /// requester may now release it and, RC being in order, everything
+    /// posted before it.
+    pub(super) fn report_send(&mut self, seq: u64) {
+        self.reported_through = self.reported_through.max(seq);
+    }
+
+    /// The device's own check of the ordering promise the ring relies on:
+    /// a work request about to execute must not be one whose completion
+    /// was already implied to the requester. If it were, the requester
+    /// could have handed its buffer back to safe code, and the device
+    /// would now touch memory it no longer owns.
+    pub(super) fn check_not_reported(&self, queued: &QueuedSend) {
+        assert!(
+            queued.seq > self.reported_through,
+            "soft device: executing send work request {:#x} (#{}) after the completion of \
+             #{} was reported; its buffer may already be back in safe code",
+            queued.wr.wr_id,
+            queued.seq,
+            self.reported_through
+        );
     }
 }
 
@@ -149,6 +197,8 @@ pub(super) struct DeviceState {
     pub(super) has_channels: bool,
     /// Whether the auto-mode RNR retry timer is running.
     pub(super) rnr_timer: bool,
+    /// Deregistrations still to fail (fault injection).
+    pub(super) fail_deregistrations: u32,
 }
 
 impl DeviceState {
@@ -160,6 +210,7 @@ impl DeviceState {
             qps: Vec::new(),
             has_channels: false,
             rnr_timer: false,
+            fail_deregistrations: 0,
         }
     }
 

@@ -59,7 +59,10 @@ impl VerbsPd {
     }
 }
 
-impl ProtectionDomain for VerbsPd {
+// SAFETY: `id` is fixed at creation; every region is registered in this
+// PD by `ibv_reg_mr` with exactly the rights asked, and `VerbsMr` keeps the
+// `MemoryRegion` promises.
+unsafe impl ProtectionDomain for VerbsPd {
     fn id(&self) -> PdId {
         self.inner.id
     }
@@ -77,9 +80,13 @@ impl ProtectionDomain for VerbsPd {
         if mr.is_null() {
             return Err(last_error("ibv_reg_mr"));
         }
+        // SAFETY: `mr` was just returned non-NULL by `ibv_reg_mr`.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         Ok(Box::new(VerbsMr {
             _pd: Arc::clone(&self.inner),
             mr,
+            lkey,
+            rkey,
             id: self.inner.id,
         }))
     }
@@ -87,34 +94,51 @@ impl ProtectionDomain for VerbsPd {
 
 struct VerbsMr {
     _pd: Arc<PdInner>,
+    /// NULL once deregistered.
     mr: *mut ibv_mr,
+    lkey: u32,
+    rkey: u32,
     id: PdId,
 }
 
-// SAFETY: an MR handle is used only to read its keys and to deregister it
-// once; both are thread-safe.
+// SAFETY: an MR handle is used only to deregister it, which libibverbs
+// allows from any thread; the keys are copies.
 unsafe impl Send for VerbsMr {}
-// SAFETY: as above.
+// SAFETY: shared references only read the copied keys.
 unsafe impl Sync for VerbsMr {}
 
-impl MemoryRegion for VerbsMr {
+// SAFETY: the keys are those `ibv_reg_mr` returned for exactly the bytes and
+// rights asked; `ibv_dereg_mr` returning 0 means the NIC no longer accesses
+// the memory, and its failure is reported, never ignored.
+unsafe impl MemoryRegion for VerbsMr {
     fn lkey(&self) -> u32 {
-        // SAFETY: the MR is registered until `Drop`.
-        unsafe { (*self.mr).lkey }
+        self.lkey
     }
     fn rkey(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.mr).rkey }
+        self.rkey
     }
     fn pd(&self) -> PdId {
         self.id
+    }
+    fn deregister(&mut self) -> Result<(), Error> {
+        if self.mr.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the MR is registered (non-NULL) and deregistered at most
+        // once: on success the pointer is cleared.
+        let ret = unsafe { rdma_sys::ibv_dereg_mr(self.mr) };
+        if ret != 0 {
+            return Err(super::device::verbs_error("ibv_dereg_mr", ret));
+        }
+        self.mr = std::ptr::null_mut();
+        Ok(())
     }
 }
 
 impl Drop for VerbsMr {
     fn drop(&mut self) {
-        // SAFETY: deregistered exactly once; after this the NIC no longer
-        // accesses the memory, which its owner frees afterwards.
-        unsafe { rdma_sys::ibv_dereg_mr(self.mr) };
+        // Owners deregister before freeing and keep the memory when that
+        // fails; this is the last attempt, for a region dropped without it.
+        let _ = self.deregister();
     }
 }

@@ -334,14 +334,18 @@ fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
     (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
 }
 
-/// How many work requests of a list starting at `base` the device took
-/// before refusing `bad` (all before it; none if it named none).
-fn accepted<T>(base: *mut T, bad: *mut T) -> usize {
-    if bad.is_null() {
-        0
-    } else {
-        (bad as usize - base as usize) / std::mem::size_of::<T>()
+/// How many work requests of the `len` linked from `base` the device took
+/// before refusing `bad`. A `bad` that is NULL or does not point at one of
+/// them proves nothing, and work requests that may have been taken must
+/// never be handed back as refused (their buffers would be freed under the
+/// NIC): then all `len` count as taken.
+fn accepted<T>(base: *const T, bad: *const T, len: usize) -> usize {
+    let size = std::mem::size_of::<T>();
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    if bad.is_null() || offset % size != 0 || offset / size >= len {
+        return len;
     }
+    offset / size
 }
 
 fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
@@ -356,7 +360,12 @@ fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     }
 }
 
-impl QueuePair for VerbsQp {
+// SAFETY: completions come from `ibv_poll_cq` on this queue pair's own CQ,
+// which reports each work request once, after the NIC is done with it, in
+// send-queue order, and always for failed or flushed ones; a refused post
+// reports the prefix `bad_wr` proves and otherwise claims every work request
+// (see `accepted`); `caps` are the depths the QP and CQ were created with.
+unsafe impl QueuePair for VerbsQp {
     fn caps(&self) -> QpCaps {
         self.caps
     }
@@ -413,9 +422,8 @@ impl QueuePair for VerbsQp {
         if ret == 0 {
             return Ok(());
         }
-        let accepted = accepted(base, bad);
         Err(PostError {
-            accepted,
+            accepted: accepted(base, bad, wrs.len()),
             error: verbs_error("ibv_post_send", ret),
         })
     }
@@ -454,9 +462,8 @@ impl QueuePair for VerbsQp {
         if ret == 0 {
             return Ok(());
         }
-        let accepted = accepted(base, bad);
         Err(PostError {
-            accepted,
+            accepted: accepted(base, bad, wrs.len()),
             error: verbs_error("ibv_post_recv", ret),
         })
     }
@@ -516,5 +523,26 @@ impl Drop for VerbsQp {
         // SAFETY: the QP is destroyed once; the ring that posted to it has
         // drained or leaked its buffers before dropping it.
         unsafe { rdma_sys::ibv_destroy_qp(self.qp) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepted;
+
+    #[test]
+    fn bad_wr_is_trusted_only_when_it_names_a_posted_request() {
+        let list = [0u64; 4];
+        let base = list.as_ptr();
+        assert_eq!(accepted(base, base.wrapping_add(2), 4), 2);
+        assert_eq!(accepted(base, base, 4), 0);
+        // NULL, past the end, before the start, or misaligned: unprovable,
+        // so every request counts as taken.
+        assert_eq!(accepted(base, std::ptr::null(), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_add(4), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_add(1000), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_sub(1), 4), 4);
+        let odd = (base as usize + 3) as *const u64;
+        assert_eq!(accepted(base, odd, 4), 4);
     }
 }
