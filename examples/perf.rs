@@ -126,8 +126,8 @@ fn run() -> Result<()> {
 fn verbs(p: &Params, name: &str) -> Result<()> {
     let dev = rdma_ring::backend::verbs::VerbsDevice::open(name)?;
     let pd = dev.alloc_pd()?;
-    let mut qa = dev.create_qp(&pd, config(p))?;
-    let mut qb = dev.create_qp(&pd, config(p))?;
+    let qa = dev.create_qp(&pd, config(p))?;
+    let qb = dev.create_qp(&pd, config(p))?;
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     qa.connect(&eb)?;
     qb.connect(&ea)?;

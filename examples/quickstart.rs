@@ -141,8 +141,8 @@ fn verbs(name: &str, role: Role) -> Result<()> {
     let timeout = Duration::from_secs(30);
     match role {
         Role::Both => {
-            let mut qp_a = dev.create_qp(&pd, config())?;
-            let mut qp_b = dev.create_qp(&pd, config())?;
+            let qp_a = dev.create_qp(&pd, config())?;
+            let qp_b = dev.create_qp(&pd, config())?;
             let (ea, eb) = (qp_a.endpoint(), qp_b.endpoint());
             qp_a.connect(&eb)?;
             qp_b.connect(&ea)?;
@@ -156,7 +156,7 @@ fn verbs(name: &str, role: Role) -> Result<()> {
             let listener = std::net::TcpListener::bind(&addr)?;
             println!("B: waiting for A on {addr}");
             let (mut stream, peer) = listener.accept()?;
-            let mut qp = dev.create_qp(&pd, config())?;
+            let qp = dev.create_qp(&pd, config())?;
             let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout)?;
             qp.connect(&remote)?;
             println!(
@@ -172,7 +172,7 @@ fn verbs(name: &str, role: Role) -> Result<()> {
         }
         Role::Connect(addr) => {
             let mut stream = std::net::TcpStream::connect(&addr)?;
-            let mut qp = dev.create_qp(&pd, config())?;
+            let qp = dev.create_qp(&pd, config())?;
             let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout)?;
             qp.connect(&remote)?;
             println!(

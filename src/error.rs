@@ -3,8 +3,7 @@
 
 use std::fmt;
 
-use crate::backend::{PdId, WcStatus};
-use crate::op::OpKind;
+use crate::work::{OpKind, PdId, WcStatus};
 
 /// Everything that can go wrong, each variant saying what and why.
 ///
@@ -85,6 +84,30 @@ pub enum Error {
     /// The device does not support this operation.
     #[error("{0:?} is not supported by this device")]
     Unsupported(OpKind),
+    /// An operation has more buffers than the queue takes scatter/gather
+    /// elements per work request.
+    #[error("{count} buffers in one operation, but the queue takes at most {max} scatter/gather elements per work request")]
+    TooManySges {
+        /// Buffers in the operation.
+        count: usize,
+        /// The queue's limit.
+        max: u32,
+    },
+    /// A handle names no queue pair (or shared receive queue) of this ring:
+    /// it was detached, or belongs to another ring.
+    #[error("the {0} handle names nothing attached to this ring (detached, or another ring's)")]
+    NotAttached(&'static str),
+    /// A queue pair completes on another completion queue than the ring's,
+    /// or takes receives from a shared receive queue the ring does not hold.
+    #[error("the queue pair cannot join this ring: {0}")]
+    Incompatible(&'static str),
+    /// The ring has no queue pair to default to.
+    #[error("the ring has no queue pair attached; name one with submission_on")]
+    NoQueuePair,
+    /// The completion queue failed or overran, or the device failed: the
+    /// ring takes no more work.
+    #[error("the ring's completion queue or device failed ({0}); it takes no more work")]
+    RingFailed(&'static str),
     /// One work request can move at most 2^31 bytes.
     #[error("buffer of {0} bytes exceeds the 2^31-byte limit of one work request")]
     TooLong(usize),

@@ -91,5 +91,6 @@ pub mod future;
 pub mod leak;
 pub mod op;
 pub mod ring;
+mod work;
 
 pub use error::{Error, Rejected};

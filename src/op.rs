@@ -19,63 +19,27 @@
 //! inline payload fits) is checked at push time, and a refused push hands
 //! the builder back.
 //!
+//! Every buffer-carrying builder also takes a scatter/gather list of
+//! buffers ([`SgList`]): [`Write::gather`], [`Send::gather`],
+//! [`Read::scatter`], [`Recv::scatter`] and friends, up to the queue's
+//! `max_sge` elements.
+//!
 //! Signaling is the ring's business: every operation comes back as a
 //! completion whether or not its work request asked the device for a CQE.
 //! [`Write::signaled`] and friends force a CQE, which releases the
 //! operation (and those before it) as early as possible.
 
-use crate::backend::{QpCaps, SendFlags, SendOpcode, SendWr, Sge};
-use crate::buf::{BaseBuf, IoBuf, IoBufMut, OwnedBuf, RemoteAccess, RemoteSlice, RemoteWord, Word};
+use crate::backend::{PdId, QpCaps, SendFlags, SendOpcode, SendWr, Sge, SgeSpan, SrqCaps};
+use crate::buf::{
+    BaseBuf, BufList, IoBuf, IoBufMut, OwnedBufs, RemoteAccess, RemoteSlice, RemoteWord, SgList,
+    Word,
+};
 use crate::error::Error;
 
 /// The largest payload one work request may carry (the RC message limit).
 pub const MAX_MESSAGE_LEN: usize = 1 << 31;
 
-/// Which operation a work request is.
-///
-/// ```
-/// use rdma_ring::op::OpKind;
-/// assert!(OpKind::Recv.is_recv());
-/// assert!(!OpKind::SendImm.is_recv());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpKind {
-    /// RDMA READ.
-    Read,
-    /// RDMA WRITE.
-    Write,
-    /// RDMA WRITE with immediate data.
-    WriteImm,
-    /// SEND.
-    Send,
-    /// SEND with immediate data.
-    SendImm,
-    /// Receive.
-    Recv,
-    /// 8-byte compare-and-swap.
-    CompareSwap,
-    /// 8-byte fetch-and-add.
-    FetchAdd,
-}
-
-impl OpKind {
-    /// All eight kinds.
-    pub const ALL: [OpKind; 8] = [
-        OpKind::Read,
-        OpKind::Write,
-        OpKind::WriteImm,
-        OpKind::Send,
-        OpKind::SendImm,
-        OpKind::Recv,
-        OpKind::CompareSwap,
-        OpKind::FetchAdd,
-    ];
-
-    /// Whether this is a receive (posted to the receive queue).
-    pub fn is_recv(self) -> bool {
-        self == OpKind::Recv
-    }
-}
+pub use crate::work::OpKind;
 
 mod sealed {
     pub trait Sealed {}
@@ -91,9 +55,50 @@ pub trait Operation: sealed::Sealed + Sized {
     /// The buffer back, without running the operation.
     fn into_buf(self) -> Self::Buf;
     #[doc(hidden)]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error>;
+    fn check(&self, limits: &Limits) -> Result<(), Error>;
+    #[doc(hidden)]
+    fn push_sges(&self, out: &mut Vec<Sge>);
     #[doc(hidden)]
     fn into_prepared(self) -> Prepared;
+}
+
+/// What the queue an operation goes to accepts.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub(crate) pd: PdId,
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline_data: u32,
+    pub(crate) atomics: bool,
+}
+
+impl Limits {
+    pub(crate) fn send(caps: &QpCaps) -> Self {
+        Limits {
+            pd: caps.pd,
+            max_sge: caps.max_send_sge,
+            max_inline_data: caps.max_inline_data,
+            atomics: caps.atomics,
+        }
+    }
+
+    pub(crate) fn recv(caps: &QpCaps) -> Self {
+        Limits {
+            pd: caps.pd,
+            max_sge: caps.max_recv_sge,
+            max_inline_data: 0,
+            atomics: false,
+        }
+    }
+
+    pub(crate) fn srq(caps: &SrqCaps) -> Self {
+        Limits {
+            pd: caps.pd,
+            max_sge: caps.max_sge,
+            max_inline_data: 0,
+            atomics: false,
+        }
+    }
 }
 
 /// An operation lowered to what the ring stores and posts.
@@ -101,17 +106,27 @@ pub trait Operation: sealed::Sealed + Sized {
 pub struct Prepared {
     pub(crate) kind: OpKind,
     pub(crate) user_data: u64,
-    pub(crate) buf: OwnedBuf,
-    /// `None` for a receive.
+    pub(crate) bufs: OwnedBufs,
+    /// `None` for a receive. Its scatter/gather span is the ring's to fill.
     pub(crate) wr: Option<SendWr>,
 }
 
 #[inline]
-fn check_local<B: IoBuf>(buf: &B, caps: &QpCaps) -> Result<(), Error> {
-    if buf.pd() != caps.pd {
+fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
+    let count = buf.sge_count();
+    if count == 0 {
+        return Err(Error::EmptyBuffer);
+    }
+    if count > limits.max_sge as usize {
+        return Err(Error::TooManySges {
+            count,
+            max: limits.max_sge,
+        });
+    }
+    if let Some(other) = buf.foreign_pd(limits.pd) {
         return Err(Error::WrongPd {
-            buf: buf.pd(),
-            qp: caps.pd,
+            buf: other,
+            qp: limits.pd,
         });
     }
     if buf.bytes_len() > MAX_MESSAGE_LEN {
@@ -145,21 +160,21 @@ fn check_remote(
 }
 
 #[inline]
-fn check_inline(flags: SendFlags, len: usize, caps: &QpCaps) -> Result<(), Error> {
-    if flags.contains(SendFlags::INLINE) && len > caps.max_inline_data as usize {
+fn check_inline(flags: SendFlags, len: usize, limits: &Limits) -> Result<(), Error> {
+    if flags.contains(SendFlags::INLINE) && len > limits.max_inline_data as usize {
         return Err(Error::InlineTooLarge {
             len,
-            max: caps.max_inline_data,
+            max: limits.max_inline_data,
         });
     }
     Ok(())
 }
 
 #[inline]
-fn wr(opcode: SendOpcode, flags: SendFlags, sge: Sge) -> SendWr {
+fn wr(opcode: SendOpcode, flags: SendFlags) -> SendWr {
     SendWr {
         flags,
-        ..SendWr::new(0, opcode, sge)
+        ..SendWr::new(0, opcode, SgeSpan::default())
     }
 }
 
@@ -253,6 +268,25 @@ impl<B: IoBuf> Write<B> {
         self.buf
     }
 }
+
+impl<L: BufList> Write<SgList<L>> {
+    /// Writes the bytes of several buffers, gathered in order, to the start
+    /// of `remote`, with one work request.
+    ///
+    /// ```
+    /// use rdma_ring::buf::{RemoteAccess, RemoteSlice, RegisteredBuf};
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::op::Write;
+    /// let pd = SoftDevice::new().alloc_pd();
+    /// let head = RegisteredBuf::new(&pd, vec![1u8; 16]).unwrap();
+    /// let body = RegisteredBuf::new(&pd, vec![2u8; 48]).unwrap();
+    /// let op = Write::gather([head, body], RemoteSlice::new(0x1000, 64, 7, RemoteAccess::WRITE));
+    /// # let _ = op;
+    /// ```
+    pub fn gather(list: L, remote: RemoteSlice) -> Self {
+        Write::new(SgList::new(list), remote)
+    }
+}
 common_setters!(Write);
 inline_setter!(Write);
 
@@ -295,6 +329,13 @@ impl<B: IoBuf> WriteImm<B> {
         self.buf
     }
 }
+
+impl<L: BufList> WriteImm<SgList<L>> {
+    /// Like [`Write::gather`], and notifies the peer with `imm`.
+    pub fn gather(list: L, remote: RemoteSlice, imm: u32) -> Self {
+        WriteImm::new(SgList::new(list), remote, imm)
+    }
+}
 common_setters!(WriteImm);
 inline_setter!(WriteImm);
 solicited_setter!(WriteImm);
@@ -329,6 +370,14 @@ impl<B: IoBuf> Send<B> {
     /// The buffer back, unsent.
     pub fn into_buf(self) -> B {
         self.buf
+    }
+}
+
+impl<L: BufList> Send<SgList<L>> {
+    /// Sends the bytes of several buffers, gathered in order, as one
+    /// message.
+    pub fn gather(list: L) -> Self {
+        Send::new(SgList::new(list))
     }
 }
 common_setters!(Send);
@@ -368,6 +417,13 @@ impl<B: IoBuf> SendImm<B> {
     /// The buffer back, unsent.
     pub fn into_buf(self) -> B {
         self.buf
+    }
+}
+
+impl<L: BufList> SendImm<SgList<L>> {
+    /// Like [`Send::gather`], with immediate data.
+    pub fn gather(list: L, imm: u32) -> Self {
+        SendImm::new(SgList::new(list), imm)
     }
 }
 common_setters!(SendImm);
@@ -421,6 +477,17 @@ impl<B: IoBufMut> Read<B> {
         self.buf
     }
 }
+
+impl<L: BufList> Read<SgList<L>>
+where
+    L::Item: IoBufMut,
+{
+    /// Reads the start of `remote` and scatters it, in order, across
+    /// several writable buffers.
+    pub fn scatter(list: L, remote: RemoteSlice) -> Self {
+        Read::new(SgList::new(list), remote)
+    }
+}
 common_setters!(Read);
 
 /// A receive: the buffer waits for the peer's next SEND (or WRITE with
@@ -455,6 +522,28 @@ impl<B: IoBufMut> Recv<B> {
     /// The buffer back, unposted.
     pub fn into_buf(self) -> B {
         self.buf
+    }
+}
+
+impl<L: BufList> Recv<SgList<L>>
+where
+    L::Item: IoBufMut,
+{
+    /// A receive whose incoming message is scattered, in order, across
+    /// several writable buffers (a header and a body, say).
+    ///
+    /// ```
+    /// use rdma_ring::buf::RegisteredBuf;
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::op::Recv;
+    /// let pd = SoftDevice::new().alloc_pd();
+    /// let header = RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap();
+    /// let body = RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap();
+    /// let op = Recv::scatter([header, body]);
+    /// # let _ = op;
+    /// ```
+    pub fn scatter(list: L) -> Self {
+        Recv::new(SgList::new(list))
     }
 }
 
@@ -552,9 +641,13 @@ impl<B: IoBuf> Operation for Write<B> {
         OpKind::Write
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)?;
-        check_inline(self.flags, self.buf.bytes_len(), caps)?;
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)?;
+        check_inline(self.flags, self.buf.bytes_len(), limits)?;
         check_remote(
             OpKind::Write,
             self.buf.bytes_len(),
@@ -565,13 +658,13 @@ impl<B: IoBuf> Operation for Write<B> {
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::Write, self.flags, self.buf.sge());
+        let mut wr = wr(SendOpcode::Write, self.flags);
         wr.remote_addr = self.remote.addr();
         wr.rkey = self.remote.rkey();
         Prepared {
             kind: OpKind::Write,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -587,9 +680,13 @@ impl<B: IoBuf> Operation for WriteImm<B> {
         OpKind::WriteImm
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)?;
-        check_inline(self.flags, self.buf.bytes_len(), caps)?;
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)?;
+        check_inline(self.flags, self.buf.bytes_len(), limits)?;
         check_remote(
             OpKind::WriteImm,
             self.buf.bytes_len(),
@@ -600,14 +697,14 @@ impl<B: IoBuf> Operation for WriteImm<B> {
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::WriteImm, self.flags, self.buf.sge());
+        let mut wr = wr(SendOpcode::WriteImm, self.flags);
         wr.remote_addr = self.remote.addr();
         wr.rkey = self.remote.rkey();
         wr.imm = self.imm;
         Prepared {
             kind: OpKind::WriteImm,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -623,17 +720,21 @@ impl<B: IoBuf> Operation for Send<B> {
         OpKind::Send
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)?;
-        check_inline(self.flags, self.buf.bytes_len(), caps)
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)?;
+        check_inline(self.flags, self.buf.bytes_len(), limits)
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let wr = wr(SendOpcode::Send, self.flags, self.buf.sge());
+        let wr = wr(SendOpcode::Send, self.flags);
         Prepared {
             kind: OpKind::Send,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -649,18 +750,22 @@ impl<B: IoBuf> Operation for SendImm<B> {
         OpKind::SendImm
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)?;
-        check_inline(self.flags, self.buf.bytes_len(), caps)
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)?;
+        check_inline(self.flags, self.buf.bytes_len(), limits)
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::SendImm, self.flags, self.buf.sge());
+        let mut wr = wr(SendOpcode::SendImm, self.flags);
         wr.imm = self.imm;
         Prepared {
             kind: OpKind::SendImm,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -676,8 +781,12 @@ impl<B: IoBufMut> Operation for Read<B> {
         OpKind::Read
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)?;
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)?;
         check_remote(
             OpKind::Read,
             self.buf.bytes_len(),
@@ -688,13 +797,13 @@ impl<B: IoBufMut> Operation for Read<B> {
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::Read, self.flags, self.buf.sge());
+        let mut wr = wr(SendOpcode::Read, self.flags);
         wr.remote_addr = self.remote.addr();
         wr.rkey = self.remote.rkey();
         Prepared {
             kind: OpKind::Read,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -710,15 +819,19 @@ impl<B: IoBufMut> Operation for Recv<B> {
         OpKind::Recv
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        check_local(&self.buf, caps)
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.buf.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        check_local(&self.buf, limits)
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
         Prepared {
             kind: OpKind::Recv,
             user_data: self.user_data,
-            buf: self.buf.into_owned(),
+            bufs: self.buf.into_bufs(),
             wr: None,
         }
     }
@@ -734,15 +847,19 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
         OpKind::CompareSwap
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        if !caps.atomics {
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.word.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        if !limits.atomics {
             return Err(Error::Unsupported(OpKind::CompareSwap));
         }
-        check_local(&self.word, caps)
+        check_local(&self.word, limits)
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::CompareSwap, self.flags, self.word.sge());
+        let mut wr = wr(SendOpcode::CompareSwap, self.flags);
         wr.remote_addr = self.remote.addr();
         wr.rkey = self.remote.rkey();
         wr.compare_add = self.compare;
@@ -750,7 +867,7 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
         Prepared {
             kind: OpKind::CompareSwap,
             user_data: self.user_data,
-            buf: self.word.into_owned(),
+            bufs: self.word.into_bufs(),
             wr: Some(wr),
         }
     }
@@ -766,22 +883,26 @@ impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
         OpKind::FetchAdd
     }
     #[inline]
-    fn check(&self, caps: &QpCaps) -> Result<(), Error> {
-        if !caps.atomics {
+    fn push_sges(&self, out: &mut Vec<Sge>) {
+        self.word.push_sges(out);
+    }
+    #[inline]
+    fn check(&self, limits: &Limits) -> Result<(), Error> {
+        if !limits.atomics {
             return Err(Error::Unsupported(OpKind::FetchAdd));
         }
-        check_local(&self.word, caps)
+        check_local(&self.word, limits)
     }
     #[inline]
     fn into_prepared(self) -> Prepared {
-        let mut wr = wr(SendOpcode::FetchAdd, self.flags, self.word.sge());
+        let mut wr = wr(SendOpcode::FetchAdd, self.flags);
         wr.remote_addr = self.remote.addr();
         wr.rkey = self.remote.rkey();
         wr.compare_add = self.add;
         Prepared {
             kind: OpKind::FetchAdd,
             user_data: self.user_data,
-            buf: self.word.into_owned(),
+            bufs: self.word.into_bufs(),
             wr: Some(wr),
         }
     }

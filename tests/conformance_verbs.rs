@@ -43,8 +43,8 @@ impl Fabric for Verbs {
     /// Two queue pairs on one device, connected manually (endpoint records
     /// handed over in memory).
     fn pair(&self, config: QpConfig) -> (VerbsQp, VerbsQp) {
-        let mut a = self.dev.create_qp(&self.pd, config).unwrap();
-        let mut b = self.dev.create_qp(&self.pd, config).unwrap();
+        let a = self.dev.create_qp(&self.pd, config).unwrap();
+        let b = self.dev.create_qp(&self.pd, config).unwrap();
         let (ea, eb) = (a.endpoint(), b.endpoint());
         a.connect(&eb).unwrap();
         b.connect(&ea).unwrap();
@@ -76,13 +76,13 @@ fn connects_over_a_tcp_handshake() {
         .create_qp(&fabric.pd, QpConfig::default())
         .unwrap();
     let server = std::thread::spawn(move || {
-        let mut qp = server_qp;
+        let qp = server_qp;
         let (mut stream, _) = listener.accept().unwrap();
         let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
         qp.connect(&remote).unwrap();
         (qp, stream)
     });
-    let mut qp = client_qp;
+    let qp = client_qp;
     let mut stream = TcpStream::connect(addr).unwrap();
     let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
     qp.connect(&remote).unwrap();

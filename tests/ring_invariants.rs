@@ -2,9 +2,10 @@
 //! soft device, and on a wrapper queue pair that misbehaves on purpose
 //! (partial posts, forged CQEs, a device that cannot drain).
 
-use rdma_ring::backend::soft::{Progress, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::soft::{Progress, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{
-    PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr, WcStatus,
+    CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
+    Sge, WcStatus,
 };
 use rdma_ring::buf::{
     BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
@@ -465,20 +466,27 @@ fn set_wedged(wedged: bool) {
     WEDGED.with(|w| w.set(wedged));
 }
 
-/// A queue pair that misbehaves on purpose, around a soft one; the knobs
-/// are thread-local so a test can turn them while a ring owns the QP.
+/// A queue pair that misbehaves on purpose, around a soft one, with a
+/// completion queue that does too; the knobs are thread-local so a test
+/// can turn them while a ring owns the queue pair.
 struct Misbehaving {
     inner: SoftQp,
 }
 
+struct MisbehavingCq {
+    inner: SoftCq,
+}
+
 // SAFETY: misbehaves only in ways the contract allows (partial posts with
-// an exact `accepted`, unknown `wr_id`s, a device that reports nothing);
-// every real completion is the inner soft queue pair's.
+// an exact `accepted`); every real completion is the inner soft queue
+// pair's.
 unsafe impl QueuePair for Misbehaving {
+    type Cq = MisbehavingCq;
+    type Srq = SoftSrq;
     fn caps(&self) -> QpCaps {
         self.inner.caps()
     }
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         if WEDGED.with(|w| w.get()) {
             return Err(PostError {
                 accepted: 0,
@@ -489,7 +497,7 @@ unsafe impl QueuePair for Misbehaving {
             .with(|a| a.get())
             .map_or(wrs.len(), |n| n.min(wrs.len()));
         // SAFETY: the caller's contract is passed through unchanged.
-        unsafe { self.inner.post_send(&wrs[..n]) }?;
+        unsafe { self.inner.post_send(&wrs[..n], sges) }?;
         if n < wrs.len() {
             return Err(PostError {
                 accepted: n,
@@ -498,11 +506,33 @@ unsafe impl QueuePair for Misbehaving {
         }
         Ok(())
     }
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract is passed through unchanged.
-        unsafe { self.inner.post_recv(wrs) }
+        unsafe { self.inner.post_recv(wrs, sges) }
     }
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+    fn set_error(&mut self) -> Result<(), Error> {
+        if WEDGED.with(|w| w.get()) {
+            return Err(Error::Soft("wedged"));
+        }
+        self.inner.set_error()
+    }
+    fn take_cq(&mut self) -> Option<MisbehavingCq> {
+        self.inner.take_cq().map(|inner| MisbehavingCq { inner })
+    }
+}
+
+// SAFETY: reports only the inner queue's completions, plus forged ones with
+// `wr_id`s that name no posted work request (the contract's "never for a
+// work request that was not posted" is what the ring must survive being
+// tested on: the forged ids are stale or foreign).
+unsafe impl CompletionQueue for MisbehavingCq {
+    fn id(&self) -> CqId {
+        self.inner.id()
+    }
+    fn entries(&self) -> u32 {
+        self.inner.entries()
+    }
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
         if WEDGED.with(|w| w.get()) {
             return Ok(0);
         }
@@ -510,13 +540,7 @@ unsafe impl QueuePair for Misbehaving {
             out[0] = c;
             return Ok(1);
         }
-        self.inner.poll_cq(out)
-    }
-    fn set_error(&mut self) -> Result<(), Error> {
-        if WEDGED.with(|w| w.get()) {
-            return Err(Error::Soft("wedged"));
-        }
-        self.inner.set_error()
+        self.inner.poll(out)
     }
 }
 
@@ -554,7 +578,7 @@ fn a_partial_post_hands_back_the_unposted_ops() {
         err.unposted.iter().map(|u| u.user_data).collect::<Vec<_>>(),
         vec![2, 3, 4]
     );
-    assert!(err.unposted.iter().all(|u| u.buf.len() == 1024));
+    assert!(err.unposted.iter().all(|u| u.bufs[0].len() == 1024));
     drop(err);
     set_accept(None);
     // The posted prefix ended unsignaled; the ring's sync marker releases it
@@ -667,25 +691,27 @@ fn atomics_are_refused_on_a_device_without_them() {
     // SAFETY: everything but `caps` is the soft queue pair's, and claiming
     // no atomics only makes the ring refuse more.
     unsafe impl QueuePair for NoAtomics {
+        type Cq = SoftCq;
+        type Srq = SoftSrq;
         fn caps(&self) -> QpCaps {
             QpCaps {
                 atomics: false,
                 ..self.0.caps()
             }
         }
-        unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
             // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_send(wrs) }
+            unsafe { self.0.post_send(wrs, sges) }
         }
-        unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
             // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_recv(wrs) }
-        }
-        fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-            self.0.poll_cq(out)
+            unsafe { self.0.post_recv(wrs, sges) }
         }
         fn set_error(&mut self) -> Result<(), Error> {
             self.0.set_error()
+        }
+        fn take_cq(&mut self) -> Option<SoftCq> {
+            self.0.take_cq()
         }
     }
     let p = default_pair();

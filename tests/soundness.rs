@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_ring::backend::soft::{Progress, SoftDevice, SoftQp};
-use rdma_ring::backend::{
-    PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr, WcStatus,
-};
+use rdma_ring::backend::soft::{Progress, SoftCq, SoftDevice, SoftQp, SoftSrq};
+use rdma_ring::backend::{PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge, WcStatus};
 use rdma_ring::buf::{
     BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, StableBuf, StableBufMut,
 };
@@ -181,26 +179,28 @@ struct LyingPost {
 // the contract; the lie is only in `accepted`, which the contract allows
 // to cover every work request (and the ring must survive more).
 unsafe impl QueuePair for LyingPost {
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
     fn caps(&self) -> QpCaps {
         self.inner.caps()
     }
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract, passed through.
-        unsafe { self.inner.post_send(wrs) }?;
+        unsafe { self.inner.post_send(wrs, sges) }?;
         Err(PostError {
             accepted: wrs.len() + self.claim,
             error: Error::PostRejected("a device bug"),
         })
     }
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract, passed through.
-        unsafe { self.inner.post_recv(wrs) }
-    }
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        self.inner.poll_cq(out)
+        unsafe { self.inner.post_recv(wrs, sges) }
     }
     fn set_error(&mut self) -> Result<(), Error> {
         self.inner.set_error()
+    }
+    fn take_cq(&mut self) -> Option<SoftCq> {
+        self.inner.take_cq()
     }
 }
 

@@ -71,8 +71,8 @@ pub fn verbs_endpoints(
     let e = |e: rdma_ring::Error| e.to_string();
     let dev = rdma_ring::backend::verbs::VerbsDevice::open(name).map_err(e)?;
     let pd = dev.alloc_pd().map_err(e)?;
-    let mut qa = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
-    let mut qb = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
+    let qa = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
+    let qb = dev.create_qp(&pd, QpConfig::default()).map_err(e)?;
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     qa.connect(&eb).map_err(e)?;
     qb.connect(&ea).map_err(e)?;

@@ -1,247 +1,43 @@
 //! The device boundary: what the ring needs from an RDMA device, and nothing
 //! more.
 //!
-//! A backend provides a [`ProtectionDomain`] (memory registration) and a
-//! [`QueuePair`] (an RC queue pair together with the completion queue its
-//! work requests complete on). The ring speaks to it only in plain data:
-//! [`SendWr`], [`RecvWr`] and [`RawCompletion`]. Two backends exist:
+//! A backend provides:
+//!
+//! * a [`ProtectionDomain`]: memory registration ([`MemoryRegion`]);
+//! * a [`CompletionQueue`]: where the work requests of any number of queue
+//!   pairs complete, with a completion channel ([`CompletionEvents`]) for
+//!   threads and reactors to sleep on;
+//! * [`QueuePair`]s (RC), each completing on one completion queue and
+//!   taking its receives from its own receive queue or from a
+//!   [`SharedReceiveQueue`];
+//! * an [`AsyncEventSource`]: the device's asynchronous events.
+//!
+//! The ring speaks to it only in plain data: [`SendWr`], [`RecvWr`] and
+//! their scatter/gather elements ([`Sge`]), [`RawCompletion`] and
+//! [`AsyncEvent`]. Two backends exist:
 //!
 //! * [`soft`]: an in-process software RC device, for tests, examples and
 //!   machines without RDMA hardware;
 //! * `verbs` (feature `verbs`): libibverbs through rdma-sys.
 //!
-//! The ring never learns which one it drives.
+//! The ring never learns which one it drives. The traits the ring's
+//! memory safety rests on are `unsafe` to implement; each states its
+//! contract.
 
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
-mod wc;
 
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use wc::WcStatus;
+pub use crate::work::{
+    Access, AsyncEvent, CqId, PdId, QpCaps, RawCompletion, RecvWr, SendFlags, SendOpcode, SendWr,
+    Sge, SgeSpan, SrqCaps, SrqId, WcStatus,
+};
 
 use crate::error::Error;
-
-bitflags::bitflags! {
-    /// Access rights of a memory registration. The values are those of
-    /// `ibv_access_flags`, so a verbs backend passes them through unchanged.
-    ///
-    /// ```
-    /// use rdma_ring::backend::Access;
-    /// let rights = Access::LOCAL_WRITE | Access::REMOTE_READ;
-    /// assert!(rights.contains(Access::REMOTE_READ));
-    /// ```
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub struct Access: u32 {
-        /// The local NIC may write the memory (RDMA READ target, receive buffer).
-        const LOCAL_WRITE = 1;
-        /// A remote peer may RDMA WRITE into the memory.
-        const REMOTE_WRITE = 2;
-        /// A remote peer may RDMA READ the memory.
-        const REMOTE_READ = 4;
-        /// A remote peer may run 8-byte atomics on the memory.
-        const REMOTE_ATOMIC = 8;
-    }
-}
-
-bitflags::bitflags! {
-    /// Flags of a send work request. The values are those of
-    /// `ibv_send_flags`.
-    ///
-    /// ```
-    /// use rdma_ring::backend::SendFlags;
-    /// assert!(!(SendFlags::SIGNALED | SendFlags::FENCE).contains(SendFlags::INLINE));
-    /// ```
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct SendFlags: u32 {
-        /// Wait for earlier RDMA READs and atomics before starting this WR.
-        const FENCE = 1;
-        /// Generate a completion queue entry for this WR.
-        const SIGNALED = 2;
-        /// Ask the receiver to raise a solicited event.
-        const SOLICITED = 4;
-        /// Copy the payload into the WR at post time.
-        const INLINE = 8;
-    }
-}
-
-/// A protection domain's identity. Every registration and queue pair names
-/// the domain it belongs to, so the ring can refuse a buffer from another
-/// domain before the device does.
-///
-/// ```
-/// use rdma_ring::backend::PdId;
-/// assert_ne!(PdId::fresh(), PdId::fresh());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PdId(u64);
-
-impl PdId {
-    /// A process-unique identity, for a backend creating a new domain.
-    pub fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        PdId(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// One scatter/gather element: `len` bytes at `addr`, registered under `lkey`.
-///
-/// ```
-/// use rdma_ring::backend::Sge;
-/// let sge = Sge { addr: 0x1000, len: 64, lkey: 7 };
-/// assert_eq!(sge.len, 64);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Sge {
-    /// Virtual address of the first byte.
-    pub addr: u64,
-    /// Number of bytes; zero means "no scatter/gather element".
-    pub len: u32,
-    /// Local key of the registration covering the bytes.
-    pub lkey: u32,
-}
-
-/// The operation of a send work request.
-///
-/// ```
-/// use rdma_ring::backend::SendOpcode;
-/// assert!(SendOpcode::CompareSwap.is_atomic());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SendOpcode {
-    /// RDMA WRITE.
-    Write,
-    /// RDMA WRITE with immediate data; consumes a receive at the peer.
-    WriteImm,
-    /// SEND; consumes a receive at the peer.
-    Send,
-    /// SEND with immediate data; consumes a receive at the peer.
-    SendImm,
-    /// RDMA READ.
-    Read,
-    /// 8-byte compare-and-swap.
-    CompareSwap,
-    /// 8-byte fetch-and-add.
-    FetchAdd,
-}
-
-impl SendOpcode {
-    /// Whether this is one of the two 8-byte atomics.
-    pub fn is_atomic(self) -> bool {
-        matches!(self, SendOpcode::CompareSwap | SendOpcode::FetchAdd)
-    }
-}
-
-/// A send work request in plain data, as the ring hands it to a backend.
-///
-/// ```
-/// use rdma_ring::backend::{SendWr, SendOpcode, SendFlags, Sge};
-/// let wr = SendWr::new(1, SendOpcode::Send, Sge::default());
-/// assert_eq!(wr.flags, SendFlags::empty());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SendWr {
-    /// Identity echoed in the completion.
-    pub wr_id: u64,
-    /// What to do.
-    pub opcode: SendOpcode,
-    /// Signaling, fence, solicited event, inline.
-    pub flags: SendFlags,
-    /// Local memory (source, or target for READ and atomics).
-    pub sge: Sge,
-    /// Remote address for RDMA and atomic operations.
-    pub remote_addr: u64,
-    /// Remote key for RDMA and atomic operations.
-    pub rkey: u32,
-    /// Immediate data (host order) for `WriteImm` and `SendImm`.
-    pub imm: u32,
-    /// Compare value (compare-and-swap) or addend (fetch-and-add).
-    pub compare_add: u64,
-    /// Swap value (compare-and-swap).
-    pub swap: u64,
-}
-
-impl SendWr {
-    /// A work request with no remote part and no flags.
-    pub fn new(wr_id: u64, opcode: SendOpcode, sge: Sge) -> Self {
-        SendWr {
-            wr_id,
-            opcode,
-            flags: SendFlags::empty(),
-            sge,
-            remote_addr: 0,
-            rkey: 0,
-            imm: 0,
-            compare_add: 0,
-            swap: 0,
-        }
-    }
-}
-
-/// A receive work request in plain data.
-///
-/// ```
-/// use rdma_ring::backend::{RecvWr, Sge};
-/// let wr = RecvWr { wr_id: 9, sge: Sge::default() };
-/// assert_eq!(wr.wr_id, 9);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecvWr {
-    /// Identity echoed in the completion.
-    pub wr_id: u64,
-    /// Where the incoming payload lands.
-    pub sge: Sge,
-}
-
-/// A completion queue entry in plain data, as a backend reports it.
-///
-/// ```
-/// use rdma_ring::backend::{RawCompletion, WcStatus};
-/// let c = RawCompletion::default();
-/// assert_eq!(c.status, WcStatus::Success);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct RawCompletion {
-    /// The `wr_id` of the work request that completed.
-    pub wr_id: u64,
-    /// Outcome.
-    pub status: WcStatus,
-    /// Bytes transferred (receives: bytes that arrived).
-    pub byte_len: u32,
-    /// Immediate data that arrived with a receive.
-    pub imm: Option<u32>,
-    /// Whether an RDMA WRITE with immediate (not a SEND) consumed this
-    /// receive: its buffer is untouched and `byte_len` counts the bytes
-    /// written to the remote slice.
-    pub by_write_imm: bool,
-}
-
-/// The limits of a queue pair and its completion queue, as created.
-///
-/// ```
-/// # use rdma_ring::backend::{QpCaps, PdId};
-/// let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, cq_entries: 129, max_inline_data: 64, atomics: true, pd: PdId::fresh() };
-/// assert!(caps.cq_entries >= caps.max_send_wr + caps.max_recv_wr);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpCaps {
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
-    /// Completion queue depth.
-    pub cq_entries: u32,
-    /// Largest payload that may be posted inline.
-    pub max_inline_data: u32,
-    /// Whether the device runs 8-byte atomics.
-    pub atomics: bool,
-    /// The protection domain of the queue pair.
-    pub pd: PdId,
-}
 
 /// How a backend refused part of a posted list: the first `accepted` work
 /// requests were posted, the rest were not. A backend that cannot tell
@@ -267,11 +63,18 @@ pub struct PostError {
 pub struct QpConfig {
     /// Send queue depth.
     pub max_send_wr: u32,
-    /// Receive queue depth.
+    /// Receive queue depth; ignored for a queue pair on a shared receive
+    /// queue (it has none of its own).
     pub max_recv_wr: u32,
-    /// Completion queue depth; 0 means enough for every WR the queues can
-    /// hold plus one (what the ring's credit accounting needs for teardown).
+    /// Depth of the completion queue of a queue pair created with one of
+    /// its own; 0 means enough for every WR the queues can hold plus one
+    /// (what the ring's credit accounting needs for teardown).
     pub cq_entries: u32,
+    /// Scatter/gather elements per send work request (clamped to what the
+    /// device allows).
+    pub max_send_sge: u32,
+    /// Scatter/gather elements per receive work request (clamped likewise).
+    pub max_recv_sge: u32,
     /// Largest payload that may be posted inline.
     pub max_inline_data: u32,
     /// RNR retries before a send fails with `RnrRetryExceeded`; 7 means
@@ -290,6 +93,8 @@ impl Default for QpConfig {
             max_send_wr: 128,
             max_recv_wr: 128,
             cq_entries: 0,
+            max_send_sge: 4,
+            max_recv_sge: 4,
             max_inline_data: 64,
             rnr_retry: 6,
             retry_cnt: 6,
@@ -305,6 +110,30 @@ impl QpConfig {
             self.max_send_wr + self.max_recv_wr + 1
         } else {
             self.cq_entries
+        }
+    }
+}
+
+/// Shared receive queue settings common to all backends.
+///
+/// ```
+/// use rdma_ring::backend::SrqConfig;
+/// let config = SrqConfig { max_wr: 4096, ..SrqConfig::default() };
+/// assert_eq!(config.max_sge, 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqConfig {
+    /// Receives the queue holds at most.
+    pub max_wr: u32,
+    /// Scatter/gather elements per receive.
+    pub max_sge: u32,
+}
+
+impl Default for SrqConfig {
+    fn default() -> Self {
+        SrqConfig {
+            max_wr: 1024,
+            max_sge: 1,
         }
     }
 }
@@ -373,66 +202,154 @@ pub unsafe trait ProtectionDomain: Send + Sync {
     ) -> Result<Box<dyn MemoryRegion>, Error>;
 }
 
-/// An RC queue pair and the completion queue its work requests complete on.
+/// An RC queue pair. Its work requests complete on the completion queue
+/// its [`caps`](Self::caps) names; its receives come from its own receive
+/// queue, or from the shared receive queue its caps name.
 ///
 /// The ring is the only intended caller; the methods are public so that new
 /// backends can be written outside the crate.
 ///
 /// # Safety
 ///
-/// The ring releases an operation's buffer to safe code when the queue pair
-/// reports the operation complete, so an implementation must report
-/// truthfully:
+/// The ring releases an operation's buffer to safe code when a completion
+/// reports the operation done, so an implementation must keep these
+/// promises, together with its [`CompletionQueue`]:
 ///
-/// * [`poll_cq`](Self::poll_cq) reports a completion for a `wr_id` only
-///   once the device has finished with every byte that work request names,
-///   at most once per posted work request, and never for a `wr_id` that was
-///   not posted (a `wr_id` it cannot vouch for must not be reported);
+/// * every work request posted here completes on the completion queue
+///   `caps().cq` names, with this queue pair's `caps().qp_num`, once the
+///   device has finished with every byte it names, at most once, and never
+///   before;
 /// * send work requests complete in posting order, and one that fails or
 ///   is flushed is reported whether or not it asked for a completion;
 ///   after [`set_error`](Self::set_error) returns `Ok`, every outstanding
-///   work request is reported, flushed or not, in bounded time;
+///   work request of this queue pair's own queues is reported, flushed or
+///   not, in bounded time;
 /// * a post that returns `Err(PostError { accepted, .. })` handed exactly
 ///   the first `accepted` work requests to the device and none after them
 ///   (when it cannot tell, it must report them all as accepted: a work
 ///   request wrongly reported as refused would be freed under the device);
-/// * [`caps`](Self::caps) describes the queue pair as created: the ring
-///   keeps within those depths so that no completion is dropped.
+/// * a work request's memory is exactly the scatter/gather elements its
+///   span names in the array posted with it;
+/// * [`caps`](Self::caps) describes the queue pair as created and never
+///   changes: the ring keeps within those depths so that no completion is
+///   dropped;
+/// * [`take_cq`](Self::take_cq) hands out the queue pair's own completion
+///   queue (the one `caps().cq` names) at most once.
 pub unsafe trait QueuePair {
-    /// Queue depths and limits.
+    /// The completion queues this queue pair can complete on.
+    type Cq: CompletionQueue + Send;
+    /// The shared receive queues it can take receives from.
+    type Srq: SharedReceiveQueue + Send;
+
+    /// Queue depths, limits and identities.
     fn caps(&self) -> QpCaps;
 
-    /// Posts a linked list of send work requests with one doorbell.
+    /// Posts a linked list of send work requests with one doorbell; each
+    /// names its memory as a span of `sges`.
     ///
     /// # Safety
     ///
-    /// Every byte named by a work request's scatter/gather element must stay
-    /// valid and must not be accessed by the caller until the work request
-    /// has completed (its own completion, or a later signaled completion on
-    /// this send queue, or a flush).
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError>;
+    /// Every byte named by a work request's scatter/gather elements must
+    /// stay valid and must not be accessed by the caller until the work
+    /// request has completed (its own completion, or a later signaled
+    /// completion on this send queue, or a flush).
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError>;
 
-    /// Posts a linked list of receive work requests with one doorbell.
+    /// Posts a linked list of receive work requests to this queue pair's
+    /// own receive queue, with one doorbell.
     ///
     /// # Safety
     ///
     /// As for [`QueuePair::post_send`]: the memory belongs to the device
     /// until the receive completes.
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError>;
-
-    /// Moves up to `out.len()` completions into `out`; returns how many.
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error>;
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError>;
 
     /// Moves the queue pair to the error state: every outstanding and future
-    /// work request completes with [`WcStatus::WrFlushErr`].
+    /// work request of its own queues completes with
+    /// [`WcStatus::WrFlushErr`].
     fn set_error(&mut self) -> Result<(), Error>;
 
-    /// The completion channel of this queue pair's completion queue, if the
-    /// backend has one. The futures adapter uses it to sleep until a
-    /// completion arrives instead of polling.
+    /// The completion queue this queue pair was created with for itself
+    /// alone, once; `None` for a queue pair on a shared completion queue
+    /// (or if already taken). [`Ring::new`](crate::ring::Ring::new) takes it.
+    fn take_cq(&mut self) -> Option<Self::Cq>;
+
+    /// Whether the peer has gone (a connection manager's disconnect): the
+    /// ring asks from time to time when idle, and moves the queue pair to
+    /// error when it has. Queue pairs without such news say no.
+    fn peer_disconnected(&mut self) -> Result<bool, Error> {
+        Ok(false)
+    }
+}
+
+/// A completion queue, shared by any number of queue pairs.
+///
+/// # Safety
+///
+/// [`poll`](Self::poll) reports a completion for a `wr_id` only as the
+/// [`QueuePair`] contract allows (once the device is done with the work
+/// request's memory, at most once, never for a work request that was not
+/// posted) and names truthfully the queue pair it ran on; [`id`](Self::id)
+/// and [`entries`](Self::entries) never change.
+pub unsafe trait CompletionQueue {
+    /// This queue's identity, as its queue pairs' caps name it.
+    fn id(&self) -> CqId;
+
+    /// How many completions the queue holds before it overruns.
+    fn entries(&self) -> u32;
+
+    /// Moves up to `out.len()` completions into `out`; returns how many.
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error>;
+
+    /// The queue's completion channel, if the backend has one: threads and
+    /// reactors sleep on it instead of polling.
     fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
         None
     }
+}
+
+/// A shared receive queue: receives posted once, consumed by whichever
+/// attached queue pair a message arrives on.
+///
+/// # Safety
+///
+/// A receive posted here is consumed at most once, by a queue pair whose
+/// caps name this queue, and is reported on that queue pair's completion
+/// queue (with that queue pair's number) once the device has finished
+/// with its memory. Receives still posted when [`destroy`](Self::destroy)
+/// returns `Ok` are never touched by the device again (they get no
+/// completion). Posts report `accepted` as [`QueuePair::post_recv`]
+/// does; [`caps`](Self::caps) never changes.
+pub unsafe trait SharedReceiveQueue {
+    /// Depth, scatter/gather limit and identity.
+    fn caps(&self) -> SrqCaps;
+
+    /// Posts receives with one doorbell.
+    ///
+    /// # Safety
+    ///
+    /// As for [`QueuePair::post_recv`].
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError>;
+
+    /// Arms the low-water event: when fewer than `limit` receives remain
+    /// posted, the device raises [`AsyncEvent::SrqLimitReached`] once.
+    fn arm_limit(&mut self, limit: u32) -> Result<(), Error>;
+
+    /// Destroys the queue. It fails while queue pairs are still attached;
+    /// after `Ok`, the device never touches the receives still posted.
+    fn destroy(&mut self) -> Result<(), Error>;
+}
+
+/// A device's asynchronous event channel: its descriptor is readable when
+/// an event is pending, for reactors; [`next_event`](Self::next_event)
+/// never blocks.
+pub trait AsyncEventSource: AsFd + Send + Sync {
+    /// The next pending event, already acknowledged; `None` if there is
+    /// none now.
+    fn next_event(&self) -> Result<Option<AsyncEvent>, Error>;
+
+    /// Blocks until an event may be pending or `timeout` passes.
+    fn wait(&self, timeout: Duration) -> Result<bool, Error>;
 }
 
 /// A completion channel: tells a sleeping thread, or a reactor watching

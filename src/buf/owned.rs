@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{sealed, IoBuf, PoolChunk, ReadOnlyBuf, RegisteredBuf};
+use super::{sealed, PoolChunk, ReadOnlyBuf, RegisteredBuf, SingleBuf};
 use crate::backend::{PdId, Sge};
 
 /// The whole buffers the crate knows; every local buffer is one of them,
@@ -59,7 +59,7 @@ impl Base {
 ///
 /// ```
 /// use rdma_ring::backend::soft::SoftDevice;
-/// use rdma_ring::buf::{BaseBuf, IoBuf, OwnedBuf, RegisteredBuf, Slice};
+/// use rdma_ring::buf::{BaseBuf, OwnedBuf, RegisteredBuf, SingleBuf, Slice};
 /// let pd = SoftDevice::new().alloc_pd();
 /// let buf = RegisteredBuf::new(&pd, vec![5u8; 32]).unwrap();
 /// let owned: OwnedBuf = buf.slice(4..8).into_owned();
@@ -112,7 +112,7 @@ impl OwnedBuf {
 
     /// The buffer as the type it was pushed as; the buffer itself if it is
     /// not of that type.
-    pub fn downcast<T: IoBuf>(self) -> Result<T, OwnedBuf> {
+    pub fn downcast<T: SingleBuf>(self) -> Result<T, OwnedBuf> {
         T::from_owned(self)
     }
 }
@@ -140,9 +140,11 @@ impl fmt::Debug for OwnedBuf {
 
 impl sealed::Sealed for OwnedBuf {}
 
-impl IoBuf for OwnedBuf {
+super::single_io_buf!(OwnedBuf);
+
+impl SingleBuf for OwnedBuf {
     #[inline]
-    fn bytes_len(&self) -> usize {
+    fn single_len(&self) -> usize {
         self.end - self.start
     }
     #[inline]
@@ -158,9 +160,11 @@ impl IoBuf for OwnedBuf {
     fn pd(&self) -> PdId {
         self.base.pd()
     }
+    #[inline]
     fn into_owned(self) -> OwnedBuf {
         self
     }
+    #[inline]
     fn from_owned(buf: OwnedBuf) -> Result<Self, OwnedBuf> {
         Ok(buf)
     }

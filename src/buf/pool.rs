@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::registered::impl_base_buf;
 use super::registration::Registration;
-use super::{sealed, Base, BaseBuf, IoBuf, IoBufMut, OwnedBuf};
+use super::{sealed, Base, BaseBuf, IoBufMut, OwnedBuf, SingleBuf};
 use crate::backend::{Access, PdId, ProtectionDomain, Sge};
 use crate::error::Error;
 

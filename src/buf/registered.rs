@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::registration::Registration;
-use super::{sealed, Base, BaseBuf, IoBuf, IoBufMut, OwnedBuf, StableBuf, StableBufMut};
+use super::{sealed, Base, BaseBuf, IoBufMut, OwnedBuf, SingleBuf, StableBuf, StableBufMut};
 use crate::backend::{Access, PdId, ProtectionDomain, Sge};
 use crate::error::{Error, Rejected};
 
@@ -171,9 +171,11 @@ macro_rules! impl_base_buf {
     ($ty:ident, $variant:ident) => {
         impl sealed::Sealed for $ty {}
 
-        impl IoBuf for $ty {
+        $crate::buf::single_io_buf!($ty);
+
+        impl SingleBuf for $ty {
             #[inline]
-            fn bytes_len(&self) -> usize {
+            fn single_len(&self) -> usize {
                 self.len()
             }
             #[inline]

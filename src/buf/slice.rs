@@ -2,7 +2,7 @@
 
 use std::ops::{Bound, RangeBounds};
 
-use super::{sealed, BaseBuf, IoBuf, IoBufMut, OwnedBuf, Word};
+use super::{sealed, BaseBuf, IoBufMut, OwnedBuf, SingleBuf, Word};
 use crate::backend::{PdId, Sge};
 use crate::error::Rejected;
 
@@ -122,8 +122,11 @@ impl<T: BaseBuf + std::ops::DerefMut<Target = [u8]>> std::ops::DerefMut for Slic
 
 impl<T: BaseBuf> sealed::Sealed for Slice<T> {}
 
-impl<T: BaseBuf> IoBuf for Slice<T> {
-    fn bytes_len(&self) -> usize {
+super::single_io_buf!(generic [T: BaseBuf] Slice<T>);
+
+impl<T: BaseBuf> SingleBuf for Slice<T> {
+    #[inline]
+    fn single_len(&self) -> usize {
         self.end - self.start
     }
     fn sge(&self) -> Sge {

@@ -1,6 +1,6 @@
 //! Exactly 8 aligned bytes of a whole buffer: an atomic's local target.
 
-use super::{sealed, BaseBuf, IoBuf, IoBufMut, OwnedBuf};
+use super::{sealed, BaseBuf, IoBufMut, OwnedBuf, SingleBuf};
 use crate::backend::{PdId, Sge};
 use crate::error::{Error, Rejected};
 
@@ -27,7 +27,7 @@ pub struct Word<T> {
 
 impl<T: BaseBuf + IoBufMut> Word<T> {
     pub(crate) fn new(buf: T, offset: usize) -> Result<Self, Rejected<T>> {
-        let len = buf.bytes_len();
+        let len = buf.single_len();
         if offset.checked_add(8).is_none_or(|end| end > len) {
             let err = Error::OutOfBounds {
                 start: offset as u64,
@@ -75,8 +75,10 @@ impl<T: BaseBuf + IoBufMut + std::ops::DerefMut<Target = [u8]>> Word<T> {
 
 impl<T: BaseBuf + IoBufMut> sealed::Sealed for Word<T> {}
 
-impl<T: BaseBuf + IoBufMut> IoBuf for Word<T> {
-    fn bytes_len(&self) -> usize {
+super::single_io_buf!(generic [T: BaseBuf + IoBufMut] Word<T>);
+
+impl<T: BaseBuf + IoBufMut> SingleBuf for Word<T> {
+    fn single_len(&self) -> usize {
         8
     }
     fn sge(&self) -> Sge {
@@ -94,7 +96,7 @@ impl<T: BaseBuf + IoBufMut> IoBuf for Word<T> {
         OwnedBuf::new(self.buf.into_base(), self.offset, self.offset + 8)
     }
     fn from_owned(buf: OwnedBuf) -> Result<Self, OwnedBuf> {
-        if buf.bytes_len() != 8 || buf.sge().addr % 8 != 0 {
+        if buf.single_len() != 8 || buf.sge().addr % 8 != 0 {
             return Err(buf);
         }
         let (base, start, end) = buf.into_base();

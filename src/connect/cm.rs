@@ -26,17 +26,14 @@
 
 use std::ffi::CStr;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_sys::{
     ibv_qp_attr, rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param, rdma_event_channel,
 };
 
-use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
-use crate::backend::{
-    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
-};
+use crate::backend::verbs::{VerbsCq, VerbsDevice, VerbsPd, VerbsQp, VerbsSrq};
+use crate::backend::{PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge};
 use crate::deadline::Deadline;
 use crate::error::Error;
 
@@ -68,6 +65,7 @@ unsafe impl Send for CmId {}
 static_assertions::assert_not_impl_any!(CmId: Sync);
 static_assertions::assert_not_impl_any!(CmQp: Sync);
 static_assertions::assert_not_impl_any!(CmListener: Sync);
+static_assertions::assert_not_impl_any!(CmRequest: Sync);
 
 /// An event channel whose descriptor does not block, so that a poll that
 /// loses an event to another thread, or a check for a disconnect, never
@@ -364,14 +362,14 @@ fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -
         flow_control: 1,
         retry_count: config.retry_cnt.min(7),
         rnr_retry_count: config.rnr_retry.min(6),
-        srq: 0,
+        srq: u8::from(qp.caps().srq.is_some()),
         qp_num: qp.qpn(),
     }
 }
 
 /// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`,
 /// and, when accepting, the READ/atomic depths agreed with the requester.
-fn ready_qp(id: &CmId, qp: &mut VerbsQp, depths: Option<Depths>) -> Result<(), Error> {
+fn ready_qp(id: &CmId, qp: &VerbsQp, depths: Option<Depths>) -> Result<(), Error> {
     for (state, verb) in [
         (
             rdma_sys::ibv_qp_state::IBV_QPS_RTR,
@@ -403,17 +401,12 @@ fn ready_qp(id: &CmId, qp: &mut VerbsQp, depths: Option<Depths>) -> Result<(), E
     Ok(())
 }
 
-/// Connects to an rdma_cm listener at `addr`, sending `private_data` (at
-/// most [`MAX_PRIVATE_DATA`] bytes) with the request.
-pub fn connect(
-    dev: &VerbsDevice,
-    pd: &VerbsPd,
-    addr: SocketAddr,
-    config: QpConfig,
-    private_data: &[u8],
-    timeout: Duration,
-) -> Result<CmQp, Error> {
-    check_private(private_data)?;
+/// Resolves the address and route to an rdma_cm listener at `addr`: the
+/// first step of connecting in steps. Create the queue pair on the route
+/// ([`CmRoute::create_qp`] or [`CmRoute::create_qp_on`]), put it in a ring
+/// and post the receives the peer's first messages need, then
+/// [`CmQp::connect`].
+pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmRoute, Error> {
     let id = CmId::new()?;
     let (mut dst, _) = sockaddr(&addr);
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
@@ -443,46 +436,75 @@ pub fn connect(
         "resolving the route",
         timeout,
     )?;
-    check_device(&id, dev)?;
-    let mut qp = dev.create_qp(pd, config)?;
-    let mut param = conn_param(&qp, local_depths(dev), &config, private_data);
-    // SAFETY: the route is resolved; `param` and its private data live
-    // across the call.
-    if unsafe { rdma_sys::rdma_connect(id.id, &mut param) } != 0 {
-        return Err(cm_error("rdma_connect"));
+    Ok(CmRoute { id })
+}
+
+/// Connects to an rdma_cm listener at `addr` in one call, sending
+/// `private_data` (at most [`MAX_PRIVATE_DATA`] bytes) with the request.
+/// The queue pair has a completion queue of its own. To post receives
+/// before the peer may send, or to use a shared completion queue, connect
+/// in steps: [`resolve`], [`CmRoute::create_qp_on`], [`CmQp::connect`].
+pub fn connect(
+    dev: &VerbsDevice,
+    pd: &VerbsPd,
+    addr: SocketAddr,
+    config: QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<CmQp, Error> {
+    check_private(private_data)?;
+    let qp = resolve(addr, timeout)?.create_qp(dev, pd, config)?;
+    qp.connect(private_data, timeout)?;
+    Ok(qp)
+}
+
+/// A route to a listener, resolved by [`resolve`]: create the queue pair
+/// on it.
+pub struct CmRoute {
+    id: CmId,
+}
+
+impl std::fmt::Debug for CmRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmRoute")
+            .field("device", &self.id.device_name())
+            .finish()
     }
-    let event = id.next_event(timeout)?;
-    match event.kind {
-        ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
-        ev::RDMA_CM_EVENT_REJECTED => {
-            return Err(cm_failure(
-                "connecting",
-                format!(
-                    "the peer rejected the connection (status {}, private data {:?})",
-                    event.status, event.private
-                ),
-            ))
-        }
-        other => {
-            return Err(cm_failure(
-                "connecting",
-                format!("got {} (status {})", event_name(other), event.status),
-            ))
-        }
+}
+
+impl CmRoute {
+    /// The RDMA device rdma_cm routed through: open that one.
+    pub fn device_name(&self) -> Option<String> {
+        self.id.device_name()
     }
-    ready_qp(&id, &mut qp, None)?;
-    if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
-        // SAFETY: the connect response arrived and the QP is in RTS.
-        if unsafe { rdma_sys::rdma_establish(id.id) } != 0 {
-            return Err(cm_error("rdma_establish"));
-        }
+
+    /// A queue pair for this connection, in INIT, with a completion queue
+    /// of its own. `dev` must be the device the route goes through.
+    pub fn create_qp(
+        self,
+        dev: &VerbsDevice,
+        pd: &VerbsPd,
+        config: QpConfig,
+    ) -> Result<CmQp, Error> {
+        check_device(&self.id, dev)?;
+        let qp = dev.create_qp(pd, config)?;
+        Ok(CmQp::new(qp, self.id, Role::Connecting, config, Vec::new()))
     }
-    Ok(CmQp {
-        qp: Some(qp),
-        id,
-        peer_private_data: event.private,
-        idle_polls: 0,
-    })
+
+    /// A queue pair for this connection, in INIT, on a shared completion
+    /// queue (and shared receive queue, if given).
+    pub fn create_qp_on(
+        self,
+        dev: &VerbsDevice,
+        pd: &VerbsPd,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> Result<CmQp, Error> {
+        check_device(&self.id, dev)?;
+        let qp = dev.create_qp_on(pd, cq, srq, config)?;
+        Ok(CmQp::new(qp, self.id, Role::Connecting, config, Vec::new()))
+    }
 }
 
 /// An rdma_cm listener.
@@ -509,14 +531,37 @@ impl CmListener {
             return Err(cm_error("rdma_bind_addr"));
         }
         // SAFETY: the id is bound.
-        if unsafe { rdma_sys::rdma_listen(id.id, 8) } != 0 {
+        if unsafe { rdma_sys::rdma_listen(id.id, 64) } != 0 {
             return Err(cm_error("rdma_listen"));
         }
         Ok(CmListener { id })
     }
 
-    /// Accepts the next connection request within `timeout`, answering with
-    /// `private_data`; the request's own private data is in the result.
+    /// The next connection request, within `timeout`: the first step of
+    /// accepting in steps. Create the queue pair for it
+    /// ([`CmRequest::create_qp`] or [`CmRequest::create_qp_on`]), put it in
+    /// a ring and post the receives the peer's first messages need, then
+    /// [`CmQp::accept`]. A request dropped unanswered is rejected.
+    pub fn request(&self, timeout: Duration) -> Result<CmRequest, Error> {
+        let request = self.id.expect(
+            ev::RDMA_CM_EVENT_CONNECT_REQUEST,
+            "waiting for a connect request",
+            timeout,
+        )?;
+        let id = CmId::adopt(request.id)?;
+        Ok(CmRequest {
+            id: Some(id),
+            private: request.private,
+            initiator_depth: request.initiator_depth,
+            responder_resources: request.responder_resources,
+        })
+    }
+
+    /// Accepts the next connection request within `timeout` in one call,
+    /// answering with `private_data`; the request's own private data is in
+    /// the result. The queue pair has a completion queue of its own; to
+    /// post receives before accepting, or to use a shared completion
+    /// queue, accept in steps ([`CmListener::request`]).
     pub fn accept(
         &self,
         dev: &VerbsDevice,
@@ -526,57 +571,133 @@ impl CmListener {
         timeout: Duration,
     ) -> Result<CmQp, Error> {
         check_private(private_data)?;
-        let request = self.id.expect(
-            ev::RDMA_CM_EVENT_CONNECT_REQUEST,
-            "waiting for a connect request",
-            timeout,
-        )?;
-        let id = CmId::adopt(request.id)?;
-        if let Err(e) = check_device(&id, dev) {
-            // SAFETY: a pending request may be rejected once.
-            unsafe { rdma_sys::rdma_reject(id.id, std::ptr::null(), 0) };
-            return Err(e);
-        }
-        let mut qp = dev.create_qp(pd, config)?;
+        let qp = self.request(timeout)?.create_qp(dev, pd, config)?;
+        qp.accept(private_data, timeout)?;
+        Ok(qp)
+    }
+}
+
+/// A connection request a listener received, not yet answered.
+pub struct CmRequest {
+    /// `None` once handed to a queue pair.
+    id: Option<CmId>,
+    private: Vec<u8>,
+    initiator_depth: u8,
+    responder_resources: u8,
+}
+
+impl std::fmt::Debug for CmRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmRequest")
+            .field("private_data", &self.private)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CmRequest {
+    /// The private data the requester sent (padded by rdma_cm; see
+    /// [`CmQp::peer_private_data`]).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private
+    }
+
+    /// The RDMA device the request arrived on.
+    pub fn device_name(&self) -> Option<String> {
+        self.id.as_ref().and_then(CmId::device_name)
+    }
+
+    /// A queue pair for this request, in INIT, with a completion queue of
+    /// its own. `dev` must be the device the request arrived on (else the
+    /// request is rejected).
+    pub fn create_qp(
+        mut self,
+        dev: &VerbsDevice,
+        pd: &VerbsPd,
+        config: QpConfig,
+    ) -> Result<CmQp, Error> {
+        let id = self.id.take().expect("present until handed over");
+        self.adopt(id, dev, |dev| dev.create_qp(pd, config), config)
+    }
+
+    /// A queue pair for this request, in INIT, on a shared completion queue
+    /// (and shared receive queue, if given).
+    pub fn create_qp_on(
+        mut self,
+        dev: &VerbsDevice,
+        pd: &VerbsPd,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> Result<CmQp, Error> {
+        let id = self.id.take().expect("present until handed over");
+        self.adopt(id, dev, |dev| dev.create_qp_on(pd, cq, srq, config), config)
+    }
+
+    fn adopt(
+        &mut self,
+        id: CmId,
+        dev: &VerbsDevice,
+        create: impl FnOnce(&VerbsDevice) -> Result<VerbsQp, Error>,
+        config: QpConfig,
+    ) -> Result<CmQp, Error> {
+        let made = check_device(&id, dev).and_then(|()| create(dev));
+        let qp = match made {
+            Ok(qp) => qp,
+            Err(e) => {
+                // SAFETY: a pending request may be rejected once.
+                unsafe { rdma_sys::rdma_reject(id.id, std::ptr::null(), 0) };
+                return Err(e);
+            }
+        };
         // Answer no more READs/atomics than we can, nor issue more than the
         // requester can answer.
         let (responder, initiator) = local_depths(dev);
         let depths = (
-            responder.min(request.initiator_depth.max(1)),
-            initiator.min(request.responder_resources.max(1)),
+            responder.min(self.initiator_depth.max(1)),
+            initiator.min(self.responder_resources.max(1)),
         );
-        ready_qp(&id, &mut qp, Some(depths))?;
-        let mut param = conn_param(&qp, depths, &config, private_data);
-        // SAFETY: the request is pending; `param` lives across the call.
-        if unsafe { rdma_sys::rdma_accept(id.id, &mut param) } != 0 {
-            return Err(cm_error("rdma_accept"));
-        }
-        id.expect(
-            ev::RDMA_CM_EVENT_ESTABLISHED,
-            "establishing the connection",
-            timeout,
-        )?;
-        Ok(CmQp {
-            qp: Some(qp),
-            id,
-            peer_private_data: request.private,
-            idle_polls: 0,
-        })
+        let private = std::mem::take(&mut self.private);
+        Ok(CmQp::new(qp, id, Role::Accepting(depths), config, private))
+    }
+
+    /// Rejects the request.
+    pub fn reject(self) {
+        drop(self);
     }
 }
 
-/// A queue pair connected through rdma_cm. Dropping it disconnects.
-pub struct CmQp {
-    qp: Option<VerbsQp>,
-    id: CmId,
-    peer_private_data: Vec<u8>,
-    /// Empty polls since the last look for a disconnect.
-    idle_polls: u32,
+impl Drop for CmRequest {
+    fn drop(&mut self) {
+        if let Some(id) = &self.id {
+            // SAFETY: a pending request may be rejected once; the id is
+            // destroyed right after.
+            unsafe { rdma_sys::rdma_reject(id.id, std::ptr::null(), 0) };
+        }
+    }
 }
 
-/// How many empty polls pass between looks at the rdma_cm channel for a
-/// disconnect (a look is one non-blocking system call).
-const DISCONNECT_CHECK_EVERY: u32 = 64;
+/// Which side of the handshake a [`CmQp`] is on, until it is connected.
+enum Role {
+    Connecting,
+    Accepting(Depths),
+}
+
+/// A queue pair of an rdma_cm connection. Created by the one-call
+/// [`connect`] and [`CmListener::accept`] (connected), or in steps, in
+/// INIT, by [`CmRoute`] and [`CmRequest`]: then it may go into a ring and
+/// have receives posted before [`connect`](Self::connect) or
+/// [`accept`](Self::accept) lets the peer send. The ring notices when the
+/// peer disconnects (or the device goes away) and moves the queue pair to
+/// error. Dropping it disconnects.
+pub struct CmQp {
+    // Field order: the queue pair is destroyed before its id.
+    qp: VerbsQp,
+    id: CmId,
+    role: Role,
+    config: QpConfig,
+    peer_private_data: std::sync::OnceLock<Vec<u8>>,
+    answered: std::sync::atomic::AtomicBool,
+}
 
 impl std::fmt::Debug for CmQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -585,76 +706,177 @@ impl std::fmt::Debug for CmQp {
 }
 
 impl CmQp {
+    fn new(qp: VerbsQp, id: CmId, role: Role, config: QpConfig, peer: Vec<u8>) -> Self {
+        let peer_private_data = std::sync::OnceLock::new();
+        if !peer.is_empty() {
+            let _ = peer_private_data.set(peer);
+        }
+        CmQp {
+            qp,
+            id,
+            role,
+            config,
+            peer_private_data,
+            answered: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Connects (the requesting side, after [`CmRoute::create_qp`]),
+    /// sending `private_data`. Receives posted before this are in place
+    /// before the peer can send.
+    pub fn connect(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
+        use std::sync::atomic::Ordering;
+        check_private(private_data)?;
+        if !matches!(self.role, Role::Connecting) || self.answered.swap(true, Ordering::AcqRel) {
+            return Err(cm_failure(
+                "connecting",
+                "this queue pair is not an unconnected requester".into(),
+            ));
+        }
+        let mut param = conn_param(
+            &self.qp,
+            local_depths_of(&self.qp),
+            &self.config,
+            private_data,
+        );
+        // SAFETY: the route is resolved; `param` and its private data live
+        // across the call.
+        if unsafe { rdma_sys::rdma_connect(self.id.id, &mut param) } != 0 {
+            return Err(cm_error("rdma_connect"));
+        }
+        let event = self.id.next_event(timeout)?;
+        match event.kind {
+            ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
+            ev::RDMA_CM_EVENT_REJECTED => {
+                return Err(cm_failure(
+                    "connecting",
+                    format!(
+                        "the peer rejected the connection (status {}, private data {:?})",
+                        event.status, event.private
+                    ),
+                ))
+            }
+            other => {
+                return Err(cm_failure(
+                    "connecting",
+                    format!("got {} (status {})", event_name(other), event.status),
+                ))
+            }
+        }
+        ready_qp(&self.id, &self.qp, None)?;
+        if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
+            // SAFETY: the connect response arrived and the QP is in RTS.
+            if unsafe { rdma_sys::rdma_establish(self.id.id) } != 0 {
+                return Err(cm_error("rdma_establish"));
+            }
+        }
+        let _ = self.peer_private_data.set(event.private);
+        Ok(())
+    }
+
+    /// Accepts the request (the listening side, after
+    /// [`CmRequest::create_qp`]), answering with `private_data`. Receives
+    /// posted before this are in place before the peer can send.
+    pub fn accept(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
+        use std::sync::atomic::Ordering;
+        check_private(private_data)?;
+        let Role::Accepting(depths) = self.role else {
+            return Err(cm_failure(
+                "accepting",
+                "this queue pair is not an unanswered request".into(),
+            ));
+        };
+        if self.answered.swap(true, Ordering::AcqRel) {
+            return Err(cm_failure(
+                "accepting",
+                "the request was answered already".into(),
+            ));
+        }
+        ready_qp(&self.id, &self.qp, Some(depths))?;
+        let mut param = conn_param(&self.qp, depths, &self.config, private_data);
+        // SAFETY: the request is pending; `param` lives across the call.
+        if unsafe { rdma_sys::rdma_accept(self.id.id, &mut param) } != 0 {
+            return Err(cm_error("rdma_accept"));
+        }
+        self.id.expect(
+            ev::RDMA_CM_EVENT_ESTABLISHED,
+            "establishing the connection",
+            timeout,
+        )?;
+        Ok(())
+    }
+
     /// The private data the peer sent with its request or reply. rdma_cm
     /// delivers it padded with zeros to the transport's fixed size (56
     /// bytes in a request, 196 in a reply on InfiniBand and RoCE), so frame
     /// what you send (a length prefix, or a fixed-size record).
     pub fn peer_private_data(&self) -> &[u8] {
-        &self.peer_private_data
+        self.peer_private_data.get().map_or(&[], Vec::as_slice)
     }
 
     /// The queue pair.
     pub fn qp(&self) -> &VerbsQp {
-        self.qp.as_ref().expect("present until drop")
-    }
-
-    fn qp_mut(&mut self) -> &mut VerbsQp {
-        self.qp.as_mut().expect("present until drop")
+        &self.qp
     }
 }
 
-// SAFETY: every call goes to the inner `VerbsQp`, which keeps the
-// contract; a disconnect only moves that queue pair to error, after which
-// it reports every outstanding work request flushed.
+fn local_depths_of(qp: &VerbsQp) -> Depths {
+    let limits = qp.device_limits();
+    (
+        limits.max_qp_rd_atom.clamp(1, 16),
+        limits.max_qp_init_rd_atom.clamp(1, 16),
+    )
+}
+
+// SAFETY: every post and state change goes to the inner `VerbsQp`, which
+// keeps the contract; a disconnect only moves that queue pair to error,
+// after which it reports every outstanding work request flushed.
 unsafe impl QueuePair for CmQp {
+    type Cq = VerbsCq;
+    type Srq = VerbsSrq;
+
     fn caps(&self) -> QpCaps {
-        self.qp().caps()
+        self.qp.caps()
     }
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract, passed through.
-        unsafe { self.qp_mut().post_send(wrs) }
+        unsafe { self.qp.post_send(wrs, sges) }
     }
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract, passed through.
-        unsafe { self.qp_mut().post_recv(wrs) }
-    }
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        let n = self.qp_mut().poll_cq(out)?;
-        if n == 0 {
-            self.idle_polls += 1;
-            if self.idle_polls >= DISCONNECT_CHECK_EVERY {
-                self.idle_polls = 0;
-                // The peer left, or the device is going away: rdma_cm says so
-                // on our channel, and with an external QP nothing else moves
-                // it to error, so do it here; everything outstanding then
-                // completes flushed. If even that fails (the device is gone),
-                // the error reaches the ring, which leaks what it cannot
-                // drain.
-                if let Some(event) = self.id.try_event()? {
-                    if matches!(
-                        event.kind,
-                        ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
-                    ) {
-                        self.qp_mut().set_error()?;
-                    }
-                }
-            }
-        }
-        Ok(n)
+        unsafe { self.qp.post_recv(wrs, sges) }
     }
     fn set_error(&mut self) -> Result<(), Error> {
-        self.qp_mut().set_error()
+        self.qp.set_error()
     }
-    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
-        self.qp().completion_events()
+    fn take_cq(&mut self) -> Option<VerbsCq> {
+        self.qp.take_cq()
+    }
+    fn peer_disconnected(&mut self) -> Result<bool, Error> {
+        // The peer left, or the device is going away: rdma_cm says so on
+        // our channel, and with an external QP nothing else moves it to
+        // error; the ring does, when told.
+        Ok(self.id.try_event()?.is_some_and(|event| {
+            matches!(
+                event.kind,
+                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+            )
+        }))
     }
 }
 
 impl Drop for CmQp {
     fn drop(&mut self) {
-        // SAFETY: the id is connected (or was); disconnecting twice is
-        // harmless, and the QP is destroyed right after.
-        unsafe { rdma_sys::rdma_disconnect(self.id.id) };
-        self.qp.take();
+        let answered = self.answered.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: an unanswered request may be rejected once; a connection
+        // may be disconnected (twice is harmless). The QP is destroyed right
+        // after, then the id.
+        unsafe {
+            if matches!(self.role, Role::Accepting(_)) && !answered {
+                rdma_sys::rdma_reject(self.id.id, std::ptr::null(), 0);
+            } else {
+                rdma_sys::rdma_disconnect(self.id.id);
+            }
+        }
     }
 }

@@ -6,8 +6,9 @@
 //! failure — garbage, a truncated record, another version, silence past the
 //! timeout, a closed connection — is a clear error, never a panic or a hang.
 //!
-//! [`connect_qp`] and [`accept_qp`] do all of it; [`exchange`] and
-//! [`ready`] are the steps, for protocols of your own:
+//! [`connect_qp`] and [`accept_qp`] do all of it; [`handshake`] does it
+//! for a queue pair you made (one already in a ring, with receives posted);
+//! [`exchange`] and [`ready`] are the steps, for protocols of your own:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -20,7 +21,7 @@
 //! // One call ...
 //! let qp = tcp::connect_qp(&dev, &pd, "192.0.2.1:7471", QpConfig::default(), timeout).unwrap();
 //! // ... or the steps.
-//! let mut qp = dev.create_qp(&pd, QpConfig::default()).unwrap();
+//! let qp = dev.create_qp(&pd, QpConfig::default()).unwrap();
 //! let mut stream = std::net::TcpStream::connect("192.0.2.1:7472").unwrap();
 //! let remote = tcp::exchange(&mut stream, &qp.endpoint(), timeout).unwrap();
 //! qp.connect(&remote).unwrap();
@@ -134,11 +135,45 @@ pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// Connects a new queue pair to the peer listening at `addr`: TCP connect,
-/// endpoint exchange, INIT → RTR → RTS, ready exchange. Receives the peer
-/// needs first can be posted by the listener before it calls
-/// [`accept_qp`]; anything this side must post before the peer sends,
-/// post on the returned queue pair's ring before the first send is awaited.
+/// Over an open TCP stream: sends `qp`'s endpoint, connects `qp` to the
+/// peer's (INIT → RTR → RTS), then exchanges "ready" with the peer. `qp`
+/// may already be in a ring, with the receives the peer's first messages
+/// need posted (through [`Ring::qp`](crate::ring::Ring::qp)): neither side
+/// sends before the other said it is ready, so those receives are in place
+/// in time.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::connect::tcp;
+/// use rdma_ring::op::Recv;
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// let dev = VerbsDevice::open("rxe0").unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let listener = std::net::TcpListener::bind("0.0.0.0:7471").unwrap();
+/// let (mut stream, _) = listener.accept().unwrap();
+/// let mut ring = Ring::new(dev.create_qp(&pd, QpConfig::default()).unwrap(), RingConfig::default());
+/// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap())).unwrap();
+/// ring.submit().unwrap(); // posted in INIT, before the peer can send
+/// tcp::handshake(&mut stream, ring.qp(), Duration::from_secs(10)).unwrap();
+/// ```
+#[cfg(feature = "verbs")]
+pub fn handshake(
+    stream: &mut TcpStream,
+    qp: &crate::backend::verbs::VerbsQp,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let remote = exchange(stream, &qp.endpoint(), timeout)?;
+    qp.connect(&remote)?;
+    ready(stream, timeout)
+}
+
+/// Connects a new queue pair (with a completion queue of its own) to the
+/// peer listening at `addr`: TCP connect, then [`handshake`]. To post
+/// receives before the peer may send, or to put the queue pair on a shared
+/// completion queue, [`dial`] and [`handshake`] yourself.
 #[cfg(feature = "verbs")]
 pub fn connect_qp(
     dev: &crate::backend::verbs::VerbsDevice,
@@ -147,21 +182,15 @@ pub fn connect_qp(
     config: crate::backend::QpConfig,
     timeout: Duration,
 ) -> Result<crate::backend::verbs::VerbsQp, Error> {
-    let mut stream = connect_within(addr, timeout)?;
-    let mut qp = dev.create_qp(pd, config)?;
-    let remote = exchange(&mut stream, &qp.endpoint(), timeout)?;
-    qp.connect(&remote)?;
-    ready(&mut stream, timeout)?;
+    let mut stream = dial(addr, timeout)?;
+    let qp = dev.create_qp(pd, config)?;
+    handshake(&mut stream, &qp, timeout)?;
     Ok(qp)
 }
 
-/// Connects to the first of `addr`'s addresses that answers within
-/// `timeout` each.
-#[cfg(feature = "verbs")]
-fn connect_within(
-    addr: impl std::net::ToSocketAddrs,
-    timeout: Duration,
-) -> Result<TcpStream, Error> {
+/// Opens a TCP stream to the first of `addr`'s addresses that answers
+/// within `timeout` each, for a [`handshake`].
+pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<TcpStream, Error> {
     let failed = |e: std::io::Error| Error::Handshake {
         step: "connecting over TCP",
         reason: e.to_string(),
@@ -178,10 +207,11 @@ fn connect_within(
     })))
 }
 
-/// Accepts one peer on `listener` and connects a new queue pair to it: the
-/// other half of [`connect_qp`]. The accept itself waits for as long as the
-/// listener does (make it non-blocking to bound it); each handshake step
-/// after that is bounded by `timeout`.
+/// Accepts one peer on `listener` and connects a new queue pair (with a
+/// completion queue of its own) to it: the other half of [`connect_qp`].
+/// The accept itself waits for as long as the listener does (make it
+/// non-blocking to bound it); each handshake step after that is bounded by
+/// `timeout`. To post receives first, accept and [`handshake`] yourself.
 #[cfg(feature = "verbs")]
 pub fn accept_qp(
     listener: &std::net::TcpListener,
@@ -194,10 +224,8 @@ pub fn accept_qp(
         step: "accepting over TCP",
         reason: e.to_string(),
     })?;
-    let mut qp = dev.create_qp(pd, config)?;
-    let remote = exchange(&mut stream, &qp.endpoint(), timeout)?;
-    qp.connect(&remote)?;
-    ready(&mut stream, timeout)?;
+    let qp = dev.create_qp(pd, config)?;
+    handshake(&mut stream, &qp, timeout)?;
     Ok(qp)
 }
 

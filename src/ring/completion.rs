@@ -3,9 +3,11 @@
 
 use std::fmt;
 
-use super::{InFlight, Key, Ring, DRAIN_WR_ID, SYNC_KEY, SYNC_WR_ID};
+use super::lifecycle::Done;
+use super::{marker_key, DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
+use super::{DRAIN_INDEX, MARKER_INDEX, SYNC_INDEX};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
-use crate::buf::OwnedBuf;
+use crate::buf::{OwnedBuf, OwnedBufs};
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::op::OpKind;
@@ -38,26 +40,24 @@ pub struct Completion {
     byte_len: u32,
     imm: Option<u32>,
     by_write_imm: bool,
-    buf: OwnedBuf,
+    qp: Option<QpHandle>,
+    srq: Option<SrqHandle>,
+    bufs: OwnedBufs,
 }
 
 impl Completion {
     #[inline]
-    pub(super) fn new(
-        op: InFlight,
-        status: WcStatus,
-        byte_len: u32,
-        imm: Option<u32>,
-        by_write_imm: bool,
-    ) -> Self {
+    pub(super) fn new(op: InFlight, done: Done, srq: Option<SrqHandle>) -> Self {
         Completion {
             kind: op.kind,
             user_data: op.user_data,
-            status,
-            byte_len,
-            imm,
-            by_write_imm,
-            buf: op.buf,
+            status: done.status,
+            byte_len: done.byte_len,
+            imm: done.imm,
+            by_write_imm: done.by_write_imm,
+            qp: done.qp,
+            srq,
+            bufs: op.bufs,
         }
     }
 
@@ -69,7 +69,9 @@ impl Completion {
             byte_len: 0,
             imm: None,
             by_write_imm: false,
-            buf: op.buf,
+            qp: op.qp,
+            srq: None,
+            bufs: op.bufs,
         }
     }
 
@@ -89,7 +91,7 @@ impl Completion {
     }
 
     /// Bytes moved: for a receive, the bytes that arrived; for other
-    /// operations, the buffer's length on success and 0 otherwise.
+    /// operations, the buffers' length on success and 0 otherwise.
     pub fn byte_len(&self) -> u32 {
         self.byte_len
     }
@@ -100,16 +102,34 @@ impl Completion {
     }
 
     /// For a receive: whether an RDMA WRITE with immediate consumed it
-    /// rather than a SEND. Its buffer is then untouched, and
+    /// rather than a SEND. Its buffers are then untouched, and
     /// [`byte_len`](Self::byte_len) counts the bytes written to the remote
     /// slice.
     pub fn is_write_imm(&self) -> bool {
         self.by_write_imm
     }
 
-    /// The buffer.
+    /// The queue pair the operation ran on: for a receive of a shared
+    /// receive queue, the queue pair that consumed it (`None` if it had
+    /// been detached, or it was flushed unconsumed).
+    pub fn qp(&self) -> Option<QpHandle> {
+        self.qp
+    }
+
+    /// The shared receive queue a receive was posted to, if it was.
+    pub fn srq(&self) -> Option<SrqHandle> {
+        self.srq
+    }
+
+    /// The buffer; for a scatter/gather operation, the first one (see
+    /// [`bufs`](Self::bufs)).
     pub fn buf(&self) -> &OwnedBuf {
-        &self.buf
+        &self.bufs[0]
+    }
+
+    /// Every buffer of the operation, in order.
+    pub fn bufs(&self) -> &OwnedBufs {
+        &self.bufs
     }
 
     /// `Ok(bytes moved)` or the failure as an [`Error::Completion`].
@@ -124,14 +144,21 @@ impl Completion {
         }
     }
 
-    /// The buffer, dropping the rest.
+    /// The buffer, dropping the rest; for a scatter/gather operation, the
+    /// first (the others are dropped: see [`into_bufs`](Self::into_bufs)).
     pub fn into_buf(self) -> OwnedBuf {
-        self.buf
+        self.bufs.into_first()
     }
 
-    /// The result and the buffer.
+    /// Every buffer, dropping the rest.
+    pub fn into_bufs(self) -> OwnedBufs {
+        self.bufs
+    }
+
+    /// The result and the buffer (the first, for a scatter/gather
+    /// operation).
     pub fn into_parts(self) -> (Result<usize, Error>, OwnedBuf) {
-        (self.result(), self.buf)
+        (self.result(), self.bufs.into_first())
     }
 }
 
@@ -144,7 +171,9 @@ impl fmt::Debug for Completion {
             .field("byte_len", &self.byte_len)
             .field("imm", &self.imm)
             .field("by_write_imm", &self.by_write_imm)
-            .field("buf", &self.buf)
+            .field("qp", &self.qp)
+            .field("srq", &self.srq)
+            .field("bufs", &self.bufs)
             .finish()
     }
 }
@@ -210,7 +239,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
             if got >= min {
                 return Ok(got);
             }
-            let possible = self.ring.outstanding_send + self.ring.outstanding_recv;
+            let possible = self.ring.expecting;
             if got + possible < min {
                 return Err(Error::WaitUnsatisfiable {
                     wanted: min,
@@ -225,7 +254,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                 std::thread::yield_now();
                 continue;
             }
-            match self.ring.events() {
+            match self.ring.cq_channel() {
                 Some(events) => {
                     events.arm()?;
                     got += self.reap(out)?;
@@ -253,20 +282,33 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
 const SLEEP_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl<Q: QueuePair> Ring<Q> {
-    /// The queue pair's completion channel, fetched once.
-    fn events(&mut self) -> Option<std::sync::Arc<dyn crate::backend::CompletionEvents>> {
-        self.events
-            .get_or_insert_with(|| self.qp.completion_events())
+    /// The completion queue's channel, fetched once.
+    pub(crate) fn cq_channel(
+        &mut self,
+    ) -> Option<std::sync::Arc<dyn crate::backend::CompletionEvents>> {
+        self.cq_events
+            .get_or_insert_with(|| self.cq.completion_events())
             .clone()
     }
 
     /// Moves CQEs from the device into `ready`, completing unsignaled
-    /// operations implicitly. Returns how many CQEs were reaped.
+    /// operations implicitly. Returns how many CQEs were reaped. When the
+    /// queue is idle it now and then reads device events and asks queue
+    /// pairs whether their peer left.
     pub(super) fn reap_device(&mut self) -> Result<usize, Error> {
-        if self.outstanding_send + self.outstanding_recv == 0 && !self.drain_posted {
-            return Ok(0);
-        }
-        let n = self.qp.poll_cq(&mut self.scratch)?;
+        let n = if self.expecting == 0 {
+            0
+        } else {
+            match self.cq.poll(&mut self.scratch) {
+                Ok(n) => n,
+                Err(e) => {
+                    if matches!(e, Error::CqOverrun) {
+                        self.failed = Some("completion queue overrun");
+                    }
+                    return Err(e);
+                }
+            }
+        };
         let mut unknown = None;
         for i in 0..n {
             let raw = self.scratch[i];
@@ -276,87 +318,211 @@ impl<Q: QueuePair> Ring<Q> {
                 unknown.get_or_insert(raw.wr_id);
             }
         }
+        if n == 0 {
+            self.idle_polls += 1;
+            if self.idle_polls >= IDLE_CHECK_EVERY {
+                self.idle_polls = 0;
+                self.idle_checks()?;
+            }
+        }
+        self.refill_srqs();
         match unknown {
             Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
             None => Ok(n),
         }
     }
 
-    /// Applies one CQE; false if it names no posted operation.
+    /// Applies one CQE; false if it names no operation posted on the queue
+    /// it came from.
     #[inline]
     fn process(&mut self, raw: RawCompletion) -> bool {
-        if raw.wr_id == DRAIN_WR_ID && self.drain_posted {
-            self.drain_posted = false;
-            // The marker went in last: every send before it is done, and
-            // those without a CQE of their own ran before the error.
-            while let Some(key) = self.send_order.pop_front() {
-                self.complete_implicitly(key);
-            }
-            return true;
-        }
-        if raw.wr_id == SYNC_WR_ID {
-            if !self.send_order.contains(&SYNC_KEY) {
-                return false;
-            }
-            if !raw.status.is_success() {
-                self.record_error(raw.status);
-            }
-            while let Some(front) = self.send_order.pop_front() {
-                self.complete_implicitly(front);
-                if front == SYNC_KEY {
-                    break;
-                }
-            }
-            return true;
-        }
         let key = Key::from_wr_id(raw.wr_id);
-        let (kind, posted) = match self.slab.get(key) {
-            Some(op) => (op.kind, op.posted),
+        if key.index >= MARKER_INDEX {
+            return self.process_marker(key, raw);
+        }
+        let (kind, queue, posted) = match self.slab.get(key) {
+            Some(op) => (op.kind, op.queue, op.posted),
             None => return false,
         };
         if !posted {
             return false;
         }
-        if !raw.status.is_success() {
-            self.record_error(raw.status);
+        match queue {
+            QueueRef::Qp(index) => {
+                let Some(slot) = self.qps.at_mut(index) else {
+                    return false;
+                };
+                // A CQE of another queue pair can never release this one's
+                // operation.
+                if slot.caps.qp_num != raw.qp_num {
+                    return false;
+                }
+                slot.stats.cqes += 1;
+                if !raw.status.is_success() {
+                    slot.record_error(raw.status);
+                }
+                if kind.is_recv() {
+                    slot.outstanding_recv -= 1;
+                    let byte_len = if raw.status.is_success() {
+                        raw.byte_len
+                    } else {
+                        0
+                    };
+                    self.finish(
+                        key,
+                        raw.status,
+                        Some(byte_len),
+                        raw.imm,
+                        raw.by_write_imm,
+                        None,
+                    );
+                    return true;
+                }
+                // RC completes a send queue in order: everything posted
+                // before this work request on this queue pair has completed
+                // too, and successfully — a work request that fails or is
+                // flushed always gets a CQE of its own, and that CQE would
+                // have arrived first.
+                while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front()
+                {
+                    if front == key {
+                        break;
+                    }
+                    self.complete_implicitly(index, front);
+                }
+                let slot = self.qps.at_mut(index).expect("live above");
+                slot.outstanding_send -= 1;
+                self.finish(key, raw.status, None, None, false, None);
+                true
+            }
+            QueueRef::Srq(index) => {
+                let consumer = self.qp_by_num(raw.qp_num);
+                if let Some(slot) = consumer.and_then(|h| self.qps.at_mut(h.key.index)) {
+                    slot.stats.cqes += 1;
+                    if !raw.status.is_success() {
+                        slot.record_error(raw.status);
+                    }
+                }
+                if let Some(srq) = self.srqs.at_mut(index) {
+                    srq.outstanding -= 1;
+                }
+                let byte_len = if raw.status.is_success() {
+                    raw.byte_len
+                } else {
+                    0
+                };
+                self.finish(
+                    key,
+                    raw.status,
+                    Some(byte_len),
+                    raw.imm,
+                    raw.by_write_imm,
+                    consumer,
+                );
+                true
+            }
         }
-        if kind.is_recv() {
-            self.outstanding_recv -= 1;
-            let byte_len = if raw.status.is_success() {
-                raw.byte_len
-            } else {
-                0
-            };
-            self.finish(key, raw.status, Some(byte_len), raw.imm, raw.by_write_imm);
+    }
+
+    /// A teardown or sync marker's CQE, checked against the queue pair it
+    /// names.
+    fn process_marker(&mut self, key: Key, raw: RawCompletion) -> bool {
+        let index = key.generation;
+        let Some(slot) = self.qps.at_mut(index) else {
+            return false;
+        };
+        if slot.caps.qp_num != raw.qp_num {
+            return false;
+        }
+        if key.index == DRAIN_INDEX {
+            if !slot.drain_posted {
+                return false;
+            }
+            slot.drain_posted = false;
+            self.expecting -= 1;
+            // The marker went in last: every send before it is done, and
+            // those without a CQE of their own ran before the error.
+            while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front() {
+                self.complete_implicitly(index, front);
+            }
             return true;
         }
-        // RC completes a send queue in order: everything posted before this
-        // work request has completed too, and successfully — a work request
-        // that fails or is flushed always gets a CQE of its own, signaled or
-        // not, and that CQE would have arrived first.
-        while let Some(front) = self.send_order.pop_front() {
+        debug_assert_eq!(key.index, SYNC_INDEX);
+        if !slot.send_order.contains(&key) {
+            return false;
+        }
+        if !raw.status.is_success() {
+            slot.record_error(raw.status);
+        }
+        while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front() {
+            self.complete_implicitly(index, front);
             if front == key {
                 break;
             }
-            self.complete_implicitly(front);
         }
-        self.outstanding_send -= 1;
-        self.finish(key, raw.status, None, None, false);
         true
     }
 
     #[inline]
-    fn complete_implicitly(&mut self, key: Key) {
-        if key == SYNC_KEY {
-            // A sync marker: it held a send slot and has no buffer.
-            self.outstanding_send -= 1;
+    fn complete_implicitly(&mut self, index: u32, key: Key) {
+        let slot = self.qps.at_mut(index).expect("a live queue pair");
+        if key == marker_key(SYNC_INDEX, index) {
+            // A sync marker: it held a send slot and a CQE, and has no
+            // buffer.
+            slot.outstanding_send -= 1;
+            self.cqe_used -= 1;
+            self.expecting -= 1;
             return;
         }
         if self.slab.get(key).is_none() {
             return;
         }
-        self.outstanding_send -= 1;
+        slot.outstanding_send -= 1;
+        slot.stats.implicit += 1;
         self.stats.implicit += 1;
-        self.finish(key, WcStatus::Success, None, None, false);
+        self.finish(key, WcStatus::Success, None, None, false, None);
+    }
+
+    /// The idle-time looks: device events, and peers that left.
+    fn idle_checks(&mut self) -> Result<(), Error> {
+        self.poll_events()?;
+        self.check_peers()
+    }
+
+    /// Asks one attached queue pair (round robin) whether its peer left,
+    /// and moves it to error if so, so its work comes back flushed.
+    fn check_peers(&mut self) -> Result<(), Error> {
+        let keys = self.qps.len();
+        if keys == 0 {
+            return Ok(());
+        }
+        let capacity = self.qps.capacity() as u32;
+        for _ in 0..capacity {
+            self.events.peer_cursor = (self.events.peer_cursor + 1) % capacity.max(1);
+            let index = self.events.peer_cursor;
+            if let Some(slot) = self.qps.at_mut(index) {
+                if slot.error.is_none() && slot.qp.peer_disconnected()? {
+                    slot.record_error(WcStatus::RetryExcErr);
+                    slot.qp.set_error()?;
+                }
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The handle of the shared receive queue an operation was pushed to.
+    pub(super) fn srq_handle_of(&self, queue: QueueRef) -> Option<SrqHandle> {
+        match queue {
+            QueueRef::Qp(_) => None,
+            QueueRef::Srq(index) => self
+                .srqs
+                .key_at(index)
+                .map(|key| SrqHandle { ring: self.id, key }),
+        }
     }
 }
+
+/// Empty polls between idle-time looks at device events and departed
+/// peers (each may cost a system call).
+const IDLE_CHECK_EVERY: u32 = 64;

@@ -8,11 +8,22 @@
 
 use std::task::Waker;
 
-use super::{Completion, Key, Ring, Unposted};
+use super::{Completion, Key, QpHandle, QueueRef, Ring, Unposted};
 use crate::backend::{QueuePair, WcStatus};
-use crate::buf::IoBuf;
-use crate::error::Rejected;
+use crate::error::{Error, Rejected};
 use crate::op::Operation;
+
+/// What happened to a finished operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    pub(crate) status: WcStatus,
+    pub(crate) byte_len: u32,
+    pub(crate) imm: Option<u32>,
+    pub(crate) by_write_imm: bool,
+    /// The queue pair it ran on (for a shared receive queue's receive: the
+    /// one that consumed it, if known).
+    pub(crate) qp: Option<QpHandle>,
+}
 
 /// The lifecycle of an operation's owner.
 pub(crate) enum Owner {
@@ -22,16 +33,18 @@ pub(crate) enum Owner {
     /// finished, its result kept until the future collects it.
     Awaited {
         waker: Option<Waker>,
-        done: Option<(WcStatus, u32, Option<u32>, bool)>,
+        done: Option<Done>,
     },
-    /// Its future was dropped: the buffer is released when the completion
+    /// Its future was dropped: the buffers are released when the completion
     /// is reaped, never before.
     Orphaned,
 }
 
 impl<Q: QueuePair> Ring<Q> {
     /// Hands a finished operation to its owner. `byte_len` of `None` means
-    /// "the buffer's length if it succeeded" (send-side operations).
+    /// "the buffers' length if it succeeded" (send-side operations);
+    /// `consumer` names the queue pair that consumed a shared receive
+    /// queue's receive.
     #[inline]
     pub(super) fn finish(
         &mut self,
@@ -40,26 +53,42 @@ impl<Q: QueuePair> Ring<Q> {
         byte_len: Option<u32>,
         imm: Option<u32>,
         by_write_imm: bool,
+        consumer: Option<QpHandle>,
     ) {
-        let Some(op) = self.slab.get_mut(key) else {
+        let Some(op) = self.slab.get(key) else {
             return;
         };
+        let qp = match op.queue {
+            QueueRef::Qp(index) => self.qp_handle(index),
+            QueueRef::Srq(_) => consumer,
+        };
+        let op = self.slab.get_mut(key).expect("present above");
         let byte_len = byte_len.unwrap_or(if status.is_success() {
-            op.buf.bytes_len() as u32
+            op.bufs.iter().map(|b| b.len()).sum::<usize>() as u32
         } else {
             0
         });
-        op.posted = false;
+        let done = Done {
+            status,
+            byte_len,
+            imm,
+            by_write_imm,
+            qp,
+        };
+        if std::mem::replace(&mut op.posted, false) {
+            self.expecting -= 1;
+        }
+        self.cqe_used -= 1;
         match &mut op.owner {
             Owner::Queue => {
                 let op = self.slab.remove(key).expect("present above");
                 self.queued_in_flight -= 1;
-                self.ready
-                    .push_back(Completion::new(op, status, byte_len, imm, by_write_imm));
+                let srq = self.srq_handle_of(op.queue);
+                self.ready.push_back(Completion::new(op, done, srq));
                 self.wake_stream();
             }
-            Owner::Awaited { waker, done } => {
-                *done = Some((status, byte_len, imm, by_write_imm));
+            Owner::Awaited { waker, done: slot } => {
+                *slot = Some(done);
                 if let Some(waker) = waker.take() {
                     self.wakes.push(waker);
                 }
@@ -70,7 +99,7 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    fn wake_stream(&mut self) {
+    pub(super) fn wake_stream(&mut self) {
         if let Some(waker) = self.ready_waker.take() {
             self.wakes.push(waker);
         }
@@ -87,15 +116,30 @@ impl<Q: QueuePair> Ring<Q> {
         Some(op)
     }
 
-    /// Pushes an operation whose completion goes to a future.
-    pub(crate) fn push_awaited<T: Operation>(&mut self, op: T) -> Result<Key, Rejected<T>> {
-        self.push_owned(
-            op,
-            Owner::Awaited {
-                waker: None,
-                done: None,
-            },
-        )
+    /// Pushes an operation to queue pair `qp` (the default one for `None`)
+    /// whose completion goes to a future.
+    pub(crate) fn push_awaited<T: Operation>(
+        &mut self,
+        qp: Option<QpHandle>,
+        op: T,
+    ) -> Result<Key, Rejected<T>> {
+        let target = match qp {
+            Some(handle) => self
+                .qp_index(handle)
+                .ok_or(Error::NotAttached("queue pair")),
+            None => self
+                .default_qp()
+                .map(|h| h.key.index)
+                .ok_or(Error::NoQueuePair),
+        };
+        self.push_to(target, op, Self::awaited())
+    }
+
+    pub(super) fn awaited() -> Owner {
+        Owner::Awaited {
+            waker: None,
+            done: None,
+        }
     }
 
     /// The completion of an awaited operation, if it finished; otherwise
@@ -106,9 +150,10 @@ impl<Q: QueuePair> Ring<Q> {
             return None;
         };
         match *done {
-            Some((status, byte_len, imm, by_write_imm)) => {
+            Some(done) => {
                 let op = self.remove_quietly(key).expect("present above");
-                Some(Completion::new(op, status, byte_len, imm, by_write_imm))
+                let srq = self.srq_handle_of(op.queue);
+                Some(Completion::new(op, done, srq))
             }
             None => {
                 if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
@@ -146,8 +191,19 @@ impl<Q: QueuePair> Ring<Q> {
 
     fn is_pending(&self, key: Key) -> bool {
         let wr_id = key.to_wr_id();
-        self.pending_send.iter().any(|wr| wr.wr_id == wr_id)
-            || self.pending_recv.iter().any(|wr| wr.wr_id == wr_id)
+        let Some(op) = self.slab.get(key) else {
+            return false;
+        };
+        match op.queue {
+            QueueRef::Qp(index) => self.qps.at(index).is_some_and(|slot| {
+                slot.pending_send.iter().any(|wr| wr.wr_id == wr_id)
+                    || slot.pending_recv.iter().any(|wr| wr.wr_id == wr_id)
+            }),
+            QueueRef::Srq(index) => self
+                .srqs
+                .at(index)
+                .is_some_and(|slot| slot.pending.iter().any(|wr| wr.wr_id == wr_id)),
+        }
     }
 
     /// Remembers `waker` to wake when a completion is queued for the

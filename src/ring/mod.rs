@@ -1,39 +1,59 @@
 //! The ring: pure logic, no FFI, no knowledge of the backend it drives.
 //!
-//! A [`Ring`] owns one [`QueuePair`] and keeps every pushed operation in a
-//! slab until its completion is reaped. Its parts:
+//! A [`Ring`] owns one completion queue and any number of queue pairs
+//! attached to it (io_uring's one ring, many files), and optionally shared
+//! receive queues. It keeps every pushed operation in a slab until its
+//! completion is reaped. Its parts:
 //!
-//! * [`SubmissionQueue`] ([`Ring::submission`]): push typed operations, then
+//! * [`SubmissionQueue`] ([`Ring::submission`] for the default queue pair,
+//!   [`Ring::submission_on`] for any): push typed operations, then
 //!   [`submit`](SubmissionQueue::submit) posts everything pushed since the
-//!   last submit with one post per queue — one doorbell.
+//!   last submit, on every queue, with one post per queue that has work —
+//!   one doorbell each. [`SrqSubmission`] ([`Ring::srq_submission`]) pushes
+//!   receives to a shared receive queue.
 //! * [`CompletionQueue`] ([`Ring::completion`]): reap typed
-//!   [`Completion`]s, each handing back its operation's buffer, status,
-//!   byte count, immediate data and `user_data`.
+//!   [`Completion`]s, each handing back its operation's buffers, status,
+//!   byte count, immediate data, `user_data`, and the queue pair it ran on.
+//! * [`Ring::attach`] / [`Ring::detach`]: queue pairs join and leave at any
+//!   time; [`Ring::add_srq`]: shared receive queues.
+//! * [`Ring::watch_events`]: the device's asynchronous events.
 //!
 //! # Invariants the ring keeps
 //!
-//! * **Ownership**: an operation's buffer lives in the slab from push until
-//!   its completion is reaped and comes back only there. A refused push
+//! * **Ownership**: an operation's buffers live in the slab from push until
+//!   its completion is reaped and come back only there. A refused push
 //!   returns the operation in [`Rejected`].
-//! * **Identity**: `wr_id` is slot index plus generation; a completion naming
-//!   anything else is reported ([`Error::UnknownWrId`]) and ignored.
-//! * **Selective signaling**: a send work request asks for a CQE only when
-//!   the operation asks ([`Write::signaled`](crate::op::Write::signaled)),
-//!   every [`RingConfig::signal_interval`] work requests, and always on the
-//!   last one of a submit, so an unsignaled operation is released no later
-//!   than the end of its own batch (RC completes in order).
-//! * **Credits**: pushed plus outstanding work never exceeds the send queue,
-//!   the receive queue, or what the completion queue can hold, even if
-//!   every work request is flushed with its own CQE. One send slot and one
-//!   CQE are kept for the teardown marker.
-//! * **Errors**: after an error completion the queue pair is in error; the
-//!   ring refuses new work ([`Error::QpInError`]) and every outstanding
-//!   operation comes back, flushed.
-//! * **Teardown**: dropping the ring (or [`Ring::close`]) with work in
-//!   flight moves the queue pair to error, drains the flushed completions
-//!   within [`RingConfig::drain_timeout`], and only then releases buffers;
-//!   if the device cannot drain, the buffers are leaked, never freed under
-//!   the NIC.
+//! * **Identity**: `wr_id` is slot index plus generation, and a completion
+//!   must also come from the queue pair the operation was posted on (its QP
+//!   number): a completion of queue pair A can never release an operation
+//!   of queue pair B; a completion naming anything else — a stale or
+//!   foreign `wr_id`, a detached queue pair — is reported
+//!   ([`Error::UnknownWrId`]) and ignored.
+//! * **Selective signaling**, per queue pair: a send work request asks for
+//!   a CQE only when the operation asks
+//!   ([`Write::signaled`](crate::op::Write::signaled)), every
+//!   [`RingConfig::signal_interval`] work requests, and always on the last
+//!   one of a submit; an unsignaled operation is released when a later
+//!   signaled CQE of the same queue pair arrives (RC completes each send
+//!   queue in order), never by another queue pair's.
+//! * **Credits**: per queue pair, pushed plus outstanding work never
+//!   exceeds its send queue or receive queue; per shared receive queue,
+//!   its depth; for the shared completion queue, the work of all its queue
+//!   pairs never exceeds what it can hold, even if every work request is
+//!   flushed with its own CQE. One send slot per queue pair and one CQE
+//!   per queue pair are kept for the teardown marker.
+//! * **Errors**, per queue pair: after an error completion (or a fatal
+//!   async event) the queue pair is in error; the ring refuses new work for
+//!   it ([`Error::QpInError`]) and every outstanding operation of it comes
+//!   back, flushed. The other queue pairs keep running.
+//! * **Teardown**: [`Ring::detach`] moves one queue pair with work in
+//!   flight to error, drains its flushed completions from the shared
+//!   completion queue (handling the others' as usual), and only then
+//!   releases its buffers; dropping the ring (or [`Ring::close`]) does so
+//!   for all of them, then destroys the shared receive queues and only then
+//!   releases their receives. If the device cannot drain within
+//!   [`RingConfig::drain_timeout`], the buffers are leaked, never freed
+//!   under the NIC.
 //!
 //! ```
 //! use rdma_ring::backend::soft::SoftDevice;
@@ -56,37 +76,94 @@
 //! assert!(done[0].status().is_success());
 //! assert_eq!(target.into_inner().unwrap(), vec![7u8; 64]);
 //! ```
+//!
+//! Many queue pairs on one completion queue:
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::RegisteredBuf;
+//! use rdma_ring::op::{Recv, Send};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let mut server = Ring::with_cq(dev.create_cq(1024).unwrap(), RingConfig::default());
+//! let mut clients = Vec::new();
+//! for i in 0..4u64 {
+//!     let qp = dev.create_qp_on(&pd, server.cq(), None, QpConfig::default()).unwrap();
+//!     let client = dev.create_qp(&pd, QpConfig::default()).unwrap();
+//!     dev.connect(&qp, &client).unwrap();
+//!     let handle = server.attach(qp).unwrap();
+//!     let buf = RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap();
+//!     server.submission_on(handle).push(Recv::new(buf).user_data(i)).unwrap();
+//!     clients.push((handle, Ring::new(client, RingConfig::default())));
+//! }
+//! server.submit().unwrap(); // one doorbell per queue pair with work
+//! for (i, (_, client)) in clients.iter_mut().enumerate() {
+//!     let msg = RegisteredBuf::new(&pd, vec![i as u8; 16]).unwrap();
+//!     client.submission().push(Send::new(msg)).unwrap();
+//!     client.submission().submit().unwrap();
+//! }
+//! let done = server.completion().wait(4).unwrap();
+//! for c in &done {
+//!     let (handle, _) = &clients[c.user_data() as usize];
+//!     assert_eq!(c.qp(), Some(*handle)); // the completion names its queue pair
+//!     assert_eq!(c.buf()[0], c.user_data() as u8);
+//! }
+//! ```
 
 mod completion;
+mod events;
+mod handle;
 mod lifecycle;
+mod qp;
 mod slab;
+mod srq;
 mod submission;
 mod teardown;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use completion::{Completion, CompletionQueue};
+pub use handle::{QpHandle, SrqHandle};
+pub use qp::{Detached, QpStats};
+pub use srq::{SrqRefill, SrqSubmission};
 pub use submission::{SubmissionQueue, SubmitError, Unposted};
 
-use crate::backend::{QpCaps, QueuePair, RawCompletion, RecvWr, SendWr, WcStatus};
-use crate::buf::OwnedBuf;
+use crate::backend::{
+    AsyncEventSource, CompletionEvents, CompletionQueue as DeviceCq, CqId, QueuePair, RawCompletion,
+};
+use crate::buf::OwnedBufs;
 use crate::error::{Error, Rejected};
 use crate::op::OpKind;
 use lifecycle::Owner;
 pub(crate) use slab::Key;
 use slab::Slab;
+use srq::SrqSlot;
 
-/// The `wr_id` of the teardown marker; never a slab key (index `u32::MAX`
-/// is beyond any slab).
-const DRAIN_WR_ID: u64 = u64::MAX;
+/// Slot indexes at and above this are never slab keys: markers use them.
+const MARKER_INDEX: u32 = u32::MAX - 1;
 
-/// The `wr_id` of a sync marker: a zero-length signaled RDMA WRITE posted
-/// when a partial post left the accepted prefix unsignaled, so that prefix
-/// is released without waiting for later work. Its place in `send_order`
-/// is held by [`SYNC_KEY`].
-const SYNC_WR_ID: u64 = u64::MAX - 1;
-const SYNC_KEY: Key = Key::from_wr_id(SYNC_WR_ID);
+/// The teardown marker of a queue pair: a zero-length signaled SEND posted
+/// after moving it to error. Its key's generation holds the queue pair's
+/// table index.
+const DRAIN_INDEX: u32 = u32::MAX;
+
+/// A sync marker: a zero-length signaled RDMA WRITE posted when a partial
+/// post left the accepted prefix unsignaled, so that prefix is released
+/// without waiting for later work. Its key holds a place in the queue
+/// pair's send order.
+const SYNC_INDEX: u32 = u32::MAX - 1;
+
+fn marker_key(index: u32, qp: u32) -> Key {
+    Key {
+        index,
+        generation: qp,
+    }
+}
 
 /// How a ring behaves.
 ///
@@ -98,10 +175,11 @@ const SYNC_KEY: Key = Key::from_wr_id(SYNC_WR_ID);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingConfig {
-    /// Ask for a CQE at least every this many send work requests (besides
-    /// the last of each submit). 0 means half the send queue.
+    /// Ask for a CQE at least every this many send work requests of a queue
+    /// pair (besides the last of each submit). 0 means half its send queue.
     pub signal_interval: usize,
-    /// How long teardown waits for flushed completions before leaking.
+    /// How long teardown (of the ring or one queue pair) waits for flushed
+    /// completions before leaking.
     pub drain_timeout: Duration,
     /// How long [`CompletionQueue::wait`] waits.
     pub wait_timeout: Duration,
@@ -111,6 +189,12 @@ pub struct RingConfig {
     pub spin_polls: usize,
     /// Completions moved from the device per poll call.
     pub poll_batch: usize,
+    /// How long [`Ring::detach`] waits, after draining a queue pair on a
+    /// shared receive queue, for the device's
+    /// [`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached) (when the ring watches events), so
+    /// that a receive it had taken is not lost with it. Devices that never
+    /// raise it (Soft-RoCE before Linux 6.5) cost this much per detach.
+    pub last_wqe_timeout: Duration,
 }
 
 impl Default for RingConfig {
@@ -121,11 +205,12 @@ impl Default for RingConfig {
             wait_timeout: Duration::from_secs(30),
             spin_polls: 10_000,
             poll_batch: 32,
+            last_wqe_timeout: Duration::from_millis(100),
         }
     }
 }
 
-/// Counters of what a ring did.
+/// Counters of what a ring did, over all its queues.
 ///
 /// ```
 /// use rdma_ring::ring::RingStats;
@@ -133,172 +218,319 @@ impl Default for RingConfig {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingStats {
-    /// Post calls made (one per non-empty queue per submit).
+    /// Post calls made (one per queue with work per submit).
     pub doorbells: u64,
     /// Send work requests posted.
     pub send_wrs: u64,
     /// Send work requests posted with a CQE requested.
     pub signaled: u64,
-    /// Receive work requests posted.
+    /// Receive work requests posted (own receive queues and shared ones).
     pub recv_wrs: u64,
     /// CQEs reaped from the device.
     pub cqes: u64,
     /// Operations completed implicitly by a later signaled CQE.
     pub implicit: u64,
-    /// CQEs that named an unknown `wr_id`.
+    /// CQEs that named an unknown `wr_id`, or a queue pair other than the
+    /// one their operation was posted on.
     pub unknown_cqes: u64,
+    /// Asynchronous events applied.
+    pub events: u64,
+    /// Queue pairs attached so far.
+    pub attached: u64,
+    /// Queue pairs detached so far.
+    pub detached: u64,
+}
+
+/// Which queue an operation was pushed to (table index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QueueRef {
+    Qp(u32),
+    Srq(u32),
 }
 
 /// An operation the ring holds, from push to completion.
 struct InFlight {
     kind: OpKind,
+    queue: QueueRef,
     user_data: u64,
-    buf: OwnedBuf,
+    bufs: OwnedBufs,
     /// Posted and not yet completed: a CQE may name it.
     posted: bool,
     owner: Owner,
 }
 
-/// An io_uring-style ring over one queue pair. See the [module
-/// docs](self) for the invariants it keeps.
+/// An io_uring-style ring over one completion queue and the queue pairs
+/// attached to it. See the [module docs](self) for the invariants it keeps.
 pub struct Ring<Q: QueuePair> {
-    qp: Q,
-    caps: QpCaps,
+    id: u32,
+    cq: Q::Cq,
+    cq_id: CqId,
+    cq_entries: usize,
     config: RingConfig,
-    marker_reserved: bool,
-    send_limit: usize,
-    recv_limit: usize,
-    cqe_limit: usize,
-    signal_interval: usize,
+    qps: Slab<qp::QpSlot<Q>>,
+    srqs: Slab<SrqSlot<Q::Srq>>,
+    /// Attached queue pairs by QP number, for completions from shared
+    /// receive queues and for events.
+    by_qpn: HashMap<u32, u32>,
+    default_qp: Option<QpHandle>,
+    /// Queues with pushed, unsubmitted work.
+    dirty: Vec<QueueRef>,
+    /// CQEs that pushed and posted work may still produce (markers aside).
+    cqe_used: usize,
+    /// CQEs kept for teardown markers (one per queue pair that has one).
+    cqe_reserved: usize,
+    /// Posted work requests and markers whose completion is still awaited.
+    expecting: usize,
     slab: Slab<InFlight>,
-    pending_send: Vec<SendWr>,
-    pending_recv: Vec<RecvWr>,
-    /// Posted send work requests in posting order, for implicit completion.
-    send_order: VecDeque<Key>,
-    outstanding_send: usize,
-    outstanding_recv: usize,
-    since_signal: usize,
-    force_signal: bool,
     ready: VecDeque<Completion>,
     /// Woken when a completion is queued in `ready` (the async stream).
     ready_waker: Option<std::task::Waker>,
     /// The completion channel, once asked for (`None` inside: the backend
     /// has none).
-    events: Option<Option<std::sync::Arc<dyn crate::backend::CompletionEvents>>>,
+    cq_events: Option<Option<Arc<dyn CompletionEvents>>>,
+    events: events::EventState,
     /// Wakers to wake once the caller has released the ring.
     wakes: Vec<std::task::Waker>,
     /// Queue-owned operations pushed and not yet in `ready`.
     queued_in_flight: usize,
     scratch: Vec<RawCompletion>,
-    error: Option<WcStatus>,
-    drain_posted: bool,
+    /// Why the ring as a whole takes no more work (its completion queue or
+    /// device failed).
+    failed: Option<&'static str>,
     closed: bool,
+    /// Empty polls since the last look at events and peers.
+    idle_polls: u32,
     stats: RingStats,
 }
 
 impl<Q: QueuePair> Ring<Q> {
-    /// A ring over `qp`. All memory the ring needs is allocated here, sized
-    /// by the queue pair's depths.
+    /// A ring over `qp` and the completion queue it was created with for
+    /// itself alone (`create_qp`), which becomes the ring's; `qp` is its
+    /// first (and default) queue pair. All memory the ring needs for it is
+    /// allocated here, sized by its queue depths.
+    ///
+    /// # Panics
+    ///
+    /// If `qp` has no completion queue of its own (it was created on a
+    /// shared one): make the ring with [`Ring::with_cq`] and
+    /// [`attach`](Self::attach) it. [`Ring::try_new`] returns the queue pair
+    /// instead.
     pub fn new(qp: Q, config: RingConfig) -> Self {
-        let caps = qp.caps();
-        // One send slot and one CQE are kept for the teardown marker, if the
-        // queues are deep enough to spare them.
-        let marker_reserved = caps.max_send_wr >= 2 && caps.cq_entries >= 2;
-        let reserve = usize::from(marker_reserved);
-        let send_limit = (caps.max_send_wr as usize - reserve).max(1);
-        let recv_limit = caps.max_recv_wr as usize;
-        let cqe_limit = (caps.cq_entries as usize - reserve).max(1);
-        let signal_interval = match config.signal_interval {
-            0 => (send_limit / 2).max(1),
-            n => n.min(send_limit),
+        match Self::try_new(qp, config) {
+            Ok(ring) => ring,
+            Err(r) => panic!("Ring::new: {}", r.error()),
+        }
+    }
+
+    /// Like [`Ring::new`], handing the queue pair back if it has no
+    /// completion queue of its own.
+    pub fn try_new(mut qp: Q, config: RingConfig) -> Result<Self, Rejected<Q>> {
+        let Some(cq) = qp.take_cq() else {
+            return Err(Rejected::new(
+                Error::Incompatible(
+                    "it has no completion queue of its own; use Ring::with_cq and attach",
+                ),
+                qp,
+            ));
         };
-        // Room for every operation the queues allow, and as many again for
-        // operations that finished but whose futures have not collected them.
-        let capacity = 2 * (send_limit + recv_limit);
+        let mut ring = Ring::with_cq(cq, config);
+        ring.attach(qp)?;
+        Ok(ring)
+    }
+
+    /// A ring over `cq`, with no queue pair yet: create queue pairs on
+    /// [`cq`](Self::cq) and [`attach`](Self::attach) them.
+    pub fn with_cq(cq: Q::Cq, config: RingConfig) -> Self {
+        let cq_entries = cq.entries() as usize;
+        let batch = config.poll_batch.max(1);
         Ring {
-            qp,
-            caps,
+            id: handle::fresh_ring_id(),
+            cq_id: cq.id(),
+            cq,
+            cq_entries,
             config,
-            marker_reserved,
-            send_limit,
-            recv_limit,
-            cqe_limit,
-            signal_interval,
-            slab: Slab::with_capacity(capacity),
-            pending_send: Vec::with_capacity(send_limit),
-            pending_recv: Vec::with_capacity(recv_limit),
-            send_order: VecDeque::with_capacity(send_limit),
-            outstanding_send: 0,
-            outstanding_recv: 0,
-            since_signal: 0,
-            force_signal: false,
-            ready: VecDeque::with_capacity(capacity),
+            qps: Slab::with_capacity(0),
+            srqs: Slab::with_capacity(0),
+            by_qpn: HashMap::new(),
+            default_qp: None,
+            dirty: Vec::new(),
+            cqe_used: 0,
+            cqe_reserved: 0,
+            expecting: 0,
+            slab: Slab::with_capacity(0),
+            ready: VecDeque::new(),
             ready_waker: None,
-            wakes: Vec::with_capacity(capacity + 1),
-            events: None,
+            cq_events: None,
+            events: events::EventState::default(),
+            wakes: Vec::new(),
             queued_in_flight: 0,
-            scratch: vec![RawCompletion::default(); config.poll_batch.max(1)],
-            error: None,
-            drain_posted: false,
+            scratch: vec![RawCompletion::default(); batch],
+            failed: None,
             closed: false,
+            idle_polls: 0,
             stats: RingStats::default(),
         }
     }
 
-    /// The submission side: push operations, then submit them.
+    /// The submission side for the default queue pair (the one
+    /// [`Ring::new`] took, or the first attached).
     pub fn submission(&mut self) -> SubmissionQueue<'_, Q> {
-        SubmissionQueue { ring: self }
+        let qp = self.default_qp().map(|h| h.key.index);
+        SubmissionQueue {
+            ring: self,
+            qp,
+            named: false,
+        }
     }
 
-    /// The completion side: reap completions.
+    /// The submission side for queue pair `qp`. A handle this ring does not
+    /// hold (detached, or another ring's) makes every push fail with
+    /// [`Error::NotAttached`], handing the operation back.
+    pub fn submission_on(&mut self, qp: QpHandle) -> SubmissionQueue<'_, Q> {
+        let qp = self.qp_index(qp);
+        SubmissionQueue {
+            ring: self,
+            qp,
+            named: true,
+        }
+    }
+
+    /// Posts everything pushed since the last submit, on every queue: one
+    /// doorbell per queue with work. See [`SubmissionQueue::submit`].
+    pub fn submit(&mut self) -> Result<usize, SubmitError> {
+        self.submit_all()
+    }
+
+    /// The completion side: reap completions of every queue.
     pub fn completion(&mut self) -> CompletionQueue<'_, Q> {
         CompletionQueue { ring: self }
     }
 
-    /// The queue pair.
+    /// The ring's completion queue (create queue pairs on it).
+    pub fn cq(&self) -> &Q::Cq {
+        &self.cq
+    }
+
+    /// The default queue pair.
+    ///
+    /// # Panics
+    ///
+    /// If there is none (it was detached, or nothing was attached to a
+    /// ring made with [`Ring::with_cq`]); [`Ring::qp_of`] never panics.
     pub fn qp(&self) -> &Q {
-        &self.qp
+        self.default_qp
+            .and_then(|h| self.qp_of(h))
+            .expect("the ring has no default queue pair (detached, or never attached)")
     }
 
-    /// The queue pair's limits.
-    pub fn caps(&self) -> QpCaps {
-        self.caps
+    /// The default queue pair's handle, if it is still attached.
+    pub fn default_qp(&self) -> Option<QpHandle> {
+        self.default_qp.filter(|h| self.qp_index(*h).is_some())
     }
 
-    /// What the ring has done so far.
+    /// An attached queue pair.
+    pub fn qp_of(&self, qp: QpHandle) -> Option<&Q> {
+        self.qp_index(qp)
+            .and_then(|i| self.qps.at(i))
+            .map(|slot| &slot.qp)
+    }
+
+    /// The handles of every attached queue pair.
+    pub fn qps(&self) -> Vec<QpHandle> {
+        self.qps
+            .keys()
+            .into_iter()
+            .map(|key| QpHandle { ring: self.id, key })
+            .collect()
+    }
+
+    /// The handle of the attached queue pair with QP number `qp_num`.
+    pub fn qp_by_num(&self, qp_num: u32) -> Option<QpHandle> {
+        let index = *self.by_qpn.get(&qp_num)?;
+        self.qps
+            .key_at(index)
+            .map(|key| QpHandle { ring: self.id, key })
+    }
+
+    /// The default queue pair's limits.
+    ///
+    /// # Panics
+    ///
+    /// As [`Ring::qp`].
+    pub fn caps(&self) -> crate::backend::QpCaps {
+        self.qp().caps()
+    }
+
+    /// What the ring has done so far, over all its queues.
     pub fn stats(&self) -> RingStats {
         self.stats
     }
 
     /// Operations pushed or in flight whose completion has not been reaped
-    /// from the device yet.
+    /// from the device yet, on every queue.
     pub fn in_flight(&self) -> usize {
         self.slab.len()
     }
 
-    /// Send work requests that may be pushed now.
+    /// Send work requests that may be pushed now on the default queue pair
+    /// (0 without one).
     pub fn send_room(&self) -> usize {
-        let used = self.outstanding_send + self.pending_send.len();
-        let cqes = used + self.outstanding_recv + self.pending_recv.len();
-        (self.send_limit - used.min(self.send_limit)).min(self.cqe_limit - cqes.min(self.cqe_limit))
+        self.default_qp
+            .and_then(|h| self.qp_index(h))
+            .map_or(0, |i| self.send_room_at(i))
     }
 
-    /// Receives that may be pushed now.
+    /// Receives that may be pushed now on the default queue pair (0 without
+    /// one, or when it takes receives from a shared receive queue).
     pub fn recv_room(&self) -> usize {
-        let used = self.outstanding_recv + self.pending_recv.len();
-        let cqes = used + self.outstanding_send + self.pending_send.len();
-        (self.recv_limit - used.min(self.recv_limit)).min(self.cqe_limit - cqes.min(self.cqe_limit))
+        self.default_qp
+            .and_then(|h| self.qp_index(h))
+            .map_or(0, |i| self.recv_room_at(i))
     }
 
-    /// The status of the error completion that put the queue pair in error,
-    /// if one did.
-    pub fn error_status(&self) -> Option<WcStatus> {
-        self.error
+    /// The status of the error that put the default queue pair in error, if
+    /// one did.
+    pub fn error_status(&self) -> Option<crate::backend::WcStatus> {
+        self.default_qp
+            .and_then(|h| self.qp_index(h))
+            .and_then(|i| self.qps.at(i))
+            .and_then(|slot| slot.error)
     }
 
-    fn record_error(&mut self, status: WcStatus) {
-        if self.error.is_none() {
-            self.error = Some(status);
+    /// Why the ring as a whole takes no more work, if it does not: its
+    /// completion queue overran or failed, or the device failed.
+    pub fn failure(&self) -> Option<&'static str> {
+        self.failed
+    }
+
+    /// The table index of `qp`, if this ring holds it.
+    fn qp_index(&self, qp: QpHandle) -> Option<u32> {
+        (qp.ring == self.id && self.qps.get(qp.key).is_some()).then_some(qp.key.index)
+    }
+
+    /// The handle of the queue pair at table index `index`.
+    fn qp_handle(&self, index: u32) -> Option<QpHandle> {
+        self.qps
+            .key_at(index)
+            .map(|key| QpHandle { ring: self.id, key })
+    }
+
+    /// CQEs that may be added to the completion queue now.
+    fn cqe_room(&self) -> usize {
+        self.cq_entries
+            .saturating_sub(self.cqe_reserved)
+            .saturating_sub(self.cqe_used)
+    }
+
+    /// Marks a queue as having unsubmitted work.
+    fn mark_dirty(&mut self, queue: QueueRef) {
+        let flag = match queue {
+            QueueRef::Qp(i) => &mut self.qps.at_mut(i).expect("pushed to a live queue").dirty,
+            QueueRef::Srq(i) => &mut self.srqs.at_mut(i).expect("pushed to a live queue").dirty,
+        };
+        if !*flag {
+            *flag = true;
+            self.dirty.push(queue);
         }
     }
 }
@@ -306,11 +538,11 @@ impl<Q: QueuePair> Ring<Q> {
 impl<Q: QueuePair> std::fmt::Debug for Ring<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
-            .field("caps", &self.caps)
+            .field("queue_pairs", &self.qps.len())
+            .field("shared_receive_queues", &self.srqs.len())
+            .field("cq_entries", &self.cq_entries)
             .field("in_flight", &self.slab.len())
-            .field("pending_send", &self.pending_send.len())
-            .field("pending_recv", &self.pending_recv.len())
-            .field("error", &self.error)
+            .field("failed", &self.failed)
             .field("stats", &self.stats)
             .finish()
     }
@@ -319,31 +551,10 @@ impl<Q: QueuePair> std::fmt::Debug for Ring<Q> {
 /// What a push returns: nothing, or the refused operation with the reason.
 type PushResult<T> = Result<(), Rejected<T>>;
 
-/// Credits: why an operation of this kind cannot be pushed now, if it cannot.
-fn credit_error<Q: QueuePair>(ring: &Ring<Q>, recv: bool) -> Option<Error> {
-    let sends = ring.outstanding_send + ring.pending_send.len();
-    let recvs = ring.outstanding_recv + ring.pending_recv.len();
-    if recv && recvs >= ring.recv_limit {
-        return Some(Error::RecvQueueFull {
-            outstanding: recvs,
-            depth: ring.recv_limit,
-        });
-    }
-    if !recv && sends >= ring.send_limit {
-        return Some(Error::SendQueueFull {
-            outstanding: sends,
-            depth: ring.send_limit,
-        });
-    }
-    if sends + recvs >= ring.cqe_limit {
-        return Some(Error::CompletionQueueFull {
-            possible: sends + recvs,
-            entries: ring.cqe_limit,
-        });
-    }
-    None
-}
+/// The event source type the ring keeps.
+type EventSource = Box<dyn AsyncEventSource>;
+
 // Operations move through the slab, the ready queue and the caller's hands
-// several times each: keep them small (one cache line and a half at most).
-static_assertions::const_assert!(std::mem::size_of::<InFlight>() <= 96);
-static_assertions::const_assert!(std::mem::size_of::<Completion>() <= 72);
+// several times each: keep them small.
+static_assertions::const_assert!(std::mem::size_of::<InFlight>() <= 120);
+static_assertions::const_assert!(std::mem::size_of::<Completion>() <= 104);

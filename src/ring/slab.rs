@@ -2,10 +2,10 @@
 //! duplicated `wr_id` can never name a reused slot.
 
 /// A slot index plus the generation it had when the key was issued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
-    index: u32,
-    generation: u32,
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
 }
 
 impl Key {
@@ -32,8 +32,9 @@ struct Entry<T> {
 
 const NO_FREE: u32 = u32::MAX;
 
-/// Allocation happens once, in `with_capacity`; inserting into a full slab
-/// fails instead of growing, so the steady state allocates nothing.
+/// Allocation happens in `with_capacity` and `grow` (when queues are
+/// attached); inserting into a full slab fails instead of growing, so the
+/// steady state allocates nothing.
 pub(crate) struct Slab<T> {
     entries: Vec<Entry<T>>,
     free_head: u32,
@@ -64,6 +65,67 @@ impl<T> Slab<T> {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Adds `more` free slots.
+    pub(crate) fn grow(&mut self, more: usize) {
+        let old = self.entries.len();
+        let new = old + more;
+        assert!(new < NO_FREE as usize, "slab capacity too large");
+        self.entries.reserve_exact(more);
+        for i in old..new {
+            self.entries.push(Entry {
+                generation: 0,
+                value: None,
+                next_free: if i + 1 < new {
+                    i as u32 + 1
+                } else {
+                    self.free_head
+                },
+            });
+        }
+        if more > 0 {
+            self.free_head = old as u32;
+        }
+    }
+
+    /// The value in slot `index`, whatever its generation: for tables whose
+    /// entries are never removed while something still names them by index.
+    #[inline]
+    pub(crate) fn at(&self, index: u32) -> Option<&T> {
+        self.entries.get(index as usize)?.value.as_ref()
+    }
+
+    #[inline]
+    pub(crate) fn at_mut(&mut self, index: u32) -> Option<&mut T> {
+        self.entries.get_mut(index as usize)?.value.as_mut()
+    }
+
+    /// The key of the value in slot `index`, if there is one.
+    #[inline]
+    pub(crate) fn key_at(&self, index: u32) -> Option<Key> {
+        let entry = self.entries.get(index as usize)?;
+        entry.value.as_ref().map(|_| Key {
+            index,
+            generation: entry.generation,
+        })
+    }
+
+    /// Keys of every value, in slot order.
+    pub(crate) fn keys(&self) -> Vec<Key> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.value.is_some())
+            .map(|(i, e)| Key {
+                index: i as u32,
+                generation: e.generation,
+            })
+            .collect()
     }
 
     #[inline]
@@ -121,16 +183,7 @@ impl<T> Slab<T> {
 
     /// Removes every value, for teardown.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        let keys: Vec<Key> = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.value.is_some())
-            .map(|(i, e)| Key {
-                index: i as u32,
-                generation: e.generation,
-            })
-            .collect();
+        let keys = self.keys();
         keys.into_iter().filter_map(move |k| self.remove(k))
     }
 }
@@ -149,6 +202,23 @@ mod tests {
         assert_eq!(slab.get(a), None);
         assert_eq!(slab.remove(a), None);
         assert_eq!(slab.get(Key::from_wr_id(b.to_wr_id())), Some(&"b"));
+    }
+
+    #[test]
+    fn growing_keeps_keys_and_adds_room() {
+        let mut slab = Slab::with_capacity(1);
+        let a = slab.insert("a").unwrap();
+        assert!(slab.insert("b").is_none());
+        slab.grow(2);
+        let b = slab.insert("b").unwrap();
+        let c = slab.insert("c").unwrap();
+        assert!(slab.insert("d").is_none());
+        assert_eq!(
+            (slab.get(a), slab.get(b), slab.get(c)),
+            (Some(&"a"), Some(&"b"), Some(&"c"))
+        );
+        slab.remove(b);
+        assert_eq!(slab.insert("e").map(|k| k.index), Some(b.index));
     }
 
     #[test]

@@ -1,14 +1,17 @@
-//! Pushing operations and posting them with one doorbell.
+//! Pushing operations and posting them with one doorbell per queue.
 
 use std::fmt;
 
-use super::{credit_error, InFlight, PushResult, Ring};
-use crate::backend::{PostError, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, Sge, WcStatus};
-use crate::buf::{IoBuf, OwnedBuf};
+use super::lifecycle::Owner;
+use super::{marker_key, InFlight, Key, PushResult, QpHandle, QueueRef, Ring, SYNC_INDEX};
+use crate::backend::{
+    PostError, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
+};
+use crate::buf::OwnedBufs;
 use crate::error::{Error, Rejected};
-use crate::op::{OpKind, Operation};
+use crate::op::{Limits, OpKind, Operation};
 
-/// The submission side of a [`Ring`].
+/// The submission side of a [`Ring`], for one of its queue pairs.
 ///
 /// ```
 /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
@@ -30,6 +33,11 @@ use crate::op::{OpKind, Operation};
 /// ```
 pub struct SubmissionQueue<'a, Q: QueuePair> {
     pub(super) ring: &'a mut Ring<Q>,
+    /// The queue pair's table index; `None` if the ring does not hold it.
+    pub(super) qp: Option<u32>,
+    /// Whether a handle named it (so a missing one was detached), rather
+    /// than the ring having no default queue pair.
+    pub(super) named: bool,
 }
 
 impl<Q: QueuePair> SubmissionQueue<'_, Q> {
@@ -38,7 +46,8 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
     /// queue pair is in error, or the operation is invalid for this queue
     /// pair, the operation comes back inside the error.
     pub fn push<T: Operation>(&mut self, op: T) -> PushResult<T> {
-        self.ring.push(op)
+        let target = self.target();
+        self.ring.push_to(target, op, Owner::Queue).map(|_| ())
     }
 
     /// Pushes operations until one is refused. Returns how many were pushed;
@@ -52,7 +61,7 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
         let mut ops = ops.into_iter();
         let mut pushed = 0;
         while let Some(op) = ops.next() {
-            if let Err(rejected) = self.ring.push(op) {
+            if let Err(rejected) = self.push(op) {
                 let (error, op) = rejected.into_parts();
                 return Err(Rejected::new(error, (op, ops)));
             }
@@ -61,54 +70,72 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
         Ok(pushed)
     }
 
-    /// Posts everything pushed since the last submit: one linked list per
-    /// queue, one doorbell each. Returns how many work requests were
-    /// posted. If the device refuses part of a list, the operations from
-    /// the refused one on come back in the error.
+    /// Posts everything pushed since the last submit, on every queue of
+    /// the ring: one linked list per queue with work, one doorbell each.
+    /// Returns how many work requests were posted. If a device refuses part
+    /// of a list, the operations from the refused one on come back in the
+    /// error (the other queues' posts go ahead).
     pub fn submit(&mut self) -> Result<usize, SubmitError> {
-        self.ring.submit()
+        self.ring.submit_all()
     }
 
-    /// Operations pushed and not yet submitted.
+    /// Operations pushed to this queue pair and not yet submitted.
     pub fn len(&self) -> usize {
-        self.ring.pending_send.len() + self.ring.pending_recv.len()
+        self.qp
+            .and_then(|i| self.ring.qps.at(i))
+            .map_or(0, |slot| slot.pending_send.len() + slot.pending_recv.len())
     }
 
-    /// Whether nothing is waiting for submit.
+    /// Whether nothing is waiting for submit on this queue pair.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Send operations that may be pushed now.
     pub fn send_room(&self) -> usize {
-        self.ring.send_room()
+        self.qp.map_or(0, |i| self.ring.send_room_at(i))
     }
 
-    /// Receives that may be pushed now.
+    /// Receives that may be pushed now (0 on a shared receive queue).
     pub fn recv_room(&self) -> usize {
-        self.ring.recv_room()
+        self.qp.map_or(0, |i| self.ring.recv_room_at(i))
+    }
+
+    /// The queue pair this side pushes to.
+    pub fn qp(&self) -> Option<QpHandle> {
+        self.qp.and_then(|i| self.ring.qp_handle(i))
+    }
+
+    fn target(&self) -> Result<u32, Error> {
+        self.qp.ok_or(if self.named {
+            Error::NotAttached("queue pair")
+        } else {
+            Error::NoQueuePair
+        })
     }
 }
 
-/// An operation the device never took: its buffer, kind and tag.
+/// An operation the device never took: its buffers, kind and tag.
 #[derive(Debug)]
 pub struct Unposted {
     /// The operation's kind.
     pub kind: OpKind,
     /// The operation's tag.
     pub user_data: u64,
-    /// Its buffer, back.
-    pub buf: OwnedBuf,
+    /// Its buffers, back.
+    pub bufs: OwnedBufs,
+    /// The queue pair it was pushed to (`None` for a shared receive queue).
+    pub qp: Option<QpHandle>,
 }
 
 /// A submit the device refused in part: why, how many work requests were
 /// posted, and every operation that was not.
 pub struct SubmitError {
-    /// The device's reason.
+    /// The device's reason (the first refusal's, if several queues refused).
     pub error: Error,
-    /// Work requests posted before the refusal (they complete normally).
+    /// Work requests posted (they complete normally).
     pub posted: usize,
-    /// Operations not posted, in push order.
+    /// Operations not posted, in push order per queue.
     pub unposted: Vec<Unposted>,
 }
 
@@ -140,41 +167,92 @@ impl std::error::Error for SubmitError {
     }
 }
 
-impl<Q: QueuePair> Ring<Q> {
-    pub(super) fn push<T: Operation>(&mut self, op: T) -> PushResult<T> {
-        self.push_owned(op, super::Owner::Queue).map(|_| ())
+/// A submit in progress: how much was posted, and what failed.
+#[derive(Default)]
+pub(super) struct Posting {
+    pub(super) posted: usize,
+    pub(super) failure: Option<(Error, Vec<Unposted>)>,
+}
+
+impl Posting {
+    pub(super) fn refused(&mut self, error: Error, unposted: Vec<Unposted>) {
+        match &mut self.failure {
+            Some((_, list)) => list.extend(unposted),
+            None => self.failure = Some((error, unposted)),
+        }
     }
 
-    pub(super) fn push_owned<T: Operation>(
+    fn into_result(self) -> Result<usize, SubmitError> {
+        match self.failure {
+            None => Ok(self.posted),
+            Some((error, unposted)) => Err(SubmitError {
+                error,
+                posted: self.posted,
+                unposted,
+            }),
+        }
+    }
+}
+
+impl<Q: QueuePair> Ring<Q> {
+    /// Pushes `op` to queue pair `target` for `owner`.
+    pub(super) fn push_to<T: Operation>(
         &mut self,
+        target: Result<u32, Error>,
         op: T,
-        owner: super::Owner,
-    ) -> Result<super::Key, Rejected<T>> {
+        owner: Owner,
+    ) -> Result<Key, Rejected<T>> {
         if self.closed {
             return Err(Rejected::new(Error::Closed, op));
         }
-        if let Some(status) = self.error {
+        if let Some(why) = self.failed {
+            return Err(Rejected::new(Error::RingFailed(why), op));
+        }
+        let index = match target {
+            Ok(index) => index,
+            Err(e) => return Err(Rejected::new(e, op)),
+        };
+        let recv = op.kind().is_recv();
+        let slot = self.qps.at(index).expect("a live queue pair index");
+        if let Some(status) = slot.error {
             return Err(Rejected::new(Error::QpInError(status), op));
         }
-        let recv = op.kind().is_recv();
-        if let Some(error) = credit_error(self, recv) {
+        if let Some(error) = self.qp_credit_error(index, recv) {
             return Err(Rejected::new(error, op));
         }
-        if let Err(error) = op.check(&self.caps) {
+        let slot = self.qps.at(index).expect("a live queue pair index");
+        let limits = if recv {
+            Limits::recv(&slot.caps)
+        } else {
+            Limits::send(&slot.caps)
+        };
+        if let Err(error) = op.check(&limits) {
             return Err(Rejected::new(error, op));
         }
         if self.slab.is_full() {
-            let unclaimed = self.slab.len() - self.outstanding_send - self.outstanding_recv;
-            return Err(Rejected::new(Error::Unclaimed(unclaimed), op));
+            return Err(Rejected::new(Error::Unclaimed(self.unclaimed()), op));
         }
+        let slot = self.qps.at_mut(index).expect("a live queue pair index");
+        let sges = if recv {
+            &mut slot.recv_sges
+        } else {
+            &mut slot.send_sges
+        };
+        let start = sges.len() as u32;
+        op.push_sges(sges);
+        let span = SgeSpan {
+            start,
+            len: sges.len() as u32 - start,
+        };
         let prepared = op.into_prepared();
-        let queued = matches!(owner, super::Owner::Queue);
+        let queued = matches!(owner, Owner::Queue);
         let key = self
             .slab
             .insert(InFlight {
                 kind: prepared.kind,
+                queue: QueueRef::Qp(index),
                 user_data: prepared.user_data,
-                buf: prepared.buf,
+                bufs: prepared.bufs,
                 posted: false,
                 owner,
             })
@@ -182,108 +260,158 @@ impl<Q: QueuePair> Ring<Q> {
         if queued {
             self.queued_in_flight += 1;
         }
+        self.cqe_used += 1;
+        let slot = self.qps.at_mut(index).expect("a live queue pair index");
         match prepared.wr {
-            None => {
-                let sge = self.slab.get(key).expect("just inserted").buf.sge();
-                self.pending_recv.push(RecvWr {
-                    wr_id: key.to_wr_id(),
-                    sge,
-                })
-            }
+            None => slot.pending_recv.push(RecvWr {
+                wr_id: key.to_wr_id(),
+                sges: span,
+            }),
             Some(mut wr) => {
                 wr.wr_id = key.to_wr_id();
-                self.since_signal += 1;
-                if self.force_signal || self.since_signal >= self.signal_interval {
+                wr.sges = span;
+                slot.since_signal += 1;
+                if slot.force_signal || slot.since_signal >= slot.signal_interval {
                     wr.flags |= SendFlags::SIGNALED;
                 }
                 if wr.flags.contains(SendFlags::SIGNALED) {
-                    self.since_signal = 0;
-                    self.force_signal = false;
+                    slot.since_signal = 0;
+                    slot.force_signal = false;
                 }
-                self.pending_send.push(wr);
+                slot.pending_send.push(wr);
             }
         }
+        self.mark_dirty(QueueRef::Qp(index));
         Ok(key)
     }
 
-    pub(super) fn submit(&mut self) -> Result<usize, SubmitError> {
-        let mut posted = 0;
-        let mut failure: Option<(Error, Vec<Unposted>)> = None;
+    /// Slab entries held by finished operations nobody collected yet.
+    pub(super) fn unclaimed(&self) -> usize {
+        self.slab
+            .len()
+            .saturating_sub(self.cqe_used.min(self.slab.len()))
+    }
 
-        if !self.pending_recv.is_empty() {
-            // SAFETY: each receive names exactly the bytes of an `OwnedBuf`
-            // that the slab holds until the receive's completion is reaped;
-            // on a failed teardown the buffer is leaked, never freed.
-            let result = unsafe { self.qp.post_recv(&self.pending_recv) };
+    /// Posts the pending work of every queue that has some.
+    pub(super) fn submit_all(&mut self) -> Result<usize, SubmitError> {
+        let mut posting = Posting::default();
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for queue in dirty.drain(..) {
+            match queue {
+                QueueRef::Qp(index) => {
+                    if let Some(slot) = self.qps.at_mut(index) {
+                        slot.dirty = false;
+                        self.submit_qp(index, &mut posting);
+                    }
+                }
+                QueueRef::Srq(index) => {
+                    if let Some(slot) = self.srqs.at_mut(index) {
+                        slot.dirty = false;
+                        self.submit_srq(index, &mut posting);
+                    }
+                }
+            }
+        }
+        // Keep the list's capacity for the next submit.
+        self.dirty = dirty;
+        posting.into_result()
+    }
+
+    fn submit_qp(&mut self, index: u32, posting: &mut Posting) {
+        let handle = self.qp_handle(index);
+        let slot = self.qps.at_mut(index).expect("a live queue pair");
+        if !slot.pending_recv.is_empty() {
+            // The list leaves the slot while it is walked (and comes back,
+            // keeping its capacity), so the slab can be updated meanwhile.
+            let pending = std::mem::take(&mut slot.pending_recv);
+            // SAFETY: each receive names exactly the bytes of the buffers the
+            // slab holds until the receive's completion is reaped; on a failed
+            // teardown they are leaked, never freed.
+            let result = unsafe { slot.qp.post_recv(&pending, &slot.recv_sges) };
+            slot.stats.doorbells += 1;
             self.stats.doorbells += 1;
-            let accepted = self.accepted(&result, self.pending_recv.len());
-            for i in 0..accepted {
-                let key = super::Key::from_wr_id(self.pending_recv[i].wr_id);
+            let accepted = self.accepted(index, &result, pending.len());
+            for wr in &pending[..accepted] {
+                let key = Key::from_wr_id(wr.wr_id);
                 self.slab
                     .get_mut(key)
                     .expect("pending op is in the slab")
                     .posted = true;
             }
-            self.outstanding_recv += accepted;
+            let slot = self.qps.at_mut(index).expect("a live queue pair");
+            slot.outstanding_recv += accepted;
+            slot.stats.recv_wrs += accepted as u64;
+            slot.recv_sges.clear();
             self.stats.recv_wrs += accepted as u64;
-            posted += accepted;
+            self.expecting += accepted;
+            posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                let unposted = self.take_unposted_recv(accepted);
-                failure = Some((error, unposted));
+                let unposted =
+                    self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle);
+                posting.refused(error, unposted);
             }
-            self.pending_recv.clear();
+            let mut pending = pending;
+            pending.clear();
+            self.qps
+                .at_mut(index)
+                .expect("a live queue pair")
+                .pending_recv = pending;
         }
-
-        if let Some(last) = self.pending_send.last_mut() {
+        let slot = self.qps.at_mut(index).expect("a live queue pair");
+        if !slot.pending_send.is_empty() {
+            let mut pending = std::mem::take(&mut slot.pending_send);
+            let last = pending.last_mut().expect("not empty");
             if !last.flags.contains(SendFlags::SIGNALED) {
                 last.flags |= SendFlags::SIGNALED;
-                self.since_signal = 0;
+                slot.since_signal = 0;
             }
-            // SAFETY: as for receives: every SGE names bytes of an `OwnedBuf`
+            // SAFETY: as for receives: every element names bytes of buffers
             // held by the slab until the work request completes (its own CQE,
             // a later signaled CQE on this send queue, or a flush).
-            let result = unsafe { self.qp.post_send(&self.pending_send) };
+            let result = unsafe { slot.qp.post_send(&pending, &slot.send_sges) };
+            slot.stats.doorbells += 1;
             self.stats.doorbells += 1;
-            let accepted = self.accepted(&result, self.pending_send.len());
-            for i in 0..accepted {
-                let wr = self.pending_send[i];
-                let key = super::Key::from_wr_id(wr.wr_id);
+            let accepted = self.accepted(index, &result, pending.len());
+            let mut signaled = 0;
+            for wr in &pending[..accepted] {
+                let key = Key::from_wr_id(wr.wr_id);
                 self.slab
                     .get_mut(key)
                     .expect("pending op is in the slab")
                     .posted = true;
-                self.send_order.push_back(key);
                 if wr.flags.contains(SendFlags::SIGNALED) {
-                    self.stats.signaled += 1;
+                    signaled += 1;
                 }
             }
-            self.outstanding_send += accepted;
+            let slot = self.qps.at_mut(index).expect("a live queue pair");
+            slot.send_order.extend(
+                pending[..accepted]
+                    .iter()
+                    .map(|wr| Key::from_wr_id(wr.wr_id)),
+            );
+            let prefix_unsignaled =
+                accepted > 0 && !pending[accepted - 1].flags.contains(SendFlags::SIGNALED);
+            slot.outstanding_send += accepted;
+            slot.stats.send_wrs += accepted as u64;
+            slot.stats.signaled += signaled;
+            slot.send_sges.clear();
             self.stats.send_wrs += accepted as u64;
-            posted += accepted;
+            self.stats.signaled += signaled;
+            self.expecting += accepted;
+            posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                if accepted > 0
-                    && !self.pending_send[accepted - 1]
-                        .flags
-                        .contains(SendFlags::SIGNALED)
-                {
-                    self.post_sync_marker();
+                let unposted =
+                    self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle);
+                if prefix_unsignaled {
+                    self.post_sync_marker(index);
                 }
-                let unposted = self.take_unposted_send(accepted);
-                match &mut failure {
-                    Some((_, list)) => list.extend(unposted),
-                    None => failure = Some((error, unposted)),
-                }
+                posting.refused(error, unposted);
             }
-            self.pending_send.clear();
-        }
-
-        match failure {
-            None => Ok(posted),
-            Some((error, unposted)) => Err(SubmitError {
-                error,
-                posted,
-                unposted,
-            }),
+            pending.clear();
+            self.qps
+                .at_mut(index)
+                .expect("a live queue pair")
+                .pending_send = pending;
         }
     }
 
@@ -292,16 +420,17 @@ impl<Q: QueuePair> Ring<Q> {
     /// more than were posted (a backend bug) counts as taking them all, and
     /// moves the queue pair to error: whatever the device did take then
     /// comes back flushed, and nothing it may hold is handed back early.
-    fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
+    fn accepted(&mut self, index: u32, result: &Result<(), PostError>, len: usize) -> usize {
         match result {
             Ok(()) => len,
             Err(PostError { accepted, .. }) if *accepted < len => *accepted,
             Err(_) => {
-                self.record_error(WcStatus::LocQpOpErr);
+                let slot = self.qps.at_mut(index).expect("a live queue pair");
+                slot.record_error(WcStatus::LocQpOpErr);
                 // If even this fails the ring still refuses new work; the
                 // operations come back when the device reports them, or are
                 // leaked at teardown.
-                let _ = self.qp.set_error();
+                let _ = slot.qp.set_error();
                 len
             }
         }
@@ -311,74 +440,85 @@ impl<Q: QueuePair> Ring<Q> {
     /// zero-length signaled RDMA WRITE behind it, whose CQE releases the
     /// prefix. It takes the send slot (and CQE) an unposted op freed. If
     /// even that post fails, the next send asks for a CQE instead.
-    fn post_sync_marker(&mut self) {
-        let mut marker = SendWr::new(super::SYNC_WR_ID, SendOpcode::Write, Sge::default());
+    fn post_sync_marker(&mut self, index: u32) {
+        let key = marker_key(SYNC_INDEX, index);
+        let slot = self.qps.at_mut(index).expect("a live queue pair");
+        let mut marker = SendWr::new(key.to_wr_id(), SendOpcode::Write, SgeSpan::default());
         marker.flags = SendFlags::SIGNALED;
         // SAFETY: a zero-length work request names no memory.
-        let posted = unsafe { self.qp.post_send(&[marker]) }.is_ok();
+        let posted = unsafe { slot.qp.post_send(&[marker], &[]) }.is_ok();
+        slot.stats.doorbells += 1;
         self.stats.doorbells += 1;
         if posted {
-            self.send_order.push_back(super::SYNC_KEY);
-            self.outstanding_send += 1;
+            slot.send_order.push_back(key);
+            slot.outstanding_send += 1;
+            slot.stats.signaled += 1;
             self.stats.signaled += 1;
+            self.cqe_used += 1;
+            self.expecting += 1;
         } else {
-            self.force_signal = true;
+            slot.force_signal = true;
         }
-    }
-
-    fn take_unposted_recv(&mut self, from: usize) -> Vec<Unposted> {
-        let keys: Vec<_> = self.pending_recv[from..]
-            .iter()
-            .map(|wr| super::Key::from_wr_id(wr.wr_id))
-            .collect();
-        self.remove_unposted(keys)
-    }
-
-    fn take_unposted_send(&mut self, from: usize) -> Vec<Unposted> {
-        let keys: Vec<_> = self.pending_send[from..]
-            .iter()
-            .map(|wr| super::Key::from_wr_id(wr.wr_id))
-            .collect();
-        self.remove_unposted(keys)
     }
 
     /// Operations the device did not take go back to their owners: to the
     /// caller in the list, or, for awaited ones, to their futures as
     /// flushed (they never ran).
-    fn remove_unposted(&mut self, keys: Vec<super::Key>) -> Vec<Unposted> {
+    pub(super) fn remove_unposted(
+        &mut self,
+        wr_ids: impl Iterator<Item = u64>,
+        qp: Option<QpHandle>,
+    ) -> Vec<Unposted> {
         let mut unposted = Vec::new();
-        for key in keys {
-            let queued = matches!(
-                self.slab.get(key).map(|op| &op.owner),
-                Some(super::Owner::Queue)
-            );
+        for key in wr_ids.map(Key::from_wr_id) {
+            let queued = matches!(self.slab.get(key).map(|op| &op.owner), Some(Owner::Queue));
             if !queued {
-                self.finish(key, WcStatus::WrFlushErr, Some(0), None, false);
+                self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
                 continue;
             }
             let op = self.slab.remove(key).expect("pending op is in the slab");
             self.queued_in_flight -= 1;
+            self.cqe_used -= 1;
             unposted.push(Unposted {
                 kind: op.kind,
                 user_data: op.user_data,
-                buf: op.buf,
+                bufs: op.bufs,
+                qp,
             });
         }
         unposted
     }
 
-    /// Hands every pushed-but-unsubmitted operation back as a flushed
-    /// completion (teardown).
-    pub(super) fn flush_pending(&mut self) {
-        let keys: Vec<_> = self
-            .pending_recv
-            .drain(..)
-            .map(|wr| wr.wr_id)
-            .chain(self.pending_send.drain(..).map(|wr| wr.wr_id))
-            .map(super::Key::from_wr_id)
-            .collect();
+    /// Hands every pushed-but-unsubmitted operation of `queue` back as a
+    /// flushed completion (teardown).
+    pub(super) fn flush_pending(&mut self, queue: QueueRef) {
+        let keys: Vec<Key> = match queue {
+            QueueRef::Qp(index) => {
+                let Some(slot) = self.qps.at_mut(index) else {
+                    return;
+                };
+                slot.send_sges.clear();
+                slot.recv_sges.clear();
+                slot.pending_recv
+                    .drain(..)
+                    .map(|wr| wr.wr_id)
+                    .chain(slot.pending_send.drain(..).map(|wr| wr.wr_id))
+                    .map(Key::from_wr_id)
+                    .collect()
+            }
+            QueueRef::Srq(index) => {
+                let Some(slot) = self.srqs.at_mut(index) else {
+                    return;
+                };
+                slot.sges.clear();
+                slot.pending
+                    .drain(..)
+                    .map(|wr| Key::from_wr_id(wr.wr_id))
+                    .collect()
+            }
+        };
         for key in keys {
-            self.finish(key, WcStatus::WrFlushErr, Some(0), None, false);
+            self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
         }
     }
 }

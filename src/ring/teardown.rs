@@ -1,16 +1,20 @@
-//! Closing a ring with work in flight: error, drain, and only then release.
+//! Closing a ring with work in flight: error, drain, destroy, and only then
+//! release.
 
-use super::{Completion, Ring, DRAIN_WR_ID};
-use crate::backend::{QueuePair, SendFlags, SendOpcode, SendWr, Sge, WcStatus};
+use super::lifecycle::Owner;
+use super::{Completion, Key, QueueRef, Ring};
+use crate::backend::{QueuePair, SharedReceiveQueue};
 use crate::deadline::Deadline;
 
 impl<Q: QueuePair> Ring<Q> {
     /// Closes the ring and hands back every operation it still holds, each
-    /// with its buffer: completions already reaped, then operations flushed
-    /// by moving the queue pair to error. Operations the device did not
-    /// return within [`RingConfig::drain_timeout`](super::RingConfig) are
-    /// leaked (their memory is never freed while the NIC may use it) and
-    /// are not in the list.
+    /// with its buffers: completions already reaped, then operations flushed
+    /// by moving every queue pair to error, then the receives still posted
+    /// to shared receive queues (after the queue pairs and those queues are
+    /// destroyed). Operations the device did not return within
+    /// [`RingConfig::drain_timeout`](super::RingConfig) are leaked (their
+    /// memory is never freed while the NIC may use it) and are not in the
+    /// list.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, WcStatus};
@@ -33,57 +37,126 @@ impl<Q: QueuePair> Ring<Q> {
         self.ready.drain(..).collect()
     }
 
-    /// Error, drain, release. Returns whether every posted operation came
-    /// back; the ring is closed afterwards either way.
+    /// Error, drain, destroy, release. Returns whether every posted
+    /// operation came back; the ring is closed afterwards either way.
     pub(super) fn shutdown(&mut self) -> bool {
         if self.closed {
-            return self.slab.len() == 0;
+            return !self.slab_holds_posted();
         }
         self.closed = true;
-        self.flush_pending();
-        if self.outstanding_send + self.outstanding_recv == 0 {
-            return true;
+        let qps: Vec<u32> = self.qps.keys().into_iter().map(|k| k.index).collect();
+        let srqs: Vec<u32> = self.srqs.keys().into_iter().map(|k| k.index).collect();
+        for &index in &qps {
+            self.flush_pending(QueueRef::Qp(index));
         }
-        self.record_error(WcStatus::WrFlushErr);
-        if self.qp.set_error().is_err() {
-            return false;
+        for &index in &srqs {
+            self.flush_pending(QueueRef::Srq(index));
         }
-        // A signaled marker behind everything else: once its flush CQE
-        // arrives, every earlier send has completed. The ones still without a
-        // CQE then ran successfully before the error, since a flushed work
-        // request always gets a CQE of its own (and that came first).
-        if self.marker_reserved {
-            let mut marker = SendWr::new(DRAIN_WR_ID, SendOpcode::Send, Sge::default());
-            marker.flags = SendFlags::SIGNALED;
-            // SAFETY: the marker has no scatter/gather element, so it names no
-            // memory at all.
-            if unsafe { self.qp.post_send(&[marker]) }.is_ok() {
-                self.drain_posted = true;
+        let mut refused = Vec::new();
+        for &index in &qps {
+            if !self.start_drain(index) {
+                refused.push(index);
             }
         }
         let deadline = Deadline::after(self.config.drain_timeout);
-        while self.outstanding_send + self.outstanding_recv > 0 {
+        let busy = |ring: &Self, index: u32| {
+            ring.qps
+                .at(index)
+                .is_some_and(|slot| slot.outstanding() > 0 || slot.drain_posted)
+        };
+        while qps.iter().any(|&i| !refused.contains(&i) && busy(self, i)) {
             // Unknown wr_ids are counted in stats; teardown goes on.
             let _ = self.reap_device();
             if deadline.expired() {
-                return false;
+                break;
             }
             std::thread::yield_now();
         }
-        true
+        let mut drained = true;
+        for &index in &qps {
+            if busy(self, index) {
+                drained = false;
+                self.leak_ops_of(QueueRef::Qp(index));
+            }
+        }
+        // Queue pairs first: a shared receive queue cannot be destroyed while
+        // one is attached, and none may take a receive once it is gone.
+        for key in self.qps.keys() {
+            drop(self.qps.remove(key));
+        }
+        self.by_qpn.clear();
+        self.default_qp = None;
+        for &index in &srqs {
+            let destroyed = drained
+                && self
+                    .srqs
+                    .at_mut(index)
+                    .is_some_and(|s| s.srq.destroy().is_ok());
+            if destroyed {
+                self.release_srq_receives(index);
+            } else {
+                drained = false;
+                self.leak_ops_of(QueueRef::Srq(index));
+            }
+        }
+        self.wake_stream();
+        drained
+    }
+
+    /// Whether any operation the device may still hold is in the slab.
+    fn slab_holds_posted(&self) -> bool {
+        self.slab
+            .keys()
+            .into_iter()
+            .any(|k| self.slab.get(k).is_some_and(|op| op.posted))
+    }
+
+    /// The device may still hold `queue`'s posted operations and will not
+    /// give them back: keep their buffers forever. Operations owned by the
+    /// completion queue or orphaned are taken out (their memory leaked);
+    /// those a future awaits stay, and that future stays pending (the ring
+    /// forgets their buffers when it is dropped). Their CQE budget stays
+    /// spent: a late completion still finds room.
+    pub(super) fn leak_ops_of(&mut self, queue: QueueRef) {
+        let keys: Vec<Key> = self
+            .slab
+            .keys()
+            .into_iter()
+            .filter(|k| {
+                self.slab
+                    .get(*k)
+                    .is_some_and(|op| op.queue == queue && op.posted)
+            })
+            .collect();
+        for key in keys {
+            let op = self.slab.get(key).expect("listed above");
+            if matches!(op.owner, Owner::Awaited { .. }) {
+                continue;
+            }
+            let op = self.slab.remove(key).expect("listed above");
+            if matches!(op.owner, Owner::Queue) {
+                self.queued_in_flight -= 1;
+            }
+            for buf in op.bufs.iter() {
+                crate::leak::record_buffer(buf.len());
+            }
+            std::mem::forget(op.bufs);
+        }
     }
 }
 
 impl<Q: QueuePair> Drop for Ring<Q> {
     fn drop(&mut self) {
-        if !self.shutdown() {
-            // The device may still own these buffers: leak them rather than
-            // free memory under the NIC.
-            for op in self.slab.drain() {
-                if op.posted {
-                    crate::leak::record_buffer(op.buf.len());
-                    std::mem::forget(op.buf);
+        self.shutdown();
+        // What is left in the slab and posted is what the device may still
+        // hold (leaked above, or awaited by a future that will never see
+        // it): never free it.
+        for op in self.slab.drain() {
+            if op.posted {
+                for buf in op.bufs.iter() {
+                    crate::leak::record_buffer(buf.len());
                 }
+                std::mem::forget(op.bufs);
             }
         }
     }

@@ -11,7 +11,7 @@ use super::Shared;
 use crate::backend::CompletionEvents;
 use crate::error::Error;
 
-/// The device side of a channel, kept with its queue pair.
+/// The device side of a channel, kept with its completion queue.
 pub(super) struct EventSource {
     writer: UnixStream,
     armed: bool,
@@ -30,22 +30,20 @@ impl EventSource {
     }
 }
 
-/// The consumer side of a soft queue pair's completion channel.
+/// The consumer side of a soft completion queue's channel.
 pub struct SoftEvents {
     shared: Arc<Shared>,
-    qpn: usize,
+    cq: usize,
     reader: UnixStream,
 }
 
 impl std::fmt::Debug for SoftEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftEvents")
-            .field("qpn", &self.qpn)
-            .finish()
+        f.debug_struct("SoftEvents").field("cq", &self.cq).finish()
     }
 }
 
-pub(super) fn channel(shared: &Arc<Shared>, qpn: usize) -> Result<SoftEvents, Error> {
+pub(super) fn channel(shared: &Arc<Shared>, cq: usize) -> Result<SoftEvents, Error> {
     let io = |source| Error::Verbs {
         verb: "socketpair (soft completion channel)",
         source,
@@ -54,8 +52,10 @@ pub(super) fn channel(shared: &Arc<Shared>, qpn: usize) -> Result<SoftEvents, Er
     reader.set_nonblocking(true).map_err(io)?;
     writer.set_nonblocking(true).map_err(io)?;
     let mut state = shared.lock();
-    let qp = state.qp(qpn).ok_or(Error::Soft("queue pair destroyed"))?;
-    qp.events = Some(EventSource {
+    let entry = state
+        .cq(cq)
+        .ok_or(Error::Soft("completion queue destroyed"))?;
+    entry.events = Some(EventSource {
         writer,
         armed: false,
         pending: 0,
@@ -63,7 +63,7 @@ pub(super) fn channel(shared: &Arc<Shared>, qpn: usize) -> Result<SoftEvents, Er
     state.has_channels = true;
     Ok(SoftEvents {
         shared: Arc::clone(shared),
-        qpn,
+        cq,
         reader,
     })
 }
@@ -77,10 +77,10 @@ impl AsFd for SoftEvents {
 impl CompletionEvents for SoftEvents {
     fn arm(&self) -> Result<(), Error> {
         let mut state = self.shared.lock();
-        let qp = state
-            .qp(self.qpn)
-            .ok_or(Error::Soft("queue pair destroyed"))?;
-        if let Some(events) = qp.events.as_mut() {
+        let cq = state
+            .cq(self.cq)
+            .ok_or(Error::Soft("completion queue destroyed"))?;
+        if let Some(events) = cq.events.as_mut() {
             events.armed = true;
         }
         Ok(())
@@ -89,10 +89,10 @@ impl CompletionEvents for SoftEvents {
     fn take(&self) -> Result<usize, Error> {
         let pending = {
             let mut state = self.shared.lock();
-            let qp = state
-                .qp(self.qpn)
-                .ok_or(Error::Soft("queue pair destroyed"))?;
-            qp.events
+            let cq = state
+                .cq(self.cq)
+                .ok_or(Error::Soft("completion queue destroyed"))?;
+            cq.events
                 .as_mut()
                 .map_or(0, |e| std::mem::take(&mut e.pending))
         };
@@ -117,7 +117,7 @@ impl CompletionEvents for SoftEvents {
     fn wait(&self, timeout: Duration) -> Result<bool, Error> {
         let state = self.shared.lock();
         let pending = |s: &mut super::DeviceState| {
-            s.qp(self.qpn)
+            s.cq(self.cq)
                 .and_then(|q| q.events.as_ref())
                 .map_or(0, |e| e.pending)
         };

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::state::{DeviceState, QpState};
-use crate::backend::{Access, RawCompletion, SendFlags, SendOpcode, SendWr, WcStatus};
+use super::state::{DeviceState, QpState, QueuedSend};
+use crate::backend::{Access, RawCompletion, SendFlags, SendOpcode, WcStatus};
 
 /// How long one RNR retry waits when the device progresses by itself.
 pub(super) const RNR_TIMER: Duration = Duration::from_millis(5);
@@ -31,10 +31,11 @@ impl DeviceState {
             if qp.state != QpState::ReadyToSend {
                 break;
             }
-            let Some(&queued) = qp.sq.front() else { break };
+            let Some(queued) = qp.sq.front().cloned() else {
+                break;
+            };
             qp.check_not_reported(&queued);
-            let wr = queued.wr;
-            let status = match self.execute(qpn, &wr) {
+            let status = match self.execute(qpn, &queued) {
                 Outcome::Complete(status) => status,
                 Outcome::Rnr => {
                     let qp = self.qp(qpn).expect("running qp exists");
@@ -67,35 +68,56 @@ impl DeviceState {
             qp.rnr = None;
             qp.counters.executed += 1;
             done += 1;
+            let wr = queued.wr;
             if status.is_success() {
                 if wr.flags.contains(SendFlags::SIGNALED) {
                     qp.report_send(queued.seq);
-                    qp.push_cqe(RawCompletion {
-                        wr_id: wr.wr_id,
-                        status,
-                        byte_len: wr.sge.len,
-                        imm: None,
-                        by_write_imm: false,
-                    });
+                    let byte_len = queued.sges.iter().map(|s| s.len).sum();
+                    self.push_cqe(
+                        qpn,
+                        RawCompletion {
+                            wr_id: wr.wr_id,
+                            qp_num: qpn as u32,
+                            status,
+                            byte_len,
+                            imm: None,
+                            by_write_imm: false,
+                        },
+                    );
                 }
             } else {
                 // An error completion always has a CQE, and the queue pair
                 // goes to error, flushing everything behind it.
                 qp.report_send(queued.seq);
-                qp.push_cqe(RawCompletion {
-                    wr_id: wr.wr_id,
-                    status,
-                    byte_len: 0,
-                    imm: None,
-                    by_write_imm: false,
-                });
-                qp.enter_error();
+                self.push_cqe(
+                    qpn,
+                    RawCompletion {
+                        wr_id: wr.wr_id,
+                        qp_num: qpn as u32,
+                        status,
+                        byte_len: 0,
+                        imm: None,
+                        by_write_imm: false,
+                    },
+                );
+                self.enter_error(qpn);
             }
         }
         done
     }
 
-    fn execute(&mut self, qpn: usize, wr: &SendWr) -> Outcome {
+    /// Copies the bytes of `from` (checked pieces) across `to`, through the
+    /// device's reusable copy buffer.
+    fn copy_pieces(&mut self, from: &[(usize, usize)], to: &[(usize, usize)]) {
+        let mut bytes = std::mem::take(&mut self.copy_buffer);
+        gather_into(&mut bytes, from);
+        scatter(&bytes, to);
+        self.copy_buffer = bytes;
+    }
+
+    fn execute(&mut self, qpn: usize, queued: &QueuedSend) -> Outcome {
+        let wr = &queued.wr;
+        let port_active = self.port_active;
         let qp = self.qp(qpn).expect("running qp exists");
         if let Some((1, status)) = qp.fault {
             qp.fault = None;
@@ -103,7 +125,7 @@ impl DeviceState {
         }
         let (local_pd, link_broken, peer) = (qp.pd, qp.link_broken, qp.peer);
         let peer_qpn = match peer {
-            Some(p) if !link_broken => p,
+            Some(p) if !link_broken && port_active => p,
             _ => return Outcome::Complete(WcStatus::RetryExcErr),
         };
         let Some(peer) = self.qps.get(peer_qpn).and_then(Option::as_ref) else {
@@ -119,11 +141,11 @@ impl DeviceState {
             wr.opcode,
             SendOpcode::Read | SendOpcode::CompareSwap | SendOpcode::FetchAdd
         );
-        let local = match self.check_local(wr.sge, local_pd, needs_write) {
-            Ok(addr) => addr,
+        let local = match self.check_local_list(&queued.sges, local_pd, needs_write) {
+            Ok(list) => list,
             Err(status) => return Outcome::Complete(status),
         };
-        let len = wr.sge.len as usize;
+        let len: usize = local.iter().map(|&(_, n)| n).sum();
         match wr.opcode {
             SendOpcode::Write | SendOpcode::WriteImm => {
                 let remote = match self.check_remote(
@@ -136,34 +158,44 @@ impl DeviceState {
                     Ok(addr) => addr,
                     Err(status) => return self.responder_error(peer_qpn, status),
                 };
-                if wr.opcode == SendOpcode::WriteImm && self.peer_rq_empty(peer_qpn) {
+                if wr.opcode == SendOpcode::WriteImm && !self.has_receive(peer_qpn) {
                     return Outcome::Rnr;
                 }
-                copy(local, remote, len);
+                self.copy_pieces(&local, &[(remote, len)]);
                 if wr.opcode == SendOpcode::WriteImm {
                     self.deliver(peer_qpn, len as u32, Some(wr.imm), true);
                 }
                 Outcome::Complete(WcStatus::Success)
             }
             SendOpcode::Send | SendOpcode::SendImm => {
-                let peer = self.qp(peer_qpn).expect("peer checked above");
-                let Some(&recv) = peer.rq.front() else {
+                if !self.has_receive(peer_qpn) {
                     return Outcome::Rnr;
-                };
-                let target = match self.check_local(recv.sge, peer_pd, true) {
-                    Ok(addr) => addr,
+                }
+                let recv = self.take_receive(peer_qpn).expect("checked above");
+                let target = match self.check_local_list(&recv.sges, peer_pd, true) {
+                    Ok(list) => list,
                     Err(status) => {
-                        self.fail_receive(peer_qpn, status);
+                        self.fail_receive(peer_qpn, recv.wr_id, status);
                         return Outcome::Complete(WcStatus::RemOpErr);
                     }
                 };
-                if len > recv.sge.len as usize {
-                    self.fail_receive(peer_qpn, WcStatus::LocLenErr);
+                if len > target.iter().map(|&(_, n)| n).sum() {
+                    self.fail_receive(peer_qpn, recv.wr_id, WcStatus::LocLenErr);
                     return Outcome::Complete(WcStatus::RemInvReqErr);
                 }
-                copy(local, target, len);
+                self.copy_pieces(&local, &target);
                 let imm = (wr.opcode == SendOpcode::SendImm).then_some(wr.imm);
-                self.deliver(peer_qpn, len as u32, imm, false);
+                self.push_cqe(
+                    peer_qpn,
+                    RawCompletion {
+                        wr_id: recv.wr_id,
+                        qp_num: peer_qpn as u32,
+                        status: WcStatus::Success,
+                        byte_len: len as u32,
+                        imm,
+                        by_write_imm: false,
+                    },
+                );
                 Outcome::Complete(WcStatus::Success)
             }
             SendOpcode::Read => {
@@ -175,14 +207,14 @@ impl DeviceState {
                     Access::REMOTE_READ,
                 ) {
                     Ok(remote) => {
-                        copy(remote, local, len);
+                        self.copy_pieces(&[(remote, len)], &local);
                         Outcome::Complete(WcStatus::Success)
                     }
                     Err(status) => self.responder_error(peer_qpn, status),
                 }
             }
             SendOpcode::CompareSwap | SendOpcode::FetchAdd => {
-                if len != 8 {
+                if len != 8 || local.len() != 1 {
                     return Outcome::Complete(WcStatus::LocLenErr);
                 }
                 let remote = match self.check_remote(
@@ -216,63 +248,85 @@ impl DeviceState {
                 // ring keeps owned by this operation until it completes.
                 unsafe {
                     (remote as *mut u64).write(new);
-                    (local as *mut u8).copy_from(old.to_ne_bytes().as_ptr(), 8);
+                    (local[0].0 as *mut u8).copy_from(old.to_ne_bytes().as_ptr(), 8);
                 }
                 Outcome::Complete(WcStatus::Success)
             }
         }
     }
 
-    fn peer_rq_empty(&mut self, peer: usize) -> bool {
-        self.qp(peer).is_none_or(|p| p.rq.is_empty())
-    }
-
-    /// Consumes the peer's next receive with a successful CQE.
+    /// Consumes the peer's next receive with a successful CQE (a WRITE
+    /// with immediate: the buffer is untouched).
     fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, by_write_imm: bool) {
-        let peer = self.qp(peer).expect("peer exists");
-        let recv = peer.rq.pop_front().expect("receive checked present");
-        peer.push_cqe(RawCompletion {
-            wr_id: recv.wr_id,
-            status: WcStatus::Success,
-            byte_len,
-            imm,
-            by_write_imm,
-        });
+        let recv = self.take_receive(peer).expect("receive checked present");
+        self.push_cqe(
+            peer,
+            RawCompletion {
+                wr_id: recv.wr_id,
+                qp_num: peer as u32,
+                status: WcStatus::Success,
+                byte_len,
+                imm,
+                by_write_imm,
+            },
+        );
     }
 
     /// The peer's receive fails (its buffer is bad or too small); the peer
     /// goes to error.
-    fn fail_receive(&mut self, peer: usize, status: WcStatus) {
-        let peer = self.qp(peer).expect("peer exists");
-        let recv = peer.rq.pop_front().expect("receive checked present");
-        peer.push_cqe(RawCompletion {
-            wr_id: recv.wr_id,
-            status,
-            byte_len: 0,
-            imm: None,
-            by_write_imm: false,
-        });
-        peer.enter_error();
+    fn fail_receive(&mut self, peer: usize, wr_id: u64, status: WcStatus) {
+        self.push_cqe(
+            peer,
+            RawCompletion {
+                wr_id,
+                qp_num: peer as u32,
+                status,
+                byte_len: 0,
+                imm: None,
+                by_write_imm: false,
+            },
+        );
+        self.enter_error(peer);
     }
 
     /// A remote access violation NAKs the requester and, as on RC hardware
     /// (class C error), moves the responder to error too.
     fn responder_error(&mut self, peer: usize, status: WcStatus) -> Outcome {
-        if let Some(p) = self.qp(peer) {
-            p.enter_error();
-        }
+        self.enter_error(peer);
         Outcome::Complete(status)
     }
 }
 
-fn copy(from: usize, to: usize, len: usize) {
-    if len == 0 {
-        return;
+/// The bytes of a list of checked (address, length) pieces, in order, into
+/// `bytes` (cleared first): a copy, so that source and target may overlap
+/// (a loopback pair may name the same memory).
+fn gather_into(bytes: &mut Vec<u8>, pieces: &[(usize, usize)]) {
+    bytes.clear();
+    for &(addr, len) in pieces {
+        if len == 0 {
+            continue;
+        }
+        // SAFETY: every piece was checked to lie inside a live registration
+        // (local ones owned by in-flight operations, remote ones exposed
+        // with the right rights), and a registration's memory stays valid
+        // until it is deregistered, which takes the device lock held by
+        // every caller.
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
     }
-    // SAFETY: both ranges were checked to lie inside live registrations (local
-    // ones owned by in-flight operations, remote ones exposed with the right
-    // rights), and a registration's memory stays valid until it is
-    // deregistered, which takes the device lock held by every caller.
-    // `copy` tolerates overlap (a loopback pair may name the same memory).
-    unsafe { std::ptr::copy(from as *const u8, to as *mut u8, len) }
+}
+
+/// Writes `bytes` across checked (address, length) pieces, in order, as
+/// far as they go.
+fn scatter(bytes: &[u8], pieces: &[(usize, usize)]) {
+    let mut rest = bytes;
+    for &(addr, len) in pieces {
+        let n = len.min(rest.len());
+        if n == 0 {
+            continue;
+        }
+        // SAFETY: as in `gather`; the piece is writable (checked with write
+        // rights) and `n` is within it.
+        unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), addr as *mut u8, n) };
+        rest = &rest[n..];
+    }
 }

@@ -3,10 +3,13 @@
 //!
 //! It models what the ring relies on: registered memory with lkeys, rkeys
 //! and access checks; connected queue pairs executing all eight operations
-//! in RC order with their data effects; receive queues and RNR; immediate
-//! data; 8-byte atomics with alignment checks; the QP state machine with
-//! error flush (every flushed WR gets a CQE); completion queue depth and
-//! overrun. It never opens a socket.
+//! in RC order with their data effects, over scatter/gather lists;
+//! completion queues shared by any number of queue pairs; receive queues,
+//! shared receive queues with a low-water event, and RNR; immediate data;
+//! 8-byte atomics with alignment checks; the QP state machine with error
+//! flush (every flushed WR gets a CQE); completion queue depth and
+//! overrun; asynchronous events ([`SoftDevice::async_events`]). It never
+//! opens a socket.
 //!
 //! Execution follows the device's [`Progress`] mode: [`Progress::Auto`]
 //! executes inside every post and poll (normal use); [`Progress::Manual`]
@@ -14,8 +17,11 @@
 //! tests choose the interleaving; [`Progress::NoOp`] completes every work
 //! request at once with no data effect, for measuring the software path.
 //!
-//! [`QpControl`] injects faults: fail the n-th work request with a chosen
-//! status, or break the connection.
+//! Faults are injectable: [`QpControl`] fails the n-th work request with a
+//! chosen status, breaks the connection, or raises a fatal queue pair
+//! error; the device takes a port down and up
+//! ([`SoftDevice::set_port_active`]), fails as a whole
+//! ([`SoftDevice::inject_device_fatal`]), or refuses deregistrations.
 //!
 //! ```
 //! use rdma_ring::backend::soft::{SoftDevice, QpState};
@@ -27,21 +33,28 @@
 //! b.control().fail_nth(1, WcStatus::RemOpErr); // b's next WR fails
 //! ```
 
+mod async_events;
+mod cq;
 mod events;
 mod execute;
+mod pd;
+mod qp;
+mod srq;
 mod state;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
+pub use async_events::SoftAsyncEvents;
+pub use cq::SoftCq;
 pub use events::SoftEvents;
+pub use pd::SoftPd;
+pub use qp::{QpControl, SoftQp};
+pub use srq::SoftSrq;
 pub use state::{QpCounters, QpState};
 
-use crate::backend::{
-    Access, CompletionEvents, MemoryRegion, PdId, PostError, ProtectionDomain, QpCaps, QpConfig,
-    QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, WcStatus,
-};
+use crate::backend::{AsyncEvent, CqId, PdId, QpCaps, QpConfig, SrqCaps, SrqConfig, SrqId};
 use crate::error::Error;
-use state::{flushed, DeviceState, MrEntry, QpEntry, QueuedSend, RKEY_BIT};
+use state::{CqEntry, DeviceState, QpEntry, SrqEntry};
 
 /// When the soft device executes work requests.
 ///
@@ -57,12 +70,21 @@ pub enum Progress {
     /// Execute only in [`SoftDevice::progress`] and [`QpControl::step`].
     Manual,
     /// Complete every work request at once, successfully, with no data
-    /// effect: the device costs next to nothing, for benchmarks.
+    /// effect: the device costs next to nothing, for benchmarks. Only
+    /// behind an empty queue: work queued in another mode runs first (in
+    /// order) when the device progresses.
     NoOp,
 }
 
 /// Queue depths the soft device accepts at most.
 pub const MAX_QP_WR: u32 = 1 << 14;
+
+/// Completion queue depth the soft device accepts at most.
+pub const MAX_CQE: u32 = 1 << 16;
+
+/// Scatter/gather elements per work request the soft device accepts at
+/// most.
+pub const MAX_SGE: u32 = 16;
 
 struct Shared {
     state: Mutex<DeviceState>,
@@ -193,36 +215,153 @@ impl SoftDevice {
         }
     }
 
-    /// A new queue pair in [`QpState::Init`], with its own completion queue.
-    pub fn create_qp(&self, pd: &SoftPd, config: QpConfig) -> Result<SoftQp, Error> {
-        if !Arc::ptr_eq(&pd.shared, &self.shared) {
+    /// A new completion queue holding `entries` completions, for any number
+    /// of queue pairs ([`create_qp_on`](Self::create_qp_on)).
+    pub fn create_cq(&self, entries: u32) -> Result<SoftCq, Error> {
+        if entries == 0 || entries > MAX_CQE {
+            return Err(Error::Soft("completion queue depth must be 1..=65536"));
+        }
+        let id = CqId::fresh();
+        let mut state = self.shared.lock();
+        let index = state.cqs.len();
+        state.cqs.push(Some(CqEntry {
+            id,
+            entries,
+            queue: std::collections::VecDeque::with_capacity(entries as usize),
+            overrun: false,
+            events: None,
+            owned: true,
+        }));
+        Ok(SoftCq {
+            shared: Arc::clone(&self.shared),
+            index,
+            id,
+            entries,
+            events: OnceLock::new(),
+        })
+    }
+
+    /// A new shared receive queue in `pd`.
+    pub fn create_srq(&self, pd: &SoftPd, config: SrqConfig) -> Result<SoftSrq, Error> {
+        self.check_pd(pd)?;
+        if config.max_wr == 0 || config.max_wr > MAX_QP_WR || config.max_sge == 0 {
             return Err(Error::Soft(
-                "the protection domain belongs to another soft device",
+                "shared receive queue depth must be 1..=16384, with at least one element",
             ));
         }
-        if config.max_send_wr == 0
-            || config.max_send_wr > MAX_QP_WR
-            || config.max_recv_wr > MAX_QP_WR
+        let caps = SrqCaps {
+            id: SrqId::fresh(),
+            pd: pd.id,
+            max_wr: config.max_wr,
+            max_sge: config.max_sge.min(MAX_SGE),
+        };
+        let mut state = self.shared.lock();
+        let index = state.srqs.len();
+        state.srqs.push(Some(SrqEntry {
+            id: caps.id,
+            pd: pd.id,
+            config: SrqConfig {
+                max_sge: caps.max_sge,
+                ..config
+            },
+            queue: std::collections::VecDeque::with_capacity(config.max_wr as usize),
+            limit: 0,
+            attached: 0,
+        }));
+        Ok(SoftSrq::new(&self.shared, index, caps))
+    }
+
+    fn check_pd(&self, pd: &SoftPd) -> Result<(), Error> {
+        if Arc::ptr_eq(&pd.shared, &self.shared) {
+            Ok(())
+        } else {
+            Err(Error::Soft(
+                "the protection domain belongs to another soft device",
+            ))
+        }
+    }
+
+    /// A new queue pair in [`QpState::Init`], with a completion queue of its
+    /// own (`config.completion_entries()` deep), which
+    /// [`Ring::new`](crate::ring::Ring::new) takes.
+    pub fn create_qp(&self, pd: &SoftPd, config: QpConfig) -> Result<SoftQp, Error> {
+        let cq = self.create_cq(config.completion_entries())?;
+        let mut qp = self.create_qp_on(pd, &cq, None, config)?;
+        qp.own_cq = Some(cq);
+        Ok(qp)
+    }
+
+    /// A new queue pair in [`QpState::Init`] completing on `cq` (shared with
+    /// other queue pairs), taking its receives from `srq` if one is given
+    /// (then `config.max_recv_wr` is ignored: it has no receive queue).
+    pub fn create_qp_on(
+        &self,
+        pd: &SoftPd,
+        cq: &SoftCq,
+        srq: Option<&SoftSrq>,
+        config: QpConfig,
+    ) -> Result<SoftQp, Error> {
+        self.check_pd(pd)?;
+        if !Arc::ptr_eq(&cq.shared, &self.shared)
+            || srq.is_some_and(|s| !Arc::ptr_eq(&s.shared, &self.shared))
         {
+            return Err(Error::Soft(
+                "the completion or shared receive queue belongs to another soft device",
+            ));
+        }
+        let max_recv_wr = if srq.is_some() { 0 } else { config.max_recv_wr };
+        if config.max_send_wr == 0 || config.max_send_wr > MAX_QP_WR || max_recv_wr > MAX_QP_WR {
             return Err(Error::Soft(
                 "queue depths must be 1..=16384 sends and 0..=16384 receives",
             ));
         }
+        let config = QpConfig {
+            max_recv_wr,
+            max_send_sge: config.max_send_sge.clamp(1, MAX_SGE),
+            max_recv_sge: config.max_recv_sge.clamp(1, MAX_SGE),
+            ..config
+        };
         let mut state = self.shared.lock();
+        if let Some(srq) = srq {
+            match state.srq(srq.index) {
+                None => return Err(Error::Soft("the shared receive queue was destroyed")),
+                Some(entry) if entry.pd != pd.id => {
+                    return Err(Error::Soft(
+                        "the shared receive queue belongs to another protection domain",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if state.cq(cq.index).is_none() {
+            return Err(Error::Soft("the completion queue was destroyed"));
+        }
         let qpn = state.qps.len();
-        state.qps.push(Some(QpEntry::new(pd.id, config)));
+        state.qps.push(Some(QpEntry::new(
+            pd.id,
+            config,
+            cq.index,
+            srq.map(|s| s.index),
+        )));
+        if let Some(entry) = srq.and_then(|s| state.srq(s.index)) {
+            entry.attached += 1;
+        }
         Ok(SoftQp {
             shared: Arc::clone(&self.shared),
-            events: OnceLock::new(),
             qpn,
             caps: QpCaps {
+                qp_num: qpn as u32,
+                cq: cq.id,
+                srq: srq.map(|s| s.caps.id),
+                pd: pd.id,
                 max_send_wr: config.max_send_wr,
-                max_recv_wr: config.max_recv_wr,
-                cq_entries: config.completion_entries(),
+                max_recv_wr,
+                max_send_sge: config.max_send_sge,
+                max_recv_sge: config.max_recv_sge,
                 max_inline_data: config.max_inline_data,
                 atomics: true,
-                pd: pd.id,
             },
+            own_cq: None,
         })
     }
 
@@ -253,7 +392,8 @@ impl SoftDevice {
         Ok(())
     }
 
-    /// Two new queue pairs, connected.
+    /// Two new queue pairs, each with a completion queue of its own,
+    /// connected.
     pub fn connected_pair(
         &self,
         pd_a: &SoftPd,
@@ -265,372 +405,39 @@ impl SoftDevice {
         self.connect(&a, &b)?;
         Ok((a, b))
     }
-}
 
-/// A protection domain of the soft device.
-pub struct SoftPd {
-    shared: Arc<Shared>,
-    id: PdId,
-}
-
-impl std::fmt::Debug for SoftPd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftPd").field("id", &self.id).finish()
-    }
-}
-
-// SAFETY: `id` is fixed at creation, and every region is registered in this
-// domain; `SoftMr` keeps the `MemoryRegion` promises (see there).
-unsafe impl ProtectionDomain for SoftPd {
-    fn id(&self) -> PdId {
-        self.id
+    /// The device's asynchronous event channel. A device has one reader at
+    /// a time (as events go to one consumer); opening another replaces it.
+    /// Events raised before it was opened are kept (up to a bound).
+    pub fn async_events(&self) -> Result<SoftAsyncEvents, Error> {
+        async_events::open(&self.shared)
     }
 
-    unsafe fn register_raw(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<Box<dyn MemoryRegion>, Error> {
-        if len == 0 {
-            return Err(Error::EmptyBuffer);
-        }
-        if (addr as usize).checked_add(len).is_none() {
-            return Err(Error::Soft("registration wraps the address space"));
-        }
+    /// Takes the port down (`false`) or up: the device raises
+    /// [`AsyncEvent::PortError`] or [`AsyncEvent::PortActive`]. While it is
+    /// down, requests find no path to the peer: they fail with
+    /// `RetryExcErr` once executed.
+    pub fn set_port_active(&self, active: bool) {
         let mut state = self.shared.lock();
-        let key = state.next_mr;
-        if key & RKEY_BIT != 0 {
-            return Err(Error::Soft("memory key space exhausted"));
-        }
-        state.next_mr += 1;
-        state.mrs.insert(
-            key,
-            MrEntry {
-                addr: addr as usize,
-                len,
-                access,
-                pd: self.id,
-            },
-        );
-        let remote =
-            access.intersects(Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-        Ok(Box::new(SoftMr {
-            shared: Arc::clone(&self.shared),
-            key,
-            rkey: if remote { key | RKEY_BIT } else { 0 },
-            pd: self.id,
-            registered: true,
-        }))
-    }
-}
-
-struct SoftMr {
-    shared: Arc<Shared>,
-    key: u32,
-    rkey: u32,
-    pd: PdId,
-    registered: bool,
-}
-
-// SAFETY: the keys name the `MrEntry` made in `register_raw` for exactly the
-// bytes and rights asked; execution reaches memory only through an entry
-// found under the device lock, and `deregister` removes the entry under that
-// lock, so after it returns `Ok` no execution can reach the memory.
-unsafe impl MemoryRegion for SoftMr {
-    fn lkey(&self) -> u32 {
-        self.key
-    }
-    fn rkey(&self) -> u32 {
-        self.rkey
-    }
-    fn pd(&self) -> PdId {
-        self.pd
-    }
-    fn deregister(&mut self) -> Result<(), Error> {
-        if !self.registered {
-            return Ok(());
-        }
-        let mut state = self.shared.lock();
-        if state.fail_deregistrations > 0 {
-            state.fail_deregistrations -= 1;
-            return Err(Error::Soft("injected deregistration failure"));
-        }
-        state.mrs.remove(&self.key);
-        self.registered = false;
-        Ok(())
-    }
-}
-
-impl Drop for SoftMr {
-    fn drop(&mut self) {
-        if self.registered {
-            // Under the device lock: once this returns, no execution can
-            // reach the memory through either key.
-            self.shared.lock().mrs.remove(&self.key);
-        }
-    }
-}
-
-/// A soft RC queue pair with its own completion queue. Dropping it destroys
-/// the queue pair; its peer's later requests fail with `RetryExcErr`.
-pub struct SoftQp {
-    shared: Arc<Shared>,
-    events: OnceLock<Option<Arc<SoftEvents>>>,
-    qpn: usize,
-    caps: QpCaps,
-}
-
-impl std::fmt::Debug for SoftQp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftQp").field("qpn", &self.qpn).finish()
-    }
-}
-
-impl SoftQp {
-    /// The queue pair number.
-    pub fn qpn(&self) -> u32 {
-        self.qpn as u32
-    }
-
-    /// A handle for tests: fault injection, stepping, counters. It stays
-    /// usable while a ring owns the queue pair.
-    pub fn control(&self) -> QpControl {
-        QpControl {
-            shared: Arc::clone(&self.shared),
-            qpn: self.qpn,
-        }
-    }
-
-    fn post_error(accepted: usize, reason: &'static str) -> PostError {
-        PostError {
-            accepted,
-            error: Error::PostRejected(reason),
-        }
-    }
-}
-
-// SAFETY: the soft device executes each send queue in order and reports a
-// CQE only after a work request has executed (or been flushed, for which it
-// always makes a CQE); a post accepts a prefix and reports its length
-// exactly; `caps` is the configuration the queues were made with.
-unsafe impl QueuePair for SoftQp {
-    fn caps(&self) -> QpCaps {
-        self.caps
-    }
-
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
-        let mut state = self.shared.lock();
-        let progress = state.progress;
-        let qp = state
-            .qp(self.qpn)
-            .ok_or(Self::post_error(0, "queue pair destroyed"))?;
-        qp.counters.send_posts += 1;
-        if qp.state == QpState::Init {
-            return Err(Self::post_error(
-                0,
-                "queue pair is not connected (not ready to send)",
-            ));
-        }
-        for (i, wr) in wrs.iter().enumerate() {
-            if qp.sq.len() >= qp.config.max_send_wr as usize {
-                return Err(Self::post_error(i, "send queue full"));
-            }
-            if wr.flags.contains(SendFlags::INLINE) && wr.sge.len > qp.config.max_inline_data {
-                return Err(Self::post_error(
-                    i,
-                    "inline payload exceeds max_inline_data",
-                ));
-            }
-            qp.counters.send_wrs += 1;
-            let seq = qp.take_seq();
-            if qp.state == QpState::Error {
-                qp.report_send(seq);
-                qp.push_cqe(flushed(wr.wr_id));
-            } else if progress == Progress::NoOp && qp.sq.is_empty() {
-                // Completing at once is only in order behind nothing: a work
-                // request queued earlier (in another mode) must run first.
-                if wr.flags.contains(SendFlags::SIGNALED) {
-                    qp.report_send(seq);
-                    qp.push_cqe(RawCompletion {
-                        wr_id: wr.wr_id,
-                        status: WcStatus::Success,
-                        byte_len: wr.sge.len,
-                        imm: None,
-                        by_write_imm: false,
-                    });
-                }
+        if state.port_active != active {
+            state.port_active = active;
+            state.raise(if active {
+                AsyncEvent::PortActive { port: 1 }
             } else {
-                qp.sq.push_back(QueuedSend { seq, wr: *wr });
-            }
-        }
-        if progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
+                AsyncEvent::PortError { port: 1 }
+            });
         }
         self.shared.notify(&state);
-        Ok(())
     }
 
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    /// The whole device fails: it raises [`AsyncEvent::DeviceFatal`] and
+    /// every queue pair goes to error, flushing its work requests.
+    pub fn inject_device_fatal(&self) {
         let mut state = self.shared.lock();
-        let progress = state.progress;
-        let qp = state
-            .qp(self.qpn)
-            .ok_or(Self::post_error(0, "queue pair destroyed"))?;
-        qp.counters.recv_posts += 1;
-        for (i, wr) in wrs.iter().enumerate() {
-            if qp.rq.len() >= qp.config.max_recv_wr as usize {
-                return Err(Self::post_error(i, "receive queue full"));
-            }
-            qp.counters.recv_wrs += 1;
-            if qp.state == QpState::Error {
-                qp.push_cqe(flushed(wr.wr_id));
-            } else if progress == Progress::NoOp && qp.rq.is_empty() {
-                qp.push_cqe(RawCompletion {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::Success,
-                    byte_len: 0,
-                    imm: None,
-                    by_write_imm: false,
-                });
-            } else {
-                qp.rq.push_back(*wr);
-            }
-        }
-        if progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
+        state.raise(AsyncEvent::DeviceFatal);
+        for qpn in 0..state.qps.len() {
+            state.enter_error(qpn);
         }
         self.shared.notify(&state);
-        Ok(())
-    }
-
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        let mut state = self.shared.lock();
-        if state.progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
-            self.shared.notify(&state);
-        }
-        let qp = state
-            .qp(self.qpn)
-            .ok_or(Error::Soft("queue pair destroyed"))?;
-        let mut n = 0;
-        while n < out.len() {
-            match qp.cq.pop_front() {
-                Some(cqe) => {
-                    out[n] = cqe;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        if n == 0 && qp.overrun {
-            return Err(Error::CqOverrun);
-        }
-        Ok(n)
-    }
-
-    fn set_error(&mut self) -> Result<(), Error> {
-        let mut state = self.shared.lock();
-        let qp = state
-            .qp(self.qpn)
-            .ok_or(Error::Soft("queue pair destroyed"))?;
-        qp.enter_error();
-        self.shared.notify(&state);
-        Ok(())
-    }
-
-    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
-        let events = self
-            .events
-            .get_or_init(|| events::channel(&self.shared, self.qpn).ok().map(Arc::new));
-        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
-    }
-}
-
-impl Drop for SoftQp {
-    fn drop(&mut self) {
-        let mut state = self.shared.lock();
-        let peer = state.qps[self.qpn].take().and_then(|qp| qp.peer);
-        if let Some(peer) = peer.and_then(|p| state.qp(p)) {
-            peer.link_broken = true;
-        }
-    }
-}
-
-/// Test controls for one soft queue pair.
-///
-/// ```
-/// use rdma_ring::backend::soft::{Progress, SoftDevice};
-/// use rdma_ring::backend::QpConfig;
-/// let dev = SoftDevice::with_progress(Progress::Manual);
-/// let pd = dev.alloc_pd();
-/// let (a, _b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
-/// let control = a.control();
-/// assert!(!control.step()); // nothing queued
-/// assert_eq!(control.counters().send_posts, 0);
-/// ```
-#[derive(Clone)]
-pub struct QpControl {
-    shared: Arc<Shared>,
-    qpn: usize,
-}
-
-impl std::fmt::Debug for QpControl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QpControl").field("qpn", &self.qpn).finish()
-    }
-}
-
-impl QpControl {
-    /// The n-th send work request executed from now (1 = the next one)
-    /// completes with `status`, and the queue pair goes to error.
-    pub fn fail_nth(&self, n: u64, status: WcStatus) {
-        if let Some(qp) = self.shared.lock().qp(self.qpn) {
-            qp.fault = Some((n.max(1), status));
-        }
-    }
-
-    /// Cuts the link to the peer, both ways: every later request of either
-    /// side fails with `RetryExcErr`, as if the peer had vanished.
-    pub fn break_connection(&self) {
-        let mut state = self.shared.lock();
-        let peer = state.qp(self.qpn).and_then(|qp| {
-            qp.link_broken = true;
-            qp.peer
-        });
-        if let Some(peer) = peer.and_then(|p| state.qp(p)) {
-            peer.link_broken = true;
-        }
-    }
-
-    /// Executes at most one send work request of this queue pair (manual
-    /// mode); returns whether one completed.
-    pub fn step(&self) -> bool {
-        let mut state = self.shared.lock();
-        let ran = state.run_qp(self.qpn, 1, true) == 1;
-        self.shared.notify(&state);
-        ran
-    }
-
-    /// The queue pair's state, or `None` once destroyed.
-    pub fn state(&self) -> Option<QpState> {
-        self.shared.lock().qp(self.qpn).map(|qp| qp.state)
-    }
-
-    /// What the queue pair has seen.
-    pub fn counters(&self) -> QpCounters {
-        self.shared
-            .lock()
-            .qp(self.qpn)
-            .map(|qp| qp.counters)
-            .unwrap_or_default()
-    }
-
-    /// Send work requests queued and not yet executed.
-    pub fn queued_sends(&self) -> usize {
-        self.shared.lock().qp(self.qpn).map_or(0, |qp| qp.sq.len())
     }
 }

@@ -1,11 +1,19 @@
-//! The soft device's state: registered memory and queue pairs, and the
-//! checks real hardware makes on keys, bounds and rights.
+//! The soft device's state: registered memory, completion queues, shared
+//! receive queues and queue pairs, and the checks real hardware makes on
+//! keys, bounds and rights.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
+use super::async_events::AsyncEventQueue;
+use super::events::EventSource;
 use super::Progress;
-use crate::backend::{Access, PdId, QpConfig, RawCompletion, RecvWr, SendWr, Sge, WcStatus};
+use crate::backend::{
+    Access, AsyncEvent, CqId, PdId, QpConfig, RawCompletion, SendWr, Sge, SrqConfig, SrqId,
+    WcStatus,
+};
 
 /// The bit that tells an rkey from an lkey, so one can never pass for the
 /// other.
@@ -61,92 +69,91 @@ pub(super) struct RnrWait {
     pub(super) since: Instant,
 }
 
+/// Scatter/gather elements copied at post time, as a NIC reads the WQE.
+pub(super) type SgeList = SmallVec<[Sge; 2]>;
+
+/// A send work request waiting in a send queue, with its place in posting
+/// order.
+#[derive(Clone)]
+pub(super) struct QueuedSend {
+    pub(super) seq: u64,
+    pub(super) wr: SendWr,
+    pub(super) sges: SgeList,
+}
+
+/// A posted receive.
+#[derive(Clone)]
+pub(super) struct QueuedRecv {
+    pub(super) wr_id: u64,
+    pub(super) sges: SgeList,
+}
+
+pub(super) struct CqEntry {
+    pub(super) id: CqId,
+    pub(super) entries: u32,
+    pub(super) queue: VecDeque<RawCompletion>,
+    pub(super) overrun: bool,
+    pub(super) events: Option<EventSource>,
+    /// Whether its `SoftCq` still exists (nobody polls it otherwise).
+    pub(super) owned: bool,
+}
+
+pub(super) struct SrqEntry {
+    pub(super) id: SrqId,
+    pub(super) pd: PdId,
+    pub(super) config: SrqConfig,
+    pub(super) queue: VecDeque<QueuedRecv>,
+    /// The armed low-water mark; 0 when disarmed.
+    pub(super) limit: u32,
+    /// Queue pairs that take receives from it.
+    pub(super) attached: usize,
+}
+
 pub(super) struct QpEntry {
     pub(super) pd: PdId,
     pub(super) config: QpConfig,
+    pub(super) cq: usize,
+    pub(super) srq: Option<usize>,
     pub(super) state: QpState,
     pub(super) peer: Option<usize>,
     pub(super) link_broken: bool,
     pub(super) sq: VecDeque<QueuedSend>,
+    pub(super) rq: VecDeque<QueuedRecv>,
     /// Sequence number of the next send work request posted.
     pub(super) next_seq: u64,
     /// The last send work request whose completion (and so, RC being in
     /// order, every earlier one's) the device has reported.
     pub(super) reported_through: u64,
-    pub(super) rq: VecDeque<RecvWr>,
-    pub(super) cq: VecDeque<RawCompletion>,
-    pub(super) overrun: bool,
     pub(super) rnr: Option<RnrWait>,
     /// Fail the n-th work request executed from now with this status.
     pub(super) fault: Option<(u64, WcStatus)>,
     pub(super) counters: QpCounters,
-    pub(super) events: Option<super::events::EventSource>,
 }
 
 impl QpEntry {
-    pub(super) fn new(pd: PdId, config: QpConfig) -> Self {
+    pub(super) fn new(pd: PdId, config: QpConfig, cq: usize, srq: Option<usize>) -> Self {
         QpEntry {
             pd,
             config,
+            cq,
+            srq,
             state: QpState::Init,
             peer: None,
             link_broken: false,
             sq: VecDeque::with_capacity(config.max_send_wr as usize),
+            rq: VecDeque::with_capacity(if srq.is_some() {
+                0
+            } else {
+                config.max_recv_wr as usize
+            }),
             next_seq: 1,
             reported_through: 0,
-            rq: VecDeque::with_capacity(config.max_recv_wr as usize),
-            cq: VecDeque::with_capacity(config.completion_entries() as usize),
-            overrun: false,
             rnr: None,
             fault: None,
             counters: QpCounters::default(),
-            events: None,
         }
     }
 
-    /// Adds a CQE; a full CQ is an overrun, which the device answers by
-    /// moving the queue pair to error, as hardware does.
-    pub(super) fn push_cqe(&mut self, cqe: RawCompletion) {
-        if self.cq.len() >= self.config.completion_entries() as usize {
-            // The CQ is unusable from here on, as on hardware: the queue pair
-            // is in error and its work requests are gone without CQEs (the
-            // ring then cannot drain, and leaks their buffers).
-            self.overrun = true;
-            self.state = QpState::Error;
-            self.sq.clear();
-            self.rq.clear();
-        } else {
-            self.cq.push_back(cqe);
-            if let Some(events) = self.events.as_mut() {
-                events.on_cqe();
-            }
-        }
-    }
-
-    /// Moves to error and flushes every queued work request, each with a
-    /// CQE whether or not it was signaled.
-    pub(super) fn enter_error(&mut self) {
-        self.state = QpState::Error;
-        self.rnr = None;
-        while let Some(queued) = self.sq.pop_front() {
-            self.report_send(queued.seq);
-            self.push_cqe(flushed(queued.wr.wr_id));
-        }
-        while let Some(wr) = self.rq.pop_front() {
-            self.push_cqe(flushed(wr.wr_id));
-        }
-    }
-}
-
-/// A send work request waiting in a send queue, with its place in posting
-/// order.
-#[derive(Clone, Copy)]
-pub(super) struct QueuedSend {
-    pub(super) seq: u64,
-    pub(super) wr: SendWr,
-}
-
-impl QpEntry {
     /// Numbers the next send work request in posting order.
     pub(super) fn take_seq(&mut self) -> u64 {
         let seq = self.next_seq;
@@ -178,9 +185,10 @@ impl QpEntry {
     }
 }
 
-pub(super) fn flushed(wr_id: u64) -> RawCompletion {
+pub(super) fn flushed(wr_id: u64, qp_num: usize) -> RawCompletion {
     RawCompletion {
         wr_id,
+        qp_num: qp_num as u32,
         status: WcStatus::WrFlushErr,
         byte_len: 0,
         imm: None,
@@ -193,12 +201,19 @@ pub(super) struct DeviceState {
     pub(super) mrs: HashMap<u32, MrEntry>,
     pub(super) next_mr: u32,
     pub(super) qps: Vec<Option<QpEntry>>,
-    /// Whether any queue pair has a completion channel (so waiters exist).
+    pub(super) cqs: Vec<Option<CqEntry>>,
+    pub(super) srqs: Vec<Option<SrqEntry>>,
+    /// Whether any completion queue has a channel (so waiters exist).
     pub(super) has_channels: bool,
     /// Whether the auto-mode RNR retry timer is running.
     pub(super) rnr_timer: bool,
     /// Deregistrations still to fail (fault injection).
     pub(super) fail_deregistrations: u32,
+    pub(super) port_active: bool,
+    pub(super) async_events: AsyncEventQueue,
+    /// Reused for every copy, so execution allocates nothing in steady
+    /// state.
+    pub(super) copy_buffer: Vec<u8>,
 }
 
 impl DeviceState {
@@ -208,14 +223,119 @@ impl DeviceState {
             mrs: HashMap::new(),
             next_mr: 1,
             qps: Vec::new(),
+            cqs: Vec::new(),
+            srqs: Vec::new(),
             has_channels: false,
             rnr_timer: false,
             fail_deregistrations: 0,
+            port_active: true,
+            async_events: AsyncEventQueue::default(),
+            copy_buffer: Vec::new(),
         }
     }
 
     pub(super) fn qp(&mut self, qpn: usize) -> Option<&mut QpEntry> {
         self.qps.get_mut(qpn).and_then(Option::as_mut)
+    }
+
+    pub(super) fn cq(&mut self, index: usize) -> Option<&mut CqEntry> {
+        self.cqs.get_mut(index).and_then(Option::as_mut)
+    }
+
+    pub(super) fn srq(&mut self, index: usize) -> Option<&mut SrqEntry> {
+        self.srqs.get_mut(index).and_then(Option::as_mut)
+    }
+
+    pub(super) fn raise(&mut self, event: AsyncEvent) {
+        self.async_events.raise(event);
+    }
+
+    /// Adds a CQE for queue pair `qpn` to its completion queue. A full
+    /// queue is an overrun, which the device answers as hardware does: the
+    /// queue is unusable from then on, every queue pair on it goes to error
+    /// with its work requests gone without CQEs (the ring then cannot
+    /// drain, and leaks their buffers), and a `CqError` event is raised.
+    pub(super) fn push_cqe(&mut self, qpn: usize, cqe: RawCompletion) {
+        let Some(cq_index) = self.qp(qpn).map(|qp| qp.cq) else {
+            return;
+        };
+        let Some(cq) = self.cq(cq_index) else {
+            return;
+        };
+        if cq.overrun {
+            return;
+        }
+        if cq.queue.len() >= cq.entries as usize {
+            cq.overrun = true;
+            let id = cq.id;
+            for qp in self.qps.iter_mut().flatten() {
+                if qp.cq == cq_index {
+                    qp.state = QpState::Error;
+                    qp.sq.clear();
+                    qp.rq.clear();
+                    qp.rnr = None;
+                }
+            }
+            self.raise(AsyncEvent::CqError { cq: id });
+        } else {
+            cq.queue.push_back(cqe);
+            if let Some(events) = cq.events.as_mut() {
+                events.on_cqe();
+            }
+        }
+    }
+
+    /// Moves a queue pair to error and flushes every queued work request,
+    /// each with a CQE whether or not it was signaled. Receives of a shared
+    /// receive queue stay there for the other queue pairs; the device says
+    /// this queue pair will take no more with `LastWqeReached`.
+    pub(super) fn enter_error(&mut self, qpn: usize) {
+        let Some(qp) = self.qp(qpn) else { return };
+        let was = qp.state;
+        qp.state = QpState::Error;
+        qp.rnr = None;
+        let sends: Vec<QueuedSend> = qp.sq.drain(..).collect();
+        let recvs: Vec<QueuedRecv> = qp.rq.drain(..).collect();
+        let on_srq = qp.srq.is_some();
+        for queued in sends {
+            if let Some(qp) = self.qp(qpn) {
+                qp.report_send(queued.seq);
+            }
+            self.push_cqe(qpn, flushed(queued.wr.wr_id, qpn));
+        }
+        for recv in recvs {
+            self.push_cqe(qpn, flushed(recv.wr_id, qpn));
+        }
+        if on_srq && was != QpState::Error {
+            self.raise(AsyncEvent::LastWqeReached { qp_num: qpn as u32 });
+        }
+    }
+
+    /// Whether a receive is waiting for queue pair `qpn` (in its own queue
+    /// or its shared receive queue).
+    pub(super) fn has_receive(&mut self, qpn: usize) -> bool {
+        let Some(qp) = self.qp(qpn) else { return false };
+        match qp.srq {
+            Some(srq) => self.srq(srq).is_some_and(|s| !s.queue.is_empty()),
+            None => !qp.rq.is_empty(),
+        }
+    }
+
+    /// Takes the next receive for queue pair `qpn`, raising the shared
+    /// receive queue's limit event when it falls below its armed mark.
+    pub(super) fn take_receive(&mut self, qpn: usize) -> Option<QueuedRecv> {
+        let qp = self.qp(qpn)?;
+        let Some(srq_index) = qp.srq else {
+            return qp.rq.pop_front();
+        };
+        let srq = self.srq(srq_index)?;
+        let recv = srq.queue.pop_front()?;
+        if srq.limit > 0 && (srq.queue.len() as u32) < srq.limit {
+            srq.limit = 0;
+            let id = srq.id;
+            self.raise(AsyncEvent::SrqLimitReached { srq: id });
+        }
+        Some(recv)
     }
 
     /// The address of a local scatter/gather element, if its lkey, domain,
@@ -234,6 +354,18 @@ impl DeviceState {
             return Err(WcStatus::LocProtErr);
         }
         within(mr, sge.addr, u64::from(sge.len)).ok_or(WcStatus::LocProtErr)
+    }
+
+    /// Every element of a local list checked: their addresses and lengths.
+    pub(super) fn check_local_list(
+        &self,
+        sges: &[Sge],
+        pd: PdId,
+        write: bool,
+    ) -> Result<SmallVec<[(usize, usize); 2]>, WcStatus> {
+        sges.iter()
+            .map(|&sge| Ok((self.check_local(sge, pd, write)?, sge.len as usize)))
+            .collect()
     }
 
     /// The address of `len` remote bytes at `addr` under `rkey`, if the key

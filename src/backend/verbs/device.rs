@@ -7,7 +7,8 @@ use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_port_attr};
 
 use super::pd::VerbsPd;
 use super::qp::VerbsQp;
-use crate::backend::QpConfig;
+use super::{VerbsAsyncEvents, VerbsCq, VerbsSrq};
+use crate::backend::{QpConfig, SrqConfig};
 use crate::error::Error;
 
 pub(super) fn verbs_error(verb: &'static str, errno: i32) -> Error {
@@ -29,7 +30,10 @@ pub(super) fn last_error(verb: &'static str) -> Error {
 ///
 /// ```
 /// use rdma_ring::backend::verbs::DeviceLimits;
-/// let limits = DeviceLimits { max_qp_wr: 16384, max_sge: 32, max_cqe: 65536, max_qp_rd_atom: 128, max_qp_init_rd_atom: 128, atomics: true };
+/// let limits = DeviceLimits {
+///     max_qp_wr: 16384, max_sge: 32, max_cqe: 65536, max_srq_wr: 16384, max_srq_sge: 27,
+///     max_qp_rd_atom: 128, max_qp_init_rd_atom: 128, atomics: true,
+/// };
 /// assert!(limits.atomics);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +44,10 @@ pub struct DeviceLimits {
     pub max_sge: u32,
     /// Deepest completion queue.
     pub max_cqe: u32,
+    /// Deepest shared receive queue (0: the device has none).
+    pub max_srq_wr: u32,
+    /// Scatter/gather elements per shared receive queue receive.
+    pub max_srq_sge: u32,
     /// Outstanding RDMA READs and atomics a queue pair may answer.
     pub max_qp_rd_atom: u8,
     /// Outstanding RDMA READs and atomics a queue pair may issue.
@@ -179,6 +187,8 @@ impl VerbsDevice {
                 max_qp_wr: 0,
                 max_sge: 0,
                 max_cqe: 0,
+                max_srq_wr: 0,
+                max_srq_sge: 0,
                 max_qp_rd_atom: 0,
                 max_qp_init_rd_atom: 0,
                 atomics: false,
@@ -196,6 +206,8 @@ impl VerbsDevice {
             max_qp_wr: attr.max_qp_wr.max(0) as u32,
             max_sge: attr.max_sge.max(0) as u32,
             max_cqe: attr.max_cqe.max(0) as u32,
+            max_srq_wr: attr.max_srq_wr.max(0) as u32,
+            max_srq_sge: attr.max_srq_sge.max(0) as u32,
             max_qp_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
             max_qp_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
             atomics: attr.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
@@ -259,10 +271,43 @@ impl VerbsDevice {
         VerbsPd::new(Arc::clone(&self.inner))
     }
 
-    /// A new RC queue pair in INIT (receives may be posted), with its own
-    /// completion queue and completion channel.
+    /// A new completion queue holding `entries` completions, with a
+    /// completion channel, for any number of queue pairs
+    /// ([`create_qp_on`](Self::create_qp_on)).
+    pub fn create_cq(&self, entries: u32) -> Result<VerbsCq, Error> {
+        VerbsCq::new(&self.inner, entries)
+    }
+
+    /// A new shared receive queue in `pd`.
+    pub fn create_srq(&self, pd: &VerbsPd, config: SrqConfig) -> Result<VerbsSrq, Error> {
+        VerbsSrq::new(pd, config)
+    }
+
+    /// A new RC queue pair in INIT (receives may be posted), with a
+    /// completion queue of its own (`config.completion_entries()` deep),
+    /// which [`Ring::new`](crate::ring::Ring::new) takes.
     pub fn create_qp(&self, pd: &VerbsPd, config: QpConfig) -> Result<VerbsQp, Error> {
-        VerbsQp::new(pd, config)
+        let cq = self.create_cq(config.completion_entries().min(self.inner.limits.max_cqe))?;
+        Ok(VerbsQp::new(pd, &cq, None, config)?.with_own_cq(cq))
+    }
+
+    /// A new RC queue pair in INIT completing on `cq` (shared with other
+    /// queue pairs), taking its receives from `srq` if one is given (then
+    /// `config.max_recv_wr` is ignored: it has no receive queue).
+    pub fn create_qp_on(
+        &self,
+        pd: &VerbsPd,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> Result<VerbsQp, Error> {
+        VerbsQp::new(pd, cq, srq, config)
+    }
+
+    /// The device's asynchronous event channel. Events go to one reader per
+    /// device context: open it once.
+    pub fn async_events(&self) -> Result<VerbsAsyncEvents, Error> {
+        VerbsAsyncEvents::new(Arc::clone(&self.inner))
     }
 }
 

@@ -4,8 +4,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::cq::CqInner;
 use super::device::verbs_error;
-use super::qp::CqInner;
 use crate::backend::CompletionEvents;
 use crate::error::Error;
 

@@ -5,10 +5,16 @@
 //!   IPv4-mapped by default), read its limits.
 //! * [`VerbsPd`]: a protection domain; registers memory with exactly the
 //!   access rights asked for.
-//! * [`VerbsQp`]: an RC queue pair with its own completion queue and
-//!   completion channel. `post_send` posts one linked `ibv_send_wr` list
-//!   (one doorbell); a refusal at `bad_wr` reports how many were taken, from
-//!   the return value; `poll_cq` reaps in batches.
+//! * [`VerbsCq`]: a completion queue with its completion channel, polled
+//!   in batches, shared by any number of queue pairs.
+//! * [`VerbsSrq`]: a shared receive queue, with its low-water limit.
+//! * [`VerbsQp`]: an RC queue pair, on a completion queue of its own or a
+//!   shared one, optionally on a shared receive queue. `post_send` posts one
+//!   linked `ibv_send_wr` list (one doorbell), each work request pointing at
+//!   its scatter/gather elements where the ring keeps them; a refusal at
+//!   `bad_wr` reports how many were taken, as far as `bad_wr` proves it.
+//! * [`VerbsAsyncEvents`]: the device's asynchronous events, acknowledged
+//!   as they are read.
 //!
 //! Every failing verb becomes [`Error::Verbs`] naming the verb and errno.
 //!
@@ -24,17 +30,78 @@
 //! b.connect(&ea).unwrap();
 //! ```
 
+mod async_events;
+mod cq;
 mod device;
 mod events;
 mod pd;
 mod qp;
+mod srq;
 
 use std::ffi::CStr;
 
+pub use async_events::VerbsAsyncEvents;
+pub use cq::VerbsCq;
 pub use device::{DeviceLimits, DeviceOptions, VerbsDevice};
 pub use events::VerbsEvents;
 pub use pd::VerbsPd;
 pub use qp::VerbsQp;
+pub use srq::VerbsSrq;
+
+use rdma_sys::{ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};
+
+use crate::backend::Sge;
+
+// The ring's scatter/gather elements are handed to the NIC as they are.
+static_assertions::assert_eq_size!(Sge, ibv_sge);
+static_assertions::assert_eq_align!(Sge, ibv_sge);
+static_assertions::const_assert_eq!(
+    std::mem::offset_of!(Sge, addr),
+    std::mem::offset_of!(ibv_sge, addr)
+);
+static_assertions::const_assert_eq!(
+    std::mem::offset_of!(Sge, len),
+    std::mem::offset_of!(ibv_sge, length)
+);
+static_assertions::const_assert_eq!(
+    std::mem::offset_of!(Sge, lkey),
+    std::mem::offset_of!(ibv_sge, lkey)
+);
+
+/// C structs of libibverbs for which all-zero bytes are a valid value.
+///
+/// # Safety
+///
+/// Implement only for plain C structs and unions of integers and raw
+/// pointers, for which `mem::zeroed` is a valid value.
+unsafe trait Zeroable: Sized {}
+// SAFETY: each is a plain C struct of integers, raw pointers and unions of
+// those.
+unsafe impl Zeroable for ibv_send_wr {}
+// SAFETY: as above.
+unsafe impl Zeroable for ibv_recv_wr {}
+// SAFETY: as above.
+unsafe impl Zeroable for ibv_wc {}
+
+/// `n` zeroed values, the reusable staging arrays of a queue.
+fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
+    // SAFETY: all-zero is a valid `T` (the `Zeroable` contract).
+    (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
+}
+
+/// How many work requests of the `len` linked from `base` the device took
+/// before refusing `bad`. A `bad` that is NULL or does not point at one of
+/// them proves nothing, and work requests that may have been taken must
+/// never be handed back as refused (their buffers would be freed under the
+/// NIC): then all `len` count as taken.
+fn accepted<T>(base: *const T, bad: *const T, len: usize) -> usize {
+    let size = std::mem::size_of::<T>();
+    let offset = (bad as usize).wrapping_sub(base as usize);
+    if bad.is_null() || offset % size != 0 || offset / size >= len {
+        return len;
+    }
+    offset / size
+}
 
 use crate::error::Error;
 
@@ -77,4 +144,25 @@ pub fn device_names() -> Result<Vec<String>, Error> {
     // SAFETY: `list` came from `ibv_get_device_list` and is freed once.
     unsafe { rdma_sys::ibv_free_device_list(list) };
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepted;
+
+    #[test]
+    fn bad_wr_is_trusted_only_when_it_names_a_posted_request() {
+        let list = [0u64; 4];
+        let base = list.as_ptr();
+        assert_eq!(accepted(base, base.wrapping_add(2), 4), 2);
+        assert_eq!(accepted(base, base, 4), 0);
+        // NULL, past the end, before the start, or misaligned: unprovable,
+        // so every request counts as taken.
+        assert_eq!(accepted(base, std::ptr::null(), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_add(4), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_add(1000), 4), 4);
+        assert_eq!(accepted(base, base.wrapping_sub(1), 4), 4);
+        let odd = (base as usize + 3) as *const u64;
+        assert_eq!(accepted(base, odd, 4), 4);
+    }
 }

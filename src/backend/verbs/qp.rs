@@ -1,70 +1,51 @@
-//! RC queue pairs over verbs: CQ with a completion channel, state
-//! transitions, linked-list posts, batched polls.
+//! RC queue pairs over verbs: creation on a completion queue (their own or
+//! a shared one) and optionally a shared receive queue, state transitions,
+//! linked-list posts.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_comp_channel, ibv_cq, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
-    ibv_qp_state, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc, ibv_wr_opcode,
+    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_recv_wr,
+    ibv_send_wr, ibv_sge, ibv_wr_opcode,
 };
 
+use super::cq::{CqInner, VerbsCq};
 use super::device::{last_error, verbs_error};
-use super::events::VerbsEvents;
 use super::pd::{PdInner, VerbsPd};
+use super::srq::VerbsSrq;
+use super::{accepted, zeroed};
 use crate::backend::{
-    CompletionEvents, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendOpcode,
-    SendWr, WcStatus,
+    CompletionQueue, PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendOpcode, SendWr, Sge,
 };
 use crate::connect::Endpoint;
 use crate::error::Error;
 
-/// A completion queue and its channel, shared by a queue pair and the
-/// completion events handed to reactors (which may outlive the QP).
-pub(super) struct CqInner {
-    pub(super) _pd: Arc<PdInner>,
-    pub(super) channel: *mut ibv_comp_channel,
-    pub(super) cq: *mut ibv_cq,
-}
-
-// SAFETY: CQs and channels are thread-safe in libibverbs; the pointers are
-// owned by this value and destroyed once, in `Drop`.
-unsafe impl Send for CqInner {}
-// SAFETY: as above.
-unsafe impl Sync for CqInner {}
-
-impl Drop for CqInner {
-    fn drop(&mut self) {
-        // SAFETY: the QP using this CQ was destroyed first (it holds an `Arc`
-        // of this value), and events are acknowledged as they are taken, so
-        // the CQ and then its channel can be destroyed, once each.
-        unsafe {
-            rdma_sys::ibv_destroy_cq(self.cq);
-            rdma_sys::ibv_destroy_comp_channel(self.channel);
-        }
-    }
-}
-
-/// An RC queue pair on a verbs device, with its own completion queue.
-/// Created in INIT; [`connect`](Self::connect) moves it through RTR to RTS.
+/// An RC queue pair on a verbs device. Created in INIT (receives may be
+/// posted), on a completion queue of its own
+/// ([`VerbsDevice::create_qp`](super::VerbsDevice::create_qp)) or a shared
+/// one ([`VerbsDevice::create_qp_on`](super::VerbsDevice::create_qp_on));
+/// [`connect`](Self::connect) moves it through RTR to RTS.
 pub struct VerbsQp {
     pd: Arc<PdInner>,
-    cq: Arc<CqInner>,
+    _cq: Arc<CqInner>,
+    own_cq: Option<VerbsCq>,
     qp: *mut ibv_qp,
     caps: QpCaps,
     config: QpConfig,
     psn: u32,
-    connected: bool,
+    connected: AtomicBool,
     send_wrs: Vec<ibv_send_wr>,
-    send_sges: Vec<ibv_sge>,
     recv_wrs: Vec<ibv_recv_wr>,
-    recv_sges: Vec<ibv_sge>,
-    wcs: Vec<ibv_wc>,
-    events: OnceLock<Option<Arc<VerbsEvents>>>,
 }
 
 // SAFETY: the QP pointer is owned by this value; libibverbs QPs may be used
-// from any thread, and `&mut self` serializes posting and polling.
+// from any thread, `&mut self` serializes posting, and the state changes
+// through `&self` are `ibv_modify_qp`, which libibverbs serializes itself.
 unsafe impl Send for VerbsQp {}
+// SAFETY: as above: shared references only read fixed fields or call
+// `ibv_modify_qp`.
+unsafe impl Sync for VerbsQp {}
 
 impl std::fmt::Debug for VerbsQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,91 +57,102 @@ impl std::fmt::Debug for VerbsQp {
 }
 
 impl VerbsQp {
-    pub(super) fn new(pd: &VerbsPd, config: QpConfig) -> Result<Self, Error> {
+    pub(super) fn new(
+        pd: &VerbsPd,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> Result<Self, Error> {
+        use crate::backend::SharedReceiveQueue;
         let pd = Arc::clone(&pd.inner);
         let limits = pd.dev.limits;
+        // Receive limits mean nothing with a shared receive queue, and some
+        // devices refuse a QP whose (ignored) receive depth exceeds their
+        // cap: ask for none.
+        let max_recv_wr = if srq.is_some() { 0 } else { config.max_recv_wr };
         if config.max_send_wr == 0
             || config.max_send_wr > limits.max_qp_wr
-            || config.max_recv_wr > limits.max_qp_wr
+            || max_recv_wr > limits.max_qp_wr
         {
             return Err(Error::Verbs {
                 verb: "ibv_create_qp",
                 source: std::io::Error::other(format!(
                     "queue depths {}/{} exceed the device's max_qp_wr {}",
-                    config.max_send_wr, config.max_recv_wr, limits.max_qp_wr
+                    config.max_send_wr, max_recv_wr, limits.max_qp_wr
                 )),
             });
         }
-        let cq_entries = config.completion_entries().min(limits.max_cqe);
-        // SAFETY: the context is open while `pd.dev` lives.
-        let channel = unsafe { rdma_sys::ibv_create_comp_channel(pd.dev.ctx) };
-        if channel.is_null() {
-            return Err(last_error("ibv_create_comp_channel"));
+        if srq.is_some_and(|s| s.caps().pd != pd.id) {
+            return Err(Error::Verbs {
+                verb: "ibv_create_qp",
+                source: std::io::Error::other(
+                    "the shared receive queue belongs to another protection domain",
+                ),
+            });
         }
-        // SAFETY: as above; the channel was just created on this context.
-        let cq = unsafe {
-            rdma_sys::ibv_create_cq(
-                pd.dev.ctx,
-                cq_entries as i32,
-                std::ptr::null_mut(),
-                channel,
-                0,
-            )
+        let max_sge = limits.max_sge.max(1);
+        let max_send_sge = config.max_send_sge.clamp(1, max_sge);
+        let max_recv_sge = if srq.is_some() {
+            0
+        } else {
+            config.max_recv_sge.clamp(1, max_sge)
         };
-        if cq.is_null() {
-            let err = last_error("ibv_create_cq");
-            // SAFETY: created above, unused.
-            unsafe { rdma_sys::ibv_destroy_comp_channel(channel) };
-            return Err(err);
-        }
-        let cq = Arc::new(CqInner {
-            _pd: Arc::clone(&pd),
-            channel,
-            cq,
-        });
         // SAFETY: a plain C struct, for which all-zero is valid.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.cq;
-        init.recv_cq = cq.cq;
+        init.send_cq = cq.inner.cq;
+        init.recv_cq = cq.inner.cq;
+        init.srq = srq.map_or(std::ptr::null_mut(), VerbsSrq::raw);
         init.cap.max_send_wr = config.max_send_wr;
-        init.cap.max_recv_wr = config.max_recv_wr.max(1);
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
+        init.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr.max(1) };
+        init.cap.max_send_sge = max_send_sge;
+        init.cap.max_recv_sge = if srq.is_some() { 0 } else { max_recv_sge };
         init.cap.max_inline_data = config.max_inline_data;
         init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
-        // SAFETY: the PD and CQ are live; `init` is a valid in/out pointer.
+        // SAFETY: the PD, CQ and SRQ are live; `init` is a valid in/out
+        // pointer.
         let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd, &mut init) };
         if qp.is_null() {
             return Err(last_error("ibv_create_qp"));
         }
+        // SAFETY: just created.
+        let qp_num = unsafe { (*qp).qp_num };
         let caps = QpCaps {
+            qp_num,
+            cq: cq.id(),
+            srq: srq.map(|s| s.caps().id),
+            pd: pd.id,
             max_send_wr: config.max_send_wr,
-            max_recv_wr: config.max_recv_wr,
-            cq_entries,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
             max_inline_data: init.cap.max_inline_data.min(config.max_inline_data),
             atomics: limits.atomics,
-            pd: pd.id,
         };
-        let send_len = config.max_send_wr as usize + 1;
-        let recv_len = config.max_recv_wr.max(1) as usize;
-        let mut this = VerbsQp {
-            send_wrs: zeroed(send_len),
-            send_sges: zeroed(send_len),
-            recv_wrs: zeroed(recv_len),
-            recv_sges: zeroed(recv_len),
-            wcs: zeroed(64),
+        let this = VerbsQp {
+            send_wrs: zeroed(config.max_send_wr as usize + 1),
+            recv_wrs: zeroed(max_recv_wr.max(1) as usize),
             pd,
-            cq,
+            _cq: Arc::clone(&cq.inner),
+            own_cq: None,
             qp,
             caps,
             config,
             psn: random_psn(),
-            connected: false,
-            events: OnceLock::new(),
+            connected: AtomicBool::new(false),
         };
         this.enter_init()?;
         Ok(this)
+    }
+
+    pub(super) fn with_own_cq(mut self, cq: VerbsCq) -> Self {
+        self.own_cq = Some(cq);
+        self
+    }
+
+    /// The device's limits.
+    pub fn device_limits(&self) -> super::DeviceLimits {
+        self.pd.dev.limits
     }
 
     /// The queue pair number.
@@ -185,7 +177,7 @@ impl VerbsQp {
     }
 
     fn modify(
-        &mut self,
+        &self,
         attr: &mut ibv_qp_attr,
         mask: ibv_qp_attr_mask,
         verb: &'static str,
@@ -198,7 +190,7 @@ impl VerbsQp {
         Ok(())
     }
 
-    fn enter_init(&mut self) -> Result<(), Error> {
+    fn enter_init(&self) -> Result<(), Error> {
         // SAFETY: a plain C struct, for which all-zero is valid.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
@@ -220,7 +212,9 @@ impl VerbsQp {
     /// Connects to a peer's endpoint: INIT → RTR → RTS. Works with any RC
     /// peer that exchanged endpoints another way (e.g. `ibv_rc_pingpong`:
     /// its QPN, PSN, LID and GID), as long as both use the same GID type.
-    pub fn connect(&mut self, remote: &Endpoint) -> Result<(), Error> {
+    /// It takes `&self`, so a queue pair already in a ring (with receives
+    /// posted, say) can be connected through [`Ring::qp`](crate::ring::Ring::qp).
+    pub fn connect(&self, remote: &Endpoint) -> Result<(), Error> {
         let dev = Arc::clone(&self.pd.dev);
         let limits = dev.limits;
         // SAFETY: a plain C struct, for which all-zero is valid.
@@ -276,13 +270,13 @@ impl VerbsQp {
             | ibv_qp_attr_mask::IBV_QP_SQ_PSN
             | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
         self.modify(&mut attr, mask, "ibv_modify_qp(RTS)")?;
-        self.connected = true;
+        self.connected.store(true, Ordering::Release);
         Ok(())
     }
 
     /// Applies attributes computed elsewhere (rdma_cm's `rdma_init_qp_attr`).
     pub(crate) fn modify_raw(
-        &mut self,
+        &self,
         attr: &mut ibv_qp_attr,
         mask: i32,
         verb: &'static str,
@@ -290,13 +284,26 @@ impl VerbsQp {
         self.modify(attr, ibv_qp_attr_mask(mask as u32), verb)
     }
 
-    pub(crate) fn mark_connected(&mut self) {
-        self.connected = true;
+    pub(crate) fn mark_connected(&self) {
+        self.connected.store(true, Ordering::Release);
     }
 
     /// Whether [`connect`](Self::connect) has succeeded.
     pub fn is_connected(&self) -> bool {
-        self.connected
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Moves the queue pair to the error state (see
+    /// [`QueuePair::set_error`]), through a shared reference.
+    pub fn set_error_shared(&self) -> Result<(), Error> {
+        // SAFETY: a plain C struct, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(
+            &mut attr,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
     }
 }
 
@@ -311,43 +318,6 @@ fn random_psn() -> u32 {
     (h.finish() as u32) & 0x00ff_ffff
 }
 
-/// C structs of libibverbs for which all-zero bytes are a valid value.
-///
-/// # Safety
-///
-/// Implement only for plain C structs and unions of integers and raw
-/// pointers, for which `mem::zeroed` is a valid value.
-unsafe trait Zeroable: Sized {}
-// SAFETY: each is a plain C struct of integers, raw pointers and unions of
-// those.
-unsafe impl Zeroable for ibv_send_wr {}
-// SAFETY: as above.
-unsafe impl Zeroable for ibv_recv_wr {}
-// SAFETY: as above.
-unsafe impl Zeroable for ibv_sge {}
-// SAFETY: as above.
-unsafe impl Zeroable for ibv_wc {}
-
-/// `n` zeroed values, the reusable staging arrays of a queue pair.
-fn zeroed<T: Zeroable>(n: usize) -> Vec<T> {
-    // SAFETY: all-zero is a valid `T` (the `Zeroable` contract).
-    (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
-}
-
-/// How many work requests of the `len` linked from `base` the device took
-/// before refusing `bad`. A `bad` that is NULL or does not point at one of
-/// them proves nothing, and work requests that may have been taken must
-/// never be handed back as refused (their buffers would be freed under the
-/// NIC): then all `len` count as taken.
-fn accepted<T>(base: *const T, bad: *const T, len: usize) -> usize {
-    let size = std::mem::size_of::<T>();
-    let offset = (bad as usize).wrapping_sub(base as usize);
-    if bad.is_null() || offset % size != 0 || offset / size >= len {
-        return len;
-    }
-    offset / size
-}
-
 fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     match op {
         SendOpcode::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -360,17 +330,22 @@ fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     }
 }
 
-// SAFETY: completions come from `ibv_poll_cq` on this queue pair's own CQ,
-// which reports each work request once, after the NIC is done with it, in
-// send-queue order, and always for failed or flushed ones; a refused post
-// reports the prefix `bad_wr` proves and otherwise claims every work request
-// (see `accepted`); `caps` are the depths the QP and CQ were created with.
+// SAFETY: work requests complete on the CQ this QP was created on (named in
+// `caps`), reported by `ibv_poll_cq` once each, after the NIC is done with
+// them, in send-queue order, and always for failed or flushed ones; posts
+// hand the NIC exactly the element lists the spans name; a refused post
+// reports the prefix `bad_wr` proves and otherwise claims every work
+// request (see `accepted`); `caps` are fixed at creation; the own CQ is
+// handed out once.
 unsafe impl QueuePair for VerbsQp {
+    type Cq = VerbsCq;
+    type Srq = VerbsSrq;
+
     fn caps(&self) -> QpCaps {
         self.caps
     }
 
-    unsafe fn post_send(&mut self, wrs: &[SendWr]) -> Result<(), PostError> {
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
         }
@@ -381,12 +356,12 @@ unsafe impl QueuePair for VerbsQp {
             });
         }
         let base = self.send_wrs.as_mut_ptr();
-        let sges = self.send_sges.as_mut_ptr();
         for (i, wr) in wrs.iter().enumerate() {
-            self.send_sges[i] = ibv_sge {
-                addr: wr.sge.addr,
-                length: wr.sge.len,
-                lkey: wr.sge.lkey,
+            let Some(list) = wr.sges.of(sges) else {
+                return Err(PostError {
+                    accepted: 0,
+                    error: Error::PostRejected("scatter/gather span out of range"),
+                });
             };
             let out = &mut self.send_wrs[i];
             out.wr_id = wr.wr_id;
@@ -395,8 +370,10 @@ unsafe impl QueuePair for VerbsQp {
             } else {
                 std::ptr::null_mut()
             };
-            out.sg_list = sges.wrapping_add(i);
-            out.num_sge = i32::from(wr.sge.len != 0);
+            // `Sge` is laid out as `ibv_sge` (asserted in `verbs`), and the
+            // NIC only reads the list.
+            out.sg_list = list.as_ptr().cast::<ibv_sge>().cast_mut();
+            out.num_sge = list.len() as i32;
             out.opcode = opcode(wr.opcode);
             out.send_flags = wr.flags.bits();
             out.imm_data_invalidated_rkey_union.imm_data = wr.imm.to_be();
@@ -415,9 +392,9 @@ unsafe impl QueuePair for VerbsQp {
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the list is linked within `send_wrs`, each SGE points into
-        // `send_sges`, both live across the call; the caller guarantees the
-        // memory the SGEs name (this function's contract).
+        // SAFETY: the list is linked within `send_wrs`, each element list lies
+        // in `sges`, both live across the call; the caller guarantees the
+        // memory the elements name (this function's contract).
         let ret = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
         if ret == 0 {
             return Ok(());
@@ -428,9 +405,17 @@ unsafe impl QueuePair for VerbsQp {
         })
     }
 
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
+        }
+        if self.caps.srq.is_some() {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected(
+                    "the queue pair takes its receives from a shared receive queue",
+                ),
+            });
         }
         if wrs.len() > self.recv_wrs.len() {
             return Err(PostError {
@@ -439,12 +424,12 @@ unsafe impl QueuePair for VerbsQp {
             });
         }
         let base = self.recv_wrs.as_mut_ptr();
-        let sges = self.recv_sges.as_mut_ptr();
         for (i, wr) in wrs.iter().enumerate() {
-            self.recv_sges[i] = ibv_sge {
-                addr: wr.sge.addr,
-                length: wr.sge.len,
-                lkey: wr.sge.lkey,
+            let Some(list) = wr.sges.of(sges) else {
+                return Err(PostError {
+                    accepted: 0,
+                    error: Error::PostRejected("scatter/gather span out of range"),
+                });
             };
             let out = &mut self.recv_wrs[i];
             out.wr_id = wr.wr_id;
@@ -453,8 +438,8 @@ unsafe impl QueuePair for VerbsQp {
             } else {
                 std::ptr::null_mut()
             };
-            out.sg_list = sges.wrapping_add(i);
-            out.num_sge = i32::from(wr.sge.len != 0);
+            out.sg_list = list.as_ptr().cast::<ibv_sge>().cast_mut();
+            out.num_sge = list.len() as i32;
         }
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: as for `post_send`.
@@ -468,53 +453,12 @@ unsafe impl QueuePair for VerbsQp {
         })
     }
 
-    fn poll_cq(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        let max = out.len().min(self.wcs.len());
-        // SAFETY: the CQ is live; `wcs` has room for `max` entries.
-        let n = unsafe { rdma_sys::ibv_poll_cq(self.cq.cq, max as i32, self.wcs.as_mut_ptr()) };
-        if n < 0 {
-            // ibv_poll_cq reports failure as a negative count, not an errno.
-            return Err(Error::Verbs {
-                verb: "ibv_poll_cq",
-                source: std::io::Error::other(format!(
-                    "returned {n}: the completion queue is broken"
-                )),
-            });
-        }
-        for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
-            let status = WcStatus::from_code(wc.status);
-            // Only a successful completion's flags and length are defined.
-            let ok = status.is_success();
-            let with_imm = ok && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-            *slot = RawCompletion {
-                wr_id: wc.wr_id,
-                status,
-                byte_len: if ok { wc.byte_len } else { 0 },
-                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
-                imm: with_imm
-                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
-                by_write_imm: ok && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
-            };
-        }
-        Ok(n as usize)
-    }
-
     fn set_error(&mut self) -> Result<(), Error> {
-        // SAFETY: a plain C struct, for which all-zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        self.modify(
-            &mut attr,
-            ibv_qp_attr_mask::IBV_QP_STATE,
-            "ibv_modify_qp(ERR)",
-        )
+        self.set_error_shared()
     }
 
-    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
-        let events = self
-            .events
-            .get_or_init(|| VerbsEvents::new(Arc::clone(&self.cq)).ok().map(Arc::new));
-        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
+    fn take_cq(&mut self) -> Option<VerbsCq> {
+        self.own_cq.take()
     }
 }
 
@@ -523,26 +467,5 @@ impl Drop for VerbsQp {
         // SAFETY: the QP is destroyed once; the ring that posted to it has
         // drained or leaked its buffers before dropping it.
         unsafe { rdma_sys::ibv_destroy_qp(self.qp) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::accepted;
-
-    #[test]
-    fn bad_wr_is_trusted_only_when_it_names_a_posted_request() {
-        let list = [0u64; 4];
-        let base = list.as_ptr();
-        assert_eq!(accepted(base, base.wrapping_add(2), 4), 2);
-        assert_eq!(accepted(base, base, 4), 0);
-        // NULL, past the end, before the start, or misaligned: unprovable,
-        // so every request counts as taken.
-        assert_eq!(accepted(base, std::ptr::null(), 4), 4);
-        assert_eq!(accepted(base, base.wrapping_add(4), 4), 4);
-        assert_eq!(accepted(base, base.wrapping_add(1000), 4), 4);
-        assert_eq!(accepted(base, base.wrapping_sub(1), 4), 4);
-        let odd = (base as usize + 3) as *const u64;
-        assert_eq!(accepted(base, odd, 4), 4);
     }
 }

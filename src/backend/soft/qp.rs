@@ -1,0 +1,306 @@
+//! Queue pairs of the soft device, and their test controls.
+
+use std::sync::Arc;
+
+use super::state::{flushed, QpCounters, QpState, QueuedRecv, QueuedSend};
+use super::{kick_rnr_timer, Progress, Shared, SoftCq, SoftSrq};
+use crate::backend::{
+    PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, Sge, WcStatus,
+};
+use crate::error::Error;
+
+/// A soft RC queue pair. Created with a completion queue of its own
+/// ([`SoftDevice::create_qp`](super::SoftDevice::create_qp)) or on a shared
+/// one ([`SoftDevice::create_qp_on`](super::SoftDevice::create_qp_on)).
+/// Dropping it destroys the queue pair; its peer's later requests fail with
+/// `RetryExcErr`.
+pub struct SoftQp {
+    pub(super) shared: Arc<Shared>,
+    pub(super) qpn: usize,
+    pub(super) caps: QpCaps,
+    pub(super) own_cq: Option<SoftCq>,
+}
+
+impl std::fmt::Debug for SoftQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftQp").field("qpn", &self.qpn).finish()
+    }
+}
+
+fn refuse(accepted: usize, reason: &'static str) -> PostError {
+    PostError {
+        accepted,
+        error: Error::PostRejected(reason),
+    }
+}
+
+impl SoftQp {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn as u32
+    }
+
+    /// A handle for tests: fault injection, stepping, counters. It stays
+    /// usable while a ring owns the queue pair.
+    pub fn control(&self) -> QpControl {
+        QpControl {
+            shared: Arc::clone(&self.shared),
+            qpn: self.qpn,
+        }
+    }
+}
+
+// SAFETY: the soft device executes each send queue in order and reports a
+// CQE, with this queue pair's number on the completion queue its caps name,
+// only after a work request has executed (or been flushed, for which it
+// always makes a CQE); posts copy the scatter/gather elements each span
+// names and accept a prefix whose length they report exactly; `caps` is the
+// configuration the queues were made with; the own completion queue is
+// handed out once.
+unsafe impl QueuePair for SoftQp {
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        let mut state = self.shared.lock();
+        let progress = state.progress;
+        let qpn = self.qpn;
+        let qp = state.qp(qpn).ok_or(refuse(0, "queue pair destroyed"))?;
+        qp.counters.send_posts += 1;
+        if qp.state == QpState::Init {
+            return Err(refuse(0, "queue pair is not connected (not ready to send)"));
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            let qp = state.qp(qpn).expect("checked above");
+            if qp.sq.len() >= qp.config.max_send_wr as usize {
+                return Err(refuse(i, "send queue full"));
+            }
+            let Some(list) = wr.sges.of(sges) else {
+                return Err(refuse(i, "scatter/gather span out of range"));
+            };
+            if list.len() > qp.config.max_send_sge as usize {
+                return Err(refuse(i, "more scatter/gather elements than max_send_sge"));
+            }
+            let len: u64 = list.iter().map(|s| u64::from(s.len)).sum();
+            if wr.flags.contains(SendFlags::INLINE) && len > u64::from(qp.config.max_inline_data) {
+                return Err(refuse(i, "inline payload exceeds max_inline_data"));
+            }
+            qp.counters.send_wrs += 1;
+            let seq = qp.take_seq();
+            if qp.state == QpState::Error {
+                qp.report_send(seq);
+                state.push_cqe(qpn, flushed(wr.wr_id, qpn));
+            } else if progress == Progress::NoOp && qp.sq.is_empty() {
+                // Completing at once is only in order behind nothing: a work
+                // request queued earlier (in another mode) must run first.
+                if wr.flags.contains(SendFlags::SIGNALED) {
+                    qp.report_send(seq);
+                    state.push_cqe(
+                        qpn,
+                        RawCompletion {
+                            wr_id: wr.wr_id,
+                            qp_num: qpn as u32,
+                            status: WcStatus::Success,
+                            byte_len: len as u32,
+                            imm: None,
+                            by_write_imm: false,
+                        },
+                    );
+                }
+            } else {
+                qp.sq.push_back(QueuedSend {
+                    seq,
+                    wr: *wr,
+                    sges: list.iter().copied().collect(),
+                });
+            }
+        }
+        if progress == Progress::Auto {
+            state.run_all(false);
+            kick_rnr_timer(&self.shared, &mut state);
+        }
+        self.shared.notify(&state);
+        Ok(())
+    }
+
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        let mut state = self.shared.lock();
+        let progress = state.progress;
+        let qpn = self.qpn;
+        let qp = state.qp(qpn).ok_or(refuse(0, "queue pair destroyed"))?;
+        qp.counters.recv_posts += 1;
+        if qp.srq.is_some() {
+            return Err(refuse(
+                0,
+                "the queue pair takes its receives from a shared receive queue",
+            ));
+        }
+        for (i, wr) in wrs.iter().enumerate() {
+            let qp = state.qp(qpn).expect("checked above");
+            if qp.rq.len() >= qp.config.max_recv_wr as usize {
+                return Err(refuse(i, "receive queue full"));
+            }
+            let Some(list) = wr.sges.of(sges) else {
+                return Err(refuse(i, "scatter/gather span out of range"));
+            };
+            if list.len() > qp.config.max_recv_sge as usize {
+                return Err(refuse(i, "more scatter/gather elements than max_recv_sge"));
+            }
+            qp.counters.recv_wrs += 1;
+            if qp.state == QpState::Error {
+                state.push_cqe(qpn, flushed(wr.wr_id, qpn));
+            } else if progress == Progress::NoOp && qp.rq.is_empty() {
+                state.push_cqe(
+                    qpn,
+                    RawCompletion {
+                        wr_id: wr.wr_id,
+                        qp_num: qpn as u32,
+                        status: WcStatus::Success,
+                        byte_len: 0,
+                        imm: None,
+                        by_write_imm: false,
+                    },
+                );
+            } else {
+                qp.rq.push_back(QueuedRecv {
+                    wr_id: wr.wr_id,
+                    sges: list.iter().copied().collect(),
+                });
+            }
+        }
+        if progress == Progress::Auto {
+            state.run_all(false);
+            kick_rnr_timer(&self.shared, &mut state);
+        }
+        self.shared.notify(&state);
+        Ok(())
+    }
+
+    fn set_error(&mut self) -> Result<(), Error> {
+        let mut state = self.shared.lock();
+        state
+            .qp(self.qpn)
+            .ok_or(Error::Soft("queue pair destroyed"))?;
+        state.enter_error(self.qpn);
+        self.shared.notify(&state);
+        Ok(())
+    }
+
+    fn take_cq(&mut self) -> Option<SoftCq> {
+        self.own_cq.take()
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        let Some(qp) = state.qps[self.qpn].take() else {
+            return;
+        };
+        if let Some(peer) = qp.peer.and_then(|p| state.qp(p)) {
+            peer.link_broken = true;
+        }
+        if let Some(srq) = qp.srq.and_then(|s| state.srq(s)) {
+            srq.attached -= 1;
+        }
+        // A completion queue nobody owns any more goes with its last queue
+        // pair.
+        let cq_in_use = state.qps.iter().flatten().any(|other| other.cq == qp.cq);
+        if !cq_in_use && state.cq(qp.cq).is_some_and(|cq| !cq.owned) {
+            state.cqs[qp.cq] = None;
+        }
+    }
+}
+
+/// Test controls for one soft queue pair.
+///
+/// ```
+/// use rdma_ring::backend::soft::{Progress, SoftDevice};
+/// use rdma_ring::backend::QpConfig;
+/// let dev = SoftDevice::with_progress(Progress::Manual);
+/// let pd = dev.alloc_pd();
+/// let (a, _b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// let control = a.control();
+/// assert!(!control.step()); // nothing queued
+/// assert_eq!(control.counters().send_posts, 0);
+/// ```
+#[derive(Clone)]
+pub struct QpControl {
+    shared: Arc<Shared>,
+    qpn: usize,
+}
+
+impl std::fmt::Debug for QpControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpControl").field("qpn", &self.qpn).finish()
+    }
+}
+
+impl QpControl {
+    /// The n-th send work request executed from now (1 = the next one)
+    /// completes with `status`, and the queue pair goes to error.
+    pub fn fail_nth(&self, n: u64, status: WcStatus) {
+        if let Some(qp) = self.shared.lock().qp(self.qpn) {
+            qp.fault = Some((n.max(1), status));
+        }
+    }
+
+    /// Cuts the link to the peer, both ways: every later request of either
+    /// side fails with `RetryExcErr`, as if the peer had vanished.
+    pub fn break_connection(&self) {
+        let mut state = self.shared.lock();
+        let peer = state.qp(self.qpn).and_then(|qp| {
+            qp.link_broken = true;
+            qp.peer
+        });
+        if let Some(peer) = peer.and_then(|p| state.qp(p)) {
+            peer.link_broken = true;
+        }
+    }
+
+    /// A fatal error inside the device on this queue pair, as hardware
+    /// reports with `IBV_EVENT_QP_FATAL`: the device raises the event and
+    /// moves the queue pair to error, flushing its work requests.
+    pub fn inject_fatal(&self) {
+        let mut state = self.shared.lock();
+        if state.qp(self.qpn).is_some() {
+            state.raise(crate::backend::AsyncEvent::QpFatal {
+                qp_num: self.qpn as u32,
+            });
+            state.enter_error(self.qpn);
+        }
+        self.shared.notify(&state);
+    }
+
+    /// Executes at most one send work request of this queue pair (manual
+    /// mode); returns whether one completed.
+    pub fn step(&self) -> bool {
+        let mut state = self.shared.lock();
+        let ran = state.run_qp(self.qpn, 1, true) == 1;
+        self.shared.notify(&state);
+        ran
+    }
+
+    /// The queue pair's state, or `None` once destroyed.
+    pub fn state(&self) -> Option<QpState> {
+        self.shared.lock().qp(self.qpn).map(|qp| qp.state)
+    }
+
+    /// What the queue pair has seen.
+    pub fn counters(&self) -> QpCounters {
+        self.shared
+            .lock()
+            .qp(self.qpn)
+            .map(|qp| qp.counters)
+            .unwrap_or_default()
+    }
+
+    /// Send work requests queued and not yet executed.
+    pub fn queued_sends(&self) -> usize {
+        self.shared.lock().qp(self.qpn).map_or(0, |qp| qp.sq.len())
+    }
+}

@@ -1,0 +1,157 @@
+//! Completion queues over verbs: `ibv_create_cq` with a completion channel,
+//! polled in batches.
+
+use std::sync::{Arc, OnceLock};
+
+use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_wc};
+
+use super::device::{last_error, DeviceInner};
+use super::events::VerbsEvents;
+use super::zeroed;
+use crate::backend::{CompletionEvents, CompletionQueue, CqId, RawCompletion, WcStatus};
+use crate::error::Error;
+
+/// The CQ and its channel, shared by the poller, the queue pairs created on
+/// it (so it outlives them), and the completion events handed to reactors.
+pub(super) struct CqInner {
+    pub(super) _dev: Arc<DeviceInner>,
+    pub(super) channel: *mut ibv_comp_channel,
+    pub(super) cq: *mut ibv_cq,
+}
+
+// SAFETY: CQs and channels are thread-safe in libibverbs; the pointers are
+// owned by this value and destroyed once, in `Drop`.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP created on this CQ holds an `Arc` of this value,
+        // so they are destroyed; events are acknowledged as they are taken,
+        // so the CQ and then its channel can be destroyed, once each.
+        unsafe {
+            rdma_sys::ibv_destroy_cq(self.cq);
+            rdma_sys::ibv_destroy_comp_channel(self.channel);
+        }
+    }
+}
+
+/// A verbs completion queue with its completion channel: where the work
+/// requests of any number of queue pairs complete. It has one owner, the
+/// poller (a ring).
+pub struct VerbsCq {
+    pub(super) inner: Arc<CqInner>,
+    id: CqId,
+    entries: u32,
+    wcs: Vec<ibv_wc>,
+    events: OnceLock<Option<Arc<VerbsEvents>>>,
+}
+
+// SAFETY: the CQ is owned through `inner` (thread-safe); `wcs` is plain data
+// used only through `&mut self`.
+unsafe impl Send for VerbsCq {}
+
+impl std::fmt::Debug for VerbsCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsCq")
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+impl VerbsCq {
+    pub(super) fn new(dev: &Arc<DeviceInner>, entries: u32) -> Result<Self, Error> {
+        let limits = dev.limits;
+        if entries == 0 || entries > limits.max_cqe {
+            return Err(Error::Verbs {
+                verb: "ibv_create_cq",
+                source: std::io::Error::other(format!(
+                    "{entries} entries: the device allows 1..={}",
+                    limits.max_cqe
+                )),
+            });
+        }
+        let id = CqId::fresh();
+        // SAFETY: the context is open while `dev` lives.
+        let channel = unsafe { rdma_sys::ibv_create_comp_channel(dev.ctx) };
+        if channel.is_null() {
+            return Err(last_error("ibv_create_comp_channel"));
+        }
+        // SAFETY: as above; the channel was just created on this context. The
+        // CQ's context carries its identity, so that an async event naming
+        // it can be told apart.
+        let cq = unsafe {
+            rdma_sys::ibv_create_cq(dev.ctx, entries as i32, id.get() as *mut _, channel, 0)
+        };
+        if cq.is_null() {
+            let err = last_error("ibv_create_cq");
+            // SAFETY: created above, unused.
+            unsafe { rdma_sys::ibv_destroy_comp_channel(channel) };
+            return Err(err);
+        }
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                _dev: Arc::clone(dev),
+                channel,
+                cq,
+            }),
+            id,
+            entries,
+            wcs: zeroed(64),
+            events: OnceLock::new(),
+        })
+    }
+}
+
+// SAFETY: completions come from `ibv_poll_cq`, which reports each work
+// request once, after the NIC is done with it, with the number of the QP it
+// ran on; the id and depth are fixed at creation.
+unsafe impl CompletionQueue for VerbsCq {
+    fn id(&self) -> CqId {
+        self.id
+    }
+
+    fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        let max = out.len().min(self.wcs.len());
+        // SAFETY: the CQ is live; `wcs` has room for `max` entries.
+        let n = unsafe { rdma_sys::ibv_poll_cq(self.inner.cq, max as i32, self.wcs.as_mut_ptr()) };
+        if n < 0 {
+            // ibv_poll_cq reports failure as a negative count, not an errno.
+            return Err(Error::Verbs {
+                verb: "ibv_poll_cq",
+                source: std::io::Error::other(format!(
+                    "returned {n}: the completion queue is broken"
+                )),
+            });
+        }
+        for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
+            let status = WcStatus::from_code(wc.status);
+            // Only a successful completion's flags and length are defined.
+            let ok = status.is_success();
+            let with_imm = ok && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            *slot = RawCompletion {
+                wr_id: wc.wr_id,
+                qp_num: wc.qp_num,
+                status,
+                byte_len: if ok { wc.byte_len } else { 0 },
+                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                by_write_imm: ok && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+            };
+        }
+        Ok(n as usize)
+    }
+
+    fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+        let events = self
+            .events
+            .get_or_init(|| VerbsEvents::new(Arc::clone(&self.inner)).ok().map(Arc::new));
+        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
+    }
+}

@@ -1,0 +1,89 @@
+//! Waking tasks: the driver, the completion channel's descriptor, and the
+//! notifier thread.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Shared;
+use crate::backend::{CompletionEvents, QueuePair};
+use crate::error::Error;
+
+/// Drives a ring from a reactor task; see [`AsyncRing::driver`](crate::future::AsyncRing::driver).
+///
+/// The [module docs](crate::future) show driver tasks for tokio and smol.
+pub struct Driver<Q: QueuePair> {
+    pub(super) shared: Arc<Shared<Q>>,
+}
+
+impl<Q: QueuePair> Driver<Q> {
+    /// See [`AsyncRing::drive`](crate::future::AsyncRing::drive).
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// See [`AsyncRing::completion_fd`](crate::future::AsyncRing::completion_fd).
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+}
+
+impl<Q: QueuePair> Clone for Driver<Q> {
+    fn clone(&self) -> Self {
+        Driver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for Driver<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("wakeup", &self.shared.wakeup)
+            .finish()
+    }
+}
+
+/// The completion channel's descriptor, for a reactor: implements
+/// `AsRawFd` (tokio `AsyncFd`) and `AsFd` (async-io `Async`).
+#[derive(Clone)]
+pub struct CompletionFd(pub(super) Arc<dyn CompletionEvents>);
+
+impl AsFd for CompletionFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl fmt::Debug for CompletionFd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CompletionFd")
+            .field(&self.as_raw_fd())
+            .finish()
+    }
+}
+
+/// The notifier thread of [`Wakeup::Thread`](super::Wakeup::Thread): drives the
+/// ring whenever its completion channel fires.
+pub(super) fn notifier_loop<Q: QueuePair>(shared: &Shared<Q>) {
+    let Some(events) = shared.events.clone() else {
+        return;
+    };
+    while !shared.stop.load(Ordering::Acquire) {
+        match events.wait(Duration::from_millis(50)) {
+            Ok(true) => {
+                let _ = shared.drive();
+            }
+            Ok(false) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Futures adapters: await any operation on any executor.
+//!
+//! [`AsyncRing`] shares a [`Ring`] between tasks. Each operation method
+//! (`write`, `read`, `send`, `recv`, …) pushes and submits at once and
+//! returns an [`OpFuture`] that owns the operation: awaiting it gives
+//! `(result, buffer)`, the buffer back whatever happened. Built on
+//! `futures-core` only; no executor is a dependency.
+//!
+//! A ring with many queue pairs is one [`AsyncRing`], one driver and one
+//! completion channel: [`AsyncRing::attach`] (or [`AsyncRing::qp`]) gives
+//! an [`AsyncQp`] with the same operation methods for one queue pair, and
+//! [`AsyncRing::srq_recv`] awaits a receive of a shared receive queue.
+//!
+//! # Ownership and cancel safety
+//!
+//! The buffer moves into the ring when the operation is pushed. Dropping
+//! the future before completion marks the operation orphaned: the buffer
+//! is released when its completion is reaped, never while the device may
+//! still use it. Dropping the last [`AsyncRing`] handle closes the ring:
+//! the queue pair moves to error, and futures still pending resolve with
+//! a flush error (and their buffers) instead of hanging.
+//!
+//! # Wake-up sources
+//!
+//! Something must notice completions and wake the tasks awaiting them.
+//! Choose with [`Wakeup`]:
+//!
+//! * [`Wakeup::Busy`]: every poll of a pending future polls the device and
+//!   asks to be polled again. No threads, no file descriptors, lowest
+//!   latency; it keeps a core busy while anything is pending. For
+//!   dedicated polling threads and benchmarks.
+//! * [`Wakeup::Reactor`]: the completion channel's file descriptor
+//!   ([`AsyncRing::completion_fd`], `AsRawFd` + `AsFd`) goes to your
+//!   reactor — tokio's `AsyncFd`, async-io's `Async` — and a small task
+//!   calls [`AsyncRing::drive`] whenever it is readable. Idle costs
+//!   nothing. For async services.
+//! * [`Wakeup::Thread`]: a small notifier thread blocks on the completion
+//!   channel and calls `drive`. Works with any executor, including
+//!   `futures::executor::block_on`, at the cost of one thread per ring.
+//!
+//! `drive` takes the pending events, re-arms the channel, and only then
+//! polls the completion queue, so a completion that lands between the
+//! poll and the re-arm still raises an event: no lost wake-ups.
+//!
+//! ## Busy polling, on `futures::executor::block_on`
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let exposed = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+//!
+//! futures::executor::block_on(async {
+//!     let buf = RegisteredBuf::new(&pd, vec![9u8; 64]).unwrap();
+//!     let (result, buf) = ring.write(buf, exposed.remote()).await;
+//!     assert_eq!(result.unwrap(), 64);
+//!     assert_eq!(buf.len(), 64); // the buffer is back
+//! });
+//! drop(ring);
+//! assert_eq!(exposed.into_inner().unwrap(), vec![9u8; 64]);
+//! ```
+//!
+//! ## A reactor: tokio's `AsyncFd`
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//! use tokio::io::{unix::AsyncFd, Interest};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let a = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Reactor).unwrap();
+//! let b = AsyncRing::new(Ring::new(qb, RingConfig::default()), Wakeup::Reactor).unwrap();
+//!
+//! // One small task per ring turns readiness of the completion channel
+//! // into wake-ups. A `Driver` does not keep the ring open.
+//! for ring in [&a, &b] {
+//!     let driver = ring.driver();
+//!     let channel = driver.completion_fd().unwrap();
+//!     // SAFETY: a `CompletionFd` keeps its descriptor open while it lives.
+//!     let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }.unwrap();
+//!     tokio::spawn(async move {
+//!         while let Ok(mut ready) = fd.readable().await {
+//!             driver.drive().unwrap();
+//!             ready.clear_ready();
+//!         }
+//!     });
+//! }
+//!
+//! let recv = b.recv(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap());
+//! let send = a.send_imm(RegisteredBuf::new(&pd, b"hello".to_vec()).unwrap(), 7);
+//! let ((sent, _), (got, buf)) = tokio::join!(send, recv);
+//! sent.unwrap();
+//! let got = got.unwrap();
+//! assert_eq!((got.len, got.imm), (5, Some(7)));
+//! assert_eq!(&buf[..5], b"hello");
+//! # });
+//! ```
+//!
+//! ## A reactor: async-io's `Async` (smol)
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! smol::block_on(async {
+//!     let dev = SoftDevice::new();
+//!     let pd = dev.alloc_pd();
+//!     let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//!     let exposed = ExposedBuf::new(&pd, vec![5u8; 64], RemoteAccess::READ).unwrap();
+//!     let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Reactor).unwrap();
+//!     let driver = ring.driver();
+//!     let fd = smol::Async::new(driver.completion_fd().unwrap()).unwrap();
+//!     let _task = smol::spawn(async move {
+//!         while fd.readable().await.is_ok() {
+//!             driver.drive().unwrap();
+//!         }
+//!     });
+//!     let (result, buf) = ring.read(RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap(), exposed.remote()).await;
+//!     assert_eq!(result.unwrap(), 64);
+//!     assert!(buf.iter().all(|&b| b == 5));
+//! });
+//! ```
+//!
+//! ## A notifier thread, for executors without a reactor
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::backend::QpConfig;
+//! use rdma_ring::buf::{BaseBuf, ExposedBuf, RegisteredBuf, RemoteAccess};
+//! use rdma_ring::future::{AsyncRing, Wakeup};
+//! use rdma_ring::ring::{Ring, RingConfig};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let counter = ExposedBuf::new(&pd, Box::new(41u64), RemoteAccess::ATOMIC).unwrap();
+//! let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Thread).unwrap();
+//! let word = RegisteredBuf::new(&pd, Box::new(0u64)).unwrap().word(0).unwrap();
+//! let (result, word) = futures::executor::block_on(
+//!     ring.fetch_add(word, counter.remote().word(0).unwrap(), 1),
+//! );
+//! result.unwrap();
+//! assert_eq!(word.get(), 41);
+//! drop(ring);
+//! assert_eq!(*counter.into_inner().unwrap(), 42);
+//! ```
+
+/// The eight awaitable operations, for a type with `op` and `op_as`.
+macro_rules! awaitable_ops {
+    () => {
+        /// RDMA WRITE of `buf` to the start of `remote`.
+        pub fn write<B: IoBuf>(&self, buf: B, remote: RemoteSlice) -> OpFuture<Q, B> {
+            self.op(op::Write::new(buf, remote))
+        }
+
+        /// RDMA WRITE with immediate data.
+        pub fn write_imm<B: IoBuf>(&self, buf: B, remote: RemoteSlice, imm: u32) -> OpFuture<Q, B> {
+            self.op(op::WriteImm::new(buf, remote, imm))
+        }
+
+        /// RDMA READ of the start of `remote` into `buf`.
+        pub fn read<B: IoBufMut>(&self, buf: B, remote: RemoteSlice) -> OpFuture<Q, B> {
+            self.op(op::Read::new(buf, remote))
+        }
+
+        /// SEND of `buf`.
+        pub fn send<B: IoBuf>(&self, buf: B) -> OpFuture<Q, B> {
+            self.op(op::Send::new(buf))
+        }
+
+        /// SEND with immediate data.
+        pub fn send_imm<B: IoBuf>(&self, buf: B, imm: u32) -> OpFuture<Q, B> {
+            self.op(op::SendImm::new(buf, imm))
+        }
+
+        /// A receive into `buf`; resolves to what arrived.
+        pub fn recv<B: IoBufMut>(&self, buf: B) -> OpFuture<Q, B, Received> {
+            self.op_as(op::Recv::new(buf))
+        }
+
+        /// Compare-and-swap on a remote word; the old value lands in `word`.
+        pub fn compare_swap<B: BaseBuf + IoBufMut>(
+            &self,
+            word: Word<B>,
+            remote: RemoteWord,
+            compare: u64,
+            swap: u64,
+        ) -> OpFuture<Q, Word<B>> {
+            self.op(op::CompareSwap::new(word, remote, compare, swap))
+        }
+
+        /// Fetch-and-add on a remote word; the old value lands in `word`.
+        pub fn fetch_add<B: BaseBuf + IoBufMut>(
+            &self,
+            word: Word<B>,
+            remote: RemoteWord,
+            add: u64,
+        ) -> OpFuture<Q, Word<B>> {
+            self.op(op::FetchAdd::new(word, remote, add))
+        }
+    };
+}
+
+mod driver;
+mod locked;
+mod op_future;
+mod qp;
+mod ring;
+mod stream;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use driver::{CompletionFd, Driver};
+pub use locked::LockedRing;
+pub use op_future::{OpFuture, OpOutput, Received};
+pub use qp::AsyncQp;
+pub use ring::AsyncRing;
+pub use stream::CompletionStream;
+
+use crate::backend::{CompletionEvents, QueuePair};
+use crate::error::Error;
+use crate::ring::Ring;
+
+/// How tasks awaiting operations are woken. See the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Pending futures poll the device on every poll and reschedule
+    /// themselves at once.
+    Busy,
+    /// Your reactor watches [`AsyncRing::completion_fd`] and calls
+    /// [`AsyncRing::drive`] when it is readable.
+    Reactor,
+    /// A notifier thread blocks on the completion channel and drives.
+    Thread,
+}
+
+thread_local! {
+    /// Wakers collected under a ring's lock, woken after it is released.
+    static WAKES: std::cell::RefCell<Vec<std::task::Waker>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+pub(crate) struct Shared<Q: QueuePair> {
+    pub(crate) ring: Mutex<Ring<Q>>,
+    pub(crate) wakeup: Wakeup,
+    pub(crate) events: Option<Arc<dyn CompletionEvents>>,
+    pub(crate) handles: AtomicUsize,
+    pub(crate) stop: AtomicBool,
+}
+
+impl<Q: QueuePair> Shared<Q> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ring<Q>> {
+        // The ring's state stays consistent across a panicking waker.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the locked ring, then wakes the wakers it collected
+    /// with the lock released (see `ring::lifecycle`).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
+        // The thread's list is reused so the steady state allocates nothing;
+        // a thread already destroying its thread-locals (a future dropped in
+        // another thread-local's destructor) gets a list of its own.
+        let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
+        let result = {
+            let mut ring = self.lock();
+            let result = f(&mut ring);
+            ring.take_wakes(&mut wakes);
+            result
+        };
+        for waker in wakes.drain(..) {
+            waker.wake();
+        }
+        let _ = WAKES.try_with(|cell| cell.replace(wakes));
+        result
+    }
+
+    pub(crate) fn drive(&self) -> Result<usize, Error> {
+        if let Some(events) = &self.events {
+            events.take()?;
+            events.arm()?;
+        }
+        self.with(|ring| ring.dispatch())
+    }
+}

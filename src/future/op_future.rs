@@ -1,0 +1,210 @@
+//! [`OpFuture`]: one awaited operation.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::{Shared, Wakeup};
+use crate::backend::QueuePair;
+use crate::buf::{IoBuf, IoBufMut};
+use crate::error::Error;
+use crate::op::Operation;
+use crate::ring::{Completion, Key, QpHandle, SrqHandle};
+
+/// What a receive got.
+///
+/// ```
+/// use rdma_ring::future::Received;
+/// let r = Received { len: 5, imm: Some(7), write_imm: false, qp: None };
+/// assert_eq!(r.imm, Some(7));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes that arrived (for a WRITE with immediate: bytes written).
+    pub len: usize,
+    /// Immediate data, if the sender sent some.
+    pub imm: Option<u32>,
+    /// Whether an RDMA WRITE with immediate consumed the receive (the
+    /// buffer is untouched) rather than a SEND.
+    pub write_imm: bool,
+    /// The queue pair the message arrived on (for a shared receive queue's
+    /// receive, the one that consumed it).
+    pub qp: Option<QpHandle>,
+}
+
+/// How a finished operation's result is presented.
+pub trait OpOutput: Sized {
+    #[doc(hidden)]
+    fn from_completion(c: &Completion) -> Result<Self, Error>;
+}
+
+impl OpOutput for usize {
+    fn from_completion(c: &Completion) -> Result<Self, Error> {
+        c.result()
+    }
+}
+
+impl OpOutput for Received {
+    fn from_completion(c: &Completion) -> Result<Self, Error> {
+        c.result().map(|len| Received {
+            len,
+            imm: c.imm(),
+            write_imm: c.is_write_imm(),
+            qp: c.qp(),
+        })
+    }
+}
+
+pub(super) enum State<B> {
+    InFlight(Key),
+    Failed(Option<(Error, B)>),
+    Done,
+}
+
+/// An operation in flight; resolves to `(result, buffer)`. Dropping it
+/// early is safe: the buffer is released when the device is done with it.
+#[must_use = "an operation's buffer comes back only through its future"]
+pub struct OpFuture<Q: QueuePair, B, O = usize> {
+    shared: Arc<Shared<Q>>,
+    state: State<B>,
+    _out: PhantomData<fn() -> O>,
+}
+
+impl<Q: QueuePair> Shared<Q> {
+    /// Pushes `op` to queue pair `qp` (the default one for `None`) for a
+    /// future, without submitting.
+    pub(super) fn push_on<T: Operation, O>(
+        self: &Arc<Self>,
+        qp: Option<QpHandle>,
+        op: T,
+    ) -> OpFuture<Q, T::Buf, O> {
+        let state = self.with(|ring| State::pushed(ring.push_awaited(qp, op)));
+        self.future(state)
+    }
+
+    /// Pushes `op` and submits at once (one doorbell). Awaited operations
+    /// the device refused resolve through their futures (flushed: they
+    /// never ran); operations pushed for the completion queue go to it, so
+    /// nothing is lost.
+    pub(super) fn op_on<T: Operation, O>(
+        self: &Arc<Self>,
+        qp: Option<QpHandle>,
+        op: T,
+    ) -> OpFuture<Q, T::Buf, O> {
+        let future = self.push_on(qp, op);
+        if matches!(future.state, State::InFlight(_)) {
+            self.submit_now();
+        }
+        future
+    }
+
+    /// A receive on shared receive queue `srq`, submitted at once.
+    pub(super) fn srq_recv<B: IoBufMut>(
+        self: &Arc<Self>,
+        srq: SrqHandle,
+        buf: B,
+    ) -> OpFuture<Q, B, Received> {
+        let op = crate::op::Recv::new(buf);
+        let state = self.with(|ring| State::pushed(ring.push_srq_awaited(srq, op)));
+        let future = self.future(state);
+        if matches!(future.state, State::InFlight(_)) {
+            self.submit_now();
+        }
+        future
+    }
+
+    fn submit_now(&self) {
+        self.with(|ring| {
+            if let Err(e) = ring.submit() {
+                ring.requeue_unposted(e.unposted);
+            }
+        });
+    }
+
+    fn future<B, O>(self: &Arc<Self>, state: State<B>) -> OpFuture<Q, B, O> {
+        OpFuture {
+            shared: Arc::clone(self),
+            state,
+            _out: PhantomData,
+        }
+    }
+}
+
+impl<B> State<B> {
+    fn pushed<T: Operation<Buf = B>>(pushed: Result<Key, crate::error::Rejected<T>>) -> Self {
+        match pushed {
+            Ok(key) => State::InFlight(key),
+            Err(rejected) => {
+                let (error, op) = rejected.into_parts();
+                State::Failed(Some((error, op.into_buf())))
+            }
+        }
+    }
+}
+
+// Nothing in the future is ever pinned in place (the buffer moves out on
+// completion), so it is `Unpin` whatever the buffer type.
+impl<Q: QueuePair, B, O> Unpin for OpFuture<Q, B, O> {}
+
+impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
+    type Output = (Result<O, Error>, B);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Failed(failed) => {
+                let (error, buf) = failed.take().expect("polled after completion");
+                this.state = State::Done;
+                Poll::Ready((Err(error), buf))
+            }
+            State::Done => panic!("OpFuture polled after completion"),
+            State::InFlight(key) => {
+                let key = *key;
+                // Unknown CQEs are counted in the ring's stats; they cannot
+                // belong to this operation.
+                let polled = this.shared.with(|ring| {
+                    let _ = ring.dispatch();
+                    ring.poll_awaited(key, cx.waker())
+                });
+                match polled {
+                    Some(completion) => {
+                        this.state = State::Done;
+                        let result = O::from_completion(&completion);
+                        let buf = B::from_bufs(completion.into_bufs()).unwrap_or_else(|_| {
+                            unreachable!("the ring hands back the buffer type it was given")
+                        });
+                        Poll::Ready((result, buf))
+                    }
+                    None => {
+                        if this.shared.wakeup == Wakeup::Busy {
+                            cx.waker().wake_by_ref();
+                        }
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair, B, O> Drop for OpFuture<Q, B, O> {
+    fn drop(&mut self) {
+        if let State::InFlight(key) = self.state {
+            self.shared.with(|ring| ring.orphan(key));
+        }
+    }
+}
+
+impl<Q: QueuePair, B, O> fmt::Debug for OpFuture<Q, B, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::InFlight(_) => "in flight",
+            State::Failed(_) => "refused",
+            State::Done => "done",
+        };
+        f.debug_struct("OpFuture").field("state", &state).finish()
+    }
+}

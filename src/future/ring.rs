@@ -1,0 +1,210 @@
+//! [`AsyncRing`]: a ring shared between tasks.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::driver::notifier_loop;
+use super::{
+    AsyncQp, CompletionFd, CompletionStream, Driver, LockedRing, OpFuture, Received, Shared, Wakeup,
+};
+use crate::backend::QueuePair;
+use crate::buf::{BaseBuf, IoBuf, IoBufMut, RemoteSlice, RemoteWord, Word};
+use crate::error::{Error, Rejected};
+use crate::op::{self, Operation};
+use crate::ring::{QpHandle, Ring, SrqHandle, SubmitError};
+
+/// A [`Ring`] shared between tasks, with awaitable operations. Cloning
+/// gives another handle; dropping the last handle closes the ring.
+pub struct AsyncRing<Q: QueuePair + Send + 'static> {
+    shared: Arc<Shared<Q>>,
+    notifier: Option<Arc<NotifierThread>>,
+}
+
+struct NotifierThread {
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
+    /// Shares `ring`, woken as `wakeup` says. [`Wakeup::Reactor`] and
+    /// [`Wakeup::Thread`] need a backend with a completion channel.
+    pub fn new(mut ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+        let events = match wakeup {
+            Wakeup::Busy => None,
+            Wakeup::Reactor | Wakeup::Thread => Some(ring.cq_channel().ok_or(Error::Soft(
+                "this completion queue has no completion channel; use Wakeup::Busy",
+            ))?),
+        };
+        if let Some(events) = &events {
+            events.arm()?;
+        }
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(ring),
+            wakeup,
+            events,
+            handles: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+        });
+        let notifier = (wakeup == Wakeup::Thread).then(|| {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name("rdma-ring-notifier".into())
+                .spawn(move || notifier_loop(&shared))
+                .expect("spawning the notifier thread");
+            Arc::new(NotifierThread {
+                handle: Mutex::new(Some(handle)),
+            })
+        });
+        Ok(AsyncRing { shared, notifier })
+    }
+
+    /// The completion channel's descriptor, for your reactor
+    /// ([`Wakeup::Reactor`]); `None` without a channel.
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+
+    /// Takes pending completion events, re-arms the channel, then moves
+    /// every completion to its future (waking it). Call it whenever the
+    /// completion descriptor is readable. Returns how many CQEs it reaped.
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// A handle that can [`drive`](Driver::drive) the ring (from a reactor
+    /// task) without keeping it open: the ring still closes when the last
+    /// [`AsyncRing`] handle drops.
+    pub fn driver(&self) -> Driver<Q> {
+        Driver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Pushes `op` to the default queue pair and submits it at once (one
+    /// doorbell); the future resolves to the result and the buffer. A
+    /// refused push resolves at once with the error and the buffer.
+    pub fn op<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
+        self.shared.op_on(None, op)
+    }
+
+    /// Pushes `op` to the default queue pair without submitting: push
+    /// several, then [`submit`] them with one doorbell, then await them.
+    ///
+    /// [`submit`]: Self::submit
+    pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
+        self.shared.push_on(None, op)
+    }
+
+    /// Posts everything pushed since the last submit, on every queue: one
+    /// doorbell per queue with work.
+    pub fn submit(&self) -> Result<usize, SubmitError> {
+        self.shared.with(|ring| ring.submit())
+    }
+
+    /// Attaches a queue pair created on the ring's completion queue (see
+    /// [`Ring::attach`]); its operations are awaited through the returned
+    /// [`AsyncQp`], driven by the same driver as every other.
+    pub fn attach(&self, qp: Q) -> Result<AsyncQp<Q>, Rejected<Q>> {
+        let handle = self.shared.with(|ring| ring.attach(qp))?;
+        Ok(AsyncQp::new(Arc::clone(&self.shared), handle))
+    }
+
+    /// The awaitable side of an attached queue pair.
+    pub fn qp(&self, qp: QpHandle) -> AsyncQp<Q> {
+        AsyncQp::new(Arc::clone(&self.shared), qp)
+    }
+
+    /// A receive posted to shared receive queue `srq` (see
+    /// [`Ring::add_srq`]); resolves to what arrived, with the queue pair
+    /// that consumed it in [`Received::qp`].
+    pub fn srq_recv<B: IoBufMut>(&self, srq: SrqHandle, buf: B) -> OpFuture<Q, B, Received> {
+        self.shared.srq_recv(srq, buf)
+    }
+
+    /// Runs `f` on the ring, locked: push operations whose completions go
+    /// to [`completions`](Self::completions), read stats, and so on. The
+    /// ring is lent as a [`LockedRing`], never as `&mut Ring`, so it
+    /// cannot be swapped or replaced under the futures that own
+    /// operations in it.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    /// assert_eq!(ring.with_ring(|r| r.stats().doorbells), 0);
+    /// ```
+    pub fn with_ring<R>(&self, f: impl FnOnce(LockedRing<'_, Q>) -> R) -> R {
+        self.shared.with(|ring| f(LockedRing { ring }))
+    }
+
+    /// A stream of the completions of operations pushed through
+    /// [`with_ring`](Self::with_ring) (not of awaited ones), for users who
+    /// batch and reap asynchronously. It ends once the ring is closed and
+    /// drained.
+    pub fn completions(&self) -> CompletionStream<Q> {
+        CompletionStream {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Closes the ring now: every queue pair moves to error and every pending
+    /// future resolves with a flush error and its buffer. This waits, with
+    /// the ring locked, up to the ring's `drain_timeout` for the device to
+    /// flush; operations it does not return by then are leaked (never freed
+    /// under the NIC) and their futures stay pending.
+    pub fn close(&self) {
+        self.shared.with(|ring| ring.shutdown_in_place());
+    }
+
+    fn op_as<T: Operation, O>(&self, op: T) -> OpFuture<Q, T::Buf, O> {
+        self.shared.op_on(None, op)
+    }
+
+    awaitable_ops!();
+}
+
+impl<Q: QueuePair + Send + 'static> Clone for AsyncRing<Q> {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::AcqRel);
+        AsyncRing {
+            shared: Arc::clone(&self.shared),
+            notifier: self.notifier.clone(),
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.shared.with(|ring| ring.shutdown_in_place());
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(notifier) = &self.notifier {
+            let handle = notifier
+                .handle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(handle) = handle {
+                if handle.thread().id() != std::thread::current().id() {
+                    let _ = handle.join();
+                }
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncRing<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncRing")
+            .field("wakeup", &self.shared.wakeup)
+            .field("ring", &*self.shared.lock())
+            .finish()
+    }
+}

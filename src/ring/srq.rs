@@ -1,0 +1,456 @@
+//! Shared receive queues held by a ring: pushing receives to them, their
+//! credits, the low-water mark, and refilling them from a buffer pool.
+
+use super::lifecycle::Owner;
+use super::submission::Posting;
+use super::{InFlight, Key, QueueRef, Ring, SrqHandle};
+use crate::backend::{
+    PostError, QueuePair, RecvWr, Sge, SgeSpan, SharedReceiveQueue, SrqCaps, SrqId,
+};
+use crate::buf::{BufferPool, IoBufMut};
+use crate::error::{Error, Rejected};
+use crate::op::{Limits, Operation, Recv};
+
+/// Keeps a shared receive queue topped up from a [`BufferPool`]: after
+/// reaping, whenever fewer than `low` receives are posted, the ring pushes
+/// pool chunks until `target` are (or the pool runs dry), and posts them
+/// with one doorbell. Their completions arrive like any other receive, with
+/// `user_data`; dropping a completion's buffer returns the chunk to the
+/// pool.
+///
+/// ```
+/// use rdma_ring::ring::SrqRefill;
+/// # use rdma_ring::backend::soft::SoftDevice;
+/// # use rdma_ring::buf::BufferPool;
+/// # let pd = SoftDevice::new().alloc_pd();
+/// let pool = BufferPool::new(&pd, 4096, 256).unwrap();
+/// let refill = SrqRefill { pool, low: 64, target: 192, user_data: u64::MAX };
+/// assert!(refill.low < refill.target);
+/// ```
+#[derive(Clone, Debug)]
+pub struct SrqRefill {
+    /// Where the receive buffers come from.
+    pub pool: BufferPool,
+    /// Refill when fewer than this many receives are posted.
+    pub low: usize,
+    /// Refill up to this many.
+    pub target: usize,
+    /// The tag of the refill receives' completions.
+    pub user_data: u64,
+}
+
+pub(super) struct SrqSlot<S> {
+    pub(super) srq: S,
+    pub(super) caps: SrqCaps,
+    pub(super) pending: Vec<RecvWr>,
+    pub(super) sges: Vec<Sge>,
+    /// Receives posted and not yet completed.
+    pub(super) outstanding: usize,
+    pub(super) dirty: bool,
+    pub(super) refill: Option<SrqRefill>,
+    pub(super) doorbells: u64,
+}
+
+impl<S> SrqSlot<S> {
+    fn slab_share(&self) -> usize {
+        2 * self.caps.max_wr as usize
+    }
+}
+
+/// The submission side of one of a ring's shared receive queues: it takes
+/// receives only.
+///
+/// ```
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::backend::SrqConfig;
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::op::Recv;
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// # use rdma_ring::backend::soft::SoftQp;
+/// let dev = SoftDevice::new();
+/// let pd = dev.alloc_pd();
+/// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
+/// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+/// let buf = RegisteredBuf::new(&pd, vec![0u8; 1024]).unwrap();
+/// ring.srq_submission(srq).push(Recv::new(buf)).unwrap();
+/// ring.submit().unwrap();
+/// assert_eq!(ring.srq_posted(srq), Some(1));
+/// ```
+pub struct SrqSubmission<'a, Q: QueuePair> {
+    ring: &'a mut Ring<Q>,
+    srq: Option<u32>,
+}
+
+impl<Q: QueuePair> SrqSubmission<'_, Q> {
+    /// Pushes a receive, to be posted by the next submit. Refused, with the
+    /// receive back, when the queue is full or the buffers do not fit it.
+    pub fn push<B: IoBufMut>(&mut self, op: Recv<B>) -> Result<(), Rejected<Recv<B>>> {
+        let Some(index) = self.srq else {
+            return Err(Rejected::new(
+                Error::NotAttached("shared receive queue"),
+                op,
+            ));
+        };
+        self.ring.push_srq(index, op, Owner::Queue).map(|_| ())
+    }
+
+    /// Posts everything pushed since the last submit, on every queue of
+    /// the ring (see [`Ring::submit`]).
+    pub fn submit(&mut self) -> Result<usize, super::SubmitError> {
+        self.ring.submit_all()
+    }
+
+    /// Receives that may be pushed now.
+    pub fn room(&self) -> usize {
+        self.srq.map_or(0, |i| self.ring.srq_room_at(i))
+    }
+}
+
+impl<Q: QueuePair> Ring<Q> {
+    /// Takes `srq` into the ring: queue pairs created on it may then be
+    /// attached, and receives pushed to it with
+    /// [`srq_submission`](Self::srq_submission). The ring destroys it at
+    /// teardown, after its queue pairs, and only then hands back the
+    /// receives still posted (flushed).
+    pub fn add_srq(&mut self, srq: Q::Srq) -> Result<SrqHandle, Rejected<Q::Srq>> {
+        if self.closed {
+            return Err(Rejected::new(Error::Closed, srq));
+        }
+        let caps = srq.caps();
+        if self.srq_index_by_id(caps.id).is_some() {
+            return Err(Rejected::new(
+                Error::Incompatible("this shared receive queue is already held"),
+                srq,
+            ));
+        }
+        let slot = SrqSlot {
+            srq,
+            caps,
+            pending: Vec::with_capacity(caps.max_wr as usize),
+            sges: Vec::with_capacity(caps.max_wr as usize),
+            outstanding: 0,
+            dirty: false,
+            refill: None,
+            doorbells: 0,
+        };
+        self.reserve_slots(slot.slab_share());
+        if self.srqs.len() == self.srqs.capacity() {
+            self.srqs.grow(self.srqs.capacity().max(2));
+        }
+        let key = self.srqs.insert(slot).expect("grown above");
+        Ok(SrqHandle { ring: self.id, key })
+    }
+
+    /// A shared receive queue the ring holds (create queue pairs on it).
+    pub fn srq(&self, srq: SrqHandle) -> Option<&Q::Srq> {
+        self.srq_index(srq)
+            .and_then(|i| self.srqs.at(i))
+            .map(|slot| &slot.srq)
+    }
+
+    /// The submission side of shared receive queue `srq`. A handle this ring
+    /// does not hold makes every push fail, handing the receive back.
+    pub fn srq_submission(&mut self, srq: SrqHandle) -> SrqSubmission<'_, Q> {
+        let srq = self.srq_index(srq);
+        SrqSubmission { ring: self, srq }
+    }
+
+    /// Receives posted to `srq` and not yet consumed (pushed ones not
+    /// counted).
+    pub fn srq_posted(&self, srq: SrqHandle) -> Option<usize> {
+        self.srq_index(srq)
+            .and_then(|i| self.srqs.at(i))
+            .map(|slot| slot.outstanding)
+    }
+
+    /// Arms `srq`'s low-water event: when fewer than `limit` receives remain
+    /// posted, the device raises
+    /// [`AsyncEvent::SrqLimitReached`](crate::backend::AsyncEvent::SrqLimitReached)
+    /// once (see [`Ring::watch_events`]).
+    pub fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<(), Error> {
+        let index = self
+            .srq_index(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        self.srqs
+            .at_mut(index)
+            .expect("checked")
+            .srq
+            .arm_limit(limit)
+    }
+
+    /// Keeps `srq` topped up from a pool (see [`SrqRefill`]); `None` stops.
+    /// The first top-up happens at once.
+    pub fn set_srq_refill(
+        &mut self,
+        srq: SrqHandle,
+        refill: Option<SrqRefill>,
+    ) -> Result<(), Error> {
+        let index = self
+            .srq_index(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        self.srqs.at_mut(index).expect("checked").refill = refill;
+        self.refill_srqs();
+        Ok(())
+    }
+
+    /// Doorbells rung on `srq` so far.
+    pub fn srq_doorbells(&self, srq: SrqHandle) -> Option<u64> {
+        self.srq_index(srq)
+            .and_then(|i| self.srqs.at(i))
+            .map(|slot| slot.doorbells)
+    }
+
+    fn srq_index(&self, srq: SrqHandle) -> Option<u32> {
+        (srq.ring == self.id && self.srqs.get(srq.key).is_some()).then_some(srq.key.index)
+    }
+
+    pub(super) fn srq_index_by_id(&self, id: SrqId) -> Option<u32> {
+        self.srqs
+            .keys()
+            .into_iter()
+            .find(|k| self.srqs.get(*k).is_some_and(|slot| slot.caps.id == id))
+            .map(|k| k.index)
+    }
+
+    pub(super) fn srqs_share(&self) -> usize {
+        self.srqs
+            .keys()
+            .into_iter()
+            .filter_map(|k| self.srqs.get(k))
+            .map(|slot| slot.slab_share())
+            .sum()
+    }
+
+    pub(super) fn srq_room_at(&self, index: u32) -> usize {
+        self.srqs.at(index).map_or(0, |slot| {
+            (slot.caps.max_wr as usize)
+                .saturating_sub(slot.outstanding + slot.pending.len())
+                .min(self.cqe_room())
+        })
+    }
+
+    /// Pushes a receive to shared receive queue `index` for `owner`.
+    pub(super) fn push_srq<T: Operation>(
+        &mut self,
+        index: u32,
+        op: T,
+        owner: Owner,
+    ) -> Result<Key, Rejected<T>> {
+        if self.closed {
+            return Err(Rejected::new(Error::Closed, op));
+        }
+        if let Some(why) = self.failed {
+            return Err(Rejected::new(Error::RingFailed(why), op));
+        }
+        let slot = self.srqs.at(index).expect("a live shared receive queue");
+        let posted = slot.outstanding + slot.pending.len();
+        if posted >= slot.caps.max_wr as usize {
+            return Err(Rejected::new(
+                Error::RecvQueueFull {
+                    outstanding: posted,
+                    depth: slot.caps.max_wr as usize,
+                },
+                op,
+            ));
+        }
+        if let Some(error) = self.cq_credit_error() {
+            return Err(Rejected::new(error, op));
+        }
+        if let Err(error) = op.check(&Limits::srq(&slot.caps)) {
+            return Err(Rejected::new(error, op));
+        }
+        if self.slab.is_full() {
+            return Err(Rejected::new(Error::Unclaimed(self.unclaimed()), op));
+        }
+        let slot = self.srqs.at_mut(index).expect("live");
+        let start = slot.sges.len() as u32;
+        op.push_sges(&mut slot.sges);
+        let span = SgeSpan {
+            start,
+            len: slot.sges.len() as u32 - start,
+        };
+        let prepared = op.into_prepared();
+        if matches!(owner, Owner::Queue) {
+            self.queued_in_flight += 1;
+        }
+        let key = self
+            .slab
+            .insert(InFlight {
+                kind: prepared.kind,
+                queue: QueueRef::Srq(index),
+                user_data: prepared.user_data,
+                bufs: prepared.bufs,
+                posted: false,
+                owner,
+            })
+            .expect("checked above that the slab has room");
+        self.cqe_used += 1;
+        self.srqs.at_mut(index).expect("live").pending.push(RecvWr {
+            wr_id: key.to_wr_id(),
+            sges: span,
+        });
+        self.mark_dirty(QueueRef::Srq(index));
+        Ok(key)
+    }
+
+    /// Pushes a receive whose completion goes to a future.
+    pub(crate) fn push_srq_awaited<T: Operation>(
+        &mut self,
+        srq: SrqHandle,
+        op: T,
+    ) -> Result<Key, Rejected<T>> {
+        match self.srq_index(srq) {
+            Some(index) => self.push_srq(index, op, Self::awaited()),
+            None => Err(Rejected::new(
+                Error::NotAttached("shared receive queue"),
+                op,
+            )),
+        }
+    }
+
+    pub(super) fn submit_srq(&mut self, index: u32, posting: &mut Posting) {
+        let slot = self
+            .srqs
+            .at_mut(index)
+            .expect("a live shared receive queue");
+        if slot.pending.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut slot.pending);
+        // SAFETY: each receive names exactly the bytes of buffers the slab
+        // holds until its completion is reaped, or until the queue is
+        // destroyed at teardown; if that fails they are leaked, never freed.
+        let result = unsafe { slot.srq.post_recv(&pending, &slot.sges) };
+        slot.doorbells += 1;
+        self.stats.doorbells += 1;
+        let accepted = match &result {
+            Ok(()) => pending.len(),
+            Err(PostError { accepted, .. }) => (*accepted).min(pending.len()),
+        };
+        for wr in &pending[..accepted] {
+            let key = Key::from_wr_id(wr.wr_id);
+            self.slab
+                .get_mut(key)
+                .expect("pending op is in the slab")
+                .posted = true;
+        }
+        let slot = self.srqs.at_mut(index).expect("live");
+        slot.outstanding += accepted;
+        slot.sges.clear();
+        self.stats.recv_wrs += accepted as u64;
+        self.expecting += accepted;
+        posting.posted += accepted;
+        if let Err(PostError { error, .. }) = result {
+            let unposted =
+                self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), None);
+            posting.refused(error, unposted);
+        }
+        pending.clear();
+        self.srqs.at_mut(index).expect("live").pending = pending;
+    }
+
+    /// Tops up every shared receive queue that has a refill and fell below
+    /// its low-water mark.
+    pub(super) fn refill_srqs(&mut self) {
+        if self.closed || self.failed.is_some() {
+            return;
+        }
+        let mut refilled = false;
+        for key in self.srqs.keys() {
+            let Some(slot) = self.srqs.get(key) else {
+                continue;
+            };
+            let Some(refill) = slot.refill.clone() else {
+                continue;
+            };
+            if slot.outstanding + slot.pending.len() >= refill.low {
+                continue;
+            }
+            while self
+                .srqs
+                .get(key)
+                .is_some_and(|s| s.outstanding + s.pending.len() < refill.target)
+            {
+                let Ok(chunk) = refill.pool.take() else { break };
+                let op = Recv::new(chunk).user_data(refill.user_data);
+                if self.push_srq(key.index, op, Owner::Queue).is_err() {
+                    break;
+                }
+                refilled = true;
+            }
+        }
+        if !refilled {
+            return;
+        }
+        // Post the refilled queues now (only those: other queues' pushed
+        // work waits for the caller's submit). Refused receives go back to
+        // the completion queue as flushed, so their chunks return to the
+        // pool.
+        let mut posting = Posting::default();
+        for key in self.srqs.keys() {
+            let index = key.index;
+            let slot = self.srqs.at_mut(index).expect("listed");
+            if slot.dirty && slot.refill.is_some() {
+                slot.dirty = false;
+                self.dirty.retain(|q| *q != QueueRef::Srq(index));
+                self.submit_srq(index, &mut posting);
+            }
+        }
+        if let Some((_, unposted)) = posting.failure {
+            self.requeue_unposted(unposted);
+        }
+    }
+
+    /// Destroys shared receive queue `srq` and hands back its receives
+    /// (flushed). Refused while queue pairs on it are attached, or if the
+    /// device refuses to destroy it (the receives then stay posted).
+    pub fn remove_srq(&mut self, srq: SrqHandle) -> Result<Q::Srq, Error> {
+        let index = self
+            .srq_index(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        let attached = self
+            .qps
+            .keys()
+            .into_iter()
+            .any(|k| self.qps.get(k).is_some_and(|slot| slot.srq == Some(index)));
+        if attached {
+            return Err(Error::Incompatible(
+                "queue pairs on this shared receive queue are still attached",
+            ));
+        }
+        self.flush_pending(QueueRef::Srq(index));
+        self.srqs.at_mut(index).expect("checked").srq.destroy()?;
+        self.release_srq_receives(index);
+        let slot = self.srqs.remove(srq.key).expect("checked");
+        self.dirty.retain(|q| *q != QueueRef::Srq(index));
+        Ok(slot.srq)
+    }
+
+    /// After shared receive queue `index` was destroyed: the device no
+    /// longer touches its receives, which go back to their owners flushed.
+    pub(super) fn release_srq_receives(&mut self, index: u32) {
+        let keys: Vec<Key> = self
+            .slab
+            .keys()
+            .into_iter()
+            .filter(|k| {
+                self.slab
+                    .get(*k)
+                    .is_some_and(|op| op.queue == QueueRef::Srq(index) && op.posted)
+            })
+            .collect();
+        for key in keys {
+            if let Some(slot) = self.srqs.at_mut(index) {
+                slot.outstanding -= 1;
+            }
+            self.finish(
+                key,
+                crate::backend::WcStatus::WrFlushErr,
+                Some(0),
+                None,
+                false,
+                None,
+            );
+        }
+    }
+}
