@@ -11,8 +11,10 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use conformance::Fabric;
-use rdma_ring::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
-use rdma_ring::backend::QpConfig;
+use rdma_ring::backend::verbs::{
+    VerbsAsyncEvents, VerbsCq, VerbsDevice, VerbsPd, VerbsQp, VerbsSrq,
+};
+use rdma_ring::backend::{QpConfig, SrqConfig};
 use rdma_ring::connect::tcp;
 
 struct Verbs {
@@ -37,6 +39,31 @@ impl Verbs {
 impl Fabric for Verbs {
     type Qp = VerbsQp;
     type Pd = VerbsPd;
+    type Events = VerbsAsyncEvents;
+    fn cq(&self, entries: u32) -> VerbsCq {
+        self.dev.create_cq(entries).unwrap()
+    }
+    fn srq(&self, config: SrqConfig) -> VerbsSrq {
+        self.dev.create_srq(&self.pd, config).unwrap()
+    }
+    /// A queue pair on `cq`, connected manually to a new one with a
+    /// completion queue of its own.
+    fn pair_on(
+        &self,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> (VerbsQp, VerbsQp) {
+        let a = self.dev.create_qp_on(&self.pd, cq, srq, config).unwrap();
+        let b = self.dev.create_qp(&self.pd, config).unwrap();
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        a.connect(&eb).unwrap();
+        b.connect(&ea).unwrap();
+        (a, b)
+    }
+    fn events(&self) -> VerbsAsyncEvents {
+        self.dev.async_events().unwrap()
+    }
     fn pd(&self) -> &VerbsPd {
         &self.pd
     }

@@ -234,9 +234,10 @@ impl<Q: QueuePair> Ring<Q> {
     /// shared receive queue, it then waits (up to
     /// [`RingConfig::last_wqe_timeout`](super::RingConfig::last_wqe_timeout),
     /// if the ring watches events) for the device to say it will take no
-    /// more receives. The queue pair comes back in [`Detached`]; if the
-    /// device did not drain in time, its in-flight buffers are leaked
-    /// (never freed under the NIC) and `drained` is false.
+    /// more receives. The queue pair comes back in [`Detached`], in the
+    /// error state; if the device did not drain in time, its in-flight
+    /// buffers are leaked (never freed under the NIC) and `drained` is
+    /// false.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, WcStatus};
@@ -284,7 +285,7 @@ impl<Q: QueuePair> Ring<Q> {
     /// whether it did.
     pub(super) fn drain_qp(&mut self, index: u32, deadline: Deadline) -> bool {
         self.flush_pending(QueueRef::Qp(index));
-        if !self.start_drain(index) {
+        if !self.start_drain(index, true) {
             return false;
         }
         loop {
@@ -302,16 +303,24 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Moves queue pair `index` to error and posts its teardown marker, if
-    /// it has work in flight. Returns false if the device refused to move
-    /// it to error (it cannot be drained).
-    pub(super) fn start_drain(&mut self, index: u32) -> bool {
+    /// it has work in flight (or always, with `always`: a queue pair leaving
+    /// the ring must stop taking shared receives). Returns false if the
+    /// device refused to move it to error (it cannot be drained).
+    pub(super) fn start_drain(&mut self, index: u32, always: bool) -> bool {
         let slot = self.qps.at_mut(index).expect("draining a live queue pair");
-        if slot.outstanding() == 0 || slot.drain_posted {
+        if slot.drain_posted {
+            return true;
+        }
+        let idle = slot.outstanding() == 0;
+        if idle && !always {
             return true;
         }
         slot.record_error(WcStatus::WrFlushErr);
         if slot.qp.set_error().is_err() {
-            return false;
+            return idle && slot.srq.is_none();
+        }
+        if idle {
+            return true;
         }
         // A signaled marker behind everything else: once its flush CQE
         // arrives, every earlier send has completed. The ones still without

@@ -141,6 +141,15 @@ impl<Q: QueuePair> Ring<Q> {
         Ok(SrqHandle { ring: self.id, key })
     }
 
+    /// The handles of every shared receive queue the ring holds.
+    pub fn srqs(&self) -> Vec<SrqHandle> {
+        self.srqs
+            .keys()
+            .into_iter()
+            .map(|key| SrqHandle { ring: self.id, key })
+            .collect()
+    }
+
     /// A shared receive queue the ring holds (create queue pairs on it).
     pub fn srq(&self, srq: SrqHandle) -> Option<&Q::Srq> {
         self.srq_index(srq)

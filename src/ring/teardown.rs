@@ -54,7 +54,7 @@ impl<Q: QueuePair> Ring<Q> {
         }
         let mut refused = Vec::new();
         for &index in &qps {
-            if !self.start_drain(index) {
+            if !self.start_drain(index, false) {
                 refused.push(index);
             }
         }

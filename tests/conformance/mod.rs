@@ -6,19 +6,42 @@
 
 use std::time::{Duration, Instant};
 
-use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair, WcStatus};
+pub mod many;
+
+use rdma_ring::backend::{
+    AsyncEventSource, ProtectionDomain, QpConfig, QueuePair, SrqConfig, WcStatus,
+};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::{CompareSwap, FetchAdd, OpKind, Read, Recv, Send, SendImm, Write, WriteImm};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 use rdma_ring::Error;
 
-/// A backend under test: a protection domain and connected RC pairs.
+/// The completion queue type of a fabric's queue pairs.
+pub type CqOf<F> = <<F as Fabric>::Qp as QueuePair>::Cq;
+/// The shared receive queue type of a fabric's queue pairs.
+pub type SrqOf<F> = <<F as Fabric>::Qp as QueuePair>::Srq;
+
+/// A backend under test: a protection domain, connected RC pairs (each
+/// with a completion queue of its own, or the first on a shared one),
+/// completion and shared receive queues, and the device's events.
 pub trait Fabric {
     type Qp: QueuePair + std::marker::Send + 'static;
     type Pd: ProtectionDomain;
+    type Events: AsyncEventSource + 'static;
     fn pd(&self) -> &Self::Pd;
     fn pair(&self, config: QpConfig) -> (Self::Qp, Self::Qp);
+    fn cq(&self, entries: u32) -> CqOf<Self>;
+    fn srq(&self, config: SrqConfig) -> SrqOf<Self>;
+    /// A queue pair on `cq` (taking receives from `srq`), connected to a
+    /// new peer with a completion queue of its own.
+    fn pair_on(
+        &self,
+        cq: &CqOf<Self>,
+        srq: Option<&SrqOf<Self>>,
+        config: QpConfig,
+    ) -> (Self::Qp, Self::Qp);
+    fn events(&self) -> Self::Events;
 }
 
 fn config() -> QpConfig {
@@ -29,7 +52,7 @@ fn config() -> QpConfig {
     }
 }
 
-fn ring_config() -> RingConfig {
+pub fn ring_config() -> RingConfig {
     RingConfig {
         wait_timeout: Duration::from_secs(30),
         ..RingConfig::default()
@@ -420,5 +443,15 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn teardown_with_ops_in_flight() { conformance::teardown_with_ops_in_flight(&$make) }
         $(#[$attr])* #[test] fn awaited_ops() { conformance::awaited_ops(&$make) }
         $(#[$attr])* #[test] fn long_wait_sleeps_and_wakes() { conformance::long_wait_sleeps_and_wakes(&$make) }
+        $(#[$attr])* #[test] fn many_queue_pairs_on_one_cq_and_srq() { conformance::many::many_queue_pairs_on_one_cq_and_srq(&$make) }
+        $(#[$attr])* #[test] fn scatter_gather_on_the_device() { conformance::many::scatter_gather_on_the_device(&$make) }
+        $(#[$attr])* #[test] fn srq_limit_event() { conformance::many::srq_limit_event(&$make) }
+        $(#[$attr])* #[test] fn detach_with_work_in_flight() { conformance::many::detach_with_work_in_flight(&$make) }
+        $(#[$attr])* #[test] fn doorbells_seen_by_the_device() { conformance::many::doorbells_seen_by_the_device(&$make) }
+        $(#[$attr])* #[test] fn a_failing_unsignaled_request_gets_its_own_completion() { conformance::many::a_failing_unsignaled_request_gets_its_own_completion(&$make) }
+        $(#[$attr])* #[test] fn the_device_refuses_rights_it_was_not_given() { conformance::many::the_device_refuses_rights_it_was_not_given(&$make) }
+        $(#[$attr])* #[test] fn a_partial_post_on_the_device() { conformance::many::a_partial_post_on_the_device(&$make) }
+        $(#[$attr])* #[test] fn a_shared_cq_is_never_overrun() { conformance::many::a_shared_cq_is_never_overrun(&$make) }
+        $(#[$attr])* #[test] fn events_have_a_descriptor() { conformance::many::events_have_a_descriptor(&$make) }
     };
 }

@@ -1,0 +1,532 @@
+//! Conformance checks of many queue pairs on one completion queue, shared
+//! receive queues, scatter/gather lists and device events, and checks that
+//! observe the device itself rather than the ring's own bookkeeping.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_ring::backend::{
+    AsyncEvent, AsyncEventSource, PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge,
+    SrqConfig, WcStatus,
+};
+use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::op::{Read, Recv, Send, SendImm, Write};
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+use rdma_ring::Error;
+
+use super::{ring_config, Fabric};
+
+fn small() -> QpConfig {
+    QpConfig {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpConfig::default()
+    }
+}
+
+fn wait<Q: QueuePair>(ring: &mut Ring<Q>, n: usize) -> Vec<Completion> {
+    ring.completion()
+        .wait(n)
+        .unwrap_or_else(|e| panic!("waiting for {n}: {e}"))
+}
+
+/// Queue pairs on one completion queue and one shared receive queue: every
+/// client's messages arrive on its own queue pair (the completion says
+/// which), every queue pair's WRITE and READ complete, and closing gives
+/// back the receives still posted. On the verbs backend this is the
+/// Soft-RoCE load check (64 queue pairs).
+pub fn many_queue_pairs_on_one_cq_and_srq<F: Fabric>(f: &F) {
+    const QPS: usize = 64;
+    let cq = f.cq(1024);
+    let mut server = Ring::with_cq(cq, ring_config());
+    let srq = server
+        .add_srq(f.srq(SrqConfig {
+            max_wr: 256,
+            max_sge: 1,
+        }))
+        .unwrap();
+    let mut handles = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..QPS {
+        let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), small());
+        handles.push(server.attach(qp).unwrap());
+        clients.push(Ring::new(peer, ring_config()));
+    }
+    let pool = BufferPool::new(f.pd(), 64, 4 * QPS + 64).unwrap();
+    for i in 0..2 * QPS as u64 + 16 {
+        server
+            .srq_submission(srq)
+            .push(Recv::new(pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    for (i, client) in clients.iter_mut().enumerate() {
+        for j in 0..2u8 {
+            let mut msg = pool.take().unwrap();
+            msg[..2].copy_from_slice(&[i as u8, j]);
+            client
+                .submission()
+                .push(SendImm::new(msg.slice(0..2), i as u32))
+                .unwrap();
+        }
+        client.submit().unwrap();
+    }
+    for client in clients.iter_mut() {
+        assert!(wait(client, 2).iter().all(|c| c.status().is_success()));
+    }
+    let got = wait(&mut server, 2 * QPS);
+    let mut per_qp = vec![0; QPS];
+    for c in &got {
+        assert!(c.status().is_success(), "{:?}", c.status());
+        let i = c.imm().unwrap() as usize;
+        assert_eq!(c.qp(), Some(handles[i]), "the consumer is named");
+        assert_eq!(c.buf()[0] as usize, i);
+        per_qp[i] += 1;
+    }
+    assert!(per_qp.iter().all(|&n| n == 2), "{per_qp:?}");
+    drop(got);
+
+    // Every queue pair writes its own slice and reads it back: one submit,
+    // one doorbell per queue pair.
+    let target = ExposedBuf::new(f.pd(), vec![0u8; 64 * QPS], RemoteAccess::all()).unwrap();
+    let doorbells = server.stats().doorbells;
+    for (i, &h) in handles.iter().enumerate() {
+        let slice = target
+            .remote()
+            .slice(i as u64 * 64..(i as u64 + 1) * 64)
+            .unwrap();
+        let mut chunk = pool.take().unwrap();
+        chunk.fill(i as u8 ^ 0x5a);
+        server
+            .submission_on(h)
+            .push(Write::new(chunk, slice).user_data(i as u64))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    assert_eq!(server.stats().doorbells - doorbells, QPS as u64);
+    assert!(wait(&mut server, QPS)
+        .iter()
+        .all(|c| c.status().is_success()));
+    for (i, &h) in handles.iter().enumerate() {
+        let slice = target
+            .remote()
+            .slice(i as u64 * 64..(i as u64 + 1) * 64)
+            .unwrap();
+        server
+            .submission_on(h)
+            .push(Read::new(pool.take().unwrap(), slice).user_data(i as u64))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    for c in wait(&mut server, QPS) {
+        let i = c.user_data() as usize;
+        assert_eq!(c.qp(), Some(handles[i]));
+        assert!(c.buf().iter().all(|&b| b == i as u8 ^ 0x5a));
+    }
+    let back = server.close();
+    assert_eq!(back.len(), 16, "the receives nobody used");
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    drop((back, clients));
+    assert_eq!(pool.available(), pool.capacity());
+}
+
+/// Gathered WRITE and SEND, scattered READ and receive, on the device.
+pub fn scatter_gather_on_the_device<F: Fabric>(f: &F) {
+    let config = QpConfig {
+        max_send_sge: 3,
+        max_recv_sge: 2,
+        ..small()
+    };
+    let (qa, qb) = f.pair(config);
+    let (mut a, mut b) = (Ring::new(qa, ring_config()), Ring::new(qb, ring_config()));
+    let target = ExposedBuf::new(f.pd(), vec![0u8; 64], RemoteAccess::all()).unwrap();
+    let buf = |fill: u8, len: usize| RegisteredBuf::new(f.pd(), vec![fill; len]).unwrap();
+    a.submission()
+        .push(Write::gather(
+            [buf(1, 8), buf(2, 16), buf(3, 8)],
+            target.remote(),
+        ))
+        .unwrap();
+    a.submission()
+        .push(Read::scatter([buf(0, 20), buf(0, 12)], target.remote()))
+        .unwrap();
+    a.submit().unwrap();
+    let done = wait(&mut a, 2);
+    assert!(done.iter().all(|c| c.status().is_success()));
+    let read: Vec<u8> = done[1]
+        .bufs()
+        .iter()
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    let expected: Vec<u8> = [1u8; 8]
+        .iter()
+        .chain(&[2u8; 16])
+        .chain(&[3u8; 8])
+        .copied()
+        .collect();
+    assert_eq!(read, expected);
+    b.submission()
+        .push(Recv::scatter([buf(0, 8), buf(0, 64)]).user_data(4))
+        .unwrap();
+    b.submit().unwrap();
+    a.submission()
+        .push(Send::gather([buf(7, 8), buf(6, 40)]))
+        .unwrap();
+    a.submit().unwrap();
+    assert!(wait(&mut a, 1)[0].status().is_success());
+    let got = wait(&mut b, 1);
+    assert_eq!((got[0].user_data(), got[0].byte_len()), (4, 48));
+    assert_eq!(&got[0].bufs()[0][..], &[7u8; 8]);
+    assert_eq!(&got[0].bufs()[1][..40], &[6u8; 40]);
+}
+
+/// The device raises the shared receive queue's low-water event once the
+/// queue falls below the armed limit, and the ring hands it out.
+pub fn srq_limit_event<F: Fabric>(f: &F) {
+    let mut server = Ring::with_cq(f.cq(256), ring_config());
+    server.watch_events(f.events());
+    let srq = server
+        .add_srq(f.srq(SrqConfig {
+            max_wr: 16,
+            max_sge: 1,
+        }))
+        .unwrap();
+    let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), small());
+    server.attach(qp).unwrap();
+    let mut client = Ring::new(peer, ring_config());
+    let pool = BufferPool::new(f.pd(), 64, 16).unwrap();
+    for _ in 0..4 {
+        server
+            .srq_submission(srq)
+            .push(Recv::new(pool.take().unwrap()))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    server.arm_srq_limit(srq, 2).unwrap();
+    for _ in 0..3 {
+        client
+            .submission()
+            .push(Send::new(pool.take().unwrap().slice(0..4)))
+            .unwrap();
+    }
+    client.submit().unwrap();
+    assert_eq!(wait(&mut client, 3).len(), 3);
+    assert_eq!(wait(&mut server, 3).len(), 3);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        server.poll_events().unwrap();
+        if let Some(event) = std::iter::from_fn(|| server.next_event())
+            .find(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
+        {
+            break event;
+        }
+        assert!(std::time::Instant::now() < deadline, "no SRQ limit event");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(matches!(event, AsyncEvent::SrqLimitReached { .. }));
+}
+
+/// Detaching a queue pair from a shared completion queue with receives in
+/// flight gives them back flushed; the other queue pair keeps working.
+pub fn detach_with_work_in_flight<F: Fabric>(f: &F) {
+    let mut server = Ring::with_cq(f.cq(256), ring_config());
+    let (qa, peer_a) = f.pair_on(server.cq(), None, small());
+    let (qb, peer_b) = f.pair_on(server.cq(), None, small());
+    let (a, b) = (server.attach(qa).unwrap(), server.attach(qb).unwrap());
+    let pool = BufferPool::new(f.pd(), 64, 16).unwrap();
+    for &h in &[a, b] {
+        for _ in 0..4 {
+            server
+                .submission_on(h)
+                .push(Recv::new(pool.take().unwrap()))
+                .unwrap();
+        }
+    }
+    server.submit().unwrap();
+    let detached = server.detach(a).unwrap();
+    assert!(detached.drained);
+    let flushed = wait(&mut server, 4);
+    assert!(flushed
+        .iter()
+        .all(|c| c.qp() == Some(a) && c.status() == WcStatus::WrFlushErr));
+    drop((flushed, detached));
+    let mut client = Ring::new(peer_b, ring_config());
+    client
+        .submission()
+        .push(Send::new(pool.take().unwrap().slice(0..8)))
+        .unwrap();
+    client.submit().unwrap();
+    assert!(wait(&mut client, 1)[0].status().is_success());
+    let got = wait(&mut server, 1);
+    assert_eq!((got[0].qp(), got[0].byte_len()), (Some(b), 8));
+    drop((got, server, client, peer_a));
+    assert_eq!(pool.available(), 16);
+}
+
+/// A queue pair that counts its posts: what reaches the backend, not what
+/// the ring says it did.
+struct Counting<Q> {
+    inner: Q,
+    posts: Arc<AtomicU64>,
+}
+
+// SAFETY: everything is the inner queue pair's.
+unsafe impl<Q: QueuePair> QueuePair for Counting<Q> {
+    type Cq = Q::Cq;
+    type Srq = Q::Srq;
+    fn caps(&self) -> QpCaps {
+        self.inner.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        self.posts.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: passed through.
+        unsafe { self.inner.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        self.posts.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: passed through.
+        unsafe { self.inner.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.inner.set_error()
+    }
+    fn take_cq(&mut self) -> Option<Q::Cq> {
+        self.inner.take_cq()
+    }
+}
+
+/// One post reaches the device for a batch of 64 on one queue pair, and one
+/// per queue pair for a submit over several: counted at the backend.
+pub fn doorbells_seen_by_the_device<F: Fabric>(f: &F) {
+    let mut server = Ring::with_cq(f.cq(512), ring_config());
+    let target = ExposedBuf::new(f.pd(), vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
+    let pool = BufferPool::new(f.pd(), 64, 80).unwrap();
+    let mut counters = Vec::new();
+    let mut handles = Vec::new();
+    let mut peers = Vec::new();
+    let config = QpConfig {
+        max_send_wr: 128,
+        ..small()
+    };
+    for _ in 0..3 {
+        let (qp, peer) = f.pair_on(server.cq(), None, config);
+        let posts = Arc::new(AtomicU64::new(0));
+        counters.push(Arc::clone(&posts));
+        handles.push(server.attach(Counting { inner: qp, posts }).unwrap());
+        peers.push(peer);
+    }
+    for i in 0..64u64 {
+        let slice = target.remote().slice(i * 64..(i + 1) * 64).unwrap();
+        server
+            .submission_on(handles[0])
+            .push(Write::new(pool.take().unwrap(), slice))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    assert_eq!(counters[0].load(Ordering::Relaxed), 1, "64 WRs, one post");
+    assert_eq!(wait(&mut server, 64).len(), 64);
+    for &h in &handles {
+        let slice = target.remote().slice(0..64).unwrap();
+        server
+            .submission_on(h)
+            .push(Write::new(pool.take().unwrap(), slice))
+            .unwrap();
+    }
+    server.submit().unwrap();
+    let posts: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    assert_eq!(posts, [2, 1, 1], "one post per queue pair with work");
+    assert_eq!(wait(&mut server, 3).len(), 3);
+}
+
+/// A work request that fails without asking for a completion still gets
+/// one of its own (the ring's implicit completion relies on it): here the
+/// failing WRITE is unsignaled and not the last of its submit.
+pub fn a_failing_unsignaled_request_gets_its_own_completion<F: Fabric>(f: &F) {
+    let (qa, _qb) = f.pair(small());
+    let mut a = Ring::new(
+        qa,
+        RingConfig {
+            signal_interval: 64,
+            ..ring_config()
+        },
+    );
+    let target = ExposedBuf::new(f.pd(), vec![0u8; 4096], RemoteAccess::WRITE).unwrap();
+    let good = target.remote();
+    let forged = RemoteSlice::new(
+        good.addr(),
+        64,
+        good.rkey() ^ 0x0101_0000,
+        RemoteAccess::WRITE,
+    );
+    let pool = BufferPool::new(f.pd(), 64, 8).unwrap();
+    a.submission()
+        .push(Write::new(pool.take().unwrap(), good.slice(0..64).unwrap()).user_data(0))
+        .unwrap();
+    a.submission()
+        .push(Write::new(pool.take().unwrap(), forged).user_data(1))
+        .unwrap();
+    for i in 2..5 {
+        a.submission()
+            .push(Write::new(pool.take().unwrap(), good.slice(0..64).unwrap()).user_data(i))
+            .unwrap();
+    }
+    a.submit().unwrap();
+    assert_eq!(a.stats().signaled, 1, "only the last of the submit asked");
+    let done = wait(&mut a, 5);
+    let statuses: Vec<_> = done.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(statuses[0], (0, WcStatus::Success));
+    assert_eq!(statuses[1], (1, WcStatus::RemAccessErr));
+    assert!(statuses[2..]
+        .iter()
+        .all(|(_, s)| *s == WcStatus::WrFlushErr));
+    drop(done);
+    assert_eq!(pool.available(), 8);
+}
+
+/// The device itself refuses a WRITE to memory exposed for reading only,
+/// even when the descriptor lies about the rights (the ring's own check is
+/// passed with a forged descriptor).
+pub fn the_device_refuses_rights_it_was_not_given<F: Fabric>(f: &F) {
+    let (qa, _qb) = f.pair(small());
+    let mut a = Ring::new(qa, ring_config());
+    let exposed = ExposedBuf::new(f.pd(), vec![0u8; 64], RemoteAccess::READ).unwrap();
+    let real = exposed.remote();
+    let lying = RemoteSlice::new(real.addr(), real.len(), real.rkey(), RemoteAccess::all());
+    let src = RegisteredBuf::new(f.pd(), vec![0xee_u8; 64]).unwrap();
+    a.submission().push(Write::new(src, lying)).unwrap();
+    a.submit().unwrap();
+    assert_eq!(wait(&mut a, 1)[0].status(), WcStatus::RemAccessErr);
+    drop(a);
+    assert!(exposed.into_inner().unwrap().iter().all(|&b| b == 0));
+}
+
+/// A queue pair that claims to take more inline data than the device does,
+/// so the device itself refuses part of a post.
+struct Overstating<Q> {
+    inner: Q,
+}
+
+// SAFETY: everything is the inner queue pair's but the inline limit it
+// reports, which only makes the device refuse posts the ring allowed; the
+// device's `accepted` is passed through unchanged.
+unsafe impl<Q: QueuePair> QueuePair for Overstating<Q> {
+    type Cq = Q::Cq;
+    type Srq = Q::Srq;
+    fn caps(&self) -> QpCaps {
+        QpCaps {
+            max_inline_data: 1 << 16,
+            ..self.inner.caps()
+        }
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.inner.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.inner.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.inner.set_error()
+    }
+    fn take_cq(&mut self) -> Option<Q::Cq> {
+        self.inner.take_cq()
+    }
+}
+
+/// The device takes the first two work requests of a list and refuses the
+/// third (an inline payload beyond its limit): the ring posts two, hands
+/// back three with their buffers, and releases the unsignaled prefix with
+/// a sync marker, without waiting for later work.
+pub fn a_partial_post_on_the_device<F: Fabric>(f: &F) {
+    let (qa, _qb) = f.pair(small());
+    let mut a = Ring::new(
+        Overstating { inner: qa },
+        RingConfig {
+            signal_interval: 64,
+            ..ring_config()
+        },
+    );
+    let target = ExposedBuf::new(f.pd(), vec![0u8; 16384], RemoteAccess::WRITE).unwrap();
+    let pool = BufferPool::new(f.pd(), 8192, 5).unwrap();
+    for i in 0..5u64 {
+        let len = if i == 2 { 8192 } else { 64 };
+        let op = Write::new(
+            pool.take().unwrap().slice(0..len),
+            target.remote().slice(0..len as u64).unwrap(),
+        )
+        .user_data(i);
+        let op = if i == 2 { op.inline() } else { op };
+        a.submission().push(op).unwrap();
+    }
+    let err = a.submit().unwrap_err();
+    assert_eq!(err.posted, 2, "{}", err);
+    assert_eq!(
+        err.unposted.iter().map(|u| u.user_data).collect::<Vec<_>>(),
+        [2, 3, 4]
+    );
+    drop(err);
+    assert_eq!(pool.available(), 3, "the unposted buffers are back");
+    let done = wait(&mut a, 2);
+    assert_eq!(
+        done.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        [(0, WcStatus::Success), (1, WcStatus::Success)]
+    );
+}
+
+/// However the work is spread, the ring never lets more completions be
+/// possible than the shared completion queue holds: pushes past that are
+/// refused (handed back), and when everything is flushed at once the
+/// device reports no overrun.
+pub fn a_shared_cq_is_never_overrun<F: Fabric>(f: &F) {
+    let mut server = Ring::with_cq(f.cq(16), ring_config());
+    server.watch_events(f.events());
+    let (qa, _pa) = f.pair_on(server.cq(), None, small());
+    let (qb, _pb) = f.pair_on(server.cq(), None, small());
+    let (a, b) = (server.attach(qa).unwrap(), server.attach(qb).unwrap());
+    let pool = BufferPool::new(f.pd(), 64, 32).unwrap();
+    let mut pushed = 0;
+    let refused = loop {
+        let h = if pushed % 2 == 0 { a } else { b };
+        match server
+            .submission_on(h)
+            .push(Recv::new(pool.take().unwrap()))
+        {
+            Ok(()) => pushed += 1,
+            Err(r) => break r,
+        }
+    };
+    assert_eq!(pushed, 16 - 2, "16 entries, one kept per queue pair");
+    assert!(matches!(refused.error(), Error::CompletionQueueFull { .. }));
+    drop(refused);
+    server.submit().unwrap();
+    // Every receive is flushed at once: each makes a completion, and all of
+    // them fit.
+    assert!(server.detach(a).unwrap().drained);
+    assert!(server.detach(b).unwrap().drained);
+    let back = wait(&mut server, pushed);
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    drop(back);
+    std::thread::sleep(Duration::from_millis(50));
+    server.poll_events().unwrap();
+    let events: Vec<_> = std::iter::from_fn(|| server.next_event()).collect();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, AsyncEvent::CqError { .. })),
+        "{events:?}"
+    );
+    assert!(server.failure().is_none());
+    assert_eq!(pool.available(), 32);
+}
+
+/// The event source's descriptor is a real one (a reactor can watch it).
+pub fn events_have_a_descriptor<F: Fabric>(f: &F) {
+    use std::os::fd::{AsFd, AsRawFd};
+    let events = f.events();
+    assert!(events.as_fd().as_raw_fd() >= 0);
+    assert!(events.next_event().is_ok());
+}

@@ -1,0 +1,970 @@
+//! Many queue pairs on one ring, on the soft device: identity across queue
+//! pairs, credits per queue pair and for the shared completion queue,
+//! selective signaling per queue pair, errors that stay on their queue
+//! pair, detach and teardown, shared receive queues, async events, and
+//! scatter/gather lists.
+
+use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
+use rdma_ring::backend::{
+    AsyncEvent, CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion,
+    RecvWr, SendWr, Sge, SrqConfig, WcStatus,
+};
+use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, SgList};
+use rdma_ring::op::{Read, Recv, Send, SendImm, Write};
+use rdma_ring::ring::{Completion, QpHandle, Ring, RingConfig, SrqHandle, SrqRefill};
+use rdma_ring::Error;
+
+fn config() -> QpConfig {
+    QpConfig {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpConfig::default()
+    }
+}
+
+/// A server ring on one completion queue, `n` queue pairs attached, each
+/// connected to a client queue pair with a ring of its own.
+struct Star {
+    dev: SoftDevice,
+    pd: SoftPd,
+    server: Ring<SoftQp>,
+    handles: Vec<QpHandle>,
+    controls: Vec<QpControl>,
+    clients: Vec<Ring<SoftQp>>,
+    pool: BufferPool,
+    exposed: ExposedBuf<Vec<u8>>,
+    srq: Option<SrqHandle>,
+}
+
+fn star(progress: Progress, n: usize, cq_entries: u32, srq: Option<SrqConfig>) -> Star {
+    star_with(progress, n, cq_entries, srq, RingConfig::default())
+}
+
+fn star_with(
+    progress: Progress,
+    n: usize,
+    cq_entries: u32,
+    srq: Option<SrqConfig>,
+    ring_config: RingConfig,
+) -> Star {
+    let dev = SoftDevice::with_progress(progress);
+    let pd = dev.alloc_pd();
+    let mut server = Ring::with_cq(dev.create_cq(cq_entries).unwrap(), ring_config);
+    let srq = srq.map(|c| server.add_srq(dev.create_srq(&pd, c).unwrap()).unwrap());
+    let mut handles = Vec::new();
+    let mut controls = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let qp = dev
+            .create_qp_on(&pd, server.cq(), srq.and_then(|s| server.srq(s)), config())
+            .unwrap();
+        let client = dev.create_qp(&pd, config()).unwrap();
+        dev.connect(&qp, &client).unwrap();
+        controls.push(qp.control());
+        handles.push(server.attach(qp).unwrap());
+        clients.push(Ring::new(client, ring_config));
+    }
+    let pool = BufferPool::new(&pd, 256, 512).unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 1024], RemoteAccess::all()).unwrap();
+    Star {
+        dev,
+        pd,
+        server,
+        handles,
+        controls,
+        clients,
+        pool,
+        exposed,
+        srq,
+    }
+}
+
+fn reap<Q: QueuePair>(ring: &mut Ring<Q>) -> Vec<Completion> {
+    let mut out = Vec::new();
+    ring.completion().reap(&mut out).unwrap();
+    out
+}
+
+/// Completions name their queue pair, and a submit rings one doorbell per
+/// queue pair with work — counted by the ring and seen by the device.
+#[test]
+fn one_doorbell_per_queue_pair_and_completions_name_theirs() {
+    let mut s = star(Progress::Auto, 4, 256, None);
+    for (i, &h) in s.handles.iter().enumerate().take(3) {
+        for j in 0..5u64 {
+            let target = s.exposed.remote().slice(j * 256..(j + 1) * 256).unwrap();
+            s.server
+                .submission_on(h)
+                .push(Write::new(s.pool.take().unwrap(), target).user_data(i as u64))
+                .unwrap();
+        }
+    }
+    assert_eq!(s.server.submit().unwrap(), 15);
+    assert_eq!(s.server.stats().doorbells, 3, "three queue pairs had work");
+    for (i, control) in s.controls.iter().enumerate() {
+        let expected = u64::from(i < 3);
+        assert_eq!(control.counters().send_posts, expected, "device saw qp {i}");
+        assert_eq!(s.server.qp_stats(s.handles[i]).unwrap().doorbells, expected);
+    }
+    let done = s.server.completion().wait(15).unwrap();
+    for c in &done {
+        assert_eq!(c.qp(), Some(s.handles[c.user_data() as usize]));
+        assert!(c.status().is_success());
+    }
+}
+
+/// A queue pair on a shared completion queue that always rewrites the
+/// queue pair number of the next completion, to test that the ring checks
+/// it.
+struct Rewriting {
+    inner: SoftCq,
+    rewrite: std::sync::Arc<std::sync::Mutex<Option<(u64, u32)>>>,
+}
+
+// SAFETY: reports the inner queue's completions; a rewritten one names the
+// wrong queue pair, which the ring must refuse (the test's point): it never
+// releases a buffer on such a report.
+unsafe impl CompletionQueue for Rewriting {
+    fn id(&self) -> CqId {
+        self.inner.id()
+    }
+    fn entries(&self) -> u32 {
+        self.inner.entries()
+    }
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        if let Some((wr_id, qp_num)) = self.rewrite.lock().unwrap().take() {
+            out[0] = RawCompletion {
+                wr_id,
+                qp_num,
+                ..RawCompletion::default()
+            };
+            return Ok(1);
+        }
+        self.inner.poll(out)
+    }
+}
+
+/// The queue pair type for a `Rewriting` queue.
+struct OnRewriting(SoftQp);
+
+// SAFETY: everything is the soft queue pair's.
+unsafe impl QueuePair for OnRewriting {
+    type Cq = Rewriting;
+    type Srq = SoftSrq;
+    fn caps(&self) -> QpCaps {
+        self.0.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.0.set_error()
+    }
+    fn take_cq(&mut self) -> Option<Rewriting> {
+        None
+    }
+}
+
+/// A completion that names queue pair A with the `wr_id` of an operation
+/// posted on queue pair B never releases B's operation; nor does one that
+/// names a detached queue pair.
+#[test]
+fn a_completion_of_one_queue_pair_never_releases_another_s_operation() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let rewrite = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let inner = dev.create_cq(64).unwrap();
+    let mut ring = Ring::with_cq(
+        Rewriting {
+            inner,
+            rewrite: rewrite.clone(),
+        },
+        RingConfig::default(),
+    );
+    let make = |ring: &mut Ring<OnRewriting>| {
+        let qp = dev
+            .create_qp_on(&pd, &ring.cq().inner, None, config())
+            .unwrap();
+        let peer = dev.create_qp(&pd, config()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        let num = qp.qpn();
+        (ring.attach(OnRewriting(qp)).unwrap(), num, peer)
+    };
+    let (a, a_num, _pa) = make(&mut ring);
+    let (b, _b_num, _pb) = make(&mut ring);
+    let buf = RegisteredBuf::new(&pd, vec![0u8; 32]).unwrap();
+    ring.submission_on(b)
+        .push(Recv::new(buf).user_data(7))
+        .unwrap();
+    ring.submit().unwrap();
+    // Find B's receive's wr_id through a flush of a twin ring? Simpler: it
+    // is the only operation, in slot 0, generation 0.
+    let b_recv_wr_id = 0;
+    *rewrite.lock().unwrap() = Some((b_recv_wr_id, a_num));
+    let err = ring.completion().poll().unwrap_err();
+    assert!(matches!(err, Error::UnknownWrId { .. }), "{err}");
+    assert_eq!(ring.stats().unknown_cqes, 1);
+    assert_eq!(ring.in_flight(), 1, "B's receive is still held");
+
+    // A detached queue pair's number: reported, not acted on.
+    let detached = ring.detach(a).unwrap();
+    assert!(detached.drained);
+    *rewrite.lock().unwrap() = Some((b_recv_wr_id, a_num));
+    assert!(ring.completion().poll().is_err());
+    assert_eq!(ring.in_flight(), 1);
+    let back = ring.close();
+    assert_eq!(back.len(), 1);
+    assert_eq!((back[0].user_data(), back[0].qp()), (7, Some(b)));
+}
+
+/// One queue pair's full send queue does not stop another's pushes; the
+/// shared completion queue's budget covers them all.
+#[test]
+fn credits_per_queue_pair_and_for_the_shared_completion_queue() {
+    let mut s = star(Progress::Manual, 3, 40, None);
+    let (a, b, c) = (s.handles[0], s.handles[1], s.handles[2]);
+    let target = s.exposed.remote().slice(0..256).unwrap();
+    // Queue pair a: 16 deep, one slot kept for its teardown marker.
+    for _ in 0..15 {
+        s.server
+            .submission_on(a)
+            .push(Write::new(s.pool.take().unwrap(), target))
+            .unwrap();
+    }
+    let refused = s
+        .server
+        .submission_on(a)
+        .push(Write::new(s.pool.take().unwrap(), target))
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), Error::SendQueueFull { .. }),
+        "{}",
+        refused.error()
+    );
+    // b still takes work, until the completion queue (40 entries, 3 kept
+    // for markers) could not report it all.
+    let mut pushed_b = 0;
+    let refused = loop {
+        match s
+            .server
+            .submission_on(b)
+            .push(Write::new(s.pool.take().unwrap(), target))
+        {
+            Ok(()) => pushed_b += 1,
+            Err(r) => break r,
+        }
+    };
+    assert_eq!(pushed_b, 15, "b's own limit first");
+    assert!(matches!(refused.error(), Error::SendQueueFull { .. }));
+    let mut pushed_c = 0;
+    let refused = loop {
+        match s
+            .server
+            .submission_on(c)
+            .push(Recv::new(s.pool.take().unwrap()))
+        {
+            Ok(()) => pushed_c += 1,
+            Err(r) => break r,
+        }
+    };
+    assert_eq!(
+        15 + 15 + pushed_c,
+        40 - 3,
+        "the CQ budget, less three markers"
+    );
+    assert!(
+        matches!(refused.error(), Error::CompletionQueueFull { .. }),
+        "{}",
+        refused.error()
+    );
+    drop(refused);
+    s.server.submit().unwrap();
+    s.dev.progress();
+    s.dev.progress();
+    let done = s.server.completion().wait(30).unwrap();
+    assert_eq!(done.len(), 30);
+}
+
+/// An unsignaled operation of queue pair A is never released by a signaled
+/// completion of queue pair B; A's own signaled completion releases it.
+#[test]
+fn implicit_completion_follows_each_queue_pair_s_own_order() {
+    let ring_config = RingConfig {
+        signal_interval: 64,
+        ..RingConfig::default()
+    };
+    let mut s = star_with(Progress::Manual, 2, 128, None, ring_config);
+    let (a, b) = (s.handles[0], s.handles[1]);
+    let target = s.exposed.remote().slice(0..256).unwrap();
+    for i in 0..3u64 {
+        s.server
+            .submission_on(a)
+            .push(Write::new(s.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    s.server
+        .submission_on(b)
+        .push(Write::new(s.pool.take().unwrap(), target).user_data(10))
+        .unwrap();
+    s.server.submit().unwrap();
+    // Only b runs: its one (signaled) completion arrives.
+    assert!(s.controls[1].step());
+    let done = reap(&mut s.server);
+    assert_eq!(done.iter().map(|c| c.user_data()).collect::<Vec<_>>(), [10]);
+    assert_eq!(s.server.in_flight(), 3, "a's operations are still a's");
+    // a's first two run: nothing is released (they are unsignaled).
+    assert!(s.controls[0].step());
+    assert!(s.controls[0].step());
+    assert!(reap(&mut s.server).is_empty());
+    assert!(s.controls[0].step());
+    let done = reap(&mut s.server);
+    assert_eq!(
+        done.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert_eq!(s.server.stats().implicit, 2);
+}
+
+/// An error on one queue pair flushes that one only; the others keep
+/// running.
+#[test]
+fn an_error_flushes_only_its_own_queue_pair() {
+    let mut s = star(Progress::Auto, 2, 256, None);
+    let (a, b) = (s.handles[0], s.handles[1]);
+    let target = s.exposed.remote().slice(0..256).unwrap();
+    s.controls[0].fail_nth(2, WcStatus::RemOpErr);
+    for i in 0..4u64 {
+        s.server
+            .submission_on(a)
+            .push(Write::new(s.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    let done = s.server.completion().wait(4).unwrap();
+    let statuses: Vec<_> = done.iter().map(|c| c.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            WcStatus::Success,
+            WcStatus::RemOpErr,
+            WcStatus::WrFlushErr,
+            WcStatus::WrFlushErr
+        ]
+    );
+    assert_eq!(s.server.qp_error(a), Some(WcStatus::RemOpErr));
+    let refused = s
+        .server
+        .submission_on(a)
+        .push(Write::new(s.pool.take().unwrap(), target))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::QpInError(_)));
+    drop(refused);
+    // b is untouched.
+    assert_eq!(s.server.qp_error(b), None);
+    s.server
+        .submission_on(b)
+        .push(Write::new(s.pool.take().unwrap(), target).user_data(9))
+        .unwrap();
+    s.server.submit().unwrap();
+    let done = s.server.completion().wait(1).unwrap();
+    assert_eq!(
+        (done[0].user_data(), done[0].status()),
+        (9, WcStatus::Success)
+    );
+}
+
+/// Detaching a queue pair with work in flight drains only its flushed
+/// completions (the other queue pair's completions still arrive), then
+/// releases its buffers; its handle is refused afterwards.
+#[test]
+fn detach_drains_only_its_own_work() {
+    let mut s = star(Progress::Manual, 2, 256, None);
+    let (a, b) = (s.handles[0], s.handles[1]);
+    let target = s.exposed.remote().slice(0..256).unwrap();
+    for i in 0..4u64 {
+        s.server
+            .submission_on(a)
+            .push(Recv::new(s.pool.take().unwrap()).user_data(i))
+            .unwrap();
+        s.server
+            .submission_on(a)
+            .push(Write::new(s.pool.take().unwrap(), target).user_data(10 + i))
+            .unwrap();
+    }
+    s.server
+        .submission_on(b)
+        .push(Write::new(s.pool.take().unwrap(), target).user_data(100))
+        .unwrap();
+    s.server.submit().unwrap();
+    assert!(s.controls[1].step());
+    let before = s.pool.available();
+    let detached = s.server.detach(a).unwrap();
+    assert!(detached.drained);
+    let done = reap(&mut s.server);
+    assert_eq!(done.len(), 9, "a's eight flushed, b's one done");
+    for c in &done {
+        if c.user_data() == 100 {
+            assert_eq!((c.status(), c.qp()), (WcStatus::Success, Some(b)));
+        } else {
+            assert_eq!((c.status(), c.qp()), (WcStatus::WrFlushErr, Some(a)));
+        }
+    }
+    drop(done);
+    assert_eq!(s.pool.available(), before + 9);
+    let refused = s
+        .server
+        .submission_on(a)
+        .push(Recv::new(s.pool.take().unwrap()))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::NotAttached(_)));
+    assert!(matches!(s.server.detach(a), Err(Error::NotAttached(_))));
+    assert_eq!(s.server.qps(), vec![b]);
+}
+
+/// A queue pair that refuses to move to error cannot be drained: detach
+/// leaks its in-flight buffers (never frees them) and says so.
+#[test]
+fn detach_leaks_what_it_cannot_drain() {
+    struct Wedged(SoftQp);
+    // SAFETY: the soft queue pair's, except that it refuses `set_error`
+    // (allowed: then it is never reported drained).
+    unsafe impl QueuePair for Wedged {
+        type Cq = SoftCq;
+        type Srq = SoftSrq;
+        fn caps(&self) -> QpCaps {
+            self.0.caps()
+        }
+        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: passed through.
+            unsafe { self.0.post_send(wrs, sges) }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: passed through.
+            unsafe { self.0.post_recv(wrs, sges) }
+        }
+        fn set_error(&mut self) -> Result<(), Error> {
+            Err(Error::Soft("wedged"))
+        }
+        fn take_cq(&mut self) -> Option<SoftCq> {
+            self.0.take_cq()
+        }
+    }
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let mut ring: Ring<Wedged> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let qp = dev.create_qp_on(&pd, ring.cq(), None, config()).unwrap();
+    let peer = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let h = ring.attach(Wedged(qp)).unwrap();
+    let pool = BufferPool::new(&pd, 64, 4).unwrap();
+    for _ in 0..3 {
+        ring.submission_on(h)
+            .push(Recv::new(pool.take().unwrap()))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    let leaked_before = rdma_ring::leak::leaked().buffers;
+    let detached = ring.detach(h).unwrap();
+    assert!(!detached.drained);
+    assert_eq!(pool.available(), 1, "three chunks kept, never freed");
+    assert!(rdma_ring::leak::leaked().buffers >= leaked_before + 3);
+    drop((detached, ring, peer));
+    assert_eq!(pool.available(), 1);
+}
+
+/// Dropping the ring tears down every queue pair and gives every buffer
+/// back.
+#[test]
+fn dropping_the_ring_tears_down_every_queue_pair() {
+    let mut s = star(Progress::Manual, 5, 512, None);
+    let target = s.exposed.remote().slice(0..256).unwrap();
+    for &h in &s.handles {
+        for _ in 0..3 {
+            s.server
+                .submission_on(h)
+                .push(Recv::new(s.pool.take().unwrap()))
+                .unwrap();
+            s.server
+                .submission_on(h)
+                .push(Write::new(s.pool.take().unwrap(), target))
+                .unwrap();
+        }
+    }
+    s.server.submit().unwrap();
+    let pool = s.pool.clone();
+    let capacity = pool.capacity();
+    assert_eq!(pool.available(), capacity - 30);
+    let back = s.server.close();
+    assert_eq!(back.len(), 30);
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    drop(back);
+    assert_eq!(pool.available(), capacity);
+}
+
+fn srq_config() -> SrqConfig {
+    SrqConfig {
+        max_wr: 32,
+        max_sge: 2,
+    }
+}
+
+/// Receives of a shared receive queue are consumed by whichever queue pair
+/// a message arrives on, and their completions say which.
+#[test]
+fn a_shared_receive_queue_serves_every_queue_pair() {
+    let mut s = star(Progress::Auto, 3, 256, Some(srq_config()));
+    let srq = s.srq.unwrap();
+    for i in 0..6u64 {
+        s.server
+            .srq_submission(srq)
+            .push(Recv::new(s.pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    assert_eq!(s.server.srq_posted(srq), Some(6));
+    // A receive cannot go to a queue pair on a shared receive queue.
+    let refused = s
+        .server
+        .submission_on(s.handles[0])
+        .push(Recv::new(s.pool.take().unwrap()))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::Incompatible(_)));
+    drop(refused);
+    for (i, client) in s.clients.iter_mut().enumerate() {
+        for j in 0..2u8 {
+            let mut msg = s.pool.take().unwrap();
+            msg[0] = i as u8;
+            msg[1] = j;
+            client
+                .submission()
+                .push(SendImm::new(msg.slice(0..16), i as u32))
+                .unwrap();
+        }
+        client.submit().unwrap();
+        assert_eq!(client.completion().wait(2).unwrap().len(), 2);
+    }
+    let done = s.server.completion().wait(6).unwrap();
+    let mut seen = vec![0; 3];
+    for c in &done {
+        let from = c.imm().unwrap() as usize;
+        assert_eq!(c.qp(), Some(s.handles[from]), "the consumer is named");
+        assert_eq!(c.srq(), Some(srq));
+        assert_eq!(c.buf()[0] as usize, from);
+        assert_eq!(c.byte_len(), 16);
+        seen[from] += 1;
+    }
+    assert_eq!(seen, [2, 2, 2]);
+    assert_eq!(s.server.srq_posted(srq), Some(0));
+}
+
+/// With the shared receive queue empty, a SEND is answered with RNR NAKs
+/// until a receive is posted, or until the sender's RNR retries run out.
+#[test]
+fn an_empty_shared_receive_queue_answers_with_rnr() {
+    let mut s = star(Progress::Manual, 1, 64, Some(srq_config()));
+    let srq = s.srq.unwrap();
+    let msg = s.pool.take().unwrap();
+    s.clients[0]
+        .submission()
+        .push(Send::new(msg.slice(0..8)).user_data(1))
+        .unwrap();
+    s.clients[0].submit().unwrap();
+    s.dev.progress();
+    s.dev.progress();
+    assert!(reap(&mut s.clients[0]).is_empty(), "waiting on RNR");
+    s.server
+        .srq_submission(srq)
+        .push(Recv::new(s.pool.take().unwrap()).user_data(5))
+        .unwrap();
+    s.server.submit().unwrap();
+    s.dev.progress();
+    let sent = s.clients[0].completion().wait(1).unwrap();
+    assert_eq!(sent[0].status(), WcStatus::Success);
+    let got = s.server.completion().wait(1).unwrap();
+    assert_eq!((got[0].user_data(), got[0].byte_len()), (5, 8));
+    // Nothing posted this time: the retries (6 by default) run out.
+    s.clients[0]
+        .submission()
+        .push(Send::new(s.pool.take().unwrap().slice(0..8)).user_data(2))
+        .unwrap();
+    s.clients[0].submit().unwrap();
+    for _ in 0..8 {
+        s.dev.progress();
+    }
+    let failed = s.clients[0].completion().wait(1).unwrap();
+    assert_eq!(
+        (failed[0].user_data(), failed[0].status()),
+        (2, WcStatus::RnrRetryExcErr)
+    );
+}
+
+/// The low-water event fires once when the queue falls below the armed
+/// limit, and the pool-backed refill tops the queue up.
+#[test]
+fn srq_limit_event_and_pool_refill() {
+    let mut s = star(Progress::Auto, 2, 256, Some(srq_config()));
+    s.server.watch_events(s.dev.async_events().unwrap());
+    let srq = s.srq.unwrap();
+    for i in 0..4u64 {
+        s.server
+            .srq_submission(srq)
+            .push(Recv::new(s.pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    s.server.arm_srq_limit(srq, 2).unwrap();
+    let send = |client: &mut Ring<SoftQp>, pool: &BufferPool| {
+        client
+            .submission()
+            .push(Send::new(pool.take().unwrap().slice(0..4)))
+            .unwrap();
+        client.submit().unwrap();
+        client.completion().wait(1).unwrap();
+    };
+    send(&mut s.clients[0], &s.pool);
+    send(&mut s.clients[1], &s.pool);
+    s.server.poll_events().unwrap();
+    assert_eq!(s.server.next_event(), None, "2 left: not below 2");
+    send(&mut s.clients[0], &s.pool);
+    s.server.completion().wait(3).unwrap();
+    s.server.poll_events().unwrap();
+    let events: Vec<_> = std::iter::from_fn(|| s.server.next_event()).collect();
+    let fired = events
+        .iter()
+        .filter(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
+        .count();
+    assert_eq!(fired, 1, "{events:?}");
+
+    // Refill from a pool: below 3 posted, top up to 8.
+    let refill_pool = BufferPool::new(&s.pd, 64, 16).unwrap();
+    s.server
+        .set_srq_refill(
+            srq,
+            Some(SrqRefill {
+                pool: refill_pool.clone(),
+                low: 3,
+                target: 8,
+                user_data: 77,
+            }),
+        )
+        .unwrap();
+    assert_eq!(s.server.srq_posted(srq), Some(8));
+    assert_eq!(refill_pool.available(), 16 - 7);
+    let doorbells = s.server.srq_doorbells(srq).unwrap();
+    for _ in 0..6 {
+        send(&mut s.clients[1], &s.pool);
+    }
+    let got = s.server.completion().wait(6).unwrap();
+    assert!(got.iter().all(|c| c.status().is_success()));
+    // The one receive left from before the refill went first (in order),
+    // then the pool's.
+    assert_eq!(got[0].user_data(), 3);
+    assert!(got[1..].iter().all(|c| c.user_data() == 77));
+    drop(got);
+    s.server.completion().reap(&mut Vec::new()).unwrap();
+    assert!(s.server.srq_posted(srq).unwrap() >= 3, "topped up again");
+    assert!(s.server.srq_doorbells(srq).unwrap() > doorbells);
+}
+
+/// Closing a ring with receives posted to a shared receive queue destroys
+/// the queue pairs, then the queue, and only then hands the receives back.
+#[test]
+fn closing_gives_back_shared_receives_after_destroying_the_queue() {
+    let mut s = star(Progress::Auto, 2, 256, Some(srq_config()));
+    let srq = s.srq.unwrap();
+    for i in 0..5u64 {
+        s.server
+            .srq_submission(srq)
+            .push(Recv::new(s.pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    let pool = s.pool.clone();
+    let back = s.server.close();
+    assert_eq!(back.len(), 5);
+    assert!(back
+        .iter()
+        .all(|c| c.status() == WcStatus::WrFlushErr && c.srq() == Some(srq)));
+    drop(back);
+    assert_eq!(pool.available(), pool.capacity());
+}
+
+/// Detaching a queue pair on a shared receive queue waits for the device to
+/// say it will take no more receives (the soft device says so at once), and
+/// leaves the shared receives to the other queue pairs.
+#[test]
+fn detach_on_a_shared_receive_queue_waits_for_last_wqe() {
+    let mut s = star(Progress::Auto, 2, 256, Some(srq_config()));
+    s.server.watch_events(s.dev.async_events().unwrap());
+    let srq = s.srq.unwrap();
+    for _ in 0..2 {
+        s.server
+            .srq_submission(srq)
+            .push(Recv::new(s.pool.take().unwrap()))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    let a = s.handles[0];
+    let a_num = s.server.qp_of(a).unwrap().qpn();
+    let detached = s.server.detach(a).unwrap();
+    assert!(detached.drained);
+    let events: Vec<_> = std::iter::from_fn(|| s.server.next_event()).collect();
+    assert!(
+        events.contains(&AsyncEvent::LastWqeReached { qp_num: a_num }),
+        "{events:?}"
+    );
+    assert_eq!(s.server.srq_posted(srq), Some(2), "still there for b");
+    s.clients[1]
+        .submission()
+        .push(Send::new(s.pool.take().unwrap().slice(0..2)))
+        .unwrap();
+    s.clients[1].submit().unwrap();
+    let got = s.server.completion().wait(1).unwrap();
+    assert_eq!(got[0].qp(), Some(s.handles[1]));
+}
+
+/// A fatal queue pair event moves that queue pair to error (its work comes
+/// back flushed) and leaves the others alone; port events are delivered;
+/// a device failure stops the ring.
+#[test]
+fn async_events_reach_the_ring() {
+    let mut s = star(Progress::Manual, 2, 256, None);
+    s.server.watch_events(s.dev.async_events().unwrap());
+    let (a, b) = (s.handles[0], s.handles[1]);
+    for &h in &[a, b] {
+        s.server
+            .submission_on(h)
+            .push(Recv::new(s.pool.take().unwrap()))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    s.controls[0].inject_fatal();
+    s.dev.set_port_active(false);
+    s.dev.set_port_active(true);
+    assert_eq!(s.server.poll_events().unwrap(), 3);
+    let a_num = s.server.qp_of(a).unwrap().qpn();
+    assert_eq!(
+        std::iter::from_fn(|| s.server.next_event()).collect::<Vec<_>>(),
+        [
+            AsyncEvent::QpFatal { qp_num: a_num },
+            AsyncEvent::PortError { port: 1 },
+            AsyncEvent::PortActive { port: 1 },
+        ]
+    );
+    assert_eq!(s.server.qp_error(a), Some(WcStatus::FatalErr));
+    let flushed = s.server.completion().wait(1).unwrap();
+    assert_eq!(
+        (flushed[0].qp(), flushed[0].status()),
+        (Some(a), WcStatus::WrFlushErr)
+    );
+    assert_eq!(s.server.qp_error(b), None);
+    assert!(s.server.failure().is_none());
+
+    s.dev.inject_device_fatal();
+    s.server.poll_events().unwrap();
+    assert!(s.server.failure().is_some());
+    let refused = s
+        .server
+        .submission_on(b)
+        .push(Recv::new(s.pool.take().unwrap()))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::RingFailed(_)));
+    drop(refused);
+    // b's receive came back flushed by the device failure.
+    let flushed = s.server.completion().wait(1).unwrap();
+    assert_eq!(
+        (flushed[0].qp(), flushed[0].status()),
+        (Some(b), WcStatus::WrFlushErr)
+    );
+}
+
+/// Operations with several buffers: gathered WRITE and SEND, scattered
+/// READ and receive; every buffer comes back; above `max_sge` the
+/// operation is refused and handed back.
+#[test]
+fn scatter_gather_lists() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_send_sge: 3,
+        max_recv_sge: 2,
+        ..QpConfig::default()
+    };
+    let (qa, qb) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let (mut a, mut b) = (
+        Ring::new(qa, RingConfig::default()),
+        Ring::new(qb, RingConfig::default()),
+    );
+    assert_eq!(a.caps().max_send_sge, 3);
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::all()).unwrap();
+    let buf = |fill: u8, len: usize| RegisteredBuf::new(&pd, vec![fill; len]).unwrap();
+
+    a.submission()
+        .push(Write::gather([buf(1, 4), buf(2, 8), buf(3, 4)], target.remote()).user_data(1))
+        .unwrap();
+    a.submission()
+        .push(Read::scatter([buf(0, 10), buf(0, 6)], target.remote()).user_data(2))
+        .unwrap();
+    a.submission().submit().unwrap();
+    let done = a.completion().wait(2).unwrap();
+    assert_eq!(done[0].bufs().len(), 3, "all three buffers came back");
+    assert_eq!(done[0].byte_len(), 16);
+    let read: Vec<u8> = done[1]
+        .bufs()
+        .iter()
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    assert_eq!(read, [1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3]);
+    let [first, second] = done
+        .into_iter()
+        .nth(1)
+        .unwrap()
+        .into_bufs()
+        .downcast::<SgList<[RegisteredBuf; 2]>>()
+        .unwrap()
+        .into_inner();
+    assert_eq!((first.len(), second.len()), (10, 6));
+
+    // A gathered SEND into a scattered receive: header and body.
+    b.submission()
+        .push(Recv::scatter([buf(0, 4), buf(0, 32)]).user_data(3))
+        .unwrap();
+    b.submission().submit().unwrap();
+    a.submission()
+        .push(Send::gather(vec![buf(9, 4), buf(8, 20)]))
+        .unwrap();
+    a.submission().submit().unwrap();
+    a.completion().wait(1).unwrap();
+    let got = b.completion().wait(1).unwrap();
+    assert_eq!(got[0].byte_len(), 24);
+    assert_eq!(&got[0].bufs()[0][..], &[9; 4]);
+    assert_eq!(&got[0].bufs()[1][..20], &[8; 20]);
+
+    // Too many elements, or none: refused, buffers back.
+    let refused = a
+        .submission()
+        .push(Write::gather(
+            [buf(1, 1), buf(1, 1), buf(1, 1), buf(1, 1)],
+            target.remote(),
+        ))
+        .unwrap_err();
+    assert!(matches!(
+        refused.error(),
+        Error::TooManySges { count: 4, max: 3 }
+    ));
+    assert_eq!(refused.into_value().into_buf().into_inner().len(), 4);
+    let refused = b
+        .submission()
+        .push(Recv::new(SgList::new(Vec::<RegisteredBuf>::new())))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::EmptyBuffer));
+    drop(target);
+}
+
+/// A queue pair from another completion queue, or whose shared receive
+/// queue the ring does not hold, is refused with the queue pair back; a
+/// handle of another ring is refused.
+#[test]
+fn attach_refuses_what_does_not_belong() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let foreign_cq = dev.create_cq(64).unwrap();
+    let qp = dev.create_qp_on(&pd, &foreign_cq, None, config()).unwrap();
+    let refused = ring.attach(qp).unwrap_err();
+    assert!(matches!(refused.error(), Error::Incompatible(_)));
+    let srq = dev.create_srq(&pd, srq_config()).unwrap();
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), Some(&srq), config())
+        .unwrap();
+    let refused = ring.attach(qp).unwrap_err();
+    assert!(
+        refused.error().to_string().contains("add_srq"),
+        "{}",
+        refused.error()
+    );
+    let qp = refused.into_value();
+    let srq_handle = ring.add_srq(srq).unwrap();
+    let handle = ring.attach(qp).unwrap();
+    assert_eq!(ring.default_qp(), Some(handle));
+    assert!(ring.srq(srq_handle).is_some());
+
+    let (other_qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut other = Ring::new(other_qp, RingConfig::default());
+    let refused = other
+        .submission_on(handle)
+        .push(Send::new(RegisteredBuf::new(&pd, vec![1u8]).unwrap()))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::NotAttached(_)));
+    assert!(other.qp_of(handle).is_none());
+}
+
+/// The futures adapter over one ring with several queue pairs and a shared
+/// receive queue: one driver for all.
+#[test]
+fn awaiting_operations_on_several_queue_pairs() {
+    use rdma_ring::future::{AsyncRing, Wakeup};
+    let s = star(Progress::Auto, 3, 256, Some(srq_config()));
+    let Star {
+        dev: _dev,
+        server,
+        handles,
+        clients,
+        pool,
+        exposed,
+        srq,
+        ..
+    } = s;
+    let srq = srq.unwrap();
+    let ring = AsyncRing::new(server, Wakeup::Thread).unwrap();
+    let clients: Vec<_> = clients
+        .into_iter()
+        .map(|c| AsyncRing::new(c, Wakeup::Thread).unwrap())
+        .collect();
+    futures::executor::block_on(async {
+        let recvs: Vec<_> = (0..3)
+            .map(|_| ring.srq_recv(srq, pool.take().unwrap()))
+            .collect();
+        let mut sends = Vec::new();
+        for (i, client) in clients.iter().enumerate() {
+            let mut msg = pool.take().unwrap();
+            msg[0] = i as u8;
+            sends.push(client.send(msg.slice(0..1)));
+        }
+        for send in sends {
+            send.await.0.unwrap();
+        }
+        let mut from = Vec::new();
+        for recv in recvs {
+            let (got, buf) = recv.await;
+            let got = got.unwrap();
+            assert_eq!(got.qp, Some(handles[buf[0] as usize]));
+            from.push(buf[0]);
+        }
+        from.sort();
+        assert_eq!(from, [0, 1, 2]);
+        // Each attached queue pair awaits its own WRITEs.
+        let writes: Vec<_> = handles
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| {
+                let target = exposed
+                    .remote()
+                    .slice(i as u64 * 256..(i as u64 + 1) * 256)
+                    .unwrap();
+                ring.qp(h).write(pool.take().unwrap(), target)
+            })
+            .collect();
+        for w in writes {
+            assert_eq!(w.await.0.unwrap(), 256);
+        }
+    });
+    drop((ring, clients));
+    assert_eq!(pool.available(), pool.capacity());
+    drop(exposed);
+}
