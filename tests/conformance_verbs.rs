@@ -307,3 +307,224 @@ fn connects_with_one_call_per_side() {
     assert!(ring.completion().wait(1).unwrap()[0].status().is_success());
     assert_eq!(server.join().unwrap(), b"one call");
 }
+
+/// RNR NAKs the device's requesters received so far (rxe's counter).
+fn rnr_naks(device: &str) -> u64 {
+    let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/rcvd_rnr_err");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| {
+            panic!("cannot read {path} ({e}): this check needs Soft-RoCE's counters")
+        })
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The listener puts its queue pair in a ring and posts receives before
+/// the TCP handshake; the connecting side sends the moment the handshake
+/// ends. The device saw no RNR NAK: the receives were in place in time.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn receives_posted_before_the_tcp_handshake_take_the_first_messages() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let fabric = Verbs::new();
+    let name = fabric.dev.name().to_owned();
+    let before = rnr_naks(&name);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(30);
+    let (dev, pd) = (fabric.dev.clone(), fabric.pd.clone());
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut ring = Ring::new(
+            dev.create_qp(&pd, QpConfig::default()).unwrap(),
+            RingConfig::default(),
+        );
+        for i in 0..8 {
+            ring.submission()
+                .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()).user_data(i))
+                .unwrap();
+        }
+        ring.submit().unwrap(); // posted in INIT
+        tcp::handshake(&mut stream, ring.qp(), timeout).unwrap();
+        let got = ring.completion().wait(8).unwrap();
+        got.iter().map(|c| c.buf()[0]).collect::<Vec<_>>()
+    });
+    let mut stream = tcp::dial(addr, timeout).unwrap();
+    let mut ring = Ring::new(
+        fabric
+            .dev
+            .create_qp(&fabric.pd, QpConfig::default())
+            .unwrap(),
+        RingConfig::default(),
+    );
+    tcp::handshake(&mut stream, ring.qp(), timeout).unwrap();
+    for i in 0..8u8 {
+        ring.submission()
+            .push(Send::new(
+                RegisteredBuf::new(&fabric.pd, vec![i; 16]).unwrap(),
+            ))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    assert!(ring
+        .completion()
+        .wait(8)
+        .unwrap()
+        .iter()
+        .all(|c| c.status().is_success()));
+    assert_eq!(server.join().unwrap(), (0..8).collect::<Vec<u8>>());
+    assert_eq!(rnr_naks(&name), before, "a message met no receive");
+}
+
+/// rdma_cm in steps: the listener creates the queue pair on its ring's
+/// shared completion queue, attaches it and posts receives before
+/// accepting; the connecting side posts receives before connecting. Both
+/// send the moment they are connected; no RNR NAK on the device.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn rdma_cm_in_steps_posts_receives_before_the_peer_can_send() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::connect::cm;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let name = std::env::var("RDMA_RING_CM_DEVICE").unwrap_or_else(|_| "rxe1".into());
+    let addr: std::net::SocketAddr = std::env::var("RDMA_RING_CM_ADDR")
+        .unwrap_or_else(|_| "10.99.0.1:7473".into())
+        .parse()
+        .unwrap();
+    let dev = VerbsDevice::open(&name)
+        .unwrap_or_else(|e| panic!("NO RDMA DEVICE {name:?} for rdma_cm: {e}"));
+    let pd = dev.alloc_pd().unwrap();
+    let timeout = Duration::from_secs(30);
+    let before = rnr_naks(&name);
+    let listener = cm::CmListener::bind(addr).unwrap();
+    let (server_dev, server_pd) = (dev.clone(), pd.clone());
+    let server = std::thread::spawn(move || {
+        let (dev, pd) = (server_dev, server_pd);
+        let mut ring = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
+        let request = listener.request(timeout).unwrap();
+        assert!(request.private_data().starts_with(b"steps"));
+        let qp = request
+            .create_qp_on(&dev, &pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        let handle = ring.attach(qp).unwrap();
+        for i in 0..4 {
+            ring.submission_on(handle)
+                .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()).user_data(i))
+                .unwrap();
+        }
+        ring.submit().unwrap();
+        ring.qp_of(handle)
+            .unwrap()
+            .accept(b"accepted", timeout)
+            .unwrap();
+        for i in 0..4u8 {
+            ring.submission_on(handle)
+                .push(Send::new(
+                    RegisteredBuf::new(&pd, vec![100 + i; 16]).unwrap(),
+                ))
+                .unwrap();
+        }
+        ring.submit().unwrap();
+        let done = ring.completion().wait(8).unwrap();
+        assert!(done
+            .iter()
+            .all(|c| c.status().is_success() && c.qp() == Some(handle)));
+        let mut got: Vec<u8> = done
+            .iter()
+            .filter(|c| c.kind() == rdma_ring::op::OpKind::Recv)
+            .map(|c| c.buf()[0])
+            .collect();
+        got.sort();
+        got
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let route = cm::resolve(addr, timeout).unwrap();
+    assert_eq!(route.device_name().as_deref(), Some(name.as_str()));
+    let mut ring = Ring::new(
+        route.create_qp(&dev, &pd, QpConfig::default()).unwrap(),
+        RingConfig::default(),
+    );
+    for i in 0..4 {
+        ring.submission()
+            .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()).user_data(i))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    ring.qp().connect(b"steps", timeout).unwrap();
+    assert!(ring.qp().peer_private_data().starts_with(b"accepted"));
+    for i in 0..4u8 {
+        ring.submission()
+            .push(Send::new(RegisteredBuf::new(&pd, vec![i; 16]).unwrap()))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    let done = ring.completion().wait(8).unwrap();
+    assert!(done.iter().all(|c| c.status().is_success()));
+    let mut got: Vec<u8> = done
+        .iter()
+        .filter(|c| c.kind() == rdma_ring::op::OpKind::Recv)
+        .map(|c| c.buf()[0])
+        .collect();
+    got.sort();
+    assert_eq!(got, [100, 101, 102, 103]);
+    assert_eq!(server.join().unwrap(), [0, 1, 2, 3]);
+    assert_eq!(rnr_naks(&name), before, "a message met no receive");
+}
+
+/// Brings an interface back up when dropped, whatever the test did.
+struct LinkUp(&'static str);
+
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "set", self.0, "up"])
+            .status();
+    }
+}
+
+fn ip_link(interface: &str, state: &str) {
+    let status = std::process::Command::new("ip")
+        .args(["link", "set", interface, state])
+        .status()
+        .expect("running ip");
+    assert!(status.success(), "ip link set {interface} {state}");
+}
+
+/// Taking rxe1's interface down and up raises port events on the device,
+/// which the ring reads and hands out.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn port_events_reach_the_ring() {
+    use rdma_ring::backend::AsyncEvent;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = VerbsDevice::open("rxe1").unwrap_or_else(|e| panic!("NO RDMA DEVICE rxe1: {e}"));
+    let pd = dev.alloc_pd().unwrap();
+    let mut ring = Ring::new(
+        dev.create_qp(&pd, QpConfig::default()).unwrap(),
+        RingConfig::default(),
+    );
+    ring.watch_events(dev.async_events().unwrap());
+    let _restore = LinkUp("dummy0");
+    let mut wait_for = |want: AsyncEvent| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            ring.poll_events().unwrap();
+            if std::iter::from_fn(|| ring.next_event()).any(|e| e == want) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {want:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    ip_link("dummy0", "down");
+    wait_for(AsyncEvent::PortError { port: 1 });
+    ip_link("dummy0", "up");
+    wait_for(AsyncEvent::PortActive { port: 1 });
+}
