@@ -74,5 +74,64 @@ fn software_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, software_path);
+criterion_group!(benches, software_path, one_poller);
 criterion_main!(benches);
+
+/// One poller serving many queue pairs: rounds of 16 WRITEs on one queue
+/// pair at a time, taking the queue pairs in turn, over a ring with 1, 64
+/// or 1,024 queue pairs on one completion queue. The time per operation
+/// should not grow with the number of queue pairs (per-queue-pair state
+/// is found by index, never searched).
+fn one_poller(c: &mut Criterion) {
+    use rdma_ring::ring::QpHandle;
+
+    let mut group = c.benchmark_group("one_poller");
+    for qps in [1usize, 64, 1024] {
+        group.throughput(Throughput::Elements(16));
+        group.bench_function(format!("qps_{qps}"), |b| {
+            let dev = SoftDevice::with_progress(Progress::NoOp);
+            let pd = dev.alloc_pd();
+            let config = QpConfig {
+                max_send_wr: 64,
+                max_recv_wr: 1,
+                ..QpConfig::default()
+            };
+            let mut ring: Ring<SoftQp> =
+                Ring::with_cq(dev.create_cq(4 * 1024 + 64).unwrap(), RingConfig::default());
+            let mut handles: Vec<QpHandle> = Vec::new();
+            let mut peers = Vec::new();
+            for _ in 0..qps {
+                let qp = dev.create_qp_on(&pd, ring.cq(), None, config).unwrap();
+                let peer = dev.create_qp(&pd, config).unwrap();
+                dev.connect(&qp, &peer).unwrap();
+                handles.push(ring.attach(qp).unwrap());
+                peers.push(peer);
+            }
+            let exposed = ExposedBuf::new(&pd, vec![0u8; 16 * 64], RemoteAccess::WRITE).unwrap();
+            let remote = exposed.remote();
+            let pool = BufferPool::new(&pd, 64, 16).unwrap();
+            let mut bufs: Vec<PoolChunk> = (0..16).map(|_| pool.take().unwrap()).collect();
+            let mut done: Vec<Completion> = Vec::with_capacity(16);
+            let mut next = 0usize;
+            b.iter(|| {
+                let h = handles[next % qps];
+                next += 1;
+                let mut sq = ring.submission_on(h);
+                for (i, buf) in bufs.drain(..).enumerate() {
+                    let target = remote.slice(i as u64 * 64..(i as u64 + 1) * 64).unwrap();
+                    sq.push(Write::new(buf, target).user_data(i as u64))
+                        .unwrap();
+                }
+                sq.submit().unwrap();
+                while done.len() < 16 {
+                    ring.completion().reap(&mut done).unwrap();
+                }
+                for c in done.drain(..) {
+                    bufs.push(c.into_buf().downcast::<PoolChunk>().unwrap());
+                }
+            });
+            drop(peers);
+        });
+    }
+    group.finish();
+}

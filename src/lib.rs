@@ -57,12 +57,26 @@
 //! # }
 //! ```
 //!
+//! ## Many queue pairs on one ring
+//!
+//! A server's shape is one ring per poller thread: [`ring::Ring::with_cq`]
+//! takes a completion queue, [`ring::Ring::attach`] adds queue pairs created
+//! on it (at any time), [`ring::Ring::add_srq`] adds shared receive queues,
+//! and [`ring::Ring::watch_events`] the device's asynchronous events. Each
+//! push names its queue pair ([`ring::Ring::submission_on`]); each
+//! completion says which queue pair it came from; a completion of one queue
+//! pair can never release another's operation. Credits, signaling and errors
+//! are per queue pair, with one budget for the shared completion queue;
+//! [`ring::Ring::detach`] drains one queue pair's work without disturbing
+//! the others. The [`ring`] module docs state every rule.
+//!
 //! ## On real hardware
 //!
 //! The same ring drives a [`backend::verbs::VerbsQp`] (feature `verbs`):
-//! open a device, connect a queue pair with [`connect::tcp::connect_qp`],
-//! a manual [`connect::Endpoint`], or [`connect::cm`] (rdma_cm), and hand
-//! it to [`ring::Ring::new`]. To await operations on any executor, wrap the
+//! open a device, connect a queue pair with [`connect::tcp::connect_qp`]
+//! (or [`connect::tcp::handshake`], once its ring has receives posted), a
+//! manual [`connect::Endpoint`], or [`connect::cm`] (rdma_cm), and hand it
+//! to [`ring::Ring::new`]. To await operations on any executor, wrap the
 //! ring in a [`future::AsyncRing`].
 //!
 //! ## Layout
@@ -75,7 +89,8 @@
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
 //! * [`future`]: await any operation on any executor.
-//! * [`connect`]: endpoint records and the TCP handshake.
+//! * [`connect`]: endpoint records, the TCP handshake and rdma_cm.
+//! * [`leak`]: what was leaked rather than freed under the NIC.
 //!
 //! [soft device]: backend::soft
 

@@ -1,7 +1,10 @@
-//! The ring and the soft device against a reference model: random
-//! sequences of push, submit, progress, poll, fault injection, broken
-//! links and closes with work in flight (see `model/mod.rs` for what is
-//! checked after every step).
+//! The ring and the soft device against a reference model: a server ring
+//! with several queue pairs on one completion queue (and, in half the
+//! scenarios, a shared receive queue) against a client ring per queue
+//! pair; random sequences of push, submit, progress, poll, fault
+//! injection, broken links, fatal events, detach and reattach, and closes
+//! with work in flight (see `model/mod.rs` for what is checked after every
+//! step).
 
 mod model;
 
@@ -31,6 +34,7 @@ fn random_scenarios_cover_everything() {
     let strategy = proptest::collection::vec(any::<u8>(), 200..600);
     let (mut pushed, mut completed, mut kinds_ok) = (0, 0, [0usize; 8]);
     let (mut full, mut flushed, mut failed, mut closed_in_flight) = (0, 0, 0, 0);
+    let (mut cq_full, mut detached, mut srq_received, mut fatal) = (0, 0, 0, 0);
     for _ in 0..300 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let m = Model::run(&decode(&bytes));
@@ -43,10 +47,16 @@ fn random_scenarios_cover_everything() {
         flushed += m.flushed;
         failed += m.failed;
         closed_in_flight += m.closed_in_flight;
+        cq_full += m.refused_cq;
+        detached += m.detached_in_flight;
+        srq_received += m.srq_received;
+        fatal += m.fatal;
     }
     println!(
         "pushed {pushed} completed {completed} ok by kind {kinds_ok:?} full {full} \
-         flushed {flushed} failed {failed} closed in flight {closed_in_flight}"
+         flushed {flushed} failed {failed} closed in flight {closed_in_flight} \
+         shared CQ full {cq_full} detached in flight {detached} shared receives \
+         {srq_received} fatal events {fatal}"
     );
     assert_eq!(pushed, completed, "every pushed op came back");
     assert!(
@@ -57,4 +67,11 @@ fn random_scenarios_cover_everything() {
     assert!(flushed > 0, "flushes happened");
     assert!(failed > 0, "errors happened");
     assert!(closed_in_flight > 0, "a ring closed with work in flight");
+    assert!(cq_full > 0, "the shared completion queue filled");
+    assert!(
+        detached > 0,
+        "a queue pair was detached with work in flight"
+    );
+    assert!(srq_received > 0, "shared receives were consumed");
+    assert!(fatal > 0, "fatal queue pair events were raised");
 }

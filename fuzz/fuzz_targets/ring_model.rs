@@ -1,5 +1,7 @@
-//! Drives the ring and the soft device through the reference model of
-//! `tests/model`, with the scenario decoded from the fuzzer's bytes.
+//! Drives the rings and the soft device through the reference model of
+//! `tests/model` (a server ring with several queue pairs on one completion
+//! queue and, half the time, a shared receive queue), with the scenario
+//! decoded from the fuzzer's bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

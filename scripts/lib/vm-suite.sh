@@ -26,6 +26,9 @@ if ! wait "$listener"; then
 fi
 cat /tmp/quickstart-b.log
 
+echo "==> [vm] many_peers on rxe0: one server ring (one CQ, one SRQ) serving 64 clients"
+"$examples/many_peers" --device rxe0
+
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
     "$examples/$example" --device rxe0

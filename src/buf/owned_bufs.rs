@@ -38,6 +38,13 @@ impl OwnedBufs {
         }
     }
 
+    /// No buffer at all (the ring's own markers; never handed out).
+    pub(crate) fn none() -> Self {
+        OwnedBufs {
+            repr: Repr::Many(Box::new([])),
+        }
+    }
+
     pub(crate) fn many(bufs: Vec<OwnedBuf>) -> Self {
         debug_assert!(!bufs.is_empty());
         OwnedBufs {

@@ -83,6 +83,19 @@ impl<Q: QueuePair> LockedRing<'_, Q> {
         self.ring.set_srq_refill(srq, refill)
     }
 
+    /// Takes a shared receive queue into the ring (see [`Ring::add_srq`]).
+    pub fn add_srq(
+        &mut self,
+        srq: <Q as QueuePair>::Srq,
+    ) -> Result<crate::ring::SrqHandle, crate::Rejected<<Q as QueuePair>::Srq>> {
+        self.ring.add_srq(srq)
+    }
+
+    /// Reads the device's events from `source` (see [`Ring::watch_events`]).
+    pub fn watch_events(&mut self, source: impl crate::backend::AsyncEventSource + 'static) {
+        self.ring.watch_events(source)
+    }
+
     /// Reads device events now (see [`Ring::poll_events`]).
     pub fn poll_events(&mut self) -> Result<usize, crate::Error> {
         self.ring.poll_events()

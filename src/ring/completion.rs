@@ -4,8 +4,7 @@
 use std::fmt;
 
 use super::lifecycle::Done;
-use super::{marker_key, DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
-use super::{DRAIN_INDEX, MARKER_INDEX, SYNC_INDEX};
+use super::{DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
 use crate::buf::{OwnedBuf, OwnedBufs};
 use crate::deadline::Deadline;
@@ -337,9 +336,6 @@ impl<Q: QueuePair> Ring<Q> {
     #[inline]
     fn process(&mut self, raw: RawCompletion) -> bool {
         let key = Key::from_wr_id(raw.wr_id);
-        if key.index >= MARKER_INDEX {
-            return self.process_marker(key, raw);
-        }
         let (kind, queue, posted) = match self.slab.get(key) {
             Some(op) => (op.kind, op.queue, op.posted),
             None => return false,
@@ -348,8 +344,8 @@ impl<Q: QueuePair> Ring<Q> {
             return false;
         }
         match queue {
-            QueueRef::Qp(index) => {
-                let Some(slot) = self.qps.at_mut(index) else {
+            QueueRef::Qp(qp) => {
+                let Some(slot) = self.qps.get_mut(qp) else {
                     return false;
                 };
                 // A CQE of another queue pair can never release this one's
@@ -383,28 +379,32 @@ impl<Q: QueuePair> Ring<Q> {
                 // too, and successfully — a work request that fails or is
                 // flushed always gets a CQE of its own, and that CQE would
                 // have arrived first.
-                while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front()
-                {
+                while let Some(front) = self.qps.get_mut(qp).expect("live").send_order.pop_front() {
                     if front == key {
                         break;
                     }
-                    self.complete_implicitly(index, front);
+                    self.complete_implicitly(qp, front);
                 }
-                let slot = self.qps.at_mut(index).expect("live above");
+                let slot = self.qps.get_mut(qp).expect("live above");
                 slot.outstanding_send -= 1;
+                if slot.drain == Some(key) {
+                    // The teardown marker went in last: every send before
+                    // it is done (released above), and it has no owner.
+                    slot.drain = None;
+                }
                 self.finish(key, raw.status, None, None, false, None);
                 true
             }
-            QueueRef::Srq(index) => {
+            QueueRef::Srq(srq) => {
                 let consumer = self.qp_by_num(raw.qp_num);
-                if let Some(slot) = consumer.and_then(|h| self.qps.at_mut(h.key.index)) {
+                if let Some(slot) = consumer.and_then(|h| self.qps.get_mut(h.key)) {
                     slot.stats.cqes += 1;
                     if !raw.status.is_success() {
                         slot.record_error(raw.status);
                     }
                 }
-                if let Some(srq) = self.srqs.at_mut(index) {
-                    srq.outstanding -= 1;
+                if let Some(slot) = self.srqs.get_mut(srq) {
+                    slot.outstanding -= 1;
                 }
                 let byte_len = if raw.status.is_success() {
                     raw.byte_len
@@ -424,62 +424,18 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    /// A teardown or sync marker's CQE, checked against the queue pair it
-    /// names.
-    fn process_marker(&mut self, key: Key, raw: RawCompletion) -> bool {
-        let index = key.generation;
-        let Some(slot) = self.qps.at_mut(index) else {
-            return false;
-        };
-        if slot.caps.qp_num != raw.qp_num {
-            return false;
-        }
-        if key.index == DRAIN_INDEX {
-            if !slot.drain_posted {
-                return false;
-            }
-            slot.drain_posted = false;
-            self.expecting -= 1;
-            // The marker went in last: every send before it is done, and
-            // those without a CQE of their own ran before the error.
-            while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front() {
-                self.complete_implicitly(index, front);
-            }
-            return true;
-        }
-        debug_assert_eq!(key.index, SYNC_INDEX);
-        if !slot.send_order.contains(&key) {
-            return false;
-        }
-        if !raw.status.is_success() {
-            slot.record_error(raw.status);
-        }
-        while let Some(front) = self.qps.at_mut(index).expect("live").send_order.pop_front() {
-            self.complete_implicitly(index, front);
-            if front == key {
-                break;
-            }
-        }
-        true
-    }
-
     #[inline]
-    fn complete_implicitly(&mut self, index: u32, key: Key) {
-        let slot = self.qps.at_mut(index).expect("a live queue pair");
-        if key == marker_key(SYNC_INDEX, index) {
-            // A sync marker: it held a send slot and a CQE, and has no
-            // buffer.
-            slot.outstanding_send -= 1;
-            self.cqe_used -= 1;
-            self.expecting -= 1;
+    fn complete_implicitly(&mut self, qp: Key, key: Key) {
+        let Some(op) = self.slab.get(key) else {
             return;
-        }
-        if self.slab.get(key).is_none() {
-            return;
-        }
+        };
+        let marker = matches!(op.owner, super::lifecycle::Owner::Marker);
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         slot.outstanding_send -= 1;
-        slot.stats.implicit += 1;
-        self.stats.implicit += 1;
+        if !marker {
+            slot.stats.implicit += 1;
+            self.stats.implicit += 1;
+        }
         self.finish(key, WcStatus::Success, None, None, false, None);
     }
 
@@ -515,10 +471,7 @@ impl<Q: QueuePair> Ring<Q> {
     pub(super) fn srq_handle_of(&self, queue: QueueRef) -> Option<SrqHandle> {
         match queue {
             QueueRef::Qp(_) => None,
-            QueueRef::Srq(index) => self
-                .srqs
-                .key_at(index)
-                .map(|key| SrqHandle { ring: self.id, key }),
+            QueueRef::Srq(key) => self.srqs.get(key).map(|_| SrqHandle { ring: self.id, key }),
         }
     }
 }

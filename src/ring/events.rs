@@ -90,8 +90,8 @@ impl<Q: QueuePair> Ring<Q> {
             AsyncEvent::QpFatal { qp_num }
             | AsyncEvent::QpRequestError { qp_num }
             | AsyncEvent::QpAccessError { qp_num } => {
-                if let Some(index) = self.by_qpn.get(&qp_num).copied() {
-                    let slot = self.qps.at_mut(index).expect("indexed");
+                if let Some(key) = self.by_qpn.get(&qp_num).copied() {
+                    let slot = self.qps.get_mut(key).expect("indexed");
                     slot.record_error(WcStatus::FatalErr);
                     // Hardware moved it already; make sure, so its work is
                     // flushed either way.
@@ -99,8 +99,8 @@ impl<Q: QueuePair> Ring<Q> {
                 }
             }
             AsyncEvent::LastWqeReached { qp_num } => {
-                if let Some(index) = self.by_qpn.get(&qp_num).copied() {
-                    self.qps.at_mut(index).expect("indexed").last_wqe = true;
+                if let Some(key) = self.by_qpn.get(&qp_num).copied() {
+                    self.qps.get_mut(key).expect("indexed").last_wqe = true;
                 }
             }
             AsyncEvent::SrqLimitReached { .. } => self.refill_srqs(),

@@ -38,6 +38,8 @@ pub(crate) enum Owner {
     /// Its future was dropped: the buffers are released when the completion
     /// is reaped, never before.
     Orphaned,
+    /// The ring's own sync marker: no buffer, nobody to tell.
+    Marker,
 }
 
 impl<Q: QueuePair> Ring<Q> {
@@ -59,7 +61,7 @@ impl<Q: QueuePair> Ring<Q> {
             return;
         };
         let qp = match op.queue {
-            QueueRef::Qp(index) => self.qp_handle(index),
+            QueueRef::Qp(qp) => self.qp_handle(qp),
             QueueRef::Srq(_) => consumer,
         };
         let op = self.slab.get_mut(key).expect("present above");
@@ -93,7 +95,7 @@ impl<Q: QueuePair> Ring<Q> {
                     self.wakes.push(waker);
                 }
             }
-            Owner::Orphaned => {
+            Owner::Orphaned | Owner::Marker => {
                 self.slab.remove(key);
             }
         }
@@ -124,13 +126,8 @@ impl<Q: QueuePair> Ring<Q> {
         op: T,
     ) -> Result<Key, Rejected<T>> {
         let target = match qp {
-            Some(handle) => self
-                .qp_index(handle)
-                .ok_or(Error::NotAttached("queue pair")),
-            None => self
-                .default_qp()
-                .map(|h| h.key.index)
-                .ok_or(Error::NoQueuePair),
+            Some(handle) => self.qp_key(handle).ok_or(Error::NotAttached("queue pair")),
+            None => self.default_qp().map(|h| h.key).ok_or(Error::NoQueuePair),
         };
         self.push_to(target, op, Self::awaited())
     }
@@ -195,13 +192,13 @@ impl<Q: QueuePair> Ring<Q> {
             return false;
         };
         match op.queue {
-            QueueRef::Qp(index) => self.qps.at(index).is_some_and(|slot| {
+            QueueRef::Qp(qp) => self.qps.get(qp).is_some_and(|slot| {
                 slot.pending_send.iter().any(|wr| wr.wr_id == wr_id)
                     || slot.pending_recv.iter().any(|wr| wr.wr_id == wr_id)
             }),
-            QueueRef::Srq(index) => self
+            QueueRef::Srq(srq) => self
                 .srqs
-                .at(index)
+                .get(srq)
                 .is_some_and(|slot| slot.pending.iter().any(|wr| wr.wr_id == wr_id)),
         }
     }

@@ -144,27 +144,6 @@ pub(crate) use slab::Key;
 use slab::Slab;
 use srq::SrqSlot;
 
-/// Slot indexes at and above this are never slab keys: markers use them.
-const MARKER_INDEX: u32 = u32::MAX - 1;
-
-/// The teardown marker of a queue pair: a zero-length signaled SEND posted
-/// after moving it to error. Its key's generation holds the queue pair's
-/// table index.
-const DRAIN_INDEX: u32 = u32::MAX;
-
-/// A sync marker: a zero-length signaled RDMA WRITE posted when a partial
-/// post left the accepted prefix unsignaled, so that prefix is released
-/// without waiting for later work. Its key holds a place in the queue
-/// pair's send order.
-const SYNC_INDEX: u32 = u32::MAX - 1;
-
-fn marker_key(index: u32, qp: u32) -> Key {
-    Key {
-        index,
-        generation: qp,
-    }
-}
-
 /// How a ring behaves.
 ///
 /// ```
@@ -241,11 +220,14 @@ pub struct RingStats {
     pub detached: u64,
 }
 
-/// Which queue an operation was pushed to (table index).
+/// Which queue an operation was pushed to: the key (index and generation)
+/// of its queue pair's or shared receive queue's slot, so that an
+/// operation left behind by a queue pair that could not be drained never
+/// names the queue pair attached in its place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum QueueRef {
-    Qp(u32),
-    Srq(u32),
+    Qp(Key),
+    Srq(Key),
 }
 
 /// An operation the ring holds, from push to completion.
@@ -271,7 +253,7 @@ pub struct Ring<Q: QueuePair> {
     srqs: Slab<SrqSlot<Q::Srq>>,
     /// Attached queue pairs by QP number, for completions from shared
     /// receive queues and for events.
-    by_qpn: HashMap<u32, u32>,
+    by_qpn: HashMap<u32, Key>,
     default_qp: Option<QpHandle>,
     /// Queues with pushed, unsubmitted work.
     dirty: Vec<QueueRef>,
@@ -375,7 +357,7 @@ impl<Q: QueuePair> Ring<Q> {
     /// The submission side for the default queue pair (the one
     /// [`Ring::new`] took, or the first attached).
     pub fn submission(&mut self) -> SubmissionQueue<'_, Q> {
-        let qp = self.default_qp().map(|h| h.key.index);
+        let qp = self.default_qp().map(|h| h.key);
         SubmissionQueue {
             ring: self,
             qp,
@@ -387,7 +369,7 @@ impl<Q: QueuePair> Ring<Q> {
     /// hold (detached, or another ring's) makes every push fail with
     /// [`Error::NotAttached`], handing the operation back.
     pub fn submission_on(&mut self, qp: QpHandle) -> SubmissionQueue<'_, Q> {
-        let qp = self.qp_index(qp);
+        let qp = self.qp_key(qp);
         SubmissionQueue {
             ring: self,
             qp,
@@ -425,13 +407,13 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The default queue pair's handle, if it is still attached.
     pub fn default_qp(&self) -> Option<QpHandle> {
-        self.default_qp.filter(|h| self.qp_index(*h).is_some())
+        self.default_qp.filter(|h| self.qp_key(*h).is_some())
     }
 
     /// An attached queue pair.
     pub fn qp_of(&self, qp: QpHandle) -> Option<&Q> {
-        self.qp_index(qp)
-            .and_then(|i| self.qps.at(i))
+        self.qp_key(qp)
+            .and_then(|k| self.qps.get(k))
             .map(|slot| &slot.qp)
     }
 
@@ -446,10 +428,8 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The handle of the attached queue pair with QP number `qp_num`.
     pub fn qp_by_num(&self, qp_num: u32) -> Option<QpHandle> {
-        let index = *self.by_qpn.get(&qp_num)?;
-        self.qps
-            .key_at(index)
-            .map(|key| QpHandle { ring: self.id, key })
+        let key = *self.by_qpn.get(&qp_num)?;
+        self.qp_handle(key)
     }
 
     /// The default queue pair's limits.
@@ -476,24 +456,24 @@ impl<Q: QueuePair> Ring<Q> {
     /// (0 without one).
     pub fn send_room(&self) -> usize {
         self.default_qp
-            .and_then(|h| self.qp_index(h))
-            .map_or(0, |i| self.send_room_at(i))
+            .and_then(|h| self.qp_key(h))
+            .map_or(0, |k| self.send_room_at(k))
     }
 
     /// Receives that may be pushed now on the default queue pair (0 without
     /// one, or when it takes receives from a shared receive queue).
     pub fn recv_room(&self) -> usize {
         self.default_qp
-            .and_then(|h| self.qp_index(h))
-            .map_or(0, |i| self.recv_room_at(i))
+            .and_then(|h| self.qp_key(h))
+            .map_or(0, |k| self.recv_room_at(k))
     }
 
     /// The status of the error that put the default queue pair in error, if
     /// one did.
     pub fn error_status(&self) -> Option<crate::backend::WcStatus> {
         self.default_qp
-            .and_then(|h| self.qp_index(h))
-            .and_then(|i| self.qps.at(i))
+            .and_then(|h| self.qp_key(h))
+            .and_then(|k| self.qps.get(k))
             .and_then(|slot| slot.error)
     }
 
@@ -503,16 +483,14 @@ impl<Q: QueuePair> Ring<Q> {
         self.failed
     }
 
-    /// The table index of `qp`, if this ring holds it.
-    fn qp_index(&self, qp: QpHandle) -> Option<u32> {
-        (qp.ring == self.id && self.qps.get(qp.key).is_some()).then_some(qp.key.index)
+    /// The slot key of `qp`, if this ring holds it.
+    fn qp_key(&self, qp: QpHandle) -> Option<Key> {
+        (qp.ring == self.id && self.qps.get(qp.key).is_some()).then_some(qp.key)
     }
 
-    /// The handle of the queue pair at table index `index`.
-    fn qp_handle(&self, index: u32) -> Option<QpHandle> {
-        self.qps
-            .key_at(index)
-            .map(|key| QpHandle { ring: self.id, key })
+    /// The handle of the queue pair in slot `key`, if it is still there.
+    fn qp_handle(&self, key: Key) -> Option<QpHandle> {
+        self.qps.get(key).map(|_| QpHandle { ring: self.id, key })
     }
 
     /// CQEs that may be added to the completion queue now.
@@ -525,8 +503,8 @@ impl<Q: QueuePair> Ring<Q> {
     /// Marks a queue as having unsubmitted work.
     fn mark_dirty(&mut self, queue: QueueRef) {
         let flag = match queue {
-            QueueRef::Qp(i) => &mut self.qps.at_mut(i).expect("pushed to a live queue").dirty,
-            QueueRef::Srq(i) => &mut self.srqs.at_mut(i).expect("pushed to a live queue").dirty,
+            QueueRef::Qp(k) => &mut self.qps.get_mut(k).expect("pushed to a live queue").dirty,
+            QueueRef::Srq(k) => &mut self.srqs.get_mut(k).expect("pushed to a live queue").dirty,
         };
         if !*flag {
             *flag = true;

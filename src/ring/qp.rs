@@ -3,12 +3,15 @@
 
 use std::collections::VecDeque;
 
-use super::{marker_key, Key, QpHandle, QueueRef, Ring, DRAIN_INDEX};
+use super::lifecycle::Owner;
+use super::{InFlight, Key, QpHandle, QueueRef, Ring};
 use crate::backend::{
     QpCaps, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, Sge, SgeSpan, WcStatus,
 };
+use crate::buf::OwnedBufs;
 use crate::deadline::Deadline;
 use crate::error::{Error, Rejected};
+use crate::op::OpKind;
 
 /// Counters of one queue pair of a ring.
 ///
@@ -32,6 +35,10 @@ pub struct QpStats {
     pub implicit: u64,
 }
 
+/// Queue depths a ring takes at most (per queue pair or shared receive
+/// queue): its tables are sized from them.
+pub(super) const MAX_DEPTH: u32 = 1 << 24;
+
 /// A queue pair the ring gave back ([`Ring::detach`]).
 #[derive(Debug)]
 pub struct Detached<Q> {
@@ -46,12 +53,14 @@ pub struct Detached<Q> {
 pub(super) struct QpSlot<Q> {
     pub(super) qp: Q,
     pub(super) caps: QpCaps,
-    /// The ring's table index of its shared receive queue.
-    pub(super) srq: Option<u32>,
+    /// The ring's slot key of its shared receive queue.
+    pub(super) srq: Option<Key>,
     pub(super) send_limit: usize,
     pub(super) recv_limit: usize,
     pub(super) signal_interval: usize,
-    /// Whether a send slot and a CQE are kept for its teardown marker.
+    /// Whether a send slot and a CQE are kept for its teardown marker (the
+    /// CQE moves from the reservation to the used budget when the marker is
+    /// posted).
     pub(super) marker_reserved: bool,
     pub(super) pending_send: Vec<SendWr>,
     pub(super) send_sges: Vec<Sge>,
@@ -64,7 +73,9 @@ pub(super) struct QpSlot<Q> {
     pub(super) since_signal: usize,
     pub(super) force_signal: bool,
     pub(super) error: Option<WcStatus>,
-    pub(super) drain_posted: bool,
+    /// The teardown marker in flight: a slab entry of its own, so its
+    /// `wr_id` names this attachment only.
+    pub(super) drain: Option<Key>,
     pub(super) dirty: bool,
     /// The device said it will take no more receives from the shared
     /// receive queue.
@@ -132,8 +143,8 @@ impl<Q: QueuePair> Ring<Q> {
         let srq =
             match caps.srq {
                 None => None,
-                Some(id) => match self.srq_index_by_id(id) {
-                    Some(index) => Some(index),
+                Some(id) => match self.srq_key_by_id(id) {
+                    Some(key) => Some(key),
                     None => return Err(Rejected::new(
                         Error::Incompatible(
                             "its shared receive queue is not held by this ring (add_srq it first)",
@@ -145,6 +156,12 @@ impl<Q: QueuePair> Ring<Q> {
         if self.by_qpn.contains_key(&caps.qp_num) {
             return Err(Rejected::new(
                 Error::Incompatible("a queue pair with its number is already attached"),
+                qp,
+            ));
+        }
+        if caps.max_send_wr == 0 || caps.max_send_wr > MAX_DEPTH || caps.max_recv_wr > MAX_DEPTH {
+            return Err(Rejected::new(
+                Error::Incompatible("its queue depths are beyond what a ring takes (2^24)"),
                 qp,
             ));
         }
@@ -182,7 +199,7 @@ impl<Q: QueuePair> Ring<Q> {
             since_signal: 0,
             force_signal: false,
             error: None,
-            drain_posted: false,
+            drain: None,
             dirty: false,
             last_wqe: false,
             stats: QpStats::default(),
@@ -192,7 +209,7 @@ impl<Q: QueuePair> Ring<Q> {
             self.qps.grow(self.qps.capacity().max(4));
         }
         let key = self.qps.insert(slot).expect("grown above");
-        self.by_qpn.insert(caps.qp_num, key.index);
+        self.by_qpn.insert(caps.qp_num, key);
         self.cqe_reserved += reserve;
         let handle = QpHandle { ring: self.id, key };
         if self.default_qp().is_none() {
@@ -257,40 +274,45 @@ impl<Q: QueuePair> Ring<Q> {
     /// assert_eq!(back[0].status(), WcStatus::WrFlushErr);
     /// ```
     pub fn detach(&mut self, qp: QpHandle) -> Result<Detached<Q>, Error> {
-        let index = self.qp_index(qp).ok_or(Error::NotAttached("queue pair"))?;
+        let key = self.qp_key(qp).ok_or(Error::NotAttached("queue pair"))?;
         let deadline = Deadline::after(self.config.drain_timeout);
-        let mut drained = self.drain_qp(index, deadline);
+        let mut drained = self.drain_qp(key, deadline);
         if drained {
-            self.await_last_wqe(index);
+            self.await_last_wqe(key);
+            // Completions already in the queue (receives of a shared queue
+            // it consumed, say) are reaped while it is still attached, so
+            // they name it.
+            self.reap_queued();
         } else {
-            self.leak_ops_of(super::QueueRef::Qp(index));
+            // The device may still hold its work: keep those buffers
+            // forever (see `leak_ops_of`).
+            self.leak_ops_of(QueueRef::Qp(key));
         }
-        let slot = self.qps.remove(qp.key).expect("checked above");
+        let slot = self.qps.remove(key).expect("checked above");
+        drained &= slot.outstanding() == 0 && slot.drain.is_none();
         self.by_qpn.remove(&slot.caps.qp_num);
         self.cqe_reserved -= usize::from(slot.marker_reserved);
-        self.dirty.retain(|q| *q != QueueRef::Qp(index));
+        self.dirty.retain(|q| *q != QueueRef::Qp(key));
         if self.default_qp == Some(qp) {
             self.default_qp = None;
         }
         self.stats.detached += 1;
-        drained &= slot.outstanding() == 0;
         Ok(Detached {
             qp: slot.qp,
             drained,
         })
     }
 
-    /// Moves queue pair `index` to error (if it has work in flight) and
-    /// reaps until its work has all come back, or `deadline`. Returns
-    /// whether it did.
-    pub(super) fn drain_qp(&mut self, index: u32, deadline: Deadline) -> bool {
-        self.flush_pending(QueueRef::Qp(index));
-        if !self.start_drain(index, true) {
+    /// Moves queue pair `key` to error and reaps until its work has all come
+    /// back, or `deadline`. Returns whether it did.
+    pub(super) fn drain_qp(&mut self, key: Key, deadline: Deadline) -> bool {
+        self.flush_pending(QueueRef::Qp(key));
+        if !self.start_drain(key, true) {
             return false;
         }
         loop {
-            let slot = self.qps.at(index).expect("draining a live queue pair");
-            if slot.outstanding() == 0 && !slot.drain_posted {
+            let slot = self.qps.get(key).expect("draining a live queue pair");
+            if slot.outstanding() == 0 && slot.drain.is_none() {
                 return true;
             }
             // Unknown wr_ids are counted in stats; the drain goes on.
@@ -302,13 +324,14 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    /// Moves queue pair `index` to error and posts its teardown marker, if
-    /// it has work in flight (or always, with `always`: a queue pair leaving
-    /// the ring must stop taking shared receives). Returns false if the
-    /// device refused to move it to error (it cannot be drained).
-    pub(super) fn start_drain(&mut self, index: u32, always: bool) -> bool {
-        let slot = self.qps.at_mut(index).expect("draining a live queue pair");
-        if slot.drain_posted {
+    /// Moves queue pair `key` to error and posts its teardown marker, if it
+    /// has work in flight (or always, with `always`: a queue pair leaving the
+    /// ring must stop taking shared receives). Returns false if the device
+    /// refused to move it to error while it had work (it cannot be
+    /// drained).
+    pub(super) fn start_drain(&mut self, key: Key, always: bool) -> bool {
+        let slot = self.qps.get_mut(key).expect("draining a live queue pair");
+        if slot.drain.is_some() {
             return true;
         }
         let idle = slot.outstanding() == 0;
@@ -319,34 +342,49 @@ impl<Q: QueuePair> Ring<Q> {
         if slot.qp.set_error().is_err() {
             return idle && slot.srq.is_none();
         }
-        if idle {
+        if idle || !slot.marker_reserved {
+            // Without a marker every send asked for a CQE of its own.
             return true;
         }
         // A signaled marker behind everything else: once its flush CQE
         // arrives, every earlier send has completed. The ones still without
         // a CQE then ran successfully before the error, since a flushed work
         // request always gets a CQE of its own (and that came first).
-        if slot.marker_reserved {
-            let mut marker = SendWr::new(
-                marker_key(DRAIN_INDEX, index).to_wr_id(),
-                SendOpcode::Send,
-                SgeSpan::default(),
-            );
-            marker.flags = SendFlags::SIGNALED;
-            // SAFETY: the marker has no scatter/gather element, so it names
-            // no memory at all.
-            if unsafe { slot.qp.post_send(&[marker], &[]) }.is_ok() {
-                slot.drain_posted = true;
-                self.expecting += 1;
-            }
+        let Some(marker) = self.slab.insert(InFlight {
+            kind: OpKind::Send,
+            queue: QueueRef::Qp(key),
+            user_data: 0,
+            bufs: OwnedBufs::none(),
+            posted: false,
+            owner: Owner::Marker,
+        }) else {
+            return true;
+        };
+        let slot = self.qps.get_mut(key).expect("draining a live queue pair");
+        let mut wr = SendWr::new(marker.to_wr_id(), SendOpcode::Send, SgeSpan::default());
+        wr.flags = SendFlags::SIGNALED;
+        // SAFETY: the marker has no scatter/gather element, so it names no
+        // memory at all.
+        if unsafe { slot.qp.post_send(&[wr], &[]) }.is_ok() {
+            slot.drain = Some(marker);
+            slot.send_order.push_back(marker);
+            slot.outstanding_send += 1;
+            // Its CQE moves from the reservation to the used budget.
+            slot.marker_reserved = false;
+            self.cqe_reserved -= 1;
+            self.cqe_used += 1;
+            self.expecting += 1;
+            self.slab.get_mut(marker).expect("just inserted").posted = true;
+        } else {
+            self.slab.remove(marker);
         }
         true
     }
 
     /// After a drain, waits for the device to say a queue pair on a shared
     /// receive queue will take no more receives from it.
-    fn await_last_wqe(&mut self, index: u32) {
-        let slot = self.qps.at(index).expect("live");
+    fn await_last_wqe(&mut self, key: Key) {
+        let slot = self.qps.get(key).expect("live");
         if slot.srq.is_none()
             || slot.last_wqe
             || !self.events.watching()
@@ -355,7 +393,7 @@ impl<Q: QueuePair> Ring<Q> {
             return;
         }
         let deadline = Deadline::after(self.config.last_wqe_timeout);
-        while !self.qps.at(index).expect("live").last_wqe && !deadline.expired() {
+        while !self.qps.get(key).expect("live").last_wqe && !deadline.expired() {
             let _ = self.poll_events();
             let _ = self.reap_device();
             std::thread::yield_now();
@@ -364,16 +402,16 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Counters of queue pair `qp`.
     pub fn qp_stats(&self, qp: QpHandle) -> Option<QpStats> {
-        self.qp_index(qp)
-            .and_then(|i| self.qps.at(i))
+        self.qp_key(qp)
+            .and_then(|k| self.qps.get(k))
             .map(|slot| slot.stats)
     }
 
     /// The status of the error that put queue pair `qp` in error, if one
     /// did.
     pub fn qp_error(&self, qp: QpHandle) -> Option<WcStatus> {
-        self.qp_index(qp)
-            .and_then(|i| self.qps.at(i))
+        self.qp_key(qp)
+            .and_then(|k| self.qps.get(k))
             .and_then(|slot| slot.error)
     }
 
@@ -381,22 +419,22 @@ impl<Q: QueuePair> Ring<Q> {
     /// come back flushed, and it takes no more work (detach it to release
     /// it). For a peer that went away, say, as a connection manager told.
     pub fn fail_qp(&mut self, qp: QpHandle) -> Result<(), Error> {
-        let index = self.qp_index(qp).ok_or(Error::NotAttached("queue pair"))?;
-        let slot = self.qps.at_mut(index).expect("checked");
+        let key = self.qp_key(qp).ok_or(Error::NotAttached("queue pair"))?;
+        let slot = self.qps.get_mut(key).expect("checked");
         slot.record_error(WcStatus::WrFlushErr);
         slot.qp.set_error()
     }
 
-    pub(super) fn send_room_at(&self, index: u32) -> usize {
-        let Some(slot) = self.qps.at(index) else {
+    pub(super) fn send_room_at(&self, key: Key) -> usize {
+        let Some(slot) = self.qps.get(key) else {
             return 0;
         };
         let used = slot.outstanding_send + slot.pending_send.len();
         slot.send_limit.saturating_sub(used).min(self.cqe_room())
     }
 
-    pub(super) fn recv_room_at(&self, index: u32) -> usize {
-        let Some(slot) = self.qps.at(index) else {
+    pub(super) fn recv_room_at(&self, key: Key) -> usize {
+        let Some(slot) = self.qps.get(key) else {
             return 0;
         };
         let used = slot.outstanding_recv + slot.pending_recv.len();
@@ -405,8 +443,8 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Why an operation of this kind cannot be pushed to queue pair `index`
     /// now, if it cannot.
-    pub(super) fn qp_credit_error(&self, index: u32, recv: bool) -> Option<Error> {
-        let slot = self.qps.at(index).expect("checked by the caller");
+    pub(super) fn qp_credit_error(&self, key: Key, recv: bool) -> Option<Error> {
+        let slot = self.qps.get(key).expect("checked by the caller");
         if recv && slot.srq.is_some() {
             return Some(Error::Incompatible(
                 "it takes its receives from a shared receive queue: push them with srq_submission",
@@ -430,6 +468,10 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     pub(super) fn cq_credit_error(&self) -> Option<Error> {
+        // One slab slot per queue pair stays free for its teardown marker.
+        if self.slab.len() + self.qps.len() >= self.slab.capacity() {
+            return Some(Error::Unclaimed(self.unclaimed()));
+        }
         (self.cqe_room() == 0).then(|| Error::CompletionQueueFull {
             possible: self.cqe_used,
             entries: self.cq_entries.saturating_sub(self.cqe_reserved),

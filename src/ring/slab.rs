@@ -93,26 +93,11 @@ impl<T> Slab<T> {
         }
     }
 
-    /// The value in slot `index`, whatever its generation: for tables whose
-    /// entries are never removed while something still names them by index.
-    #[inline]
-    pub(crate) fn at(&self, index: u32) -> Option<&T> {
-        self.entries.get(index as usize)?.value.as_ref()
-    }
-
+    /// The value in slot `index`, whatever its generation (a round-robin
+    /// walk over the table).
     #[inline]
     pub(crate) fn at_mut(&mut self, index: u32) -> Option<&mut T> {
         self.entries.get_mut(index as usize)?.value.as_mut()
-    }
-
-    /// The key of the value in slot `index`, if there is one.
-    #[inline]
-    pub(crate) fn key_at(&self, index: u32) -> Option<Key> {
-        let entry = self.entries.get(index as usize)?;
-        entry.value.as_ref().map(|_| Key {
-            index,
-            generation: entry.generation,
-        })
     }
 
     /// Keys of every value, in slot order.
@@ -126,11 +111,6 @@ impl<T> Slab<T> {
                 generation: e.generation,
             })
             .collect()
-    }
-
-    #[inline]
-    pub(crate) fn is_full(&self) -> bool {
-        self.free_head == NO_FREE
     }
 
     #[inline]

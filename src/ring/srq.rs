@@ -78,20 +78,20 @@ impl<S> SrqSlot<S> {
 /// ```
 pub struct SrqSubmission<'a, Q: QueuePair> {
     ring: &'a mut Ring<Q>,
-    srq: Option<u32>,
+    srq: Option<Key>,
 }
 
 impl<Q: QueuePair> SrqSubmission<'_, Q> {
     /// Pushes a receive, to be posted by the next submit. Refused, with the
     /// receive back, when the queue is full or the buffers do not fit it.
     pub fn push<B: IoBufMut>(&mut self, op: Recv<B>) -> Result<(), Rejected<Recv<B>>> {
-        let Some(index) = self.srq else {
+        let Some(srq) = self.srq else {
             return Err(Rejected::new(
                 Error::NotAttached("shared receive queue"),
                 op,
             ));
         };
-        self.ring.push_srq(index, op, Owner::Queue).map(|_| ())
+        self.ring.push_srq(srq, op, Owner::Queue).map(|_| ())
     }
 
     /// Posts everything pushed since the last submit, on every queue of
@@ -102,7 +102,7 @@ impl<Q: QueuePair> SrqSubmission<'_, Q> {
 
     /// Receives that may be pushed now.
     pub fn room(&self) -> usize {
-        self.srq.map_or(0, |i| self.ring.srq_room_at(i))
+        self.srq.map_or(0, |k| self.ring.srq_room_at(k))
     }
 }
 
@@ -117,7 +117,7 @@ impl<Q: QueuePair> Ring<Q> {
             return Err(Rejected::new(Error::Closed, srq));
         }
         let caps = srq.caps();
-        if self.srq_index_by_id(caps.id).is_some() {
+        if self.srq_key_by_id(caps.id).is_some() {
             return Err(Rejected::new(
                 Error::Incompatible("this shared receive queue is already held"),
                 srq,
@@ -152,23 +152,23 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// A shared receive queue the ring holds (create queue pairs on it).
     pub fn srq(&self, srq: SrqHandle) -> Option<&Q::Srq> {
-        self.srq_index(srq)
-            .and_then(|i| self.srqs.at(i))
+        self.srq_key(srq)
+            .and_then(|k| self.srqs.get(k))
             .map(|slot| &slot.srq)
     }
 
     /// The submission side of shared receive queue `srq`. A handle this ring
     /// does not hold makes every push fail, handing the receive back.
     pub fn srq_submission(&mut self, srq: SrqHandle) -> SrqSubmission<'_, Q> {
-        let srq = self.srq_index(srq);
+        let srq = self.srq_key(srq);
         SrqSubmission { ring: self, srq }
     }
 
     /// Receives posted to `srq` and not yet consumed (pushed ones not
     /// counted).
     pub fn srq_posted(&self, srq: SrqHandle) -> Option<usize> {
-        self.srq_index(srq)
-            .and_then(|i| self.srqs.at(i))
+        self.srq_key(srq)
+            .and_then(|k| self.srqs.get(k))
             .map(|slot| slot.outstanding)
     }
 
@@ -177,11 +177,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// [`AsyncEvent::SrqLimitReached`](crate::backend::AsyncEvent::SrqLimitReached)
     /// once (see [`Ring::watch_events`]).
     pub fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<(), Error> {
-        let index = self
-            .srq_index(srq)
+        let key = self
+            .srq_key(srq)
             .ok_or(Error::NotAttached("shared receive queue"))?;
         self.srqs
-            .at_mut(index)
+            .get_mut(key)
             .expect("checked")
             .srq
             .arm_limit(limit)
@@ -194,31 +194,30 @@ impl<Q: QueuePair> Ring<Q> {
         srq: SrqHandle,
         refill: Option<SrqRefill>,
     ) -> Result<(), Error> {
-        let index = self
-            .srq_index(srq)
+        let key = self
+            .srq_key(srq)
             .ok_or(Error::NotAttached("shared receive queue"))?;
-        self.srqs.at_mut(index).expect("checked").refill = refill;
+        self.srqs.get_mut(key).expect("checked").refill = refill;
         self.refill_srqs();
         Ok(())
     }
 
     /// Doorbells rung on `srq` so far.
     pub fn srq_doorbells(&self, srq: SrqHandle) -> Option<u64> {
-        self.srq_index(srq)
-            .and_then(|i| self.srqs.at(i))
+        self.srq_key(srq)
+            .and_then(|k| self.srqs.get(k))
             .map(|slot| slot.doorbells)
     }
 
-    fn srq_index(&self, srq: SrqHandle) -> Option<u32> {
-        (srq.ring == self.id && self.srqs.get(srq.key).is_some()).then_some(srq.key.index)
+    fn srq_key(&self, srq: SrqHandle) -> Option<Key> {
+        (srq.ring == self.id && self.srqs.get(srq.key).is_some()).then_some(srq.key)
     }
 
-    pub(super) fn srq_index_by_id(&self, id: SrqId) -> Option<u32> {
+    pub(super) fn srq_key_by_id(&self, id: SrqId) -> Option<Key> {
         self.srqs
             .keys()
             .into_iter()
             .find(|k| self.srqs.get(*k).is_some_and(|slot| slot.caps.id == id))
-            .map(|k| k.index)
     }
 
     pub(super) fn srqs_share(&self) -> usize {
@@ -230,18 +229,18 @@ impl<Q: QueuePair> Ring<Q> {
             .sum()
     }
 
-    pub(super) fn srq_room_at(&self, index: u32) -> usize {
-        self.srqs.at(index).map_or(0, |slot| {
+    pub(super) fn srq_room_at(&self, srq: Key) -> usize {
+        self.srqs.get(srq).map_or(0, |slot| {
             (slot.caps.max_wr as usize)
                 .saturating_sub(slot.outstanding + slot.pending.len())
                 .min(self.cqe_room())
         })
     }
 
-    /// Pushes a receive to shared receive queue `index` for `owner`.
+    /// Pushes a receive to shared receive queue `srq` for `owner`.
     pub(super) fn push_srq<T: Operation>(
         &mut self,
-        index: u32,
+        srq: Key,
         op: T,
         owner: Owner,
     ) -> Result<Key, Rejected<T>> {
@@ -251,7 +250,7 @@ impl<Q: QueuePair> Ring<Q> {
         if let Some(why) = self.failed {
             return Err(Rejected::new(Error::RingFailed(why), op));
         }
-        let slot = self.srqs.at(index).expect("a live shared receive queue");
+        let slot = self.srqs.get(srq).expect("a live shared receive queue");
         let posted = slot.outstanding + slot.pending.len();
         if posted >= slot.caps.max_wr as usize {
             return Err(Rejected::new(
@@ -268,10 +267,7 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(error) = op.check(&Limits::srq(&slot.caps)) {
             return Err(Rejected::new(error, op));
         }
-        if self.slab.is_full() {
-            return Err(Rejected::new(Error::Unclaimed(self.unclaimed()), op));
-        }
-        let slot = self.srqs.at_mut(index).expect("live");
+        let slot = self.srqs.get_mut(srq).expect("live");
         let start = slot.sges.len() as u32;
         op.push_sges(&mut slot.sges);
         let span = SgeSpan {
@@ -286,7 +282,7 @@ impl<Q: QueuePair> Ring<Q> {
             .slab
             .insert(InFlight {
                 kind: prepared.kind,
-                queue: QueueRef::Srq(index),
+                queue: QueueRef::Srq(srq),
                 user_data: prepared.user_data,
                 bufs: prepared.bufs,
                 posted: false,
@@ -294,11 +290,11 @@ impl<Q: QueuePair> Ring<Q> {
             })
             .expect("checked above that the slab has room");
         self.cqe_used += 1;
-        self.srqs.at_mut(index).expect("live").pending.push(RecvWr {
+        self.srqs.get_mut(srq).expect("live").pending.push(RecvWr {
             wr_id: key.to_wr_id(),
             sges: span,
         });
-        self.mark_dirty(QueueRef::Srq(index));
+        self.mark_dirty(QueueRef::Srq(srq));
         Ok(key)
     }
 
@@ -308,8 +304,8 @@ impl<Q: QueuePair> Ring<Q> {
         srq: SrqHandle,
         op: T,
     ) -> Result<Key, Rejected<T>> {
-        match self.srq_index(srq) {
-            Some(index) => self.push_srq(index, op, Self::awaited()),
+        match self.srq_key(srq) {
+            Some(key) => self.push_srq(key, op, Self::awaited()),
             None => Err(Rejected::new(
                 Error::NotAttached("shared receive queue"),
                 op,
@@ -317,11 +313,12 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    pub(super) fn submit_srq(&mut self, index: u32, posting: &mut Posting) {
-        let slot = self
-            .srqs
-            .at_mut(index)
-            .expect("a live shared receive queue");
+    pub(super) fn submit_srq(&mut self, srq: Key, posting: &mut Posting) {
+        let handle = Some(SrqHandle {
+            ring: self.id,
+            key: srq,
+        });
+        let slot = self.srqs.get_mut(srq).expect("a live shared receive queue");
         if slot.pending.is_empty() {
             return;
         }
@@ -343,7 +340,7 @@ impl<Q: QueuePair> Ring<Q> {
                 .expect("pending op is in the slab")
                 .posted = true;
         }
-        let slot = self.srqs.at_mut(index).expect("live");
+        let slot = self.srqs.get_mut(srq).expect("live");
         slot.outstanding += accepted;
         slot.sges.clear();
         self.stats.recv_wrs += accepted as u64;
@@ -351,11 +348,11 @@ impl<Q: QueuePair> Ring<Q> {
         posting.posted += accepted;
         if let Err(PostError { error, .. }) = result {
             let unposted =
-                self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), None);
+                self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), None, handle);
             posting.refused(error, unposted);
         }
         pending.clear();
-        self.srqs.at_mut(index).expect("live").pending = pending;
+        self.srqs.get_mut(srq).expect("live").pending = pending;
     }
 
     /// Tops up every shared receive queue that has a refill and fell below
@@ -382,7 +379,7 @@ impl<Q: QueuePair> Ring<Q> {
             {
                 let Ok(chunk) = refill.pool.take() else { break };
                 let op = Recv::new(chunk).user_data(refill.user_data);
-                if self.push_srq(key.index, op, Owner::Queue).is_err() {
+                if self.push_srq(key, op, Owner::Queue).is_err() {
                     break;
                 }
                 refilled = true;
@@ -397,12 +394,11 @@ impl<Q: QueuePair> Ring<Q> {
         // pool.
         let mut posting = Posting::default();
         for key in self.srqs.keys() {
-            let index = key.index;
-            let slot = self.srqs.at_mut(index).expect("listed");
+            let slot = self.srqs.get_mut(key).expect("listed");
             if slot.dirty && slot.refill.is_some() {
                 slot.dirty = false;
-                self.dirty.retain(|q| *q != QueueRef::Srq(index));
-                self.submit_srq(index, &mut posting);
+                self.dirty.retain(|q| *q != QueueRef::Srq(key));
+                self.submit_srq(key, &mut posting);
             }
         }
         if let Some((_, unposted)) = posting.failure {
@@ -414,30 +410,33 @@ impl<Q: QueuePair> Ring<Q> {
     /// (flushed). Refused while queue pairs on it are attached, or if the
     /// device refuses to destroy it (the receives then stay posted).
     pub fn remove_srq(&mut self, srq: SrqHandle) -> Result<Q::Srq, Error> {
-        let index = self
-            .srq_index(srq)
+        let key = self
+            .srq_key(srq)
             .ok_or(Error::NotAttached("shared receive queue"))?;
         let attached = self
             .qps
             .keys()
             .into_iter()
-            .any(|k| self.qps.get(k).is_some_and(|slot| slot.srq == Some(index)));
+            .any(|k| self.qps.get(k).is_some_and(|slot| slot.srq == Some(key)));
         if attached {
             return Err(Error::Incompatible(
                 "queue pairs on this shared receive queue are still attached",
             ));
         }
-        self.flush_pending(QueueRef::Srq(index));
-        self.srqs.at_mut(index).expect("checked").srq.destroy()?;
-        self.release_srq_receives(index);
-        let slot = self.srqs.remove(srq.key).expect("checked");
-        self.dirty.retain(|q| *q != QueueRef::Srq(index));
+        self.flush_pending(QueueRef::Srq(key));
+        // Receives a message already filled have their completions queued:
+        // take them before the rest are handed back as flushed.
+        self.reap_queued();
+        self.srqs.get_mut(key).expect("checked").srq.destroy()?;
+        self.release_srq_receives(key);
+        let slot = self.srqs.remove(key).expect("checked");
+        self.dirty.retain(|q| *q != QueueRef::Srq(key));
         Ok(slot.srq)
     }
 
-    /// After shared receive queue `index` was destroyed: the device no
+    /// After shared receive queue `srq` was destroyed: the device no
     /// longer touches its receives, which go back to their owners flushed.
-    pub(super) fn release_srq_receives(&mut self, index: u32) {
+    pub(super) fn release_srq_receives(&mut self, srq: Key) {
         let keys: Vec<Key> = self
             .slab
             .keys()
@@ -445,11 +444,11 @@ impl<Q: QueuePair> Ring<Q> {
             .filter(|k| {
                 self.slab
                     .get(*k)
-                    .is_some_and(|op| op.queue == QueueRef::Srq(index) && op.posted)
+                    .is_some_and(|op| op.queue == QueueRef::Srq(srq) && op.posted)
             })
             .collect();
         for key in keys {
-            if let Some(slot) = self.srqs.at_mut(index) {
+            if let Some(slot) = self.srqs.get_mut(srq) {
                 slot.outstanding -= 1;
             }
             self.finish(

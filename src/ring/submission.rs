@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::lifecycle::Owner;
-use super::{marker_key, InFlight, Key, PushResult, QpHandle, QueueRef, Ring, SYNC_INDEX};
+use super::{InFlight, Key, PushResult, QpHandle, QueueRef, Ring, SrqHandle};
 use crate::backend::{
     PostError, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
 };
@@ -33,8 +33,8 @@ use crate::op::{Limits, OpKind, Operation};
 /// ```
 pub struct SubmissionQueue<'a, Q: QueuePair> {
     pub(super) ring: &'a mut Ring<Q>,
-    /// The queue pair's table index; `None` if the ring does not hold it.
-    pub(super) qp: Option<u32>,
+    /// The queue pair's slot key; `None` if the ring does not hold it.
+    pub(super) qp: Option<Key>,
     /// Whether a handle named it (so a missing one was detached), rather
     /// than the ring having no default queue pair.
     pub(super) named: bool,
@@ -82,7 +82,7 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
     /// Operations pushed to this queue pair and not yet submitted.
     pub fn len(&self) -> usize {
         self.qp
-            .and_then(|i| self.ring.qps.at(i))
+            .and_then(|k| self.ring.qps.get(k))
             .map_or(0, |slot| slot.pending_send.len() + slot.pending_recv.len())
     }
 
@@ -93,20 +93,20 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
 
     /// Send operations that may be pushed now.
     pub fn send_room(&self) -> usize {
-        self.qp.map_or(0, |i| self.ring.send_room_at(i))
+        self.qp.map_or(0, |k| self.ring.send_room_at(k))
     }
 
     /// Receives that may be pushed now (0 on a shared receive queue).
     pub fn recv_room(&self) -> usize {
-        self.qp.map_or(0, |i| self.ring.recv_room_at(i))
+        self.qp.map_or(0, |k| self.ring.recv_room_at(k))
     }
 
     /// The queue pair this side pushes to.
     pub fn qp(&self) -> Option<QpHandle> {
-        self.qp.and_then(|i| self.ring.qp_handle(i))
+        self.qp.and_then(|k| self.ring.qp_handle(k))
     }
 
-    fn target(&self) -> Result<u32, Error> {
+    fn target(&self) -> Result<Key, Error> {
         self.qp.ok_or(if self.named {
             Error::NotAttached("queue pair")
         } else {
@@ -126,6 +126,8 @@ pub struct Unposted {
     pub bufs: OwnedBufs,
     /// The queue pair it was pushed to (`None` for a shared receive queue).
     pub qp: Option<QpHandle>,
+    /// The shared receive queue it was pushed to, if it was.
+    pub srq: Option<SrqHandle>,
 }
 
 /// A submit the device refused in part: why, how many work requests were
@@ -198,7 +200,7 @@ impl<Q: QueuePair> Ring<Q> {
     /// Pushes `op` to queue pair `target` for `owner`.
     pub(super) fn push_to<T: Operation>(
         &mut self,
-        target: Result<u32, Error>,
+        target: Result<Key, Error>,
         op: T,
         owner: Owner,
     ) -> Result<Key, Rejected<T>> {
@@ -208,19 +210,19 @@ impl<Q: QueuePair> Ring<Q> {
         if let Some(why) = self.failed {
             return Err(Rejected::new(Error::RingFailed(why), op));
         }
-        let index = match target {
-            Ok(index) => index,
+        let qp = match target {
+            Ok(qp) => qp,
             Err(e) => return Err(Rejected::new(e, op)),
         };
         let recv = op.kind().is_recv();
-        let slot = self.qps.at(index).expect("a live queue pair index");
+        let slot = self.qps.get(qp).expect("a live queue pair");
         if let Some(status) = slot.error {
             return Err(Rejected::new(Error::QpInError(status), op));
         }
-        if let Some(error) = self.qp_credit_error(index, recv) {
+        if let Some(error) = self.qp_credit_error(qp, recv) {
             return Err(Rejected::new(error, op));
         }
-        let slot = self.qps.at(index).expect("a live queue pair index");
+        let slot = self.qps.get(qp).expect("a live queue pair");
         let limits = if recv {
             Limits::recv(&slot.caps)
         } else {
@@ -229,10 +231,7 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(error) = op.check(&limits) {
             return Err(Rejected::new(error, op));
         }
-        if self.slab.is_full() {
-            return Err(Rejected::new(Error::Unclaimed(self.unclaimed()), op));
-        }
-        let slot = self.qps.at_mut(index).expect("a live queue pair index");
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         let sges = if recv {
             &mut slot.recv_sges
         } else {
@@ -250,7 +249,7 @@ impl<Q: QueuePair> Ring<Q> {
             .slab
             .insert(InFlight {
                 kind: prepared.kind,
-                queue: QueueRef::Qp(index),
+                queue: QueueRef::Qp(qp),
                 user_data: prepared.user_data,
                 bufs: prepared.bufs,
                 posted: false,
@@ -261,7 +260,7 @@ impl<Q: QueuePair> Ring<Q> {
             self.queued_in_flight += 1;
         }
         self.cqe_used += 1;
-        let slot = self.qps.at_mut(index).expect("a live queue pair index");
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         match prepared.wr {
             None => slot.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
@@ -281,11 +280,12 @@ impl<Q: QueuePair> Ring<Q> {
                 slot.pending_send.push(wr);
             }
         }
-        self.mark_dirty(QueueRef::Qp(index));
+        self.mark_dirty(QueueRef::Qp(qp));
         Ok(key)
     }
 
-    /// Slab entries held by finished operations nobody collected yet.
+    /// Slab entries held by operations finished but not collected (by
+    /// futures), roughly: for the error message of a full slab.
     pub(super) fn unclaimed(&self) -> usize {
         self.slab
             .len()
@@ -298,16 +298,16 @@ impl<Q: QueuePair> Ring<Q> {
         let mut dirty = std::mem::take(&mut self.dirty);
         for queue in dirty.drain(..) {
             match queue {
-                QueueRef::Qp(index) => {
-                    if let Some(slot) = self.qps.at_mut(index) {
+                QueueRef::Qp(key) => {
+                    if let Some(slot) = self.qps.get_mut(key) {
                         slot.dirty = false;
-                        self.submit_qp(index, &mut posting);
+                        self.submit_qp(key, &mut posting);
                     }
                 }
-                QueueRef::Srq(index) => {
-                    if let Some(slot) = self.srqs.at_mut(index) {
+                QueueRef::Srq(key) => {
+                    if let Some(slot) = self.srqs.get_mut(key) {
                         slot.dirty = false;
-                        self.submit_srq(index, &mut posting);
+                        self.submit_srq(key, &mut posting);
                     }
                 }
             }
@@ -317,9 +317,9 @@ impl<Q: QueuePair> Ring<Q> {
         posting.into_result()
     }
 
-    fn submit_qp(&mut self, index: u32, posting: &mut Posting) {
-        let handle = self.qp_handle(index);
-        let slot = self.qps.at_mut(index).expect("a live queue pair");
+    fn submit_qp(&mut self, qp: Key, posting: &mut Posting) {
+        let handle = self.qp_handle(qp);
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         if !slot.pending_recv.is_empty() {
             // The list leaves the slot while it is walked (and comes back,
             // keeping its capacity), so the slab can be updated meanwhile.
@@ -330,7 +330,7 @@ impl<Q: QueuePair> Ring<Q> {
             let result = unsafe { slot.qp.post_recv(&pending, &slot.recv_sges) };
             slot.stats.doorbells += 1;
             self.stats.doorbells += 1;
-            let accepted = self.accepted(index, &result, pending.len());
+            let accepted = self.accepted(qp, &result, pending.len());
             for wr in &pending[..accepted] {
                 let key = Key::from_wr_id(wr.wr_id);
                 self.slab
@@ -338,7 +338,7 @@ impl<Q: QueuePair> Ring<Q> {
                     .expect("pending op is in the slab")
                     .posted = true;
             }
-            let slot = self.qps.at_mut(index).expect("a live queue pair");
+            let slot = self.qps.get_mut(qp).expect("a live queue pair");
             slot.outstanding_recv += accepted;
             slot.stats.recv_wrs += accepted as u64;
             slot.recv_sges.clear();
@@ -346,18 +346,21 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                let unposted =
-                    self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle);
+                let unposted = self.remove_unposted(
+                    pending[accepted..].iter().map(|wr| wr.wr_id),
+                    handle,
+                    None,
+                );
                 posting.refused(error, unposted);
             }
             let mut pending = pending;
             pending.clear();
             self.qps
-                .at_mut(index)
+                .get_mut(qp)
                 .expect("a live queue pair")
                 .pending_recv = pending;
         }
-        let slot = self.qps.at_mut(index).expect("a live queue pair");
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         if !slot.pending_send.is_empty() {
             let mut pending = std::mem::take(&mut slot.pending_send);
             let last = pending.last_mut().expect("not empty");
@@ -371,7 +374,7 @@ impl<Q: QueuePair> Ring<Q> {
             let result = unsafe { slot.qp.post_send(&pending, &slot.send_sges) };
             slot.stats.doorbells += 1;
             self.stats.doorbells += 1;
-            let accepted = self.accepted(index, &result, pending.len());
+            let accepted = self.accepted(qp, &result, pending.len());
             let mut signaled = 0;
             for wr in &pending[..accepted] {
                 let key = Key::from_wr_id(wr.wr_id);
@@ -383,7 +386,7 @@ impl<Q: QueuePair> Ring<Q> {
                     signaled += 1;
                 }
             }
-            let slot = self.qps.at_mut(index).expect("a live queue pair");
+            let slot = self.qps.get_mut(qp).expect("a live queue pair");
             slot.send_order.extend(
                 pending[..accepted]
                     .iter()
@@ -400,16 +403,19 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                let unposted =
-                    self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle);
+                let unposted = self.remove_unposted(
+                    pending[accepted..].iter().map(|wr| wr.wr_id),
+                    handle,
+                    None,
+                );
                 if prefix_unsignaled {
-                    self.post_sync_marker(index);
+                    self.post_sync_marker(qp);
                 }
                 posting.refused(error, unposted);
             }
             pending.clear();
             self.qps
-                .at_mut(index)
+                .get_mut(qp)
                 .expect("a live queue pair")
                 .pending_send = pending;
         }
@@ -420,12 +426,12 @@ impl<Q: QueuePair> Ring<Q> {
     /// more than were posted (a backend bug) counts as taking them all, and
     /// moves the queue pair to error: whatever the device did take then
     /// comes back flushed, and nothing it may hold is handed back early.
-    fn accepted(&mut self, index: u32, result: &Result<(), PostError>, len: usize) -> usize {
+    fn accepted(&mut self, qp: Key, result: &Result<(), PostError>, len: usize) -> usize {
         match result {
             Ok(()) => len,
             Err(PostError { accepted, .. }) if *accepted < len => *accepted,
             Err(_) => {
-                let slot = self.qps.at_mut(index).expect("a live queue pair");
+                let slot = self.qps.get_mut(qp).expect("a live queue pair");
                 slot.record_error(WcStatus::LocQpOpErr);
                 // If even this fails the ring still refuses new work; the
                 // operations come back when the device reports them, or are
@@ -438,11 +444,26 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The accepted prefix of a partial post ends unsignaled: post a
     /// zero-length signaled RDMA WRITE behind it, whose CQE releases the
-    /// prefix. It takes the send slot (and CQE) an unposted op freed. If
-    /// even that post fails, the next send asks for a CQE instead.
-    fn post_sync_marker(&mut self, index: u32) {
-        let key = marker_key(SYNC_INDEX, index);
-        let slot = self.qps.at_mut(index).expect("a live queue pair");
+    /// prefix. It takes the send slot (and CQE) an unposted op freed, and a
+    /// slab entry of its own, so that its `wr_id` is as unique as an
+    /// operation's. If it cannot be posted, the next send asks for a CQE
+    /// instead.
+    fn post_sync_marker(&mut self, qp: Key) {
+        let Some(key) = self.slab.insert(InFlight {
+            kind: OpKind::Write,
+            queue: QueueRef::Qp(qp),
+            user_data: 0,
+            bufs: OwnedBufs::none(),
+            posted: false,
+            owner: Owner::Marker,
+        }) else {
+            self.qps
+                .get_mut(qp)
+                .expect("a live queue pair")
+                .force_signal = true;
+            return;
+        };
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         let mut marker = SendWr::new(key.to_wr_id(), SendOpcode::Write, SgeSpan::default());
         marker.flags = SendFlags::SIGNALED;
         // SAFETY: a zero-length work request names no memory.
@@ -456,8 +477,10 @@ impl<Q: QueuePair> Ring<Q> {
             self.stats.signaled += 1;
             self.cqe_used += 1;
             self.expecting += 1;
+            self.slab.get_mut(key).expect("just inserted").posted = true;
         } else {
             slot.force_signal = true;
+            self.slab.remove(key);
         }
     }
 
@@ -468,6 +491,7 @@ impl<Q: QueuePair> Ring<Q> {
         &mut self,
         wr_ids: impl Iterator<Item = u64>,
         qp: Option<QpHandle>,
+        srq: Option<SrqHandle>,
     ) -> Vec<Unposted> {
         let mut unposted = Vec::new();
         for key in wr_ids.map(Key::from_wr_id) {
@@ -484,6 +508,7 @@ impl<Q: QueuePair> Ring<Q> {
                 user_data: op.user_data,
                 bufs: op.bufs,
                 qp,
+                srq,
             });
         }
         unposted
@@ -493,8 +518,8 @@ impl<Q: QueuePair> Ring<Q> {
     /// flushed completion (teardown).
     pub(super) fn flush_pending(&mut self, queue: QueueRef) {
         let keys: Vec<Key> = match queue {
-            QueueRef::Qp(index) => {
-                let Some(slot) = self.qps.at_mut(index) else {
+            QueueRef::Qp(key) => {
+                let Some(slot) = self.qps.get_mut(key) else {
                     return;
                 };
                 slot.send_sges.clear();
@@ -506,8 +531,8 @@ impl<Q: QueuePair> Ring<Q> {
                     .map(Key::from_wr_id)
                     .collect()
             }
-            QueueRef::Srq(index) => {
-                let Some(slot) = self.srqs.at_mut(index) else {
+            QueueRef::Srq(key) => {
+                let Some(slot) = self.srqs.get_mut(key) else {
                     return;
                 };
                 slot.sges.clear();

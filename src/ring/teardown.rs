@@ -44,27 +44,29 @@ impl<Q: QueuePair> Ring<Q> {
             return !self.slab_holds_posted();
         }
         self.closed = true;
-        let qps: Vec<u32> = self.qps.keys().into_iter().map(|k| k.index).collect();
-        let srqs: Vec<u32> = self.srqs.keys().into_iter().map(|k| k.index).collect();
-        for &index in &qps {
-            self.flush_pending(QueueRef::Qp(index));
+        let qps = self.qps.keys();
+        let srqs = self.srqs.keys();
+        for &key in &qps {
+            self.flush_pending(QueueRef::Qp(key));
         }
-        for &index in &srqs {
-            self.flush_pending(QueueRef::Srq(index));
+        for &key in &srqs {
+            self.flush_pending(QueueRef::Srq(key));
         }
+        // Every queue pair to error, idle ones too: one on a shared receive
+        // queue must stop taking its receives before the queue goes.
         let mut refused = Vec::new();
-        for &index in &qps {
-            if !self.start_drain(index, false) {
-                refused.push(index);
+        for &key in &qps {
+            if !self.start_drain(key, true) {
+                refused.push(key);
             }
         }
         let deadline = Deadline::after(self.config.drain_timeout);
-        let busy = |ring: &Self, index: u32| {
+        let busy = |ring: &Self, key: Key| {
             ring.qps
-                .at(index)
-                .is_some_and(|slot| slot.outstanding() > 0 || slot.drain_posted)
+                .get(key)
+                .is_some_and(|slot| slot.outstanding() > 0 || slot.drain.is_some())
         };
-        while qps.iter().any(|&i| !refused.contains(&i) && busy(self, i)) {
+        while qps.iter().any(|&k| !refused.contains(&k) && busy(self, k)) {
             // Unknown wr_ids are counted in stats; teardown goes on.
             let _ = self.reap_device();
             if deadline.expired() {
@@ -72,11 +74,15 @@ impl<Q: QueuePair> Ring<Q> {
             }
             std::thread::yield_now();
         }
+        // Completions already queued (receives of a shared queue that a
+        // message filled, say) are taken while their queue pairs are still
+        // known, so none is mistaken for an unconsumed receive below.
+        self.reap_queued();
         let mut drained = true;
-        for &index in &qps {
-            if busy(self, index) {
+        for &key in &qps {
+            if busy(self, key) {
                 drained = false;
-                self.leak_ops_of(QueueRef::Qp(index));
+                self.leak_ops_of(QueueRef::Qp(key));
             }
         }
         // Queue pairs first: a shared receive queue cannot be destroyed while
@@ -86,21 +92,31 @@ impl<Q: QueuePair> Ring<Q> {
         }
         self.by_qpn.clear();
         self.default_qp = None;
-        for &index in &srqs {
+        for &key in &srqs {
             let destroyed = drained
                 && self
                     .srqs
-                    .at_mut(index)
+                    .get_mut(key)
                     .is_some_and(|s| s.srq.destroy().is_ok());
             if destroyed {
-                self.release_srq_receives(index);
+                self.release_srq_receives(key);
             } else {
                 drained = false;
-                self.leak_ops_of(QueueRef::Srq(index));
+                self.leak_ops_of(QueueRef::Srq(key));
             }
         }
         self.wake_stream();
         drained
+    }
+
+    /// Reaps until the completion queue has nothing more to give now.
+    pub(super) fn reap_queued(&mut self) {
+        let batch = self.scratch.len().max(1);
+        for _ in 0..self.cq_entries / batch + 1 {
+            if self.reap_device().unwrap_or(0) < batch {
+                break;
+            }
+        }
     }
 
     /// Whether any operation the device may still hold is in the slab.

@@ -1,0 +1,536 @@
+//! A ring over a device that misbehaves as far as the backend contract
+//! lets it — and a little further — driven by a byte string: the proptest
+//! `adversary_test` and the `adversarial_device` fuzz target run it.
+//!
+//! The adversary wraps the soft device (whose queue pairs really execute,
+//! and which checks its own ordering promise). Around it:
+//!
+//! * posts are accepted in part, with an exact `accepted`, or refused while
+//!   claiming more than was posted (a backend that cannot tell);
+//! * completions are forged for `wr_id`s that were never posted, and old
+//!   completions are delivered again;
+//! * one queue pair's completions are held back while the others' pass,
+//!   then released in order (reordering across queue pairs).
+//!
+//! Every buffer the ring hands back is poisoned and kept, still
+//! registered. At the end, after the ring is closed and the device has run
+//! dry, each must still hold only poison: if the ring had released a
+//! buffer the device still held, the device's later write would show. The
+//! ring must also never panic and never hand an operation back twice, and
+//! every operation must come back or be counted as leaked.
+
+#![allow(dead_code)]
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
+use rdma_ring::backend::{
+    CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
+    Sge,
+};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::op::{Read, Recv, Send, Write};
+use rdma_ring::ring::{Completion, QpHandle, Ring, RingConfig};
+use rdma_ring::Error;
+
+const QPS: usize = 2;
+const LEN: usize = 32;
+const POISON: u8 = 0xde;
+
+/// What the adversary does next; shared by its queue pairs and queue.
+#[derive(Default)]
+struct Knobs {
+    /// Take at most this many work requests of the next post.
+    accept: Option<usize>,
+    /// Refuse the next post after taking it all, claiming this many more.
+    overclaim: Option<usize>,
+    /// Completions to report before the real ones.
+    forged: VecDeque<RawCompletion>,
+    /// Hold back this queue pair's completions.
+    hold: Option<u32>,
+    held: VecDeque<RawCompletion>,
+    /// Completions already reported, to report again.
+    history: Vec<RawCompletion>,
+    /// Every `wr_id` ever posted, so forged ones never name a real one.
+    posted: HashSet<u64>,
+}
+
+type Shared = Arc<Mutex<Knobs>>;
+
+struct AdvQp {
+    inner: SoftQp,
+    knobs: Shared,
+}
+
+struct AdvCq {
+    inner: SoftCq,
+    knobs: Shared,
+}
+
+impl AdvQp {
+    /// Posts through `post` as the knobs say.
+    fn post<W: Copy>(
+        &mut self,
+        wrs: &[W],
+        wr_id: impl Fn(&W) -> u64,
+        post: impl FnOnce(&mut SoftQp, &[W]) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
+        let mut knobs = self.knobs.lock().unwrap();
+        knobs.posted.extend(wrs.iter().map(&wr_id));
+        let (take, overclaim) = match (knobs.accept.take(), knobs.overclaim.take()) {
+            (Some(n), _) => (n.min(wrs.len()), None),
+            (None, extra) => (wrs.len(), extra),
+        };
+        drop(knobs);
+        post(&mut self.inner, &wrs[..take])?;
+        if take < wrs.len() {
+            return Err(PostError {
+                accepted: take,
+                error: Error::PostRejected("the adversary took only part"),
+            });
+        }
+        if let Some(extra) = overclaim {
+            return Err(PostError {
+                accepted: wrs.len() + extra,
+                error: Error::PostRejected("the adversary cannot tell what it took"),
+            });
+        }
+        Ok(())
+    }
+}
+
+// SAFETY: every work request that reaches the device is the soft queue
+// pair's; a partial post reports exactly what it took, and an overclaim
+// covers everything (never less than was taken), as the contract allows.
+unsafe impl QueuePair for AdvQp {
+    type Cq = AdvCq;
+    type Srq = SoftSrq;
+    fn caps(&self) -> QpCaps {
+        self.inner.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract, passed through for what is posted.
+        self.post(wrs, |w| w.wr_id, |qp, w| unsafe { qp.post_send(w, sges) })
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: as above.
+        self.post(wrs, |w| w.wr_id, |qp, w| unsafe { qp.post_recv(w, sges) })
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.inner.set_error()
+    }
+    fn take_cq(&mut self) -> Option<AdvCq> {
+        None
+    }
+}
+
+// SAFETY: the real completions are the soft queue's, each reported once in
+// each queue pair's order (holding back one queue pair's keeps its order);
+// forged ones name `wr_id`s never posted, and repeated ones name work the
+// ring has already retired: neither may release a buffer the device holds.
+unsafe impl CompletionQueue for AdvCq {
+    fn id(&self) -> CqId {
+        self.inner.id()
+    }
+    fn entries(&self) -> u32 {
+        self.inner.entries()
+    }
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        let mut knobs = self.knobs.lock().unwrap();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(forged) = knobs.forged.pop_front() else {
+                break;
+            };
+            out[n] = forged;
+            n += 1;
+        }
+        if knobs.hold.is_none() {
+            while n < out.len() {
+                let Some(held) = knobs.held.pop_front() else {
+                    break;
+                };
+                knobs.history.push(held);
+                out[n] = held;
+                n += 1;
+            }
+        }
+        let mut real = vec![RawCompletion::default(); out.len() - n];
+        let got = self.inner.poll(&mut real)?;
+        for cqe in real.into_iter().take(got) {
+            if knobs.hold == Some(cqe.qp_num) || (knobs.hold.is_none() && !knobs.held.is_empty()) {
+                knobs.held.push_back(cqe);
+            } else {
+                knobs.history.push(cqe);
+                out[n] = cqe;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// One step of an adversarial scenario.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// An operation on a queue pair: 0 WRITE, 1 READ, 2 SEND, 3 RECV.
+    Push {
+        qp: usize,
+        kind: u8,
+        signaled: bool,
+    },
+    Submit,
+    SubmitTaking(usize),
+    SubmitOverclaiming(usize),
+    Progress,
+    /// One queue pair executes one work request.
+    ExecuteOne(usize),
+    Poll,
+    Forge {
+        wr_id: u64,
+        qp: usize,
+    },
+    Repeat(usize),
+    Hold(usize),
+    Release,
+    Fail(usize),
+    PeerRecv(usize),
+}
+
+/// Every byte string is a scenario.
+pub fn decode(bytes: &[u8]) -> Vec<Step> {
+    let mut it = bytes.iter().copied();
+    let mut steps = Vec::new();
+    while let Some(b) = it.next() {
+        let qp = usize::from(b >> 7);
+        let step = match b & 0x1f {
+            0..=7 => {
+                let b1 = it.next().unwrap_or(0);
+                Step::Push {
+                    qp,
+                    kind: b1 & 3,
+                    signaled: b1 & 4 != 0,
+                }
+            }
+            8..=9 => Step::Submit,
+            10 => Step::SubmitTaking(usize::from(it.next().unwrap_or(0) % 4)),
+            11 => Step::SubmitOverclaiming(usize::from(it.next().unwrap_or(0) % 3)),
+            12 | 13 => Step::Progress,
+            14 => Step::ExecuteOne(qp),
+            15..=18 => Step::Poll,
+            19 => {
+                let mut raw = [0u8; 8];
+                for byte in &mut raw {
+                    *byte = it.next().unwrap_or(0);
+                }
+                Step::Forge {
+                    wr_id: u64::from_le_bytes(raw),
+                    qp,
+                }
+            }
+            20 | 21 => Step::Repeat(usize::from(it.next().unwrap_or(0))),
+            22 => Step::Hold(qp),
+            23 | 24 => Step::Release,
+            25 => Step::Fail(qp),
+            _ => Step::PeerRecv(qp),
+        };
+        steps.push(step);
+    }
+    steps
+}
+
+/// The server ring (over the adversary), its peers, and the graveyard.
+pub struct Adversary {
+    dev: SoftDevice,
+    pd: SoftPd,
+    ring: Ring<AdvQp>,
+    handles: Vec<QpHandle>,
+    controls: Vec<QpControl>,
+    qp_nums: Vec<u32>,
+    peers: Vec<Ring<SoftQp>>,
+    peer_region: ExposedBuf<Vec<u8>>,
+    knobs: Shared,
+    next_id: u64,
+    pushed: HashSet<u64>,
+    returned: HashSet<u64>,
+    /// Buffers handed back, poisoned, still registered.
+    graveyard: Vec<RegisteredBuf>,
+    leaked_before: u64,
+    /// What happened, for coverage reports.
+    pub partial_posts: usize,
+    pub overclaims: usize,
+    pub forged: usize,
+    pub repeated: usize,
+    pub held: usize,
+    pub returned_ops: usize,
+}
+
+impl Adversary {
+    /// Buffers handed back and checked for late writes.
+    pub fn buried(&self) -> usize {
+        self.graveyard.len()
+    }
+
+    pub fn new() -> Adversary {
+        let dev = SoftDevice::with_progress(Progress::Manual);
+        let pd = dev.alloc_pd();
+        let knobs: Shared = Arc::default();
+        let cq = AdvCq {
+            inner: dev.create_cq(256).unwrap(),
+            knobs: Arc::clone(&knobs),
+        };
+        let mut ring: Ring<AdvQp> = Ring::with_cq(
+            cq,
+            RingConfig {
+                signal_interval: 4,
+                drain_timeout: std::time::Duration::from_millis(200),
+                ..RingConfig::default()
+            },
+        );
+        let config = QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 8,
+            ..QpConfig::default()
+        };
+        let mut handles = Vec::new();
+        let mut controls = Vec::new();
+        let mut qp_nums = Vec::new();
+        let mut peers = Vec::new();
+        for _ in 0..QPS {
+            let qp = dev
+                .create_qp_on(&pd, &ring.cq().inner, None, config)
+                .unwrap();
+            let peer = dev.create_qp(&pd, config).unwrap();
+            dev.connect(&qp, &peer).unwrap();
+            controls.push(qp.control());
+            qp_nums.push(qp.qpn());
+            handles.push(
+                ring.attach(AdvQp {
+                    inner: qp,
+                    knobs: Arc::clone(&knobs),
+                })
+                .unwrap_or_else(|_| panic!("attach")),
+            );
+            peers.push(Ring::new(peer, RingConfig::default()));
+        }
+        let peer_region = ExposedBuf::new(&pd, vec![0x11u8; LEN * 4], RemoteAccess::all()).unwrap();
+        Adversary {
+            leaked_before: rdma_ring::leak::leaked().buffers,
+            dev,
+            pd,
+            ring,
+            handles,
+            controls,
+            qp_nums,
+            peers,
+            peer_region,
+            knobs,
+            next_id: 1,
+            pushed: HashSet::new(),
+            returned: HashSet::new(),
+            graveyard: Vec::new(),
+            partial_posts: 0,
+            overclaims: 0,
+            forged: 0,
+            repeated: 0,
+            held: 0,
+            returned_ops: 0,
+        }
+    }
+
+    pub fn run(steps: &[Step]) -> Adversary {
+        let mut adversary = Adversary::new();
+        for step in steps {
+            adversary.apply(step);
+        }
+        adversary.finish();
+        adversary
+    }
+
+    fn target(&self) -> RemoteSlice {
+        self.peer_region.remote().slice(0..LEN as u64).unwrap()
+    }
+
+    fn apply(&mut self, step: &Step) {
+        match *step {
+            Step::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
+            Step::Submit => self.submit(),
+            Step::SubmitTaking(n) => {
+                self.knobs.lock().unwrap().accept = Some(n);
+                self.partial_posts += 1;
+                self.submit();
+            }
+            Step::SubmitOverclaiming(n) => {
+                self.knobs.lock().unwrap().overclaim = Some(n);
+                self.overclaims += 1;
+                self.submit();
+            }
+            Step::Progress => {
+                self.dev.progress();
+            }
+            Step::ExecuteOne(qp) => {
+                self.controls[qp].step();
+            }
+            Step::Poll => self.poll(),
+            Step::Forge { wr_id, qp } => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.posted.contains(&wr_id) {
+                    self.forged += 1;
+                    knobs.forged.push_back(RawCompletion {
+                        wr_id,
+                        qp_num: self.qp_nums[qp],
+                        ..RawCompletion::default()
+                    });
+                }
+            }
+            Step::Repeat(k) => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.history.is_empty() {
+                    let old = knobs.history[k % knobs.history.len()];
+                    knobs.forged.push_back(old);
+                    self.repeated += 1;
+                }
+            }
+            Step::Hold(qp) => {
+                self.held += 1;
+                self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]);
+            }
+            Step::Release => self.knobs.lock().unwrap().hold = None,
+            Step::Fail(qp) => self.controls[qp].fail_nth(1, rdma_ring::backend::WcStatus::RemOpErr),
+            Step::PeerRecv(qp) => {
+                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
+                let _ = self.peers[qp].submission().push(Recv::new(buf));
+                let _ = self.peers[qp].submit();
+            }
+        }
+    }
+
+    fn push(&mut self, qp: usize, kind: u8, signaled: bool) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let target = self.target();
+        let buf = RegisteredBuf::new(&self.pd, vec![(id as u8) | 1; LEN]).unwrap();
+        let mut sq = self.ring.submission_on(self.handles[qp]);
+        macro_rules! push {
+            ($op:expr) => {{
+                let op = $op.user_data(id);
+                let op = if signaled { op.signaled() } else { op };
+                sq.push(op).map_err(|r| r.into_parts().1.into_buf())
+            }};
+        }
+        let refused = match kind {
+            0 => push!(Write::new(buf, target)),
+            1 => push!(Read::new(buf, target)),
+            2 => push!(Send::new(buf)),
+            _ => sq
+                .push(Recv::new(buf).user_data(id))
+                .map_err(|r| r.into_parts().1.into_buf()),
+        };
+        match refused {
+            Ok(()) => {
+                self.pushed.insert(id);
+            }
+            Err(buf) => self.bury(buf),
+        }
+    }
+
+    fn submit(&mut self) {
+        if let Err(e) = self.ring.submit() {
+            for unposted in e.unposted {
+                assert!(self.pushed.remove(&unposted.user_data), "unposted twice");
+                for buf in unposted.bufs {
+                    self.bury(buf.downcast().expect("a RegisteredBuf"));
+                }
+            }
+        }
+        // Knobs a post did not use do not linger.
+        let mut knobs = self.knobs.lock().unwrap();
+        knobs.accept = None;
+        knobs.overclaim = None;
+    }
+
+    fn poll(&mut self) {
+        let mut out = Vec::new();
+        // Unknown `wr_id`s are reported as errors; the completions polled
+        // with them are kept, and the ring goes on.
+        let _ = self.ring.completion().reap(&mut out);
+        for c in out {
+            self.returned_op(c);
+        }
+        for peer in &mut self.peers {
+            let _ = peer.completion().reap(&mut Vec::new());
+        }
+    }
+
+    fn returned_op(&mut self, c: Completion) {
+        let id = c.user_data();
+        assert!(
+            self.pushed.contains(&id),
+            "an op that was never pushed came back"
+        );
+        assert!(self.returned.insert(id), "op {id} came back twice");
+        self.returned_ops += 1;
+        for buf in c.into_bufs() {
+            self.bury(buf.downcast().expect("a RegisteredBuf"));
+        }
+    }
+
+    /// Poisons a buffer the ring handed back and keeps it registered.
+    fn bury(&mut self, mut buf: RegisteredBuf) {
+        buf.fill(POISON);
+        self.graveyard.push(buf);
+    }
+
+    fn finish(&mut self) {
+        self.knobs.lock().unwrap().hold = None;
+        for _ in 0..4 {
+            self.dev.progress();
+        }
+        self.poll();
+        // Close: every queue pair to error, drained (or leaked); whatever
+        // the adversary still holds comes out too.
+        let ring = std::mem::replace(
+            &mut self.ring,
+            Ring::with_cq(
+                AdvCq {
+                    inner: self.dev.create_cq(1).unwrap(),
+                    knobs: Arc::clone(&self.knobs),
+                },
+                RingConfig::default(),
+            ),
+        );
+        for c in ring.close() {
+            self.returned_op(c);
+        }
+        // Run the device dry: nothing it still held may touch a buried
+        // buffer.
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+        for peer in self.peers.drain(..) {
+            drop(peer.close());
+        }
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+        for (i, buf) in self.graveyard.iter().enumerate() {
+            assert!(
+                buf.iter().all(|&b| b == POISON),
+                "buffer {i} was written after the ring handed it back"
+            );
+        }
+        let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;
+        let missing = self.pushed.len() - self.returned.len();
+        assert!(
+            missing <= leaked,
+            "{missing} operations never came back, {leaked} buffers counted as leaked"
+        );
+    }
+}
+
+impl Default for Adversary {
+    fn default() -> Self {
+        Adversary::new()
+    }
+}
