@@ -106,6 +106,7 @@ pub mod future;
 pub mod leak;
 pub mod op;
 pub mod ring;
+pub mod stream;
 mod work;
 
 pub use error::{Error, Rejected};

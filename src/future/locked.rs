@@ -96,6 +96,16 @@ impl<Q: QueuePair> LockedRing<'_, Q> {
         self.ring.watch_events(source)
     }
 
+    /// The default queue pair's handle (see [`Ring::default_qp`]).
+    pub fn default_qp(&self) -> Option<crate::ring::QpHandle> {
+        self.ring.default_qp()
+    }
+
+    /// Moves a queue pair to error (see [`Ring::fail_qp`]).
+    pub fn fail_qp(&mut self, qp: crate::ring::QpHandle) -> Result<(), crate::Error> {
+        self.ring.fail_qp(qp)
+    }
+
     /// Reads device events now (see [`Ring::poll_events`]).
     pub fn poll_events(&mut self) -> Result<usize, crate::Error> {
         self.ring.poll_events()

@@ -1,0 +1,308 @@
+//! The async stream: `futures-io`'s `AsyncRead`/`AsyncWrite` (and tokio's,
+//! behind the `tokio` feature) over the futures adapter.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use futures_core::Stream;
+
+use super::blocking::to_io;
+use super::connection::{Connection, Failure, ReadOutcome};
+use super::RdmaStream;
+use crate::backend::QueuePair;
+use crate::future::{AsyncRing, CompletionStream, Wakeup};
+
+/// A connected byte stream over RDMA for any executor: `futures-io`'s
+/// `AsyncRead` and `AsyncWrite`, and tokio's with the `tokio` feature (so
+/// `tokio::io::copy`, codecs and TLS wrappers work unchanged).
+///
+/// Made from an established [`RdmaStream`] with
+/// [`RdmaStream::into_async`]; the [`Wakeup`] chosen there says what
+/// notices completions ([`Wakeup::Thread`] works everywhere; with
+/// [`Wakeup::Reactor`], drive [`driver`](Self::ring) from your reactor).
+///
+/// The reading and the writing task may differ (e.g. after
+/// `tokio::io::split`): each is woken on its own. A dead peer is noticed
+/// when the stream is next polled after the keep-alive interval, or when a
+/// write fails; to bound a wait for a peer that went silent, wrap the read
+/// in your executor's timeout. Close it with `close`/`shutdown` to be sure
+/// the end of stream leaves; dropping it tries for up to
+/// [`linger`](super::StreamConfig::linger), blocking.
+///
+/// ```
+/// use futures::{AsyncReadExt, AsyncWriteExt};
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::future::Wakeup;
+/// use rdma_ring::stream::{RdmaStream, StreamConfig};
+///
+/// let (a, b) = RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default()).unwrap();
+/// let (mut a, mut b) = (a.into_async(Wakeup::Busy).unwrap(), b.into_async(Wakeup::Busy).unwrap());
+/// futures::executor::block_on(async {
+///     a.write_all(b"ping").await.unwrap();
+///     a.close().await.unwrap();
+///     let mut got = Vec::new();
+///     b.read_to_end(&mut got).await.unwrap();
+///     assert_eq!(got, b"ping");
+/// });
+/// ```
+pub struct AsyncRdmaStream<Q: QueuePair + Send + 'static> {
+    ring: AsyncRing<Q>,
+    completions: CompletionStream<Q>,
+    conn: Connection,
+    wakers: Arc<TaskWakers>,
+    linger: Duration,
+}
+
+/// The reading and the writing task's wakers: one completion wakes both.
+#[derive(Default)]
+struct TaskWakers {
+    slots: Mutex<[Option<Waker>; 2]>,
+}
+
+const READER: usize = 0;
+const WRITER: usize = 1;
+
+impl TaskWakers {
+    fn set(&self, which: usize, waker: &Waker) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if !slots[which].as_ref().is_some_and(|w| w.will_wake(waker)) {
+            slots[which] = Some(waker.clone());
+        }
+    }
+}
+
+impl Wake for TaskWakers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let taken = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            [slots[READER].take(), slots[WRITER].take()]
+        };
+        for waker in taken.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
+    pub(super) fn from_blocking(stream: RdmaStream<Q>, wakeup: Wakeup) -> io::Result<Self> {
+        let (core, linger) = stream.into_core();
+        let ring = AsyncRing::new(core.ring, wakeup).map_err(to_io)?;
+        let completions = ring.completions();
+        Ok(AsyncRdmaStream {
+            ring,
+            completions,
+            conn: core.conn,
+            wakers: Arc::default(),
+            linger,
+        })
+    }
+
+    /// The stream's ring (for its driver, with [`Wakeup::Reactor`]).
+    pub fn ring(&self) -> &AsyncRing<Q> {
+        &self.ring
+    }
+
+    /// Bytes received and not read yet.
+    pub fn readable(&self) -> usize {
+        self.conn.readable()
+    }
+
+    /// Applies every completion ready now (asking to be woken, through
+    /// both tasks' wakers, when the next arrives), then pushes and submits
+    /// whatever may go.
+    fn turn(&mut self) {
+        let waker = Waker::from(Arc::clone(&self.wakers));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match Pin::new(&mut self.completions).poll_next(&mut cx) {
+                Poll::Ready(Some(c)) => self.conn.on_completion(c),
+                Poll::Ready(None) => {
+                    self.conn
+                        .fail(Failure::Transport("the stream's ring was closed".into()));
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        let conn = &mut self.conn;
+        self.ring.with_ring(|mut ring| {
+            if conn.take_fail_qp() {
+                if let Some(qp) = ring.default_qp() {
+                    let _ = ring.fail_qp(qp);
+                }
+            }
+            let pushed = conn.pump(&mut ring.submission());
+            if pushed {
+                if let Err(e) = ring.submit() {
+                    conn.fail(Failure::Transport(e.error.to_string()));
+                }
+            }
+        });
+    }
+
+    /// `AsyncRead::poll_read`, shared by the futures-io and tokio impls.
+    fn read_some(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        self.wakers.set(READER, cx.waker());
+        self.turn();
+        match self.conn.read(buf) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(ReadOutcome::Bytes(n)) => {
+                // Post the emptied buffers again and grant them now.
+                self.turn();
+                Poll::Ready(Ok(n))
+            }
+            Ok(ReadOutcome::End) => Poll::Ready(Ok(0)),
+            Ok(ReadOutcome::Empty) => Poll::Pending,
+        }
+    }
+
+    fn write_some(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        self.wakers.set(WRITER, cx.waker());
+        self.turn();
+        match self.conn.write(buf) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(0) => Poll::Pending,
+            Ok(n) => {
+                self.turn();
+                Poll::Ready(Ok(n))
+            }
+        }
+    }
+
+    fn flush_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.wakers.set(WRITER, cx.waker());
+        self.turn();
+        if let Some(failure) = self.conn.failure() {
+            return Poll::Ready(Err(failure.to_io()));
+        }
+        if self.conn.unsent() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.wakers.set(WRITER, cx.waker());
+        self.conn.shutdown_write();
+        self.turn();
+        if self.conn.fin_sent() && self.conn.in_flight() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        match self.conn.failure() {
+            Some(failure) => Poll::Ready(Err(failure.to_io())),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> futures_io::AsyncRead for AsyncRdmaStream<Q> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().read_some(cx, buf)
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> futures_io::AsyncWrite for AsyncRdmaStream<Q> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().write_some(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().flush_all(cx)
+    }
+
+    /// Sends the end of stream after everything written, and is ready once
+    /// it left.
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().close_write(cx)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<Q: QueuePair + Send + 'static> tokio::io::AsyncRead for AsyncRdmaStream<Q> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let unfilled = buf.initialize_unfilled();
+        match this.read_some(cx, unfilled) {
+            Poll::Ready(Ok(n)) => {
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<Q: QueuePair + Send + 'static> tokio::io::AsyncWrite for AsyncRdmaStream<Q> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().write_some(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().flush_all(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().close_write(cx)
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for AsyncRdmaStream<Q> {
+    fn drop(&mut self) {
+        // As the blocking stream does: let what was written and the end of
+        // stream leave before the ring's teardown could flush them.
+        self.conn.shutdown_write();
+        let deadline = Instant::now().checked_add(self.linger);
+        loop {
+            self.turn();
+            let sent = self.conn.fin_sent() && self.conn.in_flight() == 0;
+            if sent || self.conn.failure().is_some() {
+                return;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            let _ = self.ring.drive();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> std::fmt::Debug for AsyncRdmaStream<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncRdmaStream")
+            .field("connection", &self.conn)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,447 @@
+//! The blocking stream: std `Read` and `Write` over a ring of its own.
+
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::connection::{Connection, Failure, ReadOutcome};
+use super::StreamConfig;
+use crate::backend::soft::{SoftDevice, SoftQp};
+use crate::backend::{ProtectionDomain, QueuePair};
+use crate::error::Error;
+use crate::future::Wakeup;
+use crate::ring::{Completion, Ring, RingConfig, RingStats};
+
+/// How long one wait for a completion lasts before the stream looks at its
+/// deadlines and keep-alive again.
+const TICK: Duration = Duration::from_millis(20);
+
+/// A connected byte stream over RDMA, blocking like `std::net::TcpStream`.
+///
+/// Make one with [`RdmaStream::connect`] / [`RdmaListener`](super::RdmaListener)
+/// (TCP handshake), [`RdmaStream::connect_cm`] (rdma_cm),
+/// [`RdmaStream::soft_pair`] (in-process), or, over any queue pair,
+/// [`RdmaStream::prepare`] then [`PendingStream::establish`].
+///
+/// Dropping it sends what was written and the end of stream (waiting up
+/// to [`StreamConfig::linger`]), then closes the ring.
+pub struct RdmaStream<Q: QueuePair> {
+    /// Taken out only by [`RdmaStream::into_async`].
+    core: Option<StreamCore<Q>>,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+    nonblocking: bool,
+    pub(super) linger: Duration,
+    pub(super) local_addr: Option<SocketAddr>,
+    pub(super) peer_addr: Option<SocketAddr>,
+}
+
+/// The ring and the connection it carries, driven by blocking waits.
+pub(super) struct StreamCore<Q: QueuePair> {
+    pub(super) ring: Ring<Q>,
+    pub(super) conn: Connection,
+    scratch: Vec<Completion>,
+}
+
+impl<Q: QueuePair> StreamCore<Q> {
+    /// Reaps completions (waiting up to a tick for one if `block`), applies
+    /// them, and pushes and submits whatever may go now.
+    fn turn(&mut self, block: bool) {
+        let mut reaped = self.ring.completion().reap(&mut self.scratch);
+        if block && self.scratch.is_empty() && reaped.is_ok() {
+            let wait = self.ring.completion().wait_into(1, &mut self.scratch);
+            reaped = match wait {
+                Err(Error::Timeout(_)) => Ok(0),
+                Err(Error::WaitUnsatisfiable { .. }) => {
+                    // Nothing can arrive any more: without a failure this
+                    // would wait forever.
+                    self.conn.fail(Failure::Transport(
+                        "no receive is posted and nothing is in flight".into(),
+                    ));
+                    Ok(0)
+                }
+                other => other,
+            };
+        }
+        match reaped {
+            Ok(_) | Err(Error::UnknownWrId { .. }) => {}
+            Err(e) => self.conn.fail(Failure::Transport(e.to_string())),
+        }
+        for c in self.scratch.drain(..) {
+            self.conn.on_completion(c);
+        }
+        if self.conn.take_fail_qp() {
+            if let Some(qp) = self.ring.default_qp() {
+                let _ = self.ring.fail_qp(qp);
+            }
+        }
+        let mut sq = self.ring.submission();
+        if self.conn.pump(&mut sq) {
+            if let Err(e) = self.ring.submit() {
+                // What the device refused was never posted: its buffers
+                // are back in the pools, and the connection cannot go on.
+                self.conn.fail(Failure::Transport(e.error.to_string()));
+            }
+        }
+    }
+
+    /// Sends what was written and the end of stream, and waits (up to
+    /// `linger`) for them to leave, so that the ring's teardown does not
+    /// flush them.
+    fn linger(&mut self, linger: Duration) {
+        self.conn.shutdown_write();
+        let deadline = Instant::now().checked_add(linger);
+        loop {
+            self.turn(false);
+            let sent = self.conn.fin_sent() && self.conn.in_flight() == 0;
+            if sent || self.conn.failure().is_some() {
+                return;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            self.turn(true);
+        }
+    }
+}
+
+/// A stream whose receives are posted but whose queue pair may not be
+/// connected yet: connect it (see [`qp`](Self::qp)), then
+/// [`establish`](Self::establish).
+pub struct PendingStream<Q: QueuePair> {
+    stream: RdmaStream<Q>,
+    connect_timeout: Duration,
+}
+
+impl<Q: QueuePair> PendingStream<Q> {
+    /// The queue pair, to connect (e.g. `tcp::handshake`).
+    pub fn qp(&self) -> &Q {
+        self.stream.core().ring.qp()
+    }
+
+    /// Sends the hello and waits (up to the config's `connect_timeout`)
+    /// for the peer's.
+    pub fn establish(mut self) -> io::Result<RdmaStream<Q>> {
+        self.start()?;
+        self.finish()
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        let core = self.stream.core_mut();
+        core.conn.allow_hello();
+        core.turn(false);
+        Ok(())
+    }
+
+    fn finish(mut self) -> io::Result<RdmaStream<Q>> {
+        let deadline = Instant::now().checked_add(self.connect_timeout);
+        while !self.stream.core().conn.established() {
+            if let Some(failure) = self.stream.core().conn.failure() {
+                return Err(failure.to_io());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the peer sent no stream hello within {:?}",
+                        self.connect_timeout
+                    ),
+                ));
+            }
+            self.stream.core_mut().turn(true);
+        }
+        Ok(self.stream)
+    }
+}
+
+impl<Q: QueuePair> RdmaStream<Q> {
+    /// A stream over `qp` (with a completion queue of its own), its buffers
+    /// registered in `pd`, which `qp` belongs to. Its receives are posted
+    /// here, so connect the queue pair only now, then
+    /// [`establish`](PendingStream::establish). `qp` should be made with
+    /// [`StreamConfig::qp_config`] (or deeper queues).
+    pub fn prepare(
+        qp: Q,
+        pd: &dyn ProtectionDomain,
+        config: StreamConfig,
+    ) -> Result<PendingStream<Q>, Error> {
+        let mut conn = Connection::new(pd, &config)?;
+        let ring = Ring::try_new(
+            qp,
+            RingConfig {
+                wait_timeout: TICK,
+                spin_polls: 64,
+                ..RingConfig::default()
+            },
+        )
+        .map_err(|r| r.into_parts().0)?;
+        conn.post_all_receives()?;
+        let mut core = StreamCore {
+            ring,
+            conn,
+            scratch: Vec::new(),
+        };
+        // Post the receives now: the peer may send as soon as the queue
+        // pair is connected.
+        let mut sq = core.ring.submission();
+        core.conn.pump_receives(&mut sq);
+        core.ring.submit().map_err(|e| e.error)?;
+        let stream = RdmaStream {
+            core: Some(core),
+            read_timeout: None,
+            write_timeout: None,
+            nonblocking: false,
+            linger: config.linger,
+            local_addr: None,
+            peer_addr: None,
+        };
+        Ok(PendingStream {
+            stream,
+            connect_timeout: config.connect_timeout,
+        })
+    }
+
+    fn core(&self) -> &StreamCore<Q> {
+        self.core.as_ref().expect("present until into_async")
+    }
+
+    fn core_mut(&mut self) -> &mut StreamCore<Q> {
+        self.core.as_mut().expect("present until into_async")
+    }
+
+    /// Waits for progress before `deadline` (or says why not).
+    fn wait(&mut self, deadline: Option<Instant>, what: &str) -> io::Result<()> {
+        if self.nonblocking {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("the stream is non-blocking and cannot {what} now"),
+            ));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("timed out: could not {what}"),
+            ));
+        }
+        self.core_mut().turn(true);
+        Ok(())
+    }
+
+    /// Bounds each blocking read (`None`: wait as long as it takes). Zero is
+    /// refused, as `std::net::TcpStream` does.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.read_timeout = check_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// Bounds each blocking write and flush.
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.write_timeout = check_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        self.read_timeout
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.write_timeout
+    }
+
+    /// Non-blocking reads and writes return `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&mut self, nonblocking: bool) {
+        self.nonblocking = nonblocking;
+    }
+
+    /// Ends writing (the peer reads the end of stream after the bytes
+    /// already written), reading (bytes not read are dropped), or both.
+    pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
+        let core = self.core_mut();
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            core.conn.shutdown_write();
+        }
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            core.conn.shutdown_read();
+        }
+        core.turn(false);
+        Ok(())
+    }
+
+    /// The peer's address (TCP handshake and rdma_cm connections).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.peer_addr.ok_or_else(no_address)
+    }
+
+    /// Our address (TCP handshake and rdma_cm connections).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.local_addr.ok_or_else(no_address)
+    }
+
+    /// Bytes received and not read yet.
+    pub fn readable(&self) -> usize {
+        self.core().conn.readable()
+    }
+
+    /// What the stream's ring did (doorbells, work requests, completions).
+    pub fn ring_stats(&self) -> RingStats {
+        self.core().ring.stats()
+    }
+
+    /// The same connection as an [`AsyncRdmaStream`](super::AsyncRdmaStream),
+    /// woken as `wakeup` says.
+    pub fn into_async(self, wakeup: Wakeup) -> io::Result<super::AsyncRdmaStream<Q>>
+    where
+        Q: Send + 'static,
+    {
+        super::AsyncRdmaStream::from_blocking(self, wakeup)
+    }
+
+    /// Takes the ring and connection out, without lingering.
+    pub(super) fn into_core(mut self) -> (StreamCore<Q>, Duration) {
+        (
+            self.core.take().expect("present until into_async"),
+            self.linger,
+        )
+    }
+}
+
+impl RdmaStream<SoftQp> {
+    /// Two connected streams on the in-process soft device.
+    ///
+    /// ```
+    /// use std::io::{Read, Write};
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::stream::{RdmaStream, StreamConfig};
+    /// let (mut a, mut b) = RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default()).unwrap();
+    /// b.write_all(b"pong").unwrap();
+    /// let mut got = [0u8; 4];
+    /// a.read_exact(&mut got).unwrap();
+    /// assert_eq!(&got, b"pong");
+    /// ```
+    pub fn soft_pair(
+        dev: &SoftDevice,
+        config: StreamConfig,
+    ) -> io::Result<(RdmaStream<SoftQp>, RdmaStream<SoftQp>)> {
+        let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
+        let qp_config = config.qp_config();
+        let qa = dev.create_qp(&pd_a, qp_config).map_err(to_io)?;
+        let qb = dev.create_qp(&pd_b, qp_config).map_err(to_io)?;
+        let mut a = RdmaStream::prepare(qa, &pd_a, config).map_err(to_io)?;
+        let mut b = RdmaStream::prepare(qb, &pd_b, config).map_err(to_io)?;
+        dev.connect(a.qp(), b.qp()).map_err(to_io)?;
+        a.start()?;
+        b.start()?;
+        let a = a.finish()?;
+        let b = b.finish()?;
+        Ok((a, b))
+    }
+}
+
+fn check_timeout(timeout: Option<Duration>) -> io::Result<Option<Duration>> {
+    if timeout == Some(Duration::ZERO) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a zero timeout is not allowed (use set_nonblocking)",
+        ));
+    }
+    Ok(timeout)
+}
+
+fn no_address() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        "this stream was not connected over an IP address",
+    )
+}
+
+pub(super) fn to_io(e: Error) -> io::Error {
+    let kind = match &e {
+        Error::Timeout(_) => io::ErrorKind::TimedOut,
+        Error::Handshake { .. } => io::ErrorKind::ConnectionRefused,
+        Error::NoSuchDevice(_) => io::ErrorKind::NotFound,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+impl<Q: QueuePair> io::Read for RdmaStream<Q> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = deadline_after(self.read_timeout);
+        loop {
+            let core = self.core_mut();
+            core.turn(false);
+            match core.conn.read(buf)? {
+                ReadOutcome::Bytes(n) => {
+                    // Post the emptied buffers again and grant them now.
+                    core.turn(false);
+                    return Ok(n);
+                }
+                ReadOutcome::End => return Ok(0),
+                ReadOutcome::Empty => self.wait(deadline, "read")?,
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair> io::Write for RdmaStream<Q> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = deadline_after(self.write_timeout);
+        loop {
+            let core = self.core_mut();
+            core.turn(false);
+            let n = core.conn.write(buf)?;
+            if n > 0 {
+                core.turn(false);
+                return Ok(n);
+            }
+            self.wait(deadline, "write: the peer has not read what was sent")?;
+        }
+    }
+
+    /// Waits until every byte written is with the device (not until the
+    /// peer read it).
+    fn flush(&mut self) -> io::Result<()> {
+        let deadline = deadline_after(self.write_timeout);
+        loop {
+            let core = self.core_mut();
+            core.turn(false);
+            if let Some(failure) = core.conn.failure() {
+                return Err(failure.to_io());
+            }
+            if !core.conn.unsent() {
+                return Ok(());
+            }
+            self.wait(deadline, "flush: the peer has not read what was sent")?;
+        }
+    }
+}
+
+impl<Q: QueuePair> Drop for RdmaStream<Q> {
+    fn drop(&mut self) {
+        let linger = self.linger;
+        if let Some(core) = &mut self.core {
+            core.linger(linger);
+        }
+    }
+}
+
+impl<Q: QueuePair> std::fmt::Debug for RdmaStream<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("connection", &self.core.as_ref().map(|c| &c.conn))
+            .field("peer_addr", &self.peer_addr)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,614 @@
+//! Flow control of one stream connection: who may send what, and whether
+//! what the peer sent keeps to the rules. Pure logic over counters, no
+//! buffers and no ring, so it is tested (and fuzzed) on its own.
+//!
+//! # The rules
+//!
+//! Each side posts `data_receives` + `answer_receives` receive buffers
+//! before the connection is up. A message lands in whichever is next; the
+//! counts below make sure one is always there (never an RNR NAK):
+//!
+//! * **Grants** (for data, FIN and hello): a side sends such a message only
+//!   while it has a grant, one per receive the peer posted for it. The
+//!   receiver posts a data buffer again once the reader has taken every
+//!   byte of it (a FIN's or hello's at once) and grants it back in its next
+//!   message. Credits count receive buffers, and a buffer is posted again
+//!   only when empty, so no byte the reader still holds is ever
+//!   overwritten.
+//! * **Answers** (credit messages): a side has at most `answer_receives`
+//!   of its own data, FIN and hello messages unacknowledged, and keeps one
+//!   receive per such message for the peer's answer. A credit message is
+//!   sent only when it acknowledges at least one message, so answers in
+//!   flight never outnumber those receives.
+//! * **No deadlock**: a message that grants nothing acknowledges all but
+//!   one of the messages owed, so a side whose peer is out of grants
+//!   always keeps the right to send it a grant as soon as its reader frees
+//!   a buffer. (Proof sketch: a blocked sender used up the grants of the
+//!   peer's last granting message, so it sent a message after it; the
+//!   peer owes that message until it sends its next grant.)
+//! * **Pure acknowledgements**: when the peer may be close to its answer
+//!   limit (it is owed half of it), a side acknowledges without granting.
+
+use super::frame::{self, Header, Hello, Kind, MAX_COUNT};
+
+/// One side's receive buffers, as announced in its hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes per receive buffer (the longest message it takes).
+    pub chunk: u32,
+    /// Receive buffers for the peer's data, FIN and hello.
+    pub data_receives: u32,
+    /// Receive buffers kept for the peer's answers.
+    pub answer_receives: u32,
+}
+
+impl Limits {
+    /// The limits a hello announces.
+    pub fn of(hello: &Hello) -> Limits {
+        Limits {
+            chunk: hello.chunk,
+            data_receives: hello.data_receives,
+            answer_receives: hello.answer_receives,
+        }
+    }
+}
+
+/// What a received message asks of the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// `len` bytes of the stream: hand the buffer to the reader; post it
+    /// again (and call [`Flow::reposted`]) once the reader took them all.
+    Data(u32),
+    /// A credit message: post its buffer again at once.
+    Credit,
+    /// The peer writes no more: post the buffer again at once and call
+    /// [`Flow::reposted`]; reads end after the bytes before it.
+    Fin,
+    /// The peer's hello: post the buffer again at once and call
+    /// [`Flow::reposted`].
+    Hello(Hello),
+}
+
+/// The counters of one connection (see the module docs for the rules).
+#[derive(Clone, Debug)]
+pub struct Flow {
+    ours: Limits,
+    peer: Option<Limits>,
+    // What we send.
+    hello_sent: bool,
+    fin_sent: bool,
+    /// Our data, FIN and hello messages so far.
+    sent_granted: u64,
+    /// Grants the peer gave back so far.
+    grants_received: u64,
+    /// Our data, FIN and hello messages not yet acknowledged.
+    unanswered: u32,
+    bytes_sent: u64,
+    // What we receive.
+    hello_received: bool,
+    fin_received: bool,
+    /// The peer's data, FIN and hello messages so far.
+    received_granted: u64,
+    /// Grants we gave so far (besides the `data_receives` of our hello).
+    grants_given: u64,
+    /// Data receives posted again and not granted yet.
+    grant_pending: u32,
+    /// The peer's data, FIN and hello messages not acknowledged yet.
+    owed: u32,
+    bytes_received: u64,
+}
+
+impl Flow {
+    /// A connection whose receive buffers are `ours`.
+    ///
+    /// # Panics
+    ///
+    /// If `ours` is outside what a hello can announce (a bug of the
+    /// caller: the stream's configuration is checked before).
+    pub fn new(ours: Limits) -> Flow {
+        assert!(
+            (1..=MAX_COUNT).contains(&ours.data_receives)
+                && (2..=MAX_COUNT).contains(&ours.answer_receives)
+                && (frame::MIN_CHUNK..=frame::MAX_CHUNK).contains(&ours.chunk),
+            "stream limits out of range: {ours:?}"
+        );
+        Flow {
+            ours,
+            peer: None,
+            hello_sent: false,
+            fin_sent: false,
+            sent_granted: 0,
+            grants_received: 0,
+            unanswered: 0,
+            bytes_sent: 0,
+            hello_received: false,
+            fin_received: false,
+            received_granted: 0,
+            grants_given: 0,
+            grant_pending: 0,
+            owed: 0,
+            bytes_received: 0,
+        }
+    }
+
+    /// Our limits.
+    pub fn ours(&self) -> Limits {
+        self.ours
+    }
+
+    /// The peer's limits, once its hello arrived.
+    pub fn peer(&self) -> Option<Limits> {
+        self.peer
+    }
+
+    /// Grants we hold: messages (data or FIN) we may send now as far as the
+    /// peer's receive buffers go.
+    pub fn grants(&self) -> u64 {
+        match self.peer {
+            None => 0,
+            Some(peer) => (u64::from(peer.data_receives) + self.grants_received)
+                .saturating_sub(self.sent_granted),
+        }
+    }
+
+    /// The longest data message the peer takes (0 before its hello).
+    pub fn max_message(&self) -> u32 {
+        self.peer.map_or(0, |p| p.chunk)
+    }
+
+    /// Whether a message of `kind` may be sent now.
+    pub fn can_send(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Hello => !self.hello_sent,
+            Kind::Credit => self.wants_credit(),
+            Kind::Data | Kind::Fin => {
+                self.hello_sent
+                    && !self.fin_sent
+                    && self.grants() >= 1
+                    && self.unanswered < self.ours.answer_receives
+            }
+        }
+    }
+
+    /// Whether a credit message is due: it would grant something, or the
+    /// peer may be near its answer limit; and it acknowledges at least one
+    /// message (so the peer kept a receive for it).
+    pub fn wants_credit(&self) -> bool {
+        let Some(peer) = self.peer else {
+            return false;
+        };
+        let grant = self.grant_pending.min(MAX_COUNT);
+        self.hello_sent
+            && self.ack_for(grant) >= 1
+            && (grant >= 1 || self.owed >= (peer.answer_receives / 2).max(2))
+    }
+
+    /// What a message granting `grant` acknowledges: everything owed if it
+    /// grants, else all but one (see the module docs).
+    fn ack_for(&self, grant: u32) -> u32 {
+        if grant >= 1 {
+            self.owed
+        } else {
+            self.owed.saturating_sub(1)
+        }
+    }
+
+    /// The header of the next message of `kind`. Nothing changes until
+    /// [`commit`](Self::commit).
+    pub fn header(&self, kind: Kind) -> Header {
+        let grant = if self.peer.is_some() {
+            self.grant_pending.min(MAX_COUNT)
+        } else {
+            0
+        };
+        Header {
+            kind,
+            grant,
+            ack: self.ack_for(grant),
+        }
+    }
+
+    /// Records that a message with `header` and `data_len` bytes of data
+    /// went to the device.
+    pub fn commit(&mut self, header: Header, data_len: u32) {
+        self.grant_pending -= header.grant;
+        self.grants_given += u64::from(header.grant);
+        self.owed -= header.ack;
+        if header.kind.needs_grant() {
+            self.sent_granted += 1;
+            self.unanswered += 1;
+        }
+        match header.kind {
+            Kind::Data => self.bytes_sent += u64::from(data_len),
+            Kind::Fin => self.fin_sent = true,
+            Kind::Hello => self.hello_sent = true,
+            Kind::Credit => {}
+        }
+    }
+
+    /// Data bytes sent so far (a credit's and a FIN's payload).
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    /// Data bytes received so far.
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received
+    }
+
+    /// Whether our FIN went out.
+    pub fn fin_sent(&self) -> bool {
+        self.fin_sent
+    }
+
+    /// Whether the peer's FIN arrived.
+    pub fn fin_received(&self) -> bool {
+        self.fin_received
+    }
+
+    /// `n` data receives were posted again (after the reader emptied them,
+    /// or at once for a FIN or hello): grant them in the next message.
+    pub fn reposted(&mut self, n: u32) {
+        self.grant_pending += n;
+        debug_assert!(self.grant_pending <= self.ours.data_receives);
+    }
+
+    /// Checks a message the peer sent — its header, and its payload of
+    /// `payload` (its first bytes suffice for data, whose length is
+    /// `len`) — against the rules, and applies it. An error says what the
+    /// peer did wrong; the connection cannot go on after one.
+    pub fn receive(
+        &mut self,
+        header: Header,
+        len: u32,
+        payload: &[u8],
+    ) -> Result<Received, String> {
+        if !self.hello_received && header.kind != Kind::Hello {
+            return Err(format!("a {:?} message before the hello", header.kind));
+        }
+        if header.ack > self.unanswered {
+            return Err(format!(
+                "acknowledges {} messages, but only {} are unacknowledged",
+                header.ack, self.unanswered
+            ));
+        }
+        if self.grants_received + u64::from(header.grant) > self.sent_granted {
+            return Err(format!(
+                "grants back {} receive buffers, but only {} of ours used one",
+                self.grants_received + u64::from(header.grant),
+                self.sent_granted
+            ));
+        }
+        let received = match header.kind {
+            Kind::Hello => {
+                if self.hello_received {
+                    return Err("a second hello".into());
+                }
+                Received::Hello(Hello::decode(
+                    payload.get(..len as usize).unwrap_or(payload),
+                )?)
+            }
+            Kind::Data => {
+                if self.fin_received {
+                    return Err("data after the end of the stream".into());
+                }
+                if len == 0 || len > self.ours.chunk {
+                    return Err(format!(
+                        "a data message of {len} bytes (allowed: 1 to {})",
+                        self.ours.chunk
+                    ));
+                }
+                Received::Data(len)
+            }
+            Kind::Credit | Kind::Fin => {
+                if header.kind == Kind::Fin && self.fin_received {
+                    return Err("a second end of stream".into());
+                }
+                let total = frame::decode_total(payload.get(..len as usize).unwrap_or(payload))?;
+                if total != self.bytes_received {
+                    return Err(format!(
+                        "says it sent {total} bytes, but {} arrived",
+                        self.bytes_received
+                    ));
+                }
+                if header.kind == Kind::Fin {
+                    Received::Fin
+                } else {
+                    Received::Credit
+                }
+            }
+        };
+        if header.kind.needs_grant() {
+            let answers = match received {
+                Received::Hello(hello) => hello.answer_receives,
+                _ => self.peer.map_or(0, |p| p.answer_receives),
+            };
+            if self.received_granted >= u64::from(self.ours.data_receives) + self.grants_given {
+                return Err(format!(
+                    "sent more than the {} receive buffers granted to it",
+                    u64::from(self.ours.data_receives) + self.grants_given
+                ));
+            }
+            if self.owed >= answers {
+                return Err(format!(
+                    "has more than the {answers} unacknowledged messages it announced"
+                ));
+            }
+            self.received_granted += 1;
+            self.owed += 1;
+        }
+        self.unanswered -= header.ack;
+        self.grants_received += u64::from(header.grant);
+        match received {
+            Received::Hello(hello) => {
+                self.hello_received = true;
+                self.peer = Some(Limits::of(&hello));
+            }
+            Received::Data(len) => self.bytes_received += u64::from(len),
+            Received::Fin => self.fin_received = true,
+            Received::Credit => {}
+        }
+        Ok(received)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::{RemoteAccess, RemoteSlice};
+    use std::collections::VecDeque;
+
+    fn limits(data: u32, answers: u32) -> Limits {
+        Limits {
+            chunk: 64,
+            data_receives: data,
+            answer_receives: answers,
+        }
+    }
+
+    fn hello_of(l: Limits) -> Vec<u8> {
+        Hello {
+            chunk: l.chunk,
+            data_receives: l.data_receives,
+            answer_receives: l.answer_receives,
+            probe: RemoteSlice::new(0x10, 8, 1, RemoteAccess::READ),
+        }
+        .encode()
+        .to_vec()
+    }
+
+    /// One side of a simulated connection: a flow, its posted receives,
+    /// and a reader that holds data buffers until it reads them.
+    struct Side {
+        flow: Flow,
+        posted: u32,
+        held: VecDeque<u32>,
+        to_write: u64,
+        read: u64,
+    }
+
+    struct Msg {
+        header: Header,
+        len: u32,
+        payload: Vec<u8>,
+    }
+
+    impl Side {
+        fn new(l: Limits, to_write: u64) -> Side {
+            Side {
+                flow: Flow::new(l),
+                posted: l.data_receives + l.answer_receives,
+                held: VecDeque::new(),
+                to_write,
+                read: 0,
+            }
+        }
+
+        /// The next message this side would send, if any.
+        fn next(&mut self) -> Option<Msg> {
+            let l = self.flow.ours();
+            let kind = if self.flow.can_send(Kind::Hello) {
+                Kind::Hello
+            } else if self.to_write > 0 && self.flow.can_send(Kind::Data) {
+                Kind::Data
+            } else if self.to_write == 0 && self.flow.can_send(Kind::Fin) {
+                Kind::Fin
+            } else if self.flow.can_send(Kind::Credit) {
+                Kind::Credit
+            } else {
+                return None;
+            };
+            let header = self.flow.header(kind);
+            let (len, payload) = match kind {
+                Kind::Hello => (frame::HELLO_LEN as u32, hello_of(l)),
+                Kind::Data => {
+                    let len = self.to_write.min(u64::from(self.flow.max_message())) as u32;
+                    self.to_write -= u64::from(len);
+                    (len, Vec::new())
+                }
+                _ => (8, frame::encode_total(self.flow.bytes_sent()).to_vec()),
+            };
+            self.flow
+                .commit(header, if kind == Kind::Data { len } else { 0 });
+            Some(Msg {
+                header,
+                len,
+                payload,
+            })
+        }
+
+        fn deliver(&mut self, m: Msg) {
+            assert!(self.posted >= 1, "a message found no receive: RNR");
+            self.posted -= 1;
+            match self.flow.receive(m.header, m.len, &m.payload).unwrap() {
+                Received::Data(len) => self.held.push_back(len),
+                Received::Credit => self.posted += 1,
+                Received::Fin | Received::Hello(_) => {
+                    self.posted += 1;
+                    self.flow.reposted(1);
+                }
+            }
+        }
+
+        fn read_one(&mut self) {
+            if let Some(len) = self.held.pop_front() {
+                self.read += u64::from(len);
+                self.posted += 1;
+                self.flow.reposted(1);
+            }
+        }
+    }
+
+    /// Random schedules of two sides sending, delivering and reading: no
+    /// message ever finds no receive, no rule check fails, and everything
+    /// written is read with both FINs delivered, whatever the order.
+    #[test]
+    fn random_schedules_never_deadlock_nor_overrun() {
+        use proptest::prelude::*;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let strategy = (
+            1u32..6,
+            2u32..6,
+            1u32..6,
+            2u32..6,
+            0u64..2000,
+            0u64..2000,
+            proptest::collection::vec(0u8..6, 1..400),
+        );
+        runner
+            .run(&strategy, |(da, aa, db, ab, wa, wb, schedule)| {
+                let mut sides = [Side::new(limits(da, aa), wa), Side::new(limits(db, ab), wb)];
+                let mut wires: [VecDeque<Msg>; 2] = [VecDeque::new(), VecDeque::new()];
+                let mut steps = schedule.into_iter().cycle();
+                for _ in 0..100_000 {
+                    let done = sides
+                        .iter()
+                        .all(|s| s.flow.fin_received() && s.held.is_empty())
+                        && wires.iter().all(|w| w.is_empty());
+                    if done {
+                        break;
+                    }
+                    let step = steps.next().unwrap();
+                    let i = usize::from(step & 1);
+                    match step / 2 {
+                        0 => {
+                            if let Some(m) = sides[i].next() {
+                                wires[i].push_back(m);
+                            }
+                        }
+                        1 => {
+                            if let Some(m) = wires[i].pop_front() {
+                                sides[1 - i].deliver(m);
+                            }
+                        }
+                        _ => sides[i].read_one(),
+                    }
+                }
+                // Then drain fairly: every side sends, delivers and reads
+                // until nothing moves; it must end complete.
+                loop {
+                    let mut moved = false;
+                    for i in 0..2 {
+                        while let Some(m) = sides[i].next() {
+                            wires[i].push_back(m);
+                            moved = true;
+                        }
+                        while let Some(m) = wires[i].pop_front() {
+                            sides[1 - i].deliver(m);
+                            moved = true;
+                        }
+                        while !sides[i].held.is_empty() {
+                            sides[i].read_one();
+                            moved = true;
+                        }
+                    }
+                    if !moved {
+                        break;
+                    }
+                }
+                prop_assert_eq!(sides[0].read, wb);
+                prop_assert_eq!(sides[1].read, wa);
+                prop_assert!(sides[0].flow.fin_received() && sides[1].flow.fin_received());
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    fn connected() -> (Flow, Flow) {
+        let mut a = Side::new(limits(4, 4), 0);
+        let mut b = Side::new(limits(4, 4), 0);
+        let ha = a.next().unwrap();
+        let hb = b.next().unwrap();
+        b.deliver(ha);
+        a.deliver(hb);
+        (a.flow, b.flow)
+    }
+
+    #[test]
+    fn a_peer_that_breaks_the_rules_is_named() {
+        let (mut a, _) = connected();
+        let data = |grant, ack| Header {
+            kind: Kind::Data,
+            grant,
+            ack,
+        };
+        let err = a.clone().receive(data(0, 3), 8, &[]).unwrap_err();
+        assert!(err.contains("acknowledges 3"), "{err}");
+        let err = a.clone().receive(data(2, 0), 8, &[]).unwrap_err();
+        assert!(err.contains("grants back 2"), "{err}");
+        let err = a.clone().receive(data(0, 0), 0, &[]).unwrap_err();
+        assert!(err.contains("0 bytes"), "{err}");
+        let err = a.clone().receive(data(0, 0), 65, &[]).unwrap_err();
+        assert!(err.contains("65 bytes"), "{err}");
+        let credit = Header {
+            kind: Kind::Credit,
+            grant: 0,
+            ack: 0,
+        };
+        let err = a
+            .clone()
+            .receive(credit, 8, &frame::encode_total(5))
+            .unwrap_err();
+        assert!(err.contains("says it sent 5 bytes, but 0 arrived"), "{err}");
+        let err = a.clone().receive(credit, 7, &[0; 7]).unwrap_err();
+        assert!(err.contains("7 bytes"), "{err}");
+        let hello = Header {
+            kind: Kind::Hello,
+            grant: 0,
+            ack: 0,
+        };
+        let err = a.clone().receive(hello, 40, &[0; 40]).unwrap_err();
+        assert!(err.contains("second hello"), "{err}");
+        // The peer has 4 grants (our data receives) and, having announced
+        // 4 answer receives and sent its hello, 3 more unacknowledged
+        // messages: the fourth data message breaks the answer rule.
+        for _ in 0..3 {
+            a.receive(data(0, 0), 8, &[]).unwrap();
+        }
+        let err = a.receive(data(0, 0), 8, &[]).unwrap_err();
+        assert!(err.contains("more than the 4 unacknowledged"), "{err}");
+        let mut fresh = Flow::new(limits(4, 4));
+        let err = fresh.receive(data(0, 0), 8, &[]).unwrap_err();
+        assert!(err.contains("before the hello"), "{err}");
+    }
+
+    #[test]
+    fn a_grant_never_lets_the_peer_overrun_our_receives() {
+        let (mut a, _) = connected();
+        let data = Header {
+            kind: Kind::Data,
+            grant: 0,
+            ack: 0,
+        };
+        // The peer's hello used one of our 4 data receives; 3 more data
+        // messages use the rest (acknowledged as they come, so the answer
+        // rule holds), and the next finds none granted.
+        for _ in 0..3 {
+            a.receive(data, 1, &[]).unwrap();
+            a.owed = 0;
+        }
+        let err = a.receive(data, 1, &[]).unwrap_err();
+        assert!(err.contains("more than the 4 receive buffers"), "{err}");
+    }
+}

@@ -1,0 +1,247 @@
+//! Connecting streams on real devices: over a TCP handshake
+//! ([`RdmaListener`], [`RdmaStream::connect`]) or rdma_cm
+//! ([`RdmaCmListener`], [`RdmaStream::connect_cm`]).
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use super::blocking::to_io;
+use super::{RdmaStream, StreamConfig};
+use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use crate::connect::cm::{self, CmListener, CmQp};
+use crate::connect::tcp;
+
+/// The first RDMA device, for callers that name none.
+fn first_device() -> io::Result<VerbsDevice> {
+    VerbsDevice::open_first().map_err(to_io)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "no RDMA device on this machine (open one by name, or use the soft device)",
+        )
+    })
+}
+
+/// Accepts stream connections: a TCP listener for the handshake, and a
+/// device on which each accepted stream gets a queue pair and buffers of
+/// its own.
+///
+/// ```no_run
+/// use std::io::{Read, Write};
+/// use rdma_ring::stream::RdmaListener;
+/// let listener = RdmaListener::bind("0.0.0.0:7480").unwrap();
+/// for stream in listener.incoming() {
+///     let mut stream = stream.unwrap();
+///     let mut buf = [0u8; 40];
+///     let n = stream.read(&mut buf).unwrap();
+///     stream.write_all(&buf[..n]).unwrap();
+/// }
+/// ```
+#[derive(Debug)]
+pub struct RdmaListener {
+    tcp: TcpListener,
+    dev: VerbsDevice,
+    pd: VerbsPd,
+    config: StreamConfig,
+}
+
+impl RdmaListener {
+    /// Listens on `addr` (TCP, for the handshake) with the first RDMA device
+    /// and the default config.
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<RdmaListener> {
+        RdmaListener::bind_with(addr, &first_device()?, StreamConfig::default())
+    }
+
+    /// Listens on `addr` with device `dev` and `config`.
+    pub fn bind_with(
+        addr: impl ToSocketAddrs,
+        dev: &VerbsDevice,
+        config: StreamConfig,
+    ) -> io::Result<RdmaListener> {
+        config.check().map_err(to_io)?;
+        Ok(RdmaListener {
+            tcp: TcpListener::bind(addr)?,
+            dev: dev.clone(),
+            pd: dev.alloc_pd().map_err(to_io)?,
+            config,
+        })
+    }
+
+    /// The TCP address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Waits for the next peer and connects a stream to it: a queue pair
+    /// with its receives posted, the handshake, then the hellos (each step
+    /// bounded by the config's `connect_timeout`). A peer that sends
+    /// garbage gets an error for this call; the listener goes on.
+    pub fn accept(&self) -> io::Result<RdmaStream<VerbsQp>> {
+        let (socket, peer) = self.tcp.accept()?;
+        over_tcp(socket, &self.dev, &self.pd, self.config).map(|mut s| {
+            s.peer_addr = Some(peer);
+            s
+        })
+    }
+
+    /// Accepted streams, one per call of `next`.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<RdmaStream<VerbsQp>>> + '_ {
+        std::iter::repeat_with(|| self.accept())
+    }
+}
+
+/// Connects a stream over `socket`, a TCP connection to the peer's side.
+fn over_tcp(
+    mut socket: TcpStream,
+    dev: &VerbsDevice,
+    pd: &VerbsPd,
+    config: StreamConfig,
+) -> io::Result<RdmaStream<VerbsQp>> {
+    let local = socket.local_addr().ok();
+    let peer = socket.peer_addr().ok();
+    let qp = dev.create_qp(pd, config.qp_config()).map_err(to_io)?;
+    let pending = RdmaStream::prepare(qp, pd, config).map_err(to_io)?;
+    tcp::handshake(&mut socket, pending.qp(), config.connect_timeout).map_err(to_io)?;
+    let mut stream = pending.establish()?;
+    stream.local_addr = local;
+    stream.peer_addr = peer;
+    Ok(stream)
+}
+
+impl RdmaStream<VerbsQp> {
+    /// Connects to an [`RdmaListener`] at `addr` with the first RDMA device
+    /// and the default config.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<RdmaStream<VerbsQp>> {
+        RdmaStream::connect_with(addr, &first_device()?, StreamConfig::default())
+    }
+
+    /// Connects to an [`RdmaListener`] at `addr` with device `dev`.
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        dev: &VerbsDevice,
+        config: StreamConfig,
+    ) -> io::Result<RdmaStream<VerbsQp>> {
+        config.check().map_err(to_io)?;
+        let socket = tcp::dial(addr, config.connect_timeout).map_err(to_io)?;
+        let pd = dev.alloc_pd().map_err(to_io)?;
+        over_tcp(socket, dev, &pd, config)
+    }
+}
+
+/// Accepts stream connections over rdma_cm: each request gets a queue pair
+/// on the device it arrived on, with its receives posted before it is
+/// accepted.
+///
+/// ```no_run
+/// use std::io::Read;
+/// use rdma_ring::stream::{RdmaCmListener, StreamConfig};
+/// let listener = RdmaCmListener::bind("10.99.0.1:7481".parse().unwrap(), StreamConfig::default()).unwrap();
+/// let mut stream = listener.accept().unwrap();
+/// let mut buf = Vec::new();
+/// stream.read_to_end(&mut buf).unwrap();
+/// ```
+pub struct RdmaCmListener {
+    cm: CmListener,
+    addr: SocketAddr,
+    /// The device of the last request and its protection domain: requests
+    /// usually all arrive on one.
+    device: std::sync::Mutex<Option<(VerbsDevice, VerbsPd)>>,
+    config: StreamConfig,
+}
+
+impl std::fmt::Debug for RdmaCmListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaCmListener")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaCmListener {
+    /// Listens on `addr`, an address of an RDMA device's interface.
+    pub fn bind(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaCmListener> {
+        config.check().map_err(to_io)?;
+        Ok(RdmaCmListener {
+            cm: CmListener::bind(addr).map_err(to_io)?,
+            addr,
+            device: std::sync::Mutex::new(None),
+            config,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Waits (up to `timeout`) for the next connection request and connects
+    /// a stream to it.
+    pub fn accept_timeout(&self, timeout: Duration) -> io::Result<RdmaStream<CmQp>> {
+        let request = self.cm.request(timeout).map_err(to_io)?;
+        let name = request.device_name().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "the connection request names no RDMA device",
+            )
+        })?;
+        let (dev, pd) = {
+            let mut cached = self.device.lock().unwrap_or_else(|p| p.into_inner());
+            match &*cached {
+                Some((dev, pd)) if dev.name() == name => (dev.clone(), pd.clone()),
+                _ => {
+                    let dev = VerbsDevice::open(&name).map_err(to_io)?;
+                    let pd = dev.alloc_pd().map_err(to_io)?;
+                    *cached = Some((dev.clone(), pd.clone()));
+                    (dev, pd)
+                }
+            }
+        };
+        let qp = request
+            .create_qp(&dev, &pd, self.config.qp_config())
+            .map_err(to_io)?;
+        let pending = RdmaStream::prepare(qp, &pd, self.config).map_err(to_io)?;
+        pending
+            .qp()
+            .accept(b"", self.config.connect_timeout)
+            .map_err(to_io)?;
+        let mut stream = pending.establish()?;
+        stream.local_addr = Some(self.addr);
+        Ok(stream)
+    }
+
+    /// Like [`accept_timeout`](Self::accept_timeout), waiting as long as
+    /// it takes.
+    pub fn accept(&self) -> io::Result<RdmaStream<CmQp>> {
+        loop {
+            match self.accept_timeout(Duration::from_secs(3600)) {
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl RdmaStream<CmQp> {
+    /// Connects to an [`RdmaCmListener`] at `addr` over rdma_cm, on the
+    /// device the route leads through.
+    pub fn connect_cm(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaStream<CmQp>> {
+        config.check().map_err(to_io)?;
+        let route = cm::resolve(addr, config.connect_timeout).map_err(to_io)?;
+        let name = route.device_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "the route names no RDMA device")
+        })?;
+        let dev = VerbsDevice::open(&name).map_err(to_io)?;
+        let pd = dev.alloc_pd().map_err(to_io)?;
+        let qp = route
+            .create_qp(&dev, &pd, config.qp_config())
+            .map_err(to_io)?;
+        let pending = RdmaStream::prepare(qp, &pd, config).map_err(to_io)?;
+        pending
+            .qp()
+            .connect(b"", config.connect_timeout)
+            .map_err(to_io)?;
+        let mut stream = pending.establish()?;
+        stream.peer_addr = Some(addr);
+        Ok(stream)
+    }
+}
