@@ -1,15 +1,474 @@
-//! The byte stream on the soft device.
+//! The byte stream on the soft device: exact delivery under random write
+//! and read sizes, back-pressure, end of stream and half-close, timeouts,
+//! a peer that dies or breaks the protocol, and the async stream under
+//! `futures::io::copy` (and tokio's, with the `tokio` feature).
 
-use rdma_ring::backend::soft::SoftDevice;
+use std::io::{ErrorKind, Read, Write};
+use std::net::Shutdown;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::buf::{BaseBuf, RegisteredBuf};
+use rdma_ring::future::Wakeup;
+use rdma_ring::op::{Recv, SendImm};
+use rdma_ring::ring::{Ring, RingConfig};
+use rdma_ring::stream::frame::{self, Header, Hello, Kind};
 use rdma_ring::stream::{RdmaStream, StreamConfig};
-use std::io::{Read, Write};
+
+fn small() -> StreamConfig {
+    StreamConfig {
+        chunk_size: 64,
+        recv_buffers: 3,
+        answer_buffers: 2,
+        send_buffers: 2,
+        connect_timeout: Duration::from_secs(3),
+        ..StreamConfig::default()
+    }
+}
+
+/// Two connected streams, with the soft queue pairs' fault controls.
+fn pair_with_controls(
+    dev: &SoftDevice,
+    config: StreamConfig,
+) -> (RdmaStream<SoftQp>, RdmaStream<SoftQp>, QpControl, QpControl) {
+    let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
+    let qa = dev.create_qp(&pd_a, config.qp_config()).unwrap();
+    let qb = dev.create_qp(&pd_b, config.qp_config()).unwrap();
+    dev.connect(&qa, &qb).unwrap();
+    let (ca, cb) = (qa.control(), qb.control());
+    let a = RdmaStream::prepare(qa, &pd_a, config).unwrap();
+    let b = RdmaStream::prepare(qb, &pd_b, config).unwrap();
+    let b = std::thread::spawn(move || b.establish().unwrap());
+    let a = a.establish().unwrap();
+    (a, b.join().unwrap(), ca, cb)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
 
 #[test]
-fn smoke() {
+fn the_seed_client_and_server_exchange_greetings() {
     let dev = SoftDevice::new();
-    let (mut a, mut b) = RdmaStream::soft_pair(&dev, StreamConfig::default()).unwrap();
-    a.write_all(b"hello from client!").unwrap();
-    let mut got = [0u8; 18];
+    let (mut client, mut server) = RdmaStream::soft_pair(&dev, StreamConfig::default()).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 40];
+        let n = server.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello from client!");
+        server.write_all(b"hello from server!").unwrap();
+        server.flush().unwrap();
+    });
+    client.write_all(b"hello from client!").unwrap();
+    client.flush().unwrap();
+    let mut buf = [0u8; 40];
+    let n = client.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"hello from server!");
+    server.join().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Whatever the write and read sizes and the buffer counts, the reader
+    /// gets exactly the bytes written, in order, then the end of stream.
+    #[test]
+    fn random_write_and_read_sizes_deliver_exactly_the_bytes(
+        writes in proptest::collection::vec(1usize..300, 1..60),
+        reads in proptest::collection::vec(1usize..200, 1..20),
+        recv_buffers in 1u32..5,
+        answer_buffers in 2u32..5,
+        send_buffers in 1usize..4,
+        chunk in 64usize..200,
+    ) {
+        let config = StreamConfig { chunk_size: chunk, recv_buffers, answer_buffers, send_buffers, ..StreamConfig::default() };
+        let dev = SoftDevice::new();
+        let (mut a, mut b) = RdmaStream::soft_pair(&dev, config).unwrap();
+        let total: usize = writes.iter().sum();
+        let sent = pattern(total, 7);
+        let to_send = sent.clone();
+        let writer = std::thread::spawn(move || {
+            let mut at = 0;
+            for w in writes {
+                a.write_all(&to_send[at..at + w]).unwrap();
+                at += w;
+            }
+            a.shutdown(Shutdown::Write).unwrap();
+            a
+        });
+        let mut got = Vec::new();
+        let mut sizes = reads.iter().cycle();
+        loop {
+            let mut buf = vec![0u8; *sizes.next().unwrap()];
+            let n = b.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        let a = writer.join().unwrap();
+        prop_assert_eq!(got.len(), total);
+        prop_assert!(got == sent, "the bytes differ");
+        drop((a, b));
+    }
+}
+
+#[test]
+fn a_slow_reader_holds_the_writer_back_and_loses_nothing() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    a.set_nonblocking(true);
+    let data = pattern(64 * 64, 3);
+    // Nobody reads: the writer fills its send buffers and the reader's
+    // receive buffers, then is told to wait.
+    let mut written = 0;
+    let refused = loop {
+        match a.write(&data[written..]) {
+            Ok(n) => written += n,
+            Err(e) => break e,
+        }
+        assert!(written < data.len(), "nothing held the writer back");
+    };
+    assert_eq!(refused.kind(), ErrorKind::WouldBlock, "{refused}");
+    // At most what the send buffers and the reader's receive buffers hold.
+    let capacity = 64 * (small().send_buffers + small().recv_buffers as usize);
+    assert!(
+        written > 0 && written <= capacity,
+        "wrote {written} with room for {capacity}"
+    );
+    // The reader drains slowly; the writer goes on as room comes back.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 50];
+    while got.len() < data.len() {
+        // The writer keeps writing, then flushing (a stream moves only
+        // when its owner calls it, as a socket's user does).
+        let wrote = if written < data.len() {
+            a.write(&data[written..]).map(|n| written += n)
+        } else {
+            a.flush()
+        };
+        match wrote {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        b.set_nonblocking(true);
+        match b.read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(got == data, "bytes lost or reordered");
+    // Never an RNR: the device counted none.
+    assert_eq!(b.ring_stats().unknown_cqes, 0);
+}
+
+#[test]
+fn end_of_stream_and_half_close_behave_like_tcp() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    a.write_all(b"last words").unwrap();
+    a.shutdown(Shutdown::Write).unwrap();
+    let err = a.write(b"more").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BrokenPipe);
+    let mut got = String::new();
+    b.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "last words");
+    assert_eq!(b.read(&mut [0u8; 8]).unwrap(), 0, "end of stream stays");
+    // The other direction still works.
+    b.write_all(b"reply after your FIN").unwrap();
+    b.flush().unwrap();
+    let mut reply = [0u8; 20];
+    a.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"reply after your FIN");
+    // Dropping B sends its end of stream: A reads the end.
+    drop(b);
+    assert_eq!(a.read(&mut reply).unwrap(), 0);
+}
+
+#[test]
+fn shutdown_read_drops_what_arrives_and_keeps_the_writer_going() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    b.shutdown(Shutdown::Read).unwrap();
+    assert_eq!(b.read(&mut [0u8; 4]).unwrap(), 0);
+    // Far more than the buffers hold: the dropped bytes' buffers go back.
+    let data = pattern(64 * 100, 1);
+    let writer = std::thread::spawn(move || {
+        a.write_all(&data).unwrap();
+        a.flush().unwrap();
+        a
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !writer.is_finished() {
+        assert!(Instant::now() < deadline, "the writer was held back");
+        let _ = b.read(&mut [0u8; 4]);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    writer.join().unwrap();
+}
+
+#[test]
+fn a_read_timeout_says_timed_out_and_loses_nothing() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    assert!(b.set_read_timeout(Some(Duration::ZERO)).is_err());
+    b.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let started = Instant::now();
+    let err = b.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    a.write_all(b"late").unwrap();
+    let mut got = [0u8; 4];
     b.read_exact(&mut got).unwrap();
-    assert_eq!(&got, b"hello from client!");
+    assert_eq!(&got, b"late");
+}
+
+#[test]
+fn a_dead_peer_resets_the_connection_in_bounded_time() {
+    let dev = SoftDevice::new();
+    let config = StreamConfig {
+        keepalive: Duration::from_millis(50),
+        ..small()
+    };
+    let (mut a, b, _ca, cb) = pair_with_controls(&dev, config);
+    // The link goes down while A only reads: its keep-alive probe fails.
+    cb.break_connection();
+    let started = Instant::now();
+    let err = a.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Writes fail too, and say why.
+    let err = a.write(b"anyone?").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    drop(b);
+}
+
+#[test]
+fn writing_to_a_dead_peer_fails() {
+    let dev = SoftDevice::new();
+    let (mut a, b, _ca, cb) = pair_with_controls(&dev, small());
+    cb.break_connection();
+    let data = pattern(4096, 5);
+    let err = a
+        .write_all(&data)
+        .and_then(|()| a.flush())
+        .and_then(|()| a.read(&mut [0u8; 1]).map(|_| ()))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    drop(b);
+}
+
+/// A raw ring posing as a stream peer, to send what a stream never would.
+struct RawPeer {
+    ring: Ring<SoftQp>,
+    pd: SoftPd,
+}
+
+impl RawPeer {
+    fn send(&mut self, header: Header, payload: &[u8]) {
+        let buf = RegisteredBuf::new(&self.pd, payload.to_vec()).unwrap();
+        let op = SendImm::new(buf.slice(..), header.encode());
+        self.ring.submission().push(op).unwrap();
+        self.ring.submit().unwrap();
+    }
+
+    fn hello(&mut self) {
+        let hello = Hello {
+            chunk: 64,
+            data_receives: 4,
+            answer_receives: 4,
+            probe: rdma_ring::buf::RemoteSlice::new(
+                0x1000,
+                8,
+                1,
+                rdma_ring::buf::RemoteAccess::READ,
+            ),
+        };
+        let header = Header {
+            kind: Kind::Hello,
+            grant: 0,
+            ack: 0,
+        };
+        self.send(header, &hello.encode());
+    }
+}
+
+/// A stream (not yet established) and a raw peer connected to it, with
+/// receives posted on the raw side.
+fn stream_and_raw_peer(dev: &SoftDevice) -> (rdma_ring::stream::PendingStream<SoftQp>, RawPeer) {
+    let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
+    let qa = dev.create_qp(&pd_a, small().qp_config()).unwrap();
+    let qb = dev.create_qp(&pd_b, small().qp_config()).unwrap();
+    dev.connect(&qa, &qb).unwrap();
+    let stream = RdmaStream::prepare(qa, &pd_a, small()).unwrap();
+    let mut ring = Ring::new(qb, RingConfig::default());
+    for _ in 0..small().qp_config().max_recv_wr {
+        let buf = RegisteredBuf::new(&pd_b, vec![0u8; 64]).unwrap();
+        ring.submission().push(Recv::new(buf)).unwrap();
+    }
+    ring.submit().unwrap();
+    (stream, RawPeer { ring, pd: pd_b })
+}
+
+fn hostile(script: impl FnOnce(&mut RawPeer) + Send + 'static) -> std::io::Error {
+    let dev = SoftDevice::new();
+    let (stream, mut peer) = stream_and_raw_peer(&dev);
+    script(&mut peer);
+    let result = stream.establish().and_then(|mut s| {
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.read(&mut [0u8; 64]).map(|_| ())
+    });
+    drop(peer);
+    result.unwrap_err()
+}
+
+#[test]
+fn a_peer_that_breaks_the_protocol_gets_invalid_data() {
+    let data = |grant, ack| Header {
+        kind: Kind::Data,
+        grant,
+        ack,
+    };
+    type Script = Box<dyn FnOnce(&mut RawPeer) + Send>;
+    let cases: Vec<(&str, Script)> = vec![
+        (
+            "before the hello",
+            Box::new(move |p: &mut RawPeer| p.send(data(0, 0), b"sneaky")),
+        ),
+        (
+            "magic",
+            Box::new(|p: &mut RawPeer| {
+                let header = Header {
+                    kind: Kind::Hello,
+                    grant: 0,
+                    ack: 0,
+                };
+                p.send(header, &[0x55; frame::HELLO_LEN]);
+            }),
+        ),
+        (
+            "grants back 9",
+            Box::new(move |p: &mut RawPeer| {
+                p.hello();
+                p.send(data(9, 0), b"x");
+            }),
+        ),
+        (
+            "acknowledges 5",
+            Box::new(move |p: &mut RawPeer| {
+                p.hello();
+                p.send(data(0, 5), b"x");
+            }),
+        ),
+        (
+            "says it sent 1000 bytes",
+            Box::new(|p: &mut RawPeer| {
+                p.hello();
+                let fin = Header {
+                    kind: Kind::Fin,
+                    grant: 0,
+                    ack: 0,
+                };
+                p.send(fin, &frame::encode_total(1000));
+            }),
+        ),
+    ];
+    for (expect, script) in cases {
+        let err = hostile(script);
+        assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains(expect), "{expect:?} not in: {err}");
+    }
+}
+
+#[test]
+fn a_silent_peer_fails_the_connect_with_a_timeout() {
+    let dev = SoftDevice::new();
+    let (stream, peer) = stream_and_raw_peer(&dev);
+    let config_timeout = small().connect_timeout;
+    let started = Instant::now();
+    // The raw peer never says hello: establish gives up at the timeout.
+    let err = stream.establish().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert!(started.elapsed() >= config_timeout);
+    drop(peer);
+}
+
+#[test]
+fn futures_io_copy_moves_16_mib_intact() {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    let dev = SoftDevice::new();
+    let (a, b) = RdmaStream::soft_pair(&dev, StreamConfig::default()).unwrap();
+    let mut a = a.into_async(Wakeup::Thread).unwrap();
+    let mut b = b.into_async(Wakeup::Thread).unwrap();
+    let data = pattern(16 << 20, 9);
+    let expected = checksum(&data);
+    let writer = async {
+        let mut source = futures::io::Cursor::new(&data);
+        let n = futures::io::copy(&mut source, &mut a).await.unwrap();
+        a.close().await.unwrap();
+        n
+    };
+    let reader = async {
+        let mut got = Vec::with_capacity(16 << 20);
+        b.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    let (n, got) = futures::executor::block_on(futures::future::join(writer, reader));
+    assert_eq!(n, 16 << 20);
+    assert_eq!(got.len(), 16 << 20);
+    assert_eq!(checksum(&got), expected);
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn tokio_copy_moves_16_mib_intact_and_split_halves_echo() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dev = SoftDevice::new();
+        let (a, b) = RdmaStream::soft_pair(&dev, StreamConfig::default()).unwrap();
+        let mut a = a.into_async(Wakeup::Thread).unwrap();
+        let b = b.into_async(Wakeup::Thread).unwrap();
+        let data = pattern(16 << 20, 4);
+        let expected = checksum(&data);
+        // B echoes everything back through its split halves, reading and
+        // writing from two tasks.
+        let echo = tokio::spawn(async move {
+            let (mut r, mut w) = tokio::io::split(b);
+            let n = tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+            n
+        });
+        let (mut ra, mut wa) = tokio::io::split(&mut a);
+        let send = async {
+            let mut source = &data[..];
+            let n = tokio::io::copy(&mut source, &mut wa).await.unwrap();
+            wa.shutdown().await.unwrap();
+            n
+        };
+        let receive = async {
+            let mut got = Vec::with_capacity(16 << 20);
+            ra.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let (n, got) = tokio::join!(send, receive);
+        assert_eq!(n, 16 << 20);
+        assert_eq!(echo.await.unwrap(), 16 << 20);
+        assert_eq!(got.len(), 16 << 20);
+        assert_eq!(checksum(&got), expected);
+    });
 }

@@ -255,17 +255,34 @@ impl<Q: QueuePair> RdmaStream<Q> {
         self.nonblocking = nonblocking;
     }
 
-    /// Ends writing (the peer reads the end of stream after the bytes
-    /// already written), reading (bytes not read are dropped), or both.
+    /// Ends writing, reading, or both. Ending writing waits, as
+    /// [`flush`](std::io::Write::flush) does, until everything written and
+    /// the end of stream are with the device (the peer reads the end of
+    /// stream after those bytes); ending reading drops bytes not read yet
+    /// and any that arrive.
     pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
-        let core = self.core_mut();
-        if matches!(how, Shutdown::Write | Shutdown::Both) {
-            core.conn.shutdown_write();
-        }
         if matches!(how, Shutdown::Read | Shutdown::Both) {
-            core.conn.shutdown_read();
+            self.core_mut().conn.shutdown_read();
         }
-        core.turn(false);
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            self.core_mut().conn.shutdown_write();
+            let deadline = deadline_after(self.write_timeout);
+            loop {
+                let core = self.core_mut();
+                core.turn(false);
+                if core.conn.fin_sent() {
+                    break;
+                }
+                if let Some(failure) = core.conn.failure() {
+                    return Err(failure.to_io());
+                }
+                self.wait(
+                    deadline,
+                    "send the end of stream: the peer has not read what was sent",
+                )?;
+            }
+        }
+        self.core_mut().turn(false);
         Ok(())
     }
 
@@ -441,6 +458,7 @@ impl<Q: QueuePair> std::fmt::Debug for RdmaStream<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RdmaStream")
             .field("connection", &self.core.as_ref().map(|c| &c.conn))
+            .field("ring", &self.core.as_ref().map(|c| &c.ring))
             .field("peer_addr", &self.peer_addr)
             .finish_non_exhaustive()
     }

@@ -481,6 +481,8 @@ impl std::fmt::Debug for Connection {
             .field("readable", &self.readable())
             .field("unsent", &self.unsent())
             .field("in_flight", &self.in_flight)
+            .field("to_post", &self.to_post.len())
+            .field("outbox", &self.outbox.len())
             .field("failure", &self.failure)
             .finish_non_exhaustive()
     }

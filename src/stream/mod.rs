@@ -2,7 +2,7 @@
 //! [`AsyncRdmaStream`] (`futures-io`'s `AsyncRead`/`AsyncWrite`, and
 //! tokio's behind the `tokio` feature) and, on real devices,
 //! [`RdmaListener`] with [`RdmaStream::connect`] (TCP handshake) or
-//! [`RdmaListener::bind_cm`] with [`RdmaStream::connect_cm`] (rdma_cm).
+//! [`RdmaCmListener`] with [`RdmaStream::connect_cm`] (rdma_cm).
 //!
 //! Ordered, reliable bytes with TCP's manners: partial reads, end of stream
 //! after the peer's shutdown or close, half-close, back-pressure when the
