@@ -2,10 +2,11 @@
 # Runs inside the Soft-RoCE VM (see scripts/softroce), from the repository
 # root: the verbs conformance suite and the examples on rxe0, then the
 # device-removal test on rxe1 (last: it deletes rxe1). Its arguments are the
-# conformance and device-removal test binaries, built on the host.
+# conformance, device-removal and stream test binaries, built on the host.
 set -euo pipefail
 conformance="$1"
 removal="$2"
+stream="$3"
 examples=target/debug/examples
 
 echo "==> [vm] verbs conformance suite on rxe0"
@@ -28,6 +29,43 @@ cat /tmp/quickstart-b.log
 
 echo "==> [vm] many_peers on rxe0: one server ring (one CQ, one SRQ) serving 64 clients"
 "$examples/many_peers" --device rxe0
+
+echo "==> [vm] the byte stream on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
+RDMA_RING_DEVICE=rxe0 "$stream" --include-ignored --test-threads=1
+
+# two_processes NAME SERVER-ARGS -- CLIENT-ARGS: runs an example as a
+# server in the background and as a client, and fails if either does.
+two_processes() {
+    local name="$1"
+    shift
+    local server=()
+    while [ "$1" != "--" ]; do
+        server+=("$1")
+        shift
+    done
+    shift
+    "$examples/$name" "${server[@]}" > "/tmp/$name-server.log" 2>&1 &
+    local pid=$!
+    sleep 1
+    if ! "$examples/$name" "$@"; then
+        cat "/tmp/$name-server.log"
+        echo "the $name client failed" >&2
+        exit 1
+    fi
+    if ! wait "$pid"; then
+        cat "/tmp/$name-server.log"
+        echo "the $name server failed" >&2
+        exit 1
+    fi
+    cat "/tmp/$name-server.log"
+}
+
+echo "==> [vm] stream_hello on rxe0, two processes"
+two_processes stream_hello --device rxe0 --listen 127.0.0.1:7482 -- --device rxe0 --connect 127.0.0.1:7482
+echo "==> [vm] stream_echo on rxe0, two processes over the TCP handshake"
+two_processes stream_echo --device rxe0 --listen 127.0.0.1:7480 -- --device rxe0 --connect 127.0.0.1:7480
+echo "==> [vm] stream_echo on rxe1, two processes over rdma_cm"
+two_processes stream_echo --cm --listen 10.99.0.1:7481 -- --cm --connect 10.99.0.1:7481
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"

@@ -1,0 +1,199 @@
+//! The byte stream on a real verbs device — Soft-RoCE's `rxe0` (TCP
+//! handshake) and `rxe1` (rdma_cm, at 10.99.0.1) in the VM that
+//! `scripts/test` boots, or the device named by `RDMA_RING_DEVICE`. These
+//! tests need a device, so they are ignored in a plain `cargo test`;
+//! `scripts/test` runs them in the VM with `--include-ignored`, where a
+//! missing device fails them loudly.
+#![cfg(feature = "verbs")]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use rdma_ring::backend::verbs::VerbsDevice;
+use rdma_ring::future::Wakeup;
+use rdma_ring::stream::{RdmaCmListener, RdmaListener, RdmaStream, StreamConfig};
+
+/// Set in the child process of the peer-death test: the address its
+/// listener binds.
+const CHILD_ENV: &str = "RDMA_RING_STREAM_CHILD";
+
+fn device() -> VerbsDevice {
+    let name = std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    VerbsDevice::open(&name).unwrap_or_else(|e| {
+        panic!(
+            "NO RDMA DEVICE: cannot open {name:?} ({e}). These tests need a device: \
+             run them in the Soft-RoCE VM (scripts/test does, through scripts/softroce)"
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29) ^ 0x5a)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn sixteen_mib_over_the_tcp_handshake_arrive_intact_with_tokio_copy() {
+    let dev = device();
+    let listener = RdmaListener::bind_with("127.0.0.1:0", &dev, StreamConfig::default()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || listener.accept().unwrap());
+    let client = RdmaStream::connect_with(addr, &dev, StreamConfig::default()).unwrap();
+    let server = server.join().unwrap();
+    assert_eq!(client.peer_addr().unwrap(), addr);
+    assert_eq!(server.local_addr().unwrap(), addr);
+
+    let data = pattern(16 << 20);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut a = client.into_async(Wakeup::Thread).unwrap();
+        let mut b = server.into_async(Wakeup::Thread).unwrap();
+        let send = async {
+            let mut source = &data[..];
+            tokio::io::copy(&mut source, &mut a).await.unwrap();
+            a.shutdown().await.unwrap();
+        };
+        let receive = async {
+            let mut got = Vec::with_capacity(16 << 20);
+            b.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        tokio::join!(send, receive).1
+    });
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "the bytes differ");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_slow_reader_holds_a_blocking_writer_back_without_rnr() {
+    let dev = device();
+    let config = StreamConfig {
+        chunk_size: 4096,
+        recv_buffers: 4,
+        answer_buffers: 2,
+        send_buffers: 2,
+        ..StreamConfig::default()
+    };
+    let listener = RdmaListener::bind_with("127.0.0.1:0", &dev, config).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || listener.accept().unwrap());
+    let mut writer = RdmaStream::connect_with(addr, &dev, config).unwrap();
+    let mut reader = server.join().unwrap();
+    let data = pattern(1 << 20);
+    let sent = data.clone();
+    let writing = std::thread::spawn(move || {
+        writer.write_all(&sent).unwrap();
+        writer.shutdown(Shutdown::Write).unwrap();
+        writer
+    });
+    // The reader sleeps now and then; the writer must wait, not fail.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1000];
+    loop {
+        let n = reader.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if got.len() % 100_000 < 1000 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let writer = writing.join().unwrap();
+    assert!(got == data, "bytes lost or reordered");
+    drop((writer, reader));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn rdma_cm_streams_echo_on_rxe1() {
+    let addr: SocketAddr = format!("10.99.0.1:{}", free_port()).parse().unwrap();
+    let listener = RdmaCmListener::bind(addr, StreamConfig::default()).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut stream = listener.accept_timeout(Duration::from_secs(20)).unwrap();
+        let mut all = Vec::new();
+        stream.read_to_end(&mut all).unwrap();
+        stream.write_all(&all).unwrap();
+        stream.shutdown(Shutdown::Write).unwrap();
+        all.len()
+    });
+    let mut client = RdmaStream::connect_cm(addr, StreamConfig::default()).unwrap();
+    let data = pattern(3 << 20);
+    client.write_all(&data).unwrap();
+    client.shutdown(Shutdown::Write).unwrap();
+    let mut echo = Vec::new();
+    client.read_to_end(&mut echo).unwrap();
+    assert_eq!(server.join().unwrap(), data.len());
+    assert!(echo == data, "the echo differs");
+}
+
+/// The peer process is killed (no end of stream, no teardown): a reader
+/// gets `ConnectionReset` in bounded time, from the keep-alive probe.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_killed_peer_process_resets_the_connection() {
+    if let Ok(addr) = std::env::var(CHILD_ENV) {
+        // The child: accept one stream, say hello, then hang until killed.
+        let listener = RdmaListener::bind_with(addr, &device(), StreamConfig::default()).unwrap();
+        let mut stream = listener.accept().unwrap();
+        stream.write_all(b"ready").unwrap();
+        stream.flush().unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_killed_peer_process_resets_the_connection",
+            "--include-ignored",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, &addr)
+        .spawn()
+        .unwrap();
+    let config = StreamConfig {
+        keepalive: Duration::from_millis(200),
+        ..StreamConfig::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stream = loop {
+        match RdmaStream::connect_with(addr.as_str(), &device(), config) {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("the child never listened: {e}"),
+        }
+    };
+    let mut ready = [0u8; 5];
+    stream.read_exact(&mut ready).unwrap();
+    assert_eq!(&ready, b"ready");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let started = Instant::now();
+    let err = stream.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    let took = started.elapsed();
+    println!("the dead peer was noticed after {took:?}: {err}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
