@@ -70,6 +70,11 @@ impl<Q: QueuePair> StreamCore<Q> {
         for c in self.scratch.drain(..) {
             self.conn.on_completion(c);
         }
+        self.push_now();
+    }
+
+    /// Pushes and submits whatever may go now, without reaping.
+    fn push_now(&mut self) {
         if self.conn.take_fail_qp() {
             if let Some(qp) = self.ring.default_qp() {
                 let _ = self.ring.fail_qp(qp);
@@ -170,11 +175,12 @@ impl<Q: QueuePair> RdmaStream<Q> {
             qp,
             RingConfig {
                 wait_timeout: TICK,
-                spin_polls: 64,
+                spin_polls: config.spin_polls,
                 ..RingConfig::default()
             },
         )
         .map_err(|r| r.into_parts().0)?;
+        conn.set_max_inline(ring.caps().max_inline_data);
         conn.post_all_receives()?;
         let mut core = StreamCore {
             ring,
@@ -393,16 +399,29 @@ impl<Q: QueuePair> io::Read for RdmaStream<Q> {
             return Ok(0);
         }
         let deadline = deadline_after(self.read_timeout);
+        // Bytes already received are read without asking the device; only
+        // when there are none does it reap, then wait.
+        let mut reaped = false;
         loop {
             let core = self.core_mut();
-            core.turn(false);
             match core.conn.read(buf)? {
                 ReadOutcome::Bytes(n) => {
-                    // Post the emptied buffers again and grant them now.
-                    core.turn(false);
+                    // Post the emptied buffers again (and grant them).
+                    core.push_now();
                     return Ok(n);
                 }
-                ReadOutcome::End => return Ok(0),
+                ReadOutcome::End => {
+                    // Still move the connection along (after a read-side
+                    // shutdown, arriving bytes are dropped as they come).
+                    if !reaped {
+                        core.turn(false);
+                    }
+                    return Ok(0);
+                }
+                ReadOutcome::Empty if !reaped => {
+                    core.turn(false);
+                    reaped = true;
+                }
                 ReadOutcome::Empty => self.wait(deadline, "read")?,
             }
         }
@@ -415,15 +434,21 @@ impl<Q: QueuePair> io::Write for RdmaStream<Q> {
             return Ok(0);
         }
         let deadline = deadline_after(self.write_timeout);
+        let mut reaped = false;
         loop {
             let core = self.core_mut();
-            core.turn(false);
             let n = core.conn.write(buf)?;
             if n > 0 {
-                core.turn(false);
+                core.push_now();
                 return Ok(n);
             }
-            self.wait(deadline, "write: the peer has not read what was sent")?;
+            if reaped {
+                self.wait(deadline, "write: the peer has not read what was sent")?;
+            } else {
+                // Sends that completed give their buffers back.
+                core.turn(false);
+                reaped = true;
+            }
         }
     }
 

@@ -95,6 +95,8 @@ pub(crate) struct Connection {
     fail_qp: bool,
     last_heard: Instant,
     keepalive: Duration,
+    /// Messages up to this long go inline (copied into the work request).
+    max_inline: usize,
 }
 
 impl Connection {
@@ -128,7 +130,13 @@ impl Connection {
             fail_qp: false,
             last_heard: Instant::now(),
             keepalive: config.keepalive,
+            max_inline: 0,
         })
+    }
+
+    /// Sends up to `max` bytes inline (the queue pair's limit).
+    pub(crate) fn set_max_inline(&mut self, max: u32) {
+        self.max_inline = max as usize;
     }
 
     /// Queues every receive buffer for posting (the first [`pump`](Self::pump)
@@ -373,7 +381,10 @@ impl Connection {
         while !self.outbox.is_empty() && self.flow.can_send(Kind::Data) {
             let (chunk, len) = self.outbox.pop_front().expect("not empty");
             let header = self.flow.header(Kind::Data);
-            let op = SendImm::new(chunk.slice(..len), header.encode()).user_data(DATA);
+            let mut op = SendImm::new(chunk.slice(..len), header.encode()).user_data(DATA);
+            if len <= self.max_inline {
+                op = op.inline();
+            }
             match sq.push(op) {
                 Ok(()) => {
                     self.flow.commit(header, len as u32);
@@ -440,7 +451,10 @@ impl Connection {
         };
         chunk[..payload.len()].copy_from_slice(payload);
         let header = self.flow.header(kind);
-        let op = SendImm::new(chunk.slice(..payload.len()), header.encode()).user_data(CONTROL);
+        let mut op = SendImm::new(chunk.slice(..payload.len()), header.encode()).user_data(CONTROL);
+        if payload.len() <= self.max_inline {
+            op = op.inline();
+        }
         if sq.push(op).is_err() {
             return false;
         }

@@ -28,6 +28,10 @@
 //!   peer owes that message until it sends its next grant.)
 //! * **Pure acknowledgements**: when the peer may be close to its answer
 //!   limit (it is owed half of it), a side acknowledges without granting.
+//! * **Batching**: grants ride on data messages; a credit message goes
+//!   only when the peer may run short (it has at most half our data
+//!   receives left) or half of them wait to be granted. A blocked peer has
+//!   none left, so it is always sent one.
 
 use super::frame::{self, Header, Hello, Kind, MAX_COUNT};
 
@@ -170,17 +174,30 @@ impl Flow {
         }
     }
 
-    /// Whether a credit message is due: it would grant something, or the
-    /// peer may be near its answer limit; and it acknowledges at least one
-    /// message (so the peer kept a receive for it).
+    /// Whether a credit message is due. It must acknowledge at least one
+    /// message (so the peer kept a receive for it), and either grant
+    /// buffers the peer may run short of — it has at most half of ours
+    /// left, or half of ours wait to be granted — or acknowledge enough
+    /// that the peer may be near its answer limit. Otherwise grants wait
+    /// to ride on our next data message.
     pub fn wants_credit(&self) -> bool {
         let Some(peer) = self.peer else {
             return false;
         };
         let grant = self.grant_pending.min(MAX_COUNT);
+        let half = self.ours.data_receives / 2;
+        let grant_due =
+            grant >= 1 && (self.peer_grants() <= u64::from(half) || grant >= half.max(1));
         self.hello_sent
             && self.ack_for(grant) >= 1
-            && (grant >= 1 || self.owed >= (peer.answer_receives / 2).max(2))
+            && (grant_due || self.owed >= (peer.answer_receives / 2).max(2))
+    }
+
+    /// Our receive buffers the peer may still use, as far as we know (it
+    /// may have used more: its messages in flight).
+    fn peer_grants(&self) -> u64 {
+        (u64::from(self.ours.data_receives) + self.grants_given)
+            .saturating_sub(self.received_granted)
     }
 
     /// What a message granting `grant` acknowledges: everything owed if it

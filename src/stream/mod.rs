@@ -98,6 +98,10 @@ pub struct StreamConfig {
     /// How long dropping a stream waits for written data and its end of
     /// stream to leave.
     pub linger: Duration,
+    /// Empty polls of the completion queue a blocked read or write makes
+    /// before it sleeps on the completion channel: more polls, lower
+    /// latency and more CPU while waiting.
+    pub spin_polls: usize,
 }
 
 impl Default for StreamConfig {
@@ -110,6 +114,7 @@ impl Default for StreamConfig {
             keepalive: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(2),
+            spin_polls: 2000,
         }
     }
 }

@@ -1,0 +1,200 @@
+//! The byte stream's transfer test, shaped like librdmacm's `rstream`, so
+//! the two compare side by side: for each of `-C` transfers the client
+//! writes `-S` bytes, the server reads them and writes them back, the
+//! client reads them. It prints rstream's columns (Gb/s counts both
+//! directions, µs per one-way transfer). `--tcp` runs the same loop over
+//! `std::net::TcpStream`.
+//!
+//! ```text
+//! stream_bench --cm --listen 10.99.0.1:7490 -S 65536 -C 1000     # server
+//! stream_bench --cm --connect 10.99.0.1:7490 -S 65536 -C 1000    # client
+//! stream_bench --device rxe0 --listen 127.0.0.1:7491 ...          # TCP handshake
+//! stream_bench --tcp --listen 127.0.0.1:7492 ...                  # plain TCP
+//! stream_bench -S 64 -C 10000                                     # soft device, one process
+//! ```
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use rdma_ring::backend::soft::SoftDevice;
+use rdma_ring::stream::{RdmaStream, StreamConfig};
+
+const USAGE: &str = "usage: stream_bench [--device soft|NAME | --cm | --tcp] \
+                     [--listen ADDR | --connect ADDR] [-S BYTES] [-C TRANSFERS]";
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stream_bench: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Args {
+    device: String,
+    cm: bool,
+    tcp: bool,
+    listen: Option<String>,
+    connect: Option<String>,
+    size: usize,
+    count: usize,
+}
+
+fn parse() -> Result<Args> {
+    let mut args = std::env::args().skip(1);
+    let mut parsed = Args {
+        device: "soft".into(),
+        cm: false,
+        tcp: false,
+        listen: None,
+        connect: None,
+        size: 65536,
+        count: 1000,
+    };
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
+        };
+        match arg.as_str() {
+            "--device" => parsed.device = value("--device")?,
+            "--cm" => parsed.cm = true,
+            "--tcp" => parsed.tcp = true,
+            "--listen" => parsed.listen = Some(value("--listen")?),
+            "--connect" => parsed.connect = Some(value("--connect")?),
+            "-S" => parsed.size = value("-S")?.parse()?,
+            "-C" => parsed.count = value("-C")?.parse()?,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
+        }
+    }
+    if parsed.size == 0 || parsed.count == 0 {
+        return Err("-S and -C must be at least 1".into());
+    }
+    Ok(parsed)
+}
+
+fn run() -> Result<()> {
+    let args = parse()?;
+    let name = if args.tcp {
+        "tcp"
+    } else if args.cm {
+        "rdma-ring/cm"
+    } else {
+        "rdma-ring"
+    };
+    match (&args.listen, &args.connect) {
+        (None, None) => {
+            let (client, server) =
+                RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default())?;
+            let server_args = args.clone();
+            let server = std::thread::spawn(move || serve(server, &server_args));
+            let result = client_loop(client, &args, "rdma-ring/soft");
+            server.join().map_err(|_| "the server thread panicked")??;
+            result
+        }
+        (Some(addr), None) if args.tcp => {
+            let listener = std::net::TcpListener::bind(addr)?;
+            let (stream, _) = listener.accept()?;
+            stream.set_nodelay(true)?;
+            serve(stream, &args)
+        }
+        (None, Some(addr)) if args.tcp => {
+            let stream = std::net::TcpStream::connect(addr)?;
+            stream.set_nodelay(true)?;
+            client_loop(stream, &args, name)
+        }
+        (Some(addr), None) => verbs::listen(&args, addr),
+        (None, Some(addr)) => verbs::connect(&args, addr, name),
+        _ => Err(format!("--listen and --connect exclude each other; {USAGE}").into()),
+    }
+}
+
+#[cfg(feature = "verbs")]
+mod verbs {
+    use super::*;
+    use rdma_ring::backend::verbs::VerbsDevice;
+    use rdma_ring::stream::{RdmaCmListener, RdmaListener};
+
+    pub fn listen(args: &Args, addr: &str) -> Result<()> {
+        if args.cm {
+            let listener = RdmaCmListener::bind(addr.parse()?, StreamConfig::default())?;
+            serve(listener.accept()?, args)
+        } else {
+            let dev = VerbsDevice::open(&args.device)?;
+            let listener = RdmaListener::bind_with(addr, &dev, StreamConfig::default())?;
+            serve(listener.accept()?, args)
+        }
+    }
+
+    pub fn connect(args: &Args, addr: &str, name: &str) -> Result<()> {
+        if args.cm {
+            let stream = RdmaStream::connect_cm(addr.parse()?, StreamConfig::default())?;
+            client_loop(stream, args, name)
+        } else {
+            let dev = VerbsDevice::open(&args.device)?;
+            let stream = RdmaStream::connect_with(addr, &dev, StreamConfig::default())?;
+            client_loop(stream, args, name)
+        }
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+mod verbs {
+    use super::*;
+
+    pub fn listen(_: &Args, _: &str) -> Result<()> {
+        Err("built without the verbs feature: only the soft device and --tcp".into())
+    }
+
+    pub fn connect(_: &Args, _: &str, _: &str) -> Result<()> {
+        Err("built without the verbs feature: only the soft device and --tcp".into())
+    }
+}
+
+/// Reads each transfer and writes it back.
+fn serve(mut stream: impl Read + Write, args: &Args) -> Result<()> {
+    let mut buf = vec![0u8; args.size];
+    for _ in 0..args.count {
+        stream.read_exact(&mut buf)?;
+        stream.write_all(&buf)?;
+        stream.flush()?;
+    }
+    Ok(())
+}
+
+fn client_loop(mut stream: impl Read + Write, args: &Args, name: &str) -> Result<()> {
+    let out: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
+    let mut back = vec![0u8; args.size];
+    let started = Instant::now();
+    for i in 0..args.count {
+        stream.write_all(&out)?;
+        stream.flush()?;
+        stream.read_exact(&mut back)?;
+        if i == 0 && back != out {
+            return Err("the first transfer came back different".into());
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let total = 2.0 * args.size as f64 * args.count as f64;
+    println!("name      bytes   xfers   total       time     Gb/sec    usec/xfer");
+    println!(
+        "{name:<9} {:<7} {:<7} {:<11} {:<8} {:<9.2} {:.2}",
+        args.size,
+        args.count,
+        total as u64,
+        format!("{secs:.2}s"),
+        total * 8.0 / secs / 1e9,
+        secs * 1e6 / (2.0 * args.count as f64)
+    );
+    Ok(())
+}
