@@ -89,6 +89,7 @@
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
 //! * [`future`]: await any operation on any executor.
+//! * [`stream`]: a byte stream (std and async `Read`/`Write`) over RDMA.
 //! * [`connect`]: endpoint records, the TCP handshake and rdma_cm.
 //! * [`leak`]: what was leaked rather than freed under the NIC.
 //!
