@@ -4,7 +4,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::connection::{Connection, Failure, ReadOutcome};
+use super::connection::{Connection, Failure, ReadOutcome, SendBuffer};
 use super::StreamConfig;
 use crate::backend::soft::{SoftDevice, SoftQp};
 use crate::backend::{ProtectionDomain, QueuePair};
@@ -230,6 +230,52 @@ impl<Q: QueuePair> RdmaStream<Q> {
             ));
         }
         self.core_mut().turn(true);
+        Ok(())
+    }
+
+    /// A send buffer to fill in place, saving the copy [`write`](io::Write::write)
+    /// makes: for large messages, where the copy costs. It holds one
+    /// message (up to the smaller of our and the peer's buffer size); waits
+    /// (as a write does) while every send buffer is in use.
+    ///
+    /// ```
+    /// use std::io::Read;
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::stream::{RdmaStream, StreamConfig};
+    /// # let (mut a, mut b) = RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default()).unwrap();
+    /// let mut buf = a.send_buffer().unwrap();
+    /// buf[..5].copy_from_slice(b"zero!");
+    /// a.send(buf, 5).unwrap();
+    /// let mut got = [0u8; 5];
+    /// b.read_exact(&mut got).unwrap();
+    /// assert_eq!(&got, b"zero!");
+    /// ```
+    pub fn send_buffer(&mut self) -> io::Result<SendBuffer> {
+        let deadline = deadline_after(self.write_timeout);
+        let mut reaped = false;
+        loop {
+            let core = self.core_mut();
+            if let Some(buf) = core.conn.take_send_buffer()? {
+                return Ok(buf);
+            }
+            if reaped {
+                self.wait(
+                    deadline,
+                    "get a send buffer: the peer has not read what was sent",
+                )?;
+            } else {
+                core.turn(false);
+                reaped = true;
+            }
+        }
+    }
+
+    /// Sends the first `len` bytes of `buf` as the next message, after
+    /// everything written before.
+    pub fn send(&mut self, buf: SendBuffer, len: usize) -> io::Result<()> {
+        let core = self.core_mut();
+        core.conn.queue_send_buffer(buf, len)?;
+        core.push_now();
         Ok(())
     }
 

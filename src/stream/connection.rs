@@ -56,6 +56,37 @@ struct Inbound {
     taken: usize,
 }
 
+/// A registered send buffer of a stream, filled in place: the bytes
+/// written into it go to the device with no copy. Get one with
+/// [`RdmaStream::send_buffer`](super::RdmaStream::send_buffer) and send it
+/// with [`RdmaStream::send`](super::RdmaStream::send); dropped unsent, it
+/// goes back to the stream's pool.
+pub struct SendBuffer {
+    chunk: PoolChunk,
+    limit: usize,
+}
+
+impl std::ops::Deref for SendBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.chunk[..self.limit]
+    }
+}
+
+impl std::ops::DerefMut for SendBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.chunk[..self.limit]
+    }
+}
+
+impl std::fmt::Debug for SendBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBuffer")
+            .field("len", &self.limit)
+            .finish()
+    }
+}
+
 /// What a read found.
 pub(crate) enum ReadOutcome {
     /// This many bytes were copied (at least one).
@@ -282,15 +313,7 @@ impl Connection {
     /// Copies as much of `src` as the send buffers take; `Ok(0)` means
     /// they are all full (wait for the peer to read).
     pub(crate) fn write(&mut self, src: &[u8]) -> Result<usize, io::Error> {
-        if let Some(failure) = &self.failure {
-            return Err(failure.to_io());
-        }
-        if self.shutdown_write {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the stream was shut down for writing",
-            ));
-        }
+        self.check_writable()?;
         let limit = self.message_limit();
         let mut copied = 0;
         while copied < src.len() {
@@ -311,6 +334,59 @@ impl Connection {
             }
         }
         Ok(copied)
+    }
+
+    /// A free send buffer for the caller to fill in place (`None`: all are
+    /// in use). Bytes written before are sealed first, so they go ahead.
+    pub(crate) fn take_send_buffer(&mut self) -> Result<Option<SendBuffer>, io::Error> {
+        self.check_writable()?;
+        if let Some(partial) = self.staging.take_if(|(_, n)| *n > 0) {
+            self.outbox.push_back(partial);
+        }
+        let chunk = match self.staging.take() {
+            Some((chunk, _)) => Some(chunk),
+            None => self.send_pool.take().ok(),
+        };
+        Ok(chunk.map(|chunk| SendBuffer {
+            chunk,
+            limit: self.message_limit(),
+        }))
+    }
+
+    /// Queues `len` bytes of a buffer from
+    /// [`take_send_buffer`](Self::take_send_buffer) as the next message.
+    pub(crate) fn queue_send_buffer(
+        &mut self,
+        buf: SendBuffer,
+        len: usize,
+    ) -> Result<(), io::Error> {
+        self.check_writable()?;
+        if len > buf.limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes do not fit a send buffer of {}", buf.limit),
+            ));
+        }
+        if len > 0 {
+            if let Some(partial) = self.staging.take_if(|(_, n)| *n > 0) {
+                self.outbox.push_back(partial);
+            }
+            self.outbox.push_back((buf.chunk, len));
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), io::Error> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.to_io());
+        }
+        if self.shutdown_write {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the stream was shut down for writing",
+            ));
+        }
+        Ok(())
     }
 
     /// The longest message: our send buffers, capped by the peer's receive

@@ -65,6 +65,7 @@ use std::time::Duration;
 
 pub use async_stream::AsyncRdmaStream;
 pub use blocking::{PendingStream, RdmaStream};
+pub use connection::SendBuffer;
 #[cfg(feature = "verbs")]
 pub use listener::{RdmaCmListener, RdmaListener};
 
