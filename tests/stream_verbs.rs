@@ -36,6 +36,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// RNR NAKs the device's requesters received so far (rxe's counter).
+fn rnr_naks() -> u64 {
+    let name = std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    let path = format!("/sys/class/infiniband/{name}/ports/1/hw_counters/rcvd_rnr_err");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| {
+            panic!("cannot read {path} ({e}): this check needs Soft-RoCE's counters")
+        })
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(29) ^ 0x5a)
@@ -96,6 +109,7 @@ fn a_slow_reader_holds_a_blocking_writer_back_without_rnr() {
     let server = std::thread::spawn(move || listener.accept().unwrap());
     let mut writer = RdmaStream::connect_with(addr, &dev, config).unwrap();
     let mut reader = server.join().unwrap();
+    let rnr_before = rnr_naks();
     let data = pattern(1 << 20);
     let sent = data.clone();
     let writing = std::thread::spawn(move || {
@@ -118,6 +132,7 @@ fn a_slow_reader_holds_a_blocking_writer_back_without_rnr() {
     }
     let writer = writing.join().unwrap();
     assert!(got == data, "bytes lost or reordered");
+    assert_eq!(rnr_naks(), rnr_before, "a message met no receive (RNR NAK)");
     drop((writer, reader));
 }
 

@@ -71,18 +71,31 @@ impl fmt::Debug for CompletionFd {
     }
 }
 
+/// How often the notifier thread wakes the completion stream's task when
+/// nothing happens, so tasks with timed work of their own (a byte
+/// stream's keep-alive probe) get to run it.
+const TICK: Duration = Duration::from_millis(250);
+
 /// The notifier thread of [`Wakeup::Thread`](super::Wakeup::Thread): drives the
-/// ring whenever its completion channel fires.
+/// ring whenever its completion channel fires, and wakes the completion
+/// stream's task every [`TICK`] of quiet.
 pub(super) fn notifier_loop<Q: QueuePair>(shared: &Shared<Q>) {
     let Some(events) = shared.events.clone() else {
         return;
     };
+    let mut quiet_since = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
         match events.wait(Duration::from_millis(50)) {
             Ok(true) => {
                 let _ = shared.drive();
+                quiet_since = std::time::Instant::now();
             }
-            Ok(false) => {}
+            Ok(false) => {
+                if quiet_since.elapsed() >= TICK {
+                    shared.with(|ring| ring.wake_completion_stream());
+                    quiet_since = std::time::Instant::now();
+                }
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }

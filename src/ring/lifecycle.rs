@@ -101,6 +101,12 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
+    /// Wakes the completion stream's task (spuriously, which is allowed):
+    /// a tick for tasks that have timed work of their own.
+    pub(crate) fn wake_completion_stream(&mut self) {
+        self.wake_stream();
+    }
+
     pub(super) fn wake_stream(&mut self) {
         if let Some(waker) = self.ready_waker.take() {
             self.wakes.push(waker);

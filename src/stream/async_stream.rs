@@ -25,12 +25,15 @@ use crate::future::{AsyncRing, CompletionStream, Wakeup};
 /// [`Wakeup::Reactor`], drive [`driver`](Self::ring) from your reactor).
 ///
 /// The reading and the writing task may differ (e.g. after
-/// `tokio::io::split`): each is woken on its own. A dead peer is noticed
-/// when the stream is next polled after the keep-alive interval, or when a
-/// write fails; to bound a wait for a peer that went silent, wrap the read
-/// in your executor's timeout. Close it with `close`/`shutdown` to be sure
-/// the end of stream leaves; dropping it tries for up to
-/// [`linger`](super::StreamConfig::linger), blocking.
+/// `tokio::io::split`): each is woken on its own. A dead peer is noticed by
+/// the keep-alive probe, which runs whenever the stream is polled: with
+/// [`Wakeup::Thread`] the notifier wakes a waiting task every quarter
+/// second, so a dead peer fails any wait (read, write, flush, close) in
+/// bounded time; with [`Wakeup::Reactor`] nothing polls a stream whose
+/// peer went silent, so bound such waits with your executor's timeout.
+/// Close it with `close`/`shutdown` to be sure the end of stream leaves;
+/// dropping it tries for up to [`linger`](super::StreamConfig::linger),
+/// blocking the thread.
 ///
 /// ```
 /// use futures::{AsyncReadExt, AsyncWriteExt};
@@ -133,15 +136,15 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
         }
         let conn = &mut self.conn;
         self.ring.with_ring(|mut ring| {
-            if conn.take_fail_qp() {
-                if let Some(qp) = ring.default_qp() {
-                    let _ = ring.fail_qp(qp);
-                }
-            }
             let pushed = conn.pump(&mut ring.submission());
             if pushed {
                 if let Err(e) = ring.submit() {
                     conn.fail(Failure::Transport(e.error.to_string()));
+                }
+            }
+            if conn.take_fail_qp() {
+                if let Some(qp) = ring.default_qp() {
+                    let _ = ring.fail_qp(qp);
                 }
             }
         });
@@ -282,6 +285,9 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRdmaStream<Q> {
     fn drop(&mut self) {
         // As the blocking stream does: let what was written and the end of
         // stream leave before the ring's teardown could flush them.
+        if !self.conn.established() {
+            return;
+        }
         self.conn.shutdown_write();
         let deadline = Instant::now().checked_add(self.linger);
         loop {

@@ -75,17 +75,24 @@ impl<Q: QueuePair> StreamCore<Q> {
 
     /// Pushes and submits whatever may go now, without reaping.
     fn push_now(&mut self) {
-        if self.conn.take_fail_qp() {
-            if let Some(qp) = self.ring.default_qp() {
-                let _ = self.ring.fail_qp(qp);
-            }
-        }
+        self.fail_qp_now();
         let mut sq = self.ring.submission();
         if self.conn.pump(&mut sq) {
             if let Err(e) = self.ring.submit() {
                 // What the device refused was never posted: its buffers
-                // are back in the pools, and the connection cannot go on.
+                // are back in the pools, and the connection cannot go on
+                // (a grant for a receive it refused may have gone out).
                 self.conn.fail(Failure::Transport(e.error.to_string()));
+                self.fail_qp_now();
+            }
+        }
+    }
+
+    /// Moves the queue pair to error once the connection failed.
+    fn fail_qp_now(&mut self) {
+        if self.conn.take_fail_qp() {
+            if let Some(qp) = self.ring.default_qp() {
+                let _ = self.ring.fail_qp(qp);
             }
         }
     }
@@ -94,6 +101,10 @@ impl<Q: QueuePair> StreamCore<Q> {
     /// `linger`) for them to leave, so that the ring's teardown does not
     /// flush them.
     fn linger(&mut self, linger: Duration) {
+        if !self.conn.established() {
+            // No end of stream can go to a peer that never said hello.
+            return;
+        }
         self.conn.shutdown_write();
         let deadline = Instant::now().checked_add(linger);
         loop {
@@ -498,8 +509,9 @@ impl<Q: QueuePair> io::Write for RdmaStream<Q> {
         }
     }
 
-    /// Waits until every byte written is with the device (not until the
-    /// peer read it).
+    /// Waits until every byte written is with the device — which waits for
+    /// the peer's reader when its buffers are full — but not until the peer
+    /// read them.
     fn flush(&mut self) -> io::Result<()> {
         let deadline = deadline_after(self.write_timeout);
         loop {

@@ -196,9 +196,10 @@ impl Connection {
     /// Records why the connection cannot go on (the first reason wins).
     pub(crate) fn fail(&mut self, failure: Failure) {
         if self.failure.is_none() {
-            if matches!(failure, Failure::Protocol(_)) {
-                self.fail_qp = true;
-            }
+            // Whatever the reason, the queue pair goes to error, so the
+            // peer learns (its sends and keep-alive probes fail) instead of
+            // waiting for a connection that will not move.
+            self.fail_qp = true;
             self.failure = Some(failure);
         }
     }
@@ -447,14 +448,15 @@ impl Connection {
             };
             pushed |= self.push_control(sq, Kind::Hello, &hello.encode());
         }
-        if self.outbox.is_empty() && self.flow.can_send(Kind::Data) {
-            // Nothing waits for a grant: send a partly filled buffer now
-            // rather than wait for more writes.
-            if let Some(partial) = self.staging.take_if(|(_, n)| *n > 0) {
-                self.outbox.push_back(partial);
+        while self.flow.can_send(Kind::Data) {
+            if self.outbox.is_empty() {
+                // Nothing waits for a grant: send a partly filled buffer
+                // now rather than wait for more writes.
+                match self.staging.take_if(|(_, n)| *n > 0) {
+                    Some(partial) => self.outbox.push_back(partial),
+                    None => break,
+                }
             }
-        }
-        while !self.outbox.is_empty() && self.flow.can_send(Kind::Data) {
             let (chunk, len) = self.outbox.pop_front().expect("not empty");
             let header = self.flow.header(Kind::Data);
             let mut op = SendImm::new(chunk.slice(..len), header.encode()).user_data(DATA);

@@ -225,12 +225,23 @@ impl Flow {
         }
     }
 
-    /// Records that a message with `header` and `data_len` bytes of data
-    /// went to the device.
+    /// Records that a message with `header` (from [`header`](Self::header),
+    /// unchanged since) and `data_len` bytes of data went to the device.
+    ///
+    /// # Panics
+    ///
+    /// If `header` grants or acknowledges more than is pending (it did not
+    /// come from [`header`](Self::header)).
     pub fn commit(&mut self, header: Header, data_len: u32) {
-        self.grant_pending -= header.grant;
+        self.grant_pending = self
+            .grant_pending
+            .checked_sub(header.grant)
+            .expect("a header grants only what is pending");
         self.grants_given += u64::from(header.grant);
-        self.owed -= header.ack;
+        self.owed = self
+            .owed
+            .checked_sub(header.ack)
+            .expect("a header acknowledges only what is owed");
         if header.kind.needs_grant() {
             self.sent_granted += 1;
             self.unanswered += 1;
@@ -318,6 +329,9 @@ impl Flow {
                 Received::Data(len)
             }
             Kind::Credit | Kind::Fin => {
+                if header.kind == Kind::Credit && header.ack == 0 {
+                    return Err("a credit message that acknowledges nothing".into());
+                }
                 if header.kind == Kind::Fin && self.fin_received {
                     return Err("a second end of stream".into());
                 }
@@ -585,8 +599,13 @@ mod tests {
         let credit = Header {
             kind: Kind::Credit,
             grant: 0,
-            ack: 0,
+            ack: 1,
         };
+        let err = a
+            .clone()
+            .receive(Header { ack: 0, ..credit }, 8, &frame::encode_total(0))
+            .unwrap_err();
+        assert!(err.contains("acknowledges nothing"), "{err}");
         let err = a
             .clone()
             .receive(credit, 8, &frame::encode_total(5))

@@ -11,11 +11,12 @@
 //! ```
 //!
 //! * `kind`: 0 data, 1 credit, 2 end of stream (FIN), 3 hello.
-//! * `grant`: receive buffers for data the sender has posted again since
-//!   its previous message (each lets the peer send one more message).
-//! * `ack`: messages of the peer (data, FIN, hello) the sender has received
-//!   since its previous message (each frees a receive the peer keeps for
-//!   the answer).
+//! * `grant`: receive buffers for data the sender has posted again and not
+//!   granted before (each lets the peer send one more message).
+//! * `ack`: messages of the peer (data, FIN, hello) the sender received and
+//!   had not acknowledged before (each frees a receive the peer keeps for
+//!   the answer). A message that grants nothing leaves one unacknowledged
+//!   (see [`flow`](super::flow)).
 //!
 //! Payloads: data carries 1 or more bytes of the stream; a credit and a FIN
 //! carry the sender's total of data bytes sent so far (8 bytes, little
@@ -71,10 +72,10 @@ impl Kind {
 pub struct Header {
     /// What the message is.
     pub kind: Kind,
-    /// Receive buffers posted again for the peer's data since the sender's
-    /// previous message.
+    /// Receive buffers posted again for the peer's data and not granted
+    /// before.
     pub grant: u32,
-    /// Messages of the peer received since the sender's previous message.
+    /// Messages of the peer received and not acknowledged before.
     pub ack: u32,
 }
 

@@ -128,11 +128,11 @@ impl StreamConfig {
         if !chunk_ok
             || !(1..=frame::MAX_COUNT).contains(&self.recv_buffers)
             || !(2..=frame::MAX_COUNT).contains(&self.answer_buffers)
-            || self.send_buffers == 0
+            || !(1..=frame::MAX_COUNT as usize).contains(&self.send_buffers)
         {
             return Err(Error::Incompatible(
                 "stream config out of range: chunk_size 64 B to 16 MiB, recv_buffers 1 to 32767, \
-                 answer_buffers 2 to 32767, send_buffers at least 1",
+                 answer_buffers 2 to 32767, send_buffers 1 to 32767",
             ));
         }
         Ok(())
