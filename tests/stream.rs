@@ -195,6 +195,13 @@ fn send_buffers_filled_in_place_keep_their_place_among_writes() {
         a.shutdown(Shutdown::Write).unwrap();
         (a, expected)
     });
+    // Another stream's buffer is refused, handed to the wrong stream.
+    let (mut c, mut d) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    let foreign = d.send_buffer().unwrap();
+    assert_eq!(
+        c.send(foreign, 1).unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
     let mut got = Vec::new();
     b.read_to_end(&mut got).unwrap();
     let (_a, expected) = writer.join().unwrap();

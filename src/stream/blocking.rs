@@ -290,8 +290,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
         Ok(())
     }
 
-    /// Bounds each blocking read (`None`: wait as long as it takes). Zero is
-    /// refused, as `std::net::TcpStream` does.
+    /// Bounds each blocking read (`None`: wait as long as it takes); a read
+    /// that runs out of time fails with `TimedOut` (and loses nothing).
+    /// Zero is refused, as `std::net::TcpStream` does.
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.read_timeout = check_timeout(timeout)?;
         Ok(())

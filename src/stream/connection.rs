@@ -64,6 +64,8 @@ struct Inbound {
 pub struct SendBuffer {
     chunk: PoolChunk,
     limit: usize,
+    /// The connection it belongs to.
+    owner: u64,
 }
 
 impl std::ops::Deref for SendBuffer {
@@ -98,6 +100,8 @@ pub(crate) enum ReadOutcome {
 }
 
 pub(crate) struct Connection {
+    /// Tells this connection's send buffers from others'.
+    id: u64,
     flow: Flow,
     recv_pool: BufferPool,
     send_pool: BufferPool,
@@ -137,7 +141,9 @@ impl Connection {
         let receives = (config.recv_buffers + config.answer_buffers) as usize;
         let probe_pad =
             ExposedBuf::new(pd, vec![0u8; 8], RemoteAccess::READ).map_err(|r| r.into_parts().0)?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Connection {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             flow: Flow::new(Limits {
                 chunk: config.chunk_size as u32,
                 data_receives: config.recv_buffers,
@@ -351,6 +357,7 @@ impl Connection {
         Ok(chunk.map(|chunk| SendBuffer {
             chunk,
             limit: self.message_limit(),
+            owner: self.id,
         }))
     }
 
@@ -362,6 +369,12 @@ impl Connection {
         len: usize,
     ) -> Result<(), io::Error> {
         self.check_writable()?;
+        if buf.owner != self.id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "this send buffer belongs to another stream",
+            ));
+        }
         if len > buf.limit {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
