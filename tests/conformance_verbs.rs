@@ -6,6 +6,7 @@
 #![cfg(feature = "verbs")]
 
 mod conformance;
+mod rxe;
 
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -16,6 +17,7 @@ use rdma_ring::backend::verbs::{
 };
 use rdma_ring::backend::{QpConfig, SrqConfig};
 use rdma_ring::connect::tcp;
+use rxe::rnr_naks;
 
 struct Verbs {
     dev: VerbsDevice,
@@ -306,18 +308,6 @@ fn connects_with_one_call_per_side() {
     ring.submission().submit().unwrap();
     assert!(ring.completion().wait(1).unwrap()[0].status().is_success());
     assert_eq!(server.join().unwrap(), b"one call");
-}
-
-/// RNR NAKs the device's requesters received so far (rxe's counter).
-fn rnr_naks(device: &str) -> u64 {
-    let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/rcvd_rnr_err");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| {
-            panic!("cannot read {path} ({e}): this check needs Soft-RoCE's counters")
-        })
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// The listener puts its queue pair in a ring and posts receives before

@@ -6,6 +6,8 @@
 //! missing device fails them loudly.
 #![cfg(feature = "verbs")]
 
+mod rxe;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -36,17 +38,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// RNR NAKs the device's requesters received so far (rxe's counter).
+/// RNR NAKs the device's requesters received so far.
 fn rnr_naks() -> u64 {
-    let name = std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into());
-    let path = format!("/sys/class/infiniband/{name}/ports/1/hw_counters/rcvd_rnr_err");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| {
-            panic!("cannot read {path} ({e}): this check needs Soft-RoCE's counters")
-        })
-        .trim()
-        .parse()
-        .unwrap()
+    rxe::rnr_naks(&std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into()))
 }
 
 fn pattern(len: usize) -> Vec<u8> {
