@@ -107,6 +107,7 @@ pub mod future;
 pub mod leak;
 pub mod op;
 pub mod ring;
+pub mod rpc;
 pub mod stream;
 mod work;
 

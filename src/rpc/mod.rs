@@ -1,0 +1,199 @@
+//! Remote procedure calls over the ring: an [`RpcServer`] whose one
+//! poller thread serves every client over one completion queue and one
+//! shared receive queue, and an [`RpcClient`] with blocking and awaitable
+//! calls, many in flight at once.
+//!
+//! ```
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+//!
+//! let dev = SoftDevice::new();
+//! let echo = |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+//!     resp.extend_from_slice(req);
+//!     Ok(())
+//! };
+//! let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+//! let client = server.connect_soft().unwrap();
+//! assert_eq!(client.call(b"ping").unwrap(), b"ping");
+//! // Large messages go by rendezvous, transparently.
+//! let big = vec![7u8; 1 << 20];
+//! assert_eq!(client.call(&big).unwrap(), big);
+//! server.shutdown().unwrap();
+//! ```
+//!
+//! # Design
+//!
+//! * **One poller.** The server's thread owns a ring with one completion
+//!   queue and one shared receive queue, topped up from a buffer pool;
+//!   every connection's queue pair is attached to it, and each completion
+//!   names its connection. Responses made in one pass go out with one
+//!   doorbell per connection.
+//! * **Credits.** The server's hello grants each client a window of
+//!   unanswered messages; the shared receive queue holds a window for
+//!   every client it admits (`max_clients` × `window`), and a buffer goes
+//!   back as soon as its request was handled, so a client keeping to its
+//!   window never meets an empty queue (no RNR). A client that sends more
+//!   breaks the protocol and is disconnected. The client posts a receive
+//!   for every answer its window allows, plus two for the server's
+//!   unsolicited messages.
+//! * **Messages of any size.** A message that fits a receive buffer
+//!   (`buffer_size`, header included) is one SEND. A larger one goes by
+//!   rendezvous: its owner exposes it read-only and SENDs its descriptor;
+//!   the peer RDMA-READs it. A large request's buffer is released by its
+//!   response; a large response's by the client's release message, or by
+//!   the server after `release_timeout`.
+//! * **Faults.** A malformed message, a broken window or a lying
+//!   descriptor ends that connection only, with an error message to the
+//!   client first; a handler's panic fails that call only; a client that
+//!   dies is detached when a send to it fails, and its unreleased buffers
+//!   go with it. The wire format is in [`wire`]: versioned, strictly
+//!   decoded, fuzzed.
+
+mod client;
+mod handler;
+mod server;
+mod server_core;
+mod tasks;
+pub mod wire;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use client::{CallFuture, RpcClient};
+pub use handler::{AsyncHandler, Caller, Handler, HandlerError, ResponseFuture};
+pub use server::{RpcServer, ServerStats, Service};
+
+use crate::future::Wakeup;
+use crate::Error;
+
+/// Sizes and times of RPC connections. The server's values of `window`,
+/// `buffer_size` and `max_message` are the ones in force: it announces
+/// them in its hello.
+///
+/// ```
+/// use rdma_ring::rpc::RpcConfig;
+/// let config = RpcConfig { window: 32, ..RpcConfig::default() };
+/// assert_eq!(config.buffer_size, 4096);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RpcConfig {
+    /// Unanswered messages a client may have in flight (server side).
+    pub window: u16,
+    /// Bytes of each receive buffer on both sides: messages up to this
+    /// size, header included, travel inline (server side).
+    pub buffer_size: u32,
+    /// The longest request or response (server side); a client also
+    /// refuses responses longer than its own value.
+    pub max_message: u32,
+    /// Clients served at once (server side): the shared receive queue
+    /// holds `max_clients` × `window` buffers; later clients are refused.
+    pub max_clients: u32,
+    /// How long the server keeps a large response the client has not
+    /// released (server side).
+    pub release_timeout: Duration,
+    /// How long connecting may take, handshake and hello included.
+    pub connect_timeout: Duration,
+    /// How long a call may take before it fails with
+    /// [`RpcError::Timeout`] (client side).
+    pub call_timeout: Duration,
+    /// Empty polls a blocking call (or the server's poller) makes before
+    /// it sleeps.
+    pub spin_polls: usize,
+    /// What wakes a client's awaiting tasks (client side); see [`Wakeup`].
+    pub wakeup: Wakeup,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            window: 16,
+            buffer_size: 4096,
+            max_message: 64 << 20,
+            max_clients: 64,
+            release_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(30),
+            spin_polls: 2000,
+            wakeup: Wakeup::Thread,
+        }
+    }
+}
+
+impl RpcConfig {
+    /// Refuses sizes the wire cannot carry or a device cannot hold.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let ok = (1..=wire::MAX_WINDOW).contains(&self.window)
+            && (wire::MIN_BUFFER.max(64)..=wire::MAX_BUFFER).contains(&self.buffer_size)
+            && self.max_message > 0
+            && (1..=4096).contains(&self.max_clients)
+            && u64::from(self.max_clients) * u64::from(self.window) <= 16384;
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Incompatible(
+                "rpc config out of range: window 1 to 1024, buffer_size 64 B to 16 MiB, \
+                 max_message at least 1, max_clients 1 to 4096, max_clients × window at most 16384",
+            ))
+        }
+    }
+
+    /// Receive buffers of the server's shared receive queue.
+    pub(crate) fn srq_depth(&self) -> u32 {
+        self.max_clients * u32::from(self.window)
+    }
+}
+
+/// Why a call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RpcError {
+    /// The handler refused the request with this text.
+    Handler(String),
+    /// The handler panicked (the server serves on).
+    Panicked(String),
+    /// The request or response is longer than `max_message`.
+    TooLarge(String),
+    /// The server could not read the (rendezvous) request.
+    ReadFailed(String),
+    /// The server is shutting down and took no new call.
+    ShuttingDown,
+    /// The server had no room for this call now.
+    Busy(String),
+    /// No answer within the call timeout; a late answer is dropped.
+    Timeout(Duration),
+    /// The connection is gone (the server died, restarted or closed it).
+    Disconnected(String),
+    /// The peer broke the protocol; the connection is closed.
+    Protocol(String),
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RpcError::Handler(t) => write!(f, "the handler failed: {t}"),
+            RpcError::Panicked(t) => write!(f, "the handler panicked: {t}"),
+            RpcError::TooLarge(t) => write!(f, "message too large: {t}"),
+            RpcError::ReadFailed(t) => write!(f, "the server could not read the request: {t}"),
+            RpcError::ShuttingDown => f.write_str("the server is shutting down"),
+            RpcError::Busy(t) => write!(f, "the server is busy: {t}"),
+            RpcError::Timeout(d) => write!(f, "no answer within {d:?}"),
+            RpcError::Disconnected(t) => write!(f, "disconnected: {t}"),
+            RpcError::Protocol(t) => write!(f, "protocol violation: {t}"),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+impl From<RpcError> for std::io::Error {
+    fn from(e: RpcError) -> std::io::Error {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            RpcError::Timeout(_) => ErrorKind::TimedOut,
+            RpcError::Disconnected(_) | RpcError::ShuttingDown => ErrorKind::ConnectionReset,
+            RpcError::Protocol(_) => ErrorKind::InvalidData,
+            RpcError::TooLarge(_) => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -1,0 +1,519 @@
+//! The server: a poller thread over one ring (one completion queue, one
+//! shared receive queue, every connection's queue pair), fed new
+//! connections by whatever accepts them.
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::client::PendingClient;
+use super::handler::{AsyncHandler, Handler};
+use super::server_core::{ServerCore, RECV};
+use super::{RpcClient, RpcConfig, RpcError};
+use crate::backend::soft::{SoftDevice, SoftPd, SoftQp};
+use crate::backend::{
+    CompletionEvents, CompletionQueue, ProtectionDomain, QpConfig, QueuePair, SrqConfig,
+};
+use crate::buf::BufferPool;
+use crate::error::Error;
+use crate::ring::{Completion, Ring, RingConfig, SrqHandle, SrqRefill};
+
+/// What the server runs for each request.
+pub enum Service {
+    /// A [`Handler`], run on the poller thread.
+    Sync(Box<dyn Handler>),
+    /// An [`AsyncHandler`], whose futures the poller thread polls.
+    Async(Box<dyn AsyncHandler>),
+}
+
+impl Service {
+    /// Serves with `handler`.
+    pub fn handler(handler: impl Handler) -> Service {
+        Service::Sync(Box::new(handler))
+    }
+
+    /// Serves with the futures of `handler`.
+    pub fn async_handler(handler: impl AsyncHandler) -> Service {
+        Service::Async(Box::new(handler))
+    }
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Service::Sync(_) => "Service::Sync",
+            Service::Async(_) => "Service::Async",
+        })
+    }
+}
+
+/// Counters of what a server did.
+///
+/// ```
+/// use rdma_ring::rpc::ServerStats;
+/// assert_eq!(ServerStats::default().requests, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections greeted.
+    pub clients_accepted: u64,
+    /// Connections refused (the server was full).
+    pub clients_refused: u64,
+    /// Connections closed (by a fault, a violation or shutdown).
+    pub clients_closed: u64,
+    /// Connections open now.
+    pub clients_open: u64,
+    /// Messages received.
+    pub messages: u64,
+    /// Requests handed to the handler.
+    pub requests: u64,
+    /// Answers pushed (responses, errors, release answers).
+    pub answers: u64,
+    /// Error answers.
+    pub errors: u64,
+    /// Handler panics caught.
+    pub panics: u64,
+    /// Clients disconnected for breaking the protocol.
+    pub protocol_errors: u64,
+    /// Large responses freed because their client never released them.
+    pub releases_expired: u64,
+    /// Doorbells the poller rang (all queues).
+    pub doorbells: u64,
+}
+
+struct PollerState<Q: QueuePair> {
+    ring: Ring<Q>,
+    srq: SrqHandle,
+    core: ServerCore,
+    scratch: Vec<Completion>,
+    last_expire: Instant,
+}
+
+pub(super) struct ServerShared<Q: QueuePair> {
+    state: Mutex<PollerState<Q>>,
+    inbox: Mutex<Vec<(Q, Option<SocketAddr>)>>,
+    events: Option<Arc<dyn CompletionEvents>>,
+    stop: AtomicBool,
+    pub(super) config: RpcConfig,
+    /// The device and protection domain connections are made on.
+    pub(super) fabric: Box<dyn Any + std::marker::Send + Sync>,
+}
+
+impl<Q: QueuePair> ServerShared<Q> {
+    fn lock(&self) -> MutexGuard<'_, PollerState<Q>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with the completion queue and shared receive queue new
+    /// connections' queue pairs are made on.
+    pub(super) fn with_queues<R>(&self, f: impl FnOnce(&Q::Cq, &Q::Srq) -> R) -> R {
+        let state = self.lock();
+        let srq = state.ring.srq(state.srq).expect("the server's queue");
+        f(state.ring.cq(), srq)
+    }
+
+    /// Hands a connected queue pair (made by [`with_queues`]) to the
+    /// poller, which greets it.
+    pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>) {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((qp, peer));
+    }
+
+    pub(super) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// Serves RPCs: one poller thread serves every client over one
+/// completion queue and one shared receive queue (see the [module
+/// docs](super)). Clients come from a listener ([`RpcServer::bind`],
+/// [`RpcServer::bind_cm`]) or, on the soft device, from
+/// [`RpcServer::connect_soft`].
+///
+/// Dropping the server shuts it down as [`shutdown`](Self::shutdown)
+/// does.
+pub struct RpcServer<Q: QueuePair + std::marker::Send + 'static> {
+    pub(super) shared: Arc<ServerShared<Q>>,
+    poller: Mutex<Option<JoinHandle<()>>>,
+    pub(super) acceptor: Mutex<Option<JoinHandle<()>>>,
+    pub(super) local_addr: Option<SocketAddr>,
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> std::fmt::Debug for RpcServer<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcServer")
+            .field("local_addr", &self.local_addr)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The queue pair settings of a server's connections.
+pub(super) fn server_qp_config(config: &RpcConfig) -> QpConfig {
+    let window = u32::from(config.window);
+    QpConfig {
+        // Answers and rendezvous reads (a window each), the hello, a
+        // goodbye or error, and the ring's teardown marker.
+        max_send_wr: 2 * window + 4,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..QpConfig::default()
+    }
+}
+
+/// The queue pair settings of a client.
+pub(super) fn client_qp_config(config: &RpcConfig) -> QpConfig {
+    let window = u32::from(config.window);
+    QpConfig {
+        // Requests and releases (a window), rendezvous reads (a window),
+        // and the teardown marker.
+        max_send_wr: 2 * window + 2,
+        // Answers, the two unsolicited messages, and the hello.
+        max_recv_wr: window + 3,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..QpConfig::default()
+    }
+}
+
+/// Completion queue entries a server needs.
+pub(super) fn server_cq_entries(config: &RpcConfig) -> u32 {
+    let sends = config.max_clients * server_qp_config(config).max_send_wr;
+    (config.srq_depth() + sends + 64).min(65536)
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
+    /// Starts a server's poller over `cq` and `srq` (made on `pd`);
+    /// connections come through [`ServerShared::admit`].
+    pub(super) fn start(
+        cq: Q::Cq,
+        srq: Q::Srq,
+        pd: Arc<dyn ProtectionDomain>,
+        service: Service,
+        config: RpcConfig,
+        fabric: Box<dyn Any + std::marker::Send + Sync>,
+    ) -> Result<Self, Error> {
+        config.check()?;
+        let events = cq.completion_events();
+        let ring_config = RingConfig {
+            spin_polls: config.spin_polls,
+            ..RingConfig::default()
+        };
+        let mut ring = Ring::with_cq(cq, ring_config);
+        let srq = ring.add_srq(srq).map_err(|r| r.into_parts().0)?;
+        let depth = config.srq_depth() as usize;
+        // Buffers held while a pass handles them come on top of the
+        // queue's depth.
+        let recv_pool = BufferPool::new(&*pd, config.buffer_size as usize, depth + 64)?;
+        ring.set_srq_refill(
+            srq,
+            Some(SrqRefill {
+                pool: recv_pool,
+                low: depth,
+                target: depth,
+                user_data: RECV,
+            }),
+        )?;
+        ring.submit().map_err(|e| e.error)?;
+        let sends = config.max_clients as usize * (usize::from(config.window) + 2);
+        let send_pool = BufferPool::new(&*pd, config.buffer_size as usize, sends)?;
+        let max_inline = QpConfig::default().max_inline_data as usize;
+        let core = ServerCore::new(config, pd, send_pool, service, max_inline);
+        let shared = Arc::new(ServerShared {
+            state: Mutex::new(PollerState {
+                ring,
+                srq,
+                core,
+                scratch: Vec::new(),
+                last_expire: Instant::now(),
+            }),
+            inbox: Mutex::new(Vec::new()),
+            events,
+            stop: AtomicBool::new(false),
+            config,
+            fabric,
+        });
+        let poller_shared = Arc::clone(&shared);
+        let poller = std::thread::Builder::new()
+            .name("rdma-ring-rpc-poller".into())
+            .spawn(move || poller_loop(&poller_shared))
+            .map_err(|_| Error::Soft("could not spawn the poller thread"))?;
+        Ok(RpcServer {
+            shared,
+            poller: Mutex::new(Some(poller)),
+            acceptor: Mutex::new(None),
+            local_addr: None,
+        })
+    }
+
+    /// What the server did so far.
+    pub fn stats(&self) -> ServerStats {
+        let state = self.shared.lock();
+        let mut stats = state.core.stats;
+        stats.clients_open = state.core.connections() as u64;
+        stats.doorbells = state.ring.stats().doorbells;
+        stats
+    }
+
+    /// The address it listens on, for servers made by a listener.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// Shuts down gracefully: stops accepting, tells every client (their
+    /// new calls fail with [`RpcError::ShuttingDown`]), answers the calls
+    /// already received, waits for large responses to be released (up to
+    /// `release_timeout`), then closes every connection. Returns once the
+    /// poller has stopped.
+    pub fn shutdown(&self) -> Result<(), RpcError> {
+        self.shared.stop.store(true, Ordering::Release);
+        let acceptor = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(acceptor) = acceptor {
+            let _ = acceptor.join();
+        }
+        let poller = self.poller.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match poller {
+            Some(poller) => poller
+                .join()
+                .map_err(|_| RpcError::Disconnected("the poller thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> Drop for RpcServer<Q> {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// The longest the poller sleeps on the completion channel between looks
+/// at its other inputs (new connections, shutdown, expiries).
+const TICK: Duration = Duration::from_millis(20);
+/// The longest it sleeps while handler futures are pending, which may be
+/// woken from outside.
+const TASK_TICK: Duration = Duration::from_millis(1);
+
+fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
+    let mut idle = 0usize;
+    loop {
+        let mut state = shared.lock();
+        let progressed = pass(shared, &mut state);
+        if shared.stopping() && !state.core.shutting_down {
+            state.core.begin_shutdown();
+        }
+        if state.core.shutting_down {
+            let waited_out = state.last_expire.elapsed() > shared.config.release_timeout;
+            if state.core.drained() || waited_out && !state.core.busy() {
+                close_all(&mut state);
+                return;
+            }
+        }
+        if progressed {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if idle < shared.config.spin_polls {
+            drop(state);
+            std::thread::yield_now();
+            continue;
+        }
+        let tick = if state.core.busy() { TASK_TICK } else { TICK };
+        match &shared.events {
+            Some(events) => {
+                if events.arm().is_err() {
+                    drop(state);
+                    std::thread::sleep(TASK_TICK);
+                    continue;
+                }
+                // A completion that landed before the arm raised nothing:
+                // look once more before sleeping.
+                if pass(shared, &mut state) || state.core.tasks_woken() {
+                    continue;
+                }
+                drop(state);
+                if events.wait(tick).unwrap_or(false) {
+                    let _ = events.take();
+                }
+            }
+            None => {
+                drop(state);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        idle = 0;
+    }
+}
+
+/// One pass: new connections, completions, handler futures, pushes and
+/// one submit, expiries, detaches. Returns whether anything happened.
+fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> bool {
+    let PollerState {
+        ring,
+        core,
+        scratch,
+        last_expire,
+        ..
+    } = state;
+    let mut progressed = false;
+    let arrivals = std::mem::take(&mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+    for (qp, peer) in arrivals {
+        progressed = true;
+        let caps = qp.caps();
+        let full = core.connections() >= shared.config.max_clients as usize;
+        match ring.attach(qp) {
+            Ok(handle) if full => core.refuse(handle, caps.qp_num, peer),
+            Ok(handle) => core.adopt(handle, caps.qp_num, caps.max_inline_data, peer),
+            Err(_) => core.stats.clients_refused += 1,
+        }
+    }
+    match ring.completion().reap(scratch) {
+        Ok(_) | Err(Error::UnknownWrId { .. }) => {}
+        Err(_) => {
+            // The completion queue overran or failed: nothing on this ring
+            // can be trusted any more.
+            core.begin_shutdown();
+        }
+    }
+    if !scratch.is_empty() {
+        progressed = true;
+    }
+    for c in scratch.drain(..) {
+        core.on_completion(c);
+    }
+    if core.tasks_woken() {
+        progressed = true;
+        core.run_tasks();
+    }
+    if core.push(ring) {
+        progressed = true;
+        if let Err(e) = ring.submit() {
+            for unposted in &e.unposted {
+                if let Some(qp) = unposted.qp {
+                    core.break_conn(qp, format!("the device refused a send: {}", e.error));
+                }
+            }
+        }
+    }
+    let now = Instant::now();
+    if now.duration_since(*last_expire) > Duration::from_millis(100) && !core.shutting_down {
+        core.expire(now);
+        *last_expire = now;
+    }
+    for (qp, _why) in core.to_detach() {
+        progressed = true;
+        // Detaching drains the queue pair's flushed work; buffers it could
+        // not drain are leaked, never freed under the device.
+        let _ = ring.detach(qp);
+    }
+    progressed
+}
+
+/// Ends every connection at the end of a shutdown.
+fn close_all<Q: QueuePair>(state: &mut PollerState<Q>) {
+    for qp in state.core.take_all() {
+        let _ = state.ring.detach(qp);
+    }
+}
+
+/// The soft device and protection domain of a soft server.
+struct SoftFabric {
+    dev: SoftDevice,
+    pd: Arc<SoftPd>,
+}
+
+impl RpcServer<SoftQp> {
+    /// A server on the in-process soft device; connect clients with
+    /// [`connect_soft`](Self::connect_soft).
+    pub fn soft(dev: &SoftDevice, service: Service, config: RpcConfig) -> Result<Self, Error> {
+        config.check()?;
+        let pd = Arc::new(dev.alloc_pd());
+        let cq = dev.create_cq(server_cq_entries(&config))?;
+        let srq = dev.create_srq(
+            &pd,
+            SrqConfig {
+                max_wr: config.srq_depth(),
+                max_sge: 1,
+            },
+        )?;
+        let fabric = SoftFabric {
+            dev: dev.clone(),
+            pd: Arc::clone(&pd),
+        };
+        RpcServer::start(cq, srq, pd, service, config, Box::new(fabric))
+    }
+
+    /// A client connected to this server, with its own queue pair and
+    /// completion queue on the same soft device, and `config`'s client
+    /// side.
+    pub fn connect_soft_with(&self, config: RpcConfig) -> Result<RpcClient<SoftQp>, RpcError> {
+        let fabric = self
+            .shared
+            .fabric
+            .downcast_ref::<SoftFabric>()
+            .expect("a soft server");
+        let failed = |e: Error| RpcError::Disconnected(e.to_string());
+        if self.shared.stopping() {
+            return Err(RpcError::ShuttingDown);
+        }
+        let server_qp = self.shared.with_queues(|cq, srq| {
+            fabric.dev.create_qp_on(
+                &fabric.pd,
+                cq,
+                Some(srq),
+                server_qp_config(&self.shared.config),
+            )
+        });
+        let server_qp = server_qp.map_err(failed)?;
+        let client_pd = Arc::new(fabric.dev.alloc_pd());
+        let client_qp = fabric
+            .dev
+            .create_qp(&client_pd, client_qp_config(&config))
+            .map_err(failed)?;
+        fabric.dev.connect(&server_qp, &client_qp).map_err(failed)?;
+        let pending = PendingClient::new(client_qp, client_pd, config).map_err(failed)?;
+        self.shared.admit(server_qp, None);
+        pending.establish()
+    }
+
+    /// A bare queue pair connected to this server, with its protection
+    /// domain, for tests that play a client breaking the protocol: the
+    /// server greets it with a hello, like any client, and judges what it
+    /// sends.
+    pub fn connect_soft_raw(&self, config: QpConfig) -> Result<(SoftQp, Arc<SoftPd>), Error> {
+        let fabric = self
+            .shared
+            .fabric
+            .downcast_ref::<SoftFabric>()
+            .expect("a soft server");
+        let server_qp = self.shared.with_queues(|cq, srq| {
+            fabric.dev.create_qp_on(
+                &fabric.pd,
+                cq,
+                Some(srq),
+                server_qp_config(&self.shared.config),
+            )
+        })?;
+        let pd = Arc::new(fabric.dev.alloc_pd());
+        let qp = fabric.dev.create_qp(&pd, config)?;
+        fabric.dev.connect(&server_qp, &qp)?;
+        self.shared.admit(server_qp, None);
+        Ok((qp, pd))
+    }
+
+    /// [`connect_soft_with`](Self::connect_soft_with) the server's config.
+    pub fn connect_soft(&self) -> Result<RpcClient<SoftQp>, RpcError> {
+        self.connect_soft_with(self.shared.config)
+    }
+}

@@ -1,0 +1,657 @@
+//! The server's poller state: its connections, what each owes and holds,
+//! and what one pass over the completion queue does.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::handler::{Caller, HandlerError};
+use super::server::{ServerStats, Service};
+use super::tasks::{panic_text, Outcome, Tasks};
+use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
+use super::RpcConfig;
+use crate::backend::{ProtectionDomain, QueuePair};
+use crate::buf::{
+    BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
+};
+use crate::op::{OpKind, Read, Send};
+use crate::ring::{Completion, QpHandle, Ring};
+
+/// Tag of the shared receive queue's receives.
+pub(super) const RECV: u64 = 1;
+/// Tag of every send.
+const SEND: u64 = 2;
+/// Tag bit of rendezvous reads; the rest is the read's key.
+const READ: u64 = 1 << 63;
+
+/// An answer (or hello, or goodbye) waiting for room in the send queue:
+/// encoded in a send buffer already, or, when none was free, as bytes.
+enum Outgoing {
+    Ready {
+        chunk: PoolChunk,
+        len: usize,
+        answers: bool,
+    },
+    Later {
+        kind: Kind,
+        id: u64,
+        aux: u64,
+        body: Body,
+    },
+}
+
+enum Body {
+    Bytes(Vec<u8>),
+    Remote(RemoteSlice),
+}
+
+/// One client's connection.
+struct Conn {
+    caller: Caller,
+    outbox: VecDeque<Outgoing>,
+    /// Rendezvous reads waiting for room in the send queue.
+    pending_reads: Vec<(u64, RegisteredBuf, RemoteSlice)>,
+    /// Client messages received and not answered yet (pushed).
+    unanswered: usize,
+    /// Sends and reads pushed and not completed.
+    in_flight: usize,
+    /// Large responses the client may still read, by call id.
+    exposed: HashMap<u64, (ExposedBuf<Vec<u8>>, Instant)>,
+    /// Why the connection ends, once it does; it is detached when nothing
+    /// of it is in flight (or at once, if the device failed it).
+    closing: Option<String>,
+    /// The device failed the connection: detach now.
+    broken: bool,
+    goodbye: bool,
+}
+
+/// A rendezvous read in flight: whose call it is.
+struct PendingRead {
+    qp: QpHandle,
+    id: u64,
+}
+
+/// What the poller knows; `Ring` is passed in, so the accept path can
+/// lock both together.
+pub(super) struct ServerCore {
+    config: RpcConfig,
+    pd: Arc<dyn ProtectionDomain>,
+    send_pool: BufferPool,
+    service: Service,
+    conns: HashMap<QpHandle, Conn>,
+    reads: HashMap<u64, PendingRead>,
+    next_read: u64,
+    tasks: Tasks<(QpHandle, u64)>,
+    finished: Vec<((QpHandle, u64), Outcome)>,
+    response: Vec<u8>,
+    max_inline: usize,
+    pub(super) stats: ServerStats,
+    next_client: u32,
+    pub(super) shutting_down: bool,
+}
+
+impl ServerCore {
+    pub(super) fn new(
+        config: RpcConfig,
+        pd: Arc<dyn ProtectionDomain>,
+        send_pool: BufferPool,
+        service: Service,
+        max_inline: usize,
+    ) -> Self {
+        ServerCore {
+            config,
+            pd,
+            send_pool,
+            service,
+            conns: HashMap::new(),
+            reads: HashMap::new(),
+            next_read: 0,
+            tasks: Tasks::new(),
+            finished: Vec::new(),
+            response: Vec::new(),
+            max_inline,
+            stats: ServerStats::default(),
+            next_client: 1,
+            shutting_down: false,
+        }
+    }
+
+    pub(super) fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether a future of an async handler was woken.
+    pub(super) fn tasks_woken(&self) -> bool {
+        self.tasks.woken()
+    }
+
+    /// Whether a pass has anything to wait for besides new requests.
+    pub(super) fn busy(&self) -> bool {
+        self.tasks.len() > 0 || self.conns.values().any(|c| c.in_flight > 0)
+    }
+
+    fn new_conn(&mut self, qp_num: u32, peer: Option<std::net::SocketAddr>) -> Conn {
+        let client_id = self.next_client;
+        self.next_client = self.next_client.wrapping_add(1).max(1);
+        Conn {
+            caller: Caller {
+                client_id,
+                peer,
+                qp_num,
+            },
+            outbox: VecDeque::new(),
+            pending_reads: Vec::new(),
+            unanswered: 0,
+            in_flight: 0,
+            exposed: HashMap::new(),
+            closing: None,
+            broken: false,
+            goodbye: false,
+        }
+    }
+
+    /// Takes a connected queue pair attached as `qp`, and greets it.
+    pub(super) fn adopt(
+        &mut self,
+        qp: QpHandle,
+        qp_num: u32,
+        max_inline: u32,
+        peer: Option<std::net::SocketAddr>,
+    ) {
+        self.max_inline = self.max_inline.min(max_inline as usize);
+        let mut conn = self.new_conn(qp_num, peer);
+        let mut body = vec![0u8; wire::HELLO_LEN];
+        Hello {
+            window: self.config.window,
+            buffer_size: self.config.buffer_size,
+            max_message: self.config.max_message,
+            client_id: conn.caller.client_id,
+        }
+        .encode(&mut body);
+        conn.outbox.push_back(Outgoing::Later {
+            kind: Kind::Hello,
+            id: 0,
+            aux: 0,
+            body: Body::Bytes(body),
+        });
+        if self.shutting_down {
+            queue_goodbye(&mut conn);
+        }
+        self.conns.insert(qp, conn);
+        self.stats.clients_accepted += 1;
+    }
+
+    /// Takes a connected queue pair only to tell its client that the
+    /// server is full; it is detached once that left.
+    pub(super) fn refuse(&mut self, qp: QpHandle, qp_num: u32, peer: Option<std::net::SocketAddr>) {
+        let mut conn = self.new_conn(qp_num, peer);
+        let text = format!("the server is full ({} clients)", self.config.max_clients);
+        conn.outbox.push_back(Outgoing::Later {
+            kind: Kind::Error,
+            id: 0,
+            aux: ErrorCode::Busy as u64,
+            body: Body::Bytes(text.into_bytes()),
+        });
+        conn.closing = Some("refused: the server is full".into());
+        self.conns.insert(qp, conn);
+        self.stats.clients_refused += 1;
+    }
+
+    /// Ends a connection the device failed.
+    pub(super) fn break_conn(&mut self, qp: QpHandle, why: String) {
+        if let Some(conn) = self.conns.get_mut(&qp) {
+            conn.broken = true;
+            conn.closing.get_or_insert(why);
+        }
+    }
+
+    /// Applies one completion.
+    pub(super) fn on_completion(&mut self, c: Completion) {
+        let Some(qp) = c.qp() else { return };
+        match c.kind() {
+            OpKind::Recv => self.on_receive(qp, c),
+            OpKind::Read => self.on_read(qp, c),
+            _ => {
+                if let Some(conn) = self.conns.get_mut(&qp) {
+                    conn.in_flight = conn.in_flight.saturating_sub(1);
+                    if !c.status().is_success() {
+                        conn.broken = true;
+                        conn.closing
+                            .get_or_insert_with(|| format!("a send failed: {}", c.status()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_receive(&mut self, qp: QpHandle, c: Completion) {
+        let status = c.status();
+        let len = c.byte_len() as usize;
+        let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(&qp) else {
+            return; // a connection already gone: the buffer goes back
+        };
+        if !status.is_success() {
+            conn.broken = true;
+            conn.closing
+                .get_or_insert_with(|| format!("a receive failed: {status}"));
+            return;
+        }
+        if conn.closing.is_some() {
+            return;
+        }
+        self.stats.messages += 1;
+        let bytes = &chunk[..len.min(chunk.len())];
+        let message = match Message::decode(bytes) {
+            Ok(m) if m_is_from_client(&m) => m,
+            Ok(m) => {
+                return self.violation(qp, format!("a client sent a server message ({m:?})"));
+            }
+            Err(why) => return self.violation(qp, why),
+        };
+        conn.unanswered += 1;
+        if conn.unanswered > usize::from(self.config.window) {
+            let why = format!(
+                "the client has {} messages unanswered, beyond its window of {}",
+                conn.unanswered, self.config.window
+            );
+            return self.violation(qp, why);
+        }
+        match message {
+            Message::Request { id, body } => {
+                if self.shutting_down {
+                    self.answer_error(qp, id, ErrorCode::ShuttingDown, "shutting down");
+                } else {
+                    self.run_handler(qp, id, body);
+                }
+            }
+            Message::RequestRendezvous { id, remote } => self.start_read(qp, id, remote),
+            Message::Release { id, call } => {
+                // A release of a call already expired (or never large) is
+                // answered the same: the buffer is gone either way.
+                conn.exposed.remove(&call);
+                self.send_now_or_queue(qp, Kind::Released, id, 0, &[]);
+            }
+            _ => unreachable!("checked to come from a client"),
+        }
+    }
+
+    /// Ends a connection whose client broke the protocol: it is told why,
+    /// then detached.
+    fn violation(&mut self, qp: QpHandle, why: String) {
+        self.stats.protocol_errors += 1;
+        let Some(conn) = self.conns.get_mut(&qp) else {
+            return;
+        };
+        conn.outbox.clear();
+        let text = wire::error_text(&why).as_bytes().to_vec();
+        conn.outbox.push_back(Outgoing::Later {
+            kind: Kind::Error,
+            id: 0,
+            aux: ErrorCode::Protocol as u64,
+            body: Body::Bytes(text),
+        });
+        conn.closing = Some(format!("protocol violation: {why}"));
+    }
+
+    fn run_handler(&mut self, qp: QpHandle, id: u64, request: &[u8]) {
+        let caller = self.conns[&qp].caller;
+        self.stats.requests += 1;
+        match &mut self.service {
+            Service::Sync(handler) => {
+                let mut response = std::mem::take(&mut self.response);
+                response.clear();
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    handler.handle(&caller, request, &mut response)
+                }));
+                let outcome = match ran {
+                    Ok(result) => Ok(result),
+                    Err(panic) => Err(panic_text(&*panic)),
+                };
+                self.answer(qp, id, outcome, &mut response);
+                self.response = response;
+            }
+            Service::Async(handler) => {
+                let request = request.to_vec();
+                match catch_unwind(AssertUnwindSafe(|| handler.call(caller, request))) {
+                    Ok(future) => {
+                        let finished = &mut self.finished;
+                        self.tasks.spawn(future, (qp, id), finished);
+                    }
+                    Err(panic) => self.finished.push(((qp, id), Err(panic_text(&*panic)))),
+                }
+                self.answer_finished();
+            }
+        }
+    }
+
+    /// Polls woken handler futures and answers those that finished.
+    pub(super) fn run_tasks(&mut self) {
+        self.tasks.run(&mut self.finished);
+        self.answer_finished();
+    }
+
+    fn answer_finished(&mut self) {
+        let mut finished = std::mem::take(&mut self.finished);
+        for ((qp, id), outcome) in finished.drain(..) {
+            if !self.conns.contains_key(&qp) {
+                continue;
+            }
+            let mut response = Vec::new();
+            let outcome = outcome.map(|r| {
+                r.map(|bytes| {
+                    response = bytes;
+                })
+            });
+            self.answer(qp, id, outcome, &mut response);
+        }
+        self.finished = finished;
+    }
+
+    /// Answers call `id` with the handler's outcome; a response too large
+    /// to travel inline is exposed for the client to read. `response` may
+    /// be taken (when exposed).
+    fn answer(
+        &mut self,
+        qp: QpHandle,
+        id: u64,
+        outcome: Result<Result<(), HandlerError>, String>,
+        response: &mut Vec<u8>,
+    ) {
+        match outcome {
+            Err(panic) => {
+                self.stats.panics += 1;
+                self.answer_error(qp, id, ErrorCode::Panicked, &panic)
+            }
+            Ok(Err(e)) => self.answer_error(qp, id, ErrorCode::Handler, &e.to_string()),
+            Ok(Ok(())) if response.len() > self.config.max_message as usize => {
+                let why = format!(
+                    "the response of {} bytes is longer than max_message {}",
+                    response.len(),
+                    self.config.max_message
+                );
+                self.answer_error(qp, id, ErrorCode::TooLarge, &why)
+            }
+            Ok(Ok(())) if HEADER_LEN + response.len() <= self.config.buffer_size as usize => {
+                self.send_now_or_queue(qp, Kind::Response, id, 0, response);
+            }
+            Ok(Ok(())) => {
+                let memory = std::mem::take(response);
+                match ExposedBuf::new(&*self.pd, memory, RemoteAccess::READ) {
+                    Ok(exposed) => {
+                        let remote = exposed.remote();
+                        if let Some(conn) = self.conns.get_mut(&qp) {
+                            conn.exposed.insert(id, (exposed, Instant::now()));
+                        }
+                        self.queue(
+                            qp,
+                            Outgoing::Later {
+                                kind: Kind::ResponseRendezvous,
+                                id,
+                                aux: 0,
+                                body: Body::Remote(remote),
+                            },
+                        );
+                    }
+                    Err(refused) => {
+                        let why = format!("registering the response failed: {}", refused.error());
+                        self.answer_error(qp, id, ErrorCode::Busy, &why);
+                    }
+                }
+            }
+        }
+    }
+
+    fn answer_error(&mut self, qp: QpHandle, id: u64, code: ErrorCode, text: &str) {
+        self.stats.errors += 1;
+        let text = wire::error_text(text);
+        self.send_now_or_queue(qp, Kind::Error, id, code as u64, text.as_bytes());
+    }
+
+    /// Queues an inline message, encoded straight into a send buffer (no
+    /// allocation), or copied if none is free.
+    fn send_now_or_queue(&mut self, qp: QpHandle, kind: Kind, id: u64, aux: u64, body: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&qp) else {
+            return;
+        };
+        let out = match self.send_pool.take() {
+            Ok(mut chunk) => {
+                let len = wire::encode_with_aux(&mut chunk, kind, id, aux, body);
+                Outgoing::Ready {
+                    chunk,
+                    len,
+                    answers: kind.answers(),
+                }
+            }
+            Err(_) => Outgoing::Later {
+                kind,
+                id,
+                aux,
+                body: Body::Bytes(body.to_vec()),
+            },
+        };
+        conn.outbox.push_back(out);
+    }
+
+    fn queue(&mut self, qp: QpHandle, out: Outgoing) {
+        if let Some(conn) = self.conns.get_mut(&qp) {
+            conn.outbox.push_back(out);
+        }
+    }
+
+    fn start_read(&mut self, qp: QpHandle, id: u64, remote: RemoteSlice) {
+        if self.shutting_down {
+            return self.answer_error(qp, id, ErrorCode::ShuttingDown, "shutting down");
+        }
+        if remote.len() > u64::from(self.config.max_message) {
+            let why = format!(
+                "the request of {} bytes is longer than max_message {}",
+                remote.len(),
+                self.config.max_message
+            );
+            return self.answer_error(qp, id, ErrorCode::TooLarge, &why);
+        }
+        let memory = vec![0u8; remote.len() as usize];
+        let buf = match RegisteredBuf::new(&*self.pd, memory) {
+            Ok(buf) => buf,
+            Err(refused) => {
+                let why = format!("registering the request failed: {}", refused.error());
+                return self.answer_error(qp, id, ErrorCode::Busy, &why);
+            }
+        };
+        let key = self.next_read;
+        self.next_read = (self.next_read + 1) & !READ;
+        self.reads.insert(key, PendingRead { qp, id });
+        // The read is pushed with the connection's sends, in `push`.
+        self.conns
+            .get_mut(&qp)
+            .expect("a live connection")
+            .pending_reads
+            .push((key, buf, remote));
+    }
+
+    fn on_read(&mut self, qp: QpHandle, c: Completion) {
+        let Some(PendingRead { id, .. }) = self.reads.remove(&(c.user_data() & !READ)) else {
+            return;
+        };
+        let status = c.status();
+        let Some(conn) = self.conns.get_mut(&qp) else {
+            return;
+        };
+        conn.in_flight = conn.in_flight.saturating_sub(1);
+        if !status.is_success() {
+            // A lying descriptor fails the read with an access error, which
+            // also moves the queue pair to error: the connection is over.
+            conn.broken = true;
+            conn.closing
+                .get_or_insert_with(|| format!("reading a request failed: {status}"));
+            return;
+        }
+        let buf = c.into_buf();
+        let request: &[u8] = &buf;
+        self.run_handler(qp, id, request);
+    }
+
+    /// Frees large responses their clients did not release in time.
+    pub(super) fn expire(&mut self, now: Instant) {
+        let timeout = self.config.release_timeout;
+        for conn in self.conns.values_mut() {
+            let before = conn.exposed.len();
+            conn.exposed
+                .retain(|_, (_, since)| now.duration_since(*since) < timeout);
+            self.stats.releases_expired += (before - conn.exposed.len()) as u64;
+        }
+    }
+
+    /// Starts a graceful shutdown: every client is told, new calls are
+    /// refused, calls in progress finish.
+    pub(super) fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        for conn in self.conns.values_mut() {
+            queue_goodbye(conn);
+        }
+    }
+
+    /// Whether a shutdown may end: nothing in flight, nothing to send,
+    /// no handler running, no large response waiting for its client.
+    pub(super) fn drained(&self) -> bool {
+        self.tasks.len() == 0
+            && self.conns.values().all(|c| {
+                c.in_flight == 0
+                    && c.outbox.is_empty()
+                    && c.pending_reads.is_empty()
+                    && (c.exposed.is_empty() || c.closing.is_some())
+            })
+    }
+
+    /// Pushes what every connection has waiting; returns whether anything
+    /// was pushed.
+    pub(super) fn push<Q: QueuePair>(&mut self, ring: &mut Ring<Q>) -> bool {
+        let mut pushed = false;
+        let send_pool = &self.send_pool;
+        for (&qp, conn) in self.conns.iter_mut() {
+            if conn.broken {
+                continue;
+            }
+            let mut sq = ring.submission_on(qp);
+            while let Some((key, buf, remote)) = conn.pending_reads.pop() {
+                match sq.push(Read::new(buf, remote).user_data(READ | key)) {
+                    Ok(()) => {
+                        conn.in_flight += 1;
+                        pushed = true;
+                    }
+                    Err(refused) => {
+                        let buf = refused.into_parts().1.into_buf();
+                        conn.pending_reads.push((key, buf, remote));
+                        break;
+                    }
+                }
+            }
+            while let Some(out) = conn.outbox.pop_front() {
+                let (chunk, len, answers) = match out {
+                    Outgoing::Ready {
+                        chunk,
+                        len,
+                        answers,
+                    } => (chunk, len, answers),
+                    Outgoing::Later {
+                        kind,
+                        id,
+                        aux,
+                        body,
+                    } => {
+                        let Ok(mut chunk) = send_pool.take() else {
+                            conn.outbox.push_front(Outgoing::Later {
+                                kind,
+                                id,
+                                aux,
+                                body,
+                            });
+                            break;
+                        };
+                        let len = match &body {
+                            Body::Bytes(bytes) => {
+                                wire::encode_with_aux(&mut chunk, kind, id, aux, bytes)
+                            }
+                            Body::Remote(remote) => {
+                                wire::encode_rendezvous(&mut chunk, kind, id, remote)
+                            }
+                        };
+                        (chunk, len, kind.answers())
+                    }
+                };
+                let mut op = Send::new(chunk.slice(..len)).user_data(SEND);
+                if len <= self.max_inline {
+                    op = op.inline();
+                }
+                if let Err(refused) = sq.push(op) {
+                    let chunk = refused.into_parts().1.into_buf().into_inner();
+                    conn.outbox.push_front(Outgoing::Ready {
+                        chunk,
+                        len,
+                        answers,
+                    });
+                    break;
+                }
+                if answers {
+                    conn.unanswered = conn.unanswered.saturating_sub(1);
+                    self.stats.answers += 1;
+                }
+                conn.in_flight += 1;
+                pushed = true;
+            }
+        }
+        pushed
+    }
+
+    /// Connections to detach now, with why: broken ones at once, closing
+    /// ones once their last send left.
+    pub(super) fn to_detach(&mut self) -> Vec<(QpHandle, String)> {
+        let done: Vec<QpHandle> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.broken || (c.closing.is_some() && c.in_flight == 0 && c.outbox.is_empty())
+            })
+            .map(|(&qp, _)| qp)
+            .collect();
+        done.into_iter()
+            .map(|qp| {
+                let conn = self.conns.remove(&qp).expect("listed");
+                self.reads.retain(|_, r| r.qp != qp);
+                self.stats.clients_closed += 1;
+                (qp, conn.closing.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// Every connection, to close them all at the end.
+    pub(super) fn take_all(&mut self) -> Vec<QpHandle> {
+        let all: Vec<QpHandle> = self.conns.keys().copied().collect();
+        self.conns.clear();
+        self.reads.clear();
+        all
+    }
+}
+
+fn m_is_from_client(m: &Message<'_>) -> bool {
+    matches!(
+        m,
+        Message::Request { .. } | Message::RequestRendezvous { .. } | Message::Release { .. }
+    )
+}
+
+fn queue_goodbye(conn: &mut Conn) {
+    if !conn.goodbye {
+        conn.goodbye = true;
+        conn.outbox.push_back(Outgoing::Later {
+            kind: Kind::Goodbye,
+            id: 0,
+            aux: 0,
+            body: Body::Bytes(Vec::new()),
+        });
+    }
+}

@@ -1,0 +1,599 @@
+//! The RPC layer on the soft device: many clients, pipelining, large
+//! messages both ways, and every fault the server must survive.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+use rdma_ring::backend::QpConfig;
+use rdma_ring::buf::{BufferPool, RemoteAccess};
+use rdma_ring::future::Wakeup;
+use rdma_ring::op::{Recv, Send};
+use rdma_ring::ring::{Ring, RingConfig};
+use rdma_ring::rpc::wire::{self, Kind, Message};
+use rdma_ring::rpc::{
+    AsyncHandler, Caller, HandlerError, ResponseFuture, RpcClient, RpcConfig, RpcError, RpcServer,
+    Service,
+};
+
+fn echo(_: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
+    resp.extend_from_slice(req);
+    Ok(())
+}
+
+/// A request that says what to answer: "echo:..", "fail:..", "panic",
+/// "big:N" (N bytes of a pattern).
+fn scripted(caller: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
+    if let Some(rest) = req.strip_prefix(b"fail:") {
+        return Err(HandlerError::new(String::from_utf8_lossy(rest)));
+    }
+    if req == b"panic" {
+        panic!("scripted panic");
+    }
+    if let Some(n) = req.strip_prefix(b"big:") {
+        let n: usize = std::str::from_utf8(n).unwrap().parse().unwrap();
+        resp.extend((0..n).map(|i| (i % 251) as u8));
+        return Ok(());
+    }
+    if req == b"who" {
+        resp.extend_from_slice(&caller.client_id.to_le_bytes());
+        return Ok(());
+    }
+    resp.extend_from_slice(req);
+    Ok(())
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn rnr_naks(client: &RpcClient<SoftQp>) -> u64 {
+    client
+        .ring()
+        .with_ring(|r| r.qp().control().counters().rnr_naks)
+}
+
+#[test]
+fn calls_of_every_size_round_trip() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    assert_eq!(client.window(), 16);
+    // Empty, inline-sized, exactly one buffer, one byte over (rendezvous),
+    // and several MiB.
+    let max_inline_body = 4096 - wire::HEADER_LEN;
+    for n in [
+        0,
+        1,
+        100,
+        max_inline_body,
+        max_inline_body + 1,
+        1 << 16,
+        3 << 20,
+    ] {
+        let req = pattern(n, n as u8);
+        let resp = client.call(&req).unwrap();
+        assert!(resp == req, "a {n}-byte echo differs");
+    }
+    let stats = server.stats();
+    assert_eq!(stats.requests, 7);
+    assert_eq!(stats.errors, 0);
+    assert_eq!(rnr_naks(&client), 0);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn large_responses_are_read_and_released() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(scripted), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    for n in [5000usize, 1 << 20] {
+        let resp = client.call(format!("big:{n}").as_bytes()).unwrap();
+        assert_eq!(resp.len(), n);
+        assert!(resp.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    }
+    // Each large response was released by the client (an answered
+    // release per response), so none expires.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.stats().answers < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = server.stats();
+    assert_eq!(stats.answers, 4, "{stats:?}");
+    assert_eq!(stats.releases_expired, 0);
+}
+
+#[test]
+fn sixteen_clients_pipeline_calls_without_rnr() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        window: 8,
+        max_clients: 16,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
+    let clients: Vec<_> = (0..16).map(|_| server.connect_soft().unwrap()).collect();
+    let ids: std::collections::HashSet<u32> = clients.iter().map(|c| c.client_id()).collect();
+    assert_eq!(ids.len(), 16, "every connection has its own id");
+    let threads: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(k, client)| {
+            std::thread::spawn(move || {
+                // 40 calls in flight at once (the window lets 8 go; the
+                // rest wait their turn), every few a large one.
+                let reqs: Vec<Vec<u8>> = (0..40)
+                    .map(|i| pattern(if i % 9 == 0 { 10_000 } else { 64 + i }, k as u8 ^ i as u8))
+                    .collect();
+                let futures: Vec<_> = reqs.iter().map(|r| client.call_async(r)).collect();
+                let got = futures::executor::block_on(futures::future::join_all(futures));
+                for (req, resp) in reqs.iter().zip(got) {
+                    assert_eq!(&resp.unwrap(), req);
+                }
+                // The server knows who called.
+                let who = client.call(b"who").unwrap();
+                assert_eq!(
+                    u32::from_le_bytes(who.try_into().unwrap()),
+                    client.client_id()
+                );
+                rnr_naks(&client)
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 0, "a client met an empty receive queue");
+    }
+    let stats = server.stats();
+    assert_eq!(stats.requests, 16 * 41);
+    assert_eq!(stats.clients_open, 16);
+    // Answers made in one pass share a doorbell per connection.
+    assert!(
+        stats.doorbells < stats.answers + stats.messages,
+        "no batching: {stats:?}"
+    );
+}
+
+#[test]
+fn handler_errors_and_panics_fail_one_call_and_the_server_serves_on() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(scripted), RpcConfig::default()).unwrap();
+    let a = server.connect_soft().unwrap();
+    let b = server.connect_soft().unwrap();
+    assert_eq!(
+        a.call(b"fail:no such key"),
+        Err(RpcError::Handler("no such key".into()))
+    );
+    match a.call(b"panic") {
+        Err(RpcError::Panicked(text)) => assert!(text.contains("scripted panic"), "{text}"),
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+    assert_eq!(a.call(b"still here").unwrap(), b"still here");
+    assert_eq!(b.call(b"me too").unwrap(), b"me too");
+    let stats = server.stats();
+    assert_eq!((stats.panics, stats.errors), (1, 2));
+}
+
+#[test]
+fn too_large_messages_are_refused_on_both_sides() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_message: 64 << 10,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
+    let client = server.connect_soft().unwrap();
+    match client.call(&vec![0u8; (64 << 10) + 1]) {
+        Err(RpcError::TooLarge(_)) => {}
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    match client.call(b"big:100000") {
+        Err(RpcError::TooLarge(text)) => assert!(text.contains("100000"), "{text}"),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(client.call(b"ok").unwrap(), b"ok");
+}
+
+/// An async handler whose answers wait for the test to release them.
+struct Gate {
+    waiting: Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>,
+    started: Arc<AtomicUsize>,
+}
+
+impl AsyncHandler for Gate {
+    fn call(&mut self, _caller: Caller, request: Vec<u8>) -> ResponseFuture {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.waiting.lock().unwrap().push(tx);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if rx.await.is_err() {
+                return Err(HandlerError::new("gate dropped"));
+            }
+            if request == b"panic" {
+                panic!("async panic");
+            }
+            Ok(request)
+        })
+    }
+}
+
+fn gate() -> (
+    Gate,
+    Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>,
+    Arc<AtomicUsize>,
+) {
+    let waiting = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(AtomicUsize::new(0));
+    (
+        Gate {
+            waiting: Arc::clone(&waiting),
+            started: Arc::clone(&started),
+        },
+        waiting,
+        started,
+    )
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn async_handlers_answer_in_the_order_they_finish() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    let first = client.call_async(b"first");
+    let second = client.call_async(b"second");
+    let panics = client.call_async(b"panic");
+    wait_for("three calls to start", || {
+        started.load(Ordering::SeqCst) == 3
+    });
+    // Release the second, then the first, then the panicking one.
+    let gates: Vec<_> = waiting.lock().unwrap().drain(..).collect();
+    let mut gates = gates.into_iter();
+    let (g1, g2, g3) = (
+        gates.next().unwrap(),
+        gates.next().unwrap(),
+        gates.next().unwrap(),
+    );
+    g2.send(()).unwrap();
+    assert_eq!(futures::executor::block_on(second).unwrap(), b"second");
+    g1.send(()).unwrap();
+    assert_eq!(futures::executor::block_on(first).unwrap(), b"first");
+    g3.send(()).unwrap();
+    match futures::executor::block_on(panics) {
+        Err(RpcError::Panicked(t)) => assert!(t.contains("async panic")),
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_call_times_out_and_the_client_goes_on() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, _started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let config = RpcConfig {
+        call_timeout: Duration::from_millis(200),
+        ..RpcConfig::default()
+    };
+    let client = server.connect_soft_with(config).unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        client.call(b"never"),
+        Err(RpcError::Timeout(Duration::from_millis(200)))
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    // The late answer is dropped; the next call gets its own.
+    for g in waiting.lock().unwrap().drain(..) {
+        let _ = g.send(());
+    }
+    let next = client.call_async(b"next");
+    wait_for("the next call to start", || {
+        let mut w = waiting.lock().unwrap();
+        w.drain(..).for_each(|g| {
+            let _ = g.send(());
+        });
+        client.ring().with_ring(|r| r.stats().doorbells) > 0
+    });
+    let gates = Arc::clone(&waiting);
+    let opener = std::thread::spawn(move || {
+        for _ in 0..200 {
+            for g in gates.lock().unwrap().drain(..) {
+                let _ = g.send(());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    assert_eq!(futures::executor::block_on(next).unwrap(), b"next");
+    opener.join().unwrap();
+}
+
+#[test]
+fn a_client_that_vanishes_with_calls_in_flight_is_detached() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let doomed = server.connect_soft().unwrap();
+    let other = server.connect_soft().unwrap();
+    let calls: Vec<_> = (0..4).map(|i| doomed.call_async(&[i; 10])).collect();
+    wait_for("four calls to start", || {
+        started.load(Ordering::SeqCst) == 4
+    });
+    drop(calls);
+    drop(doomed); // its ring closes: the queue pair goes to error
+    for g in waiting.lock().unwrap().drain(..) {
+        let _ = g.send(());
+    }
+    wait_for("the server to notice", || {
+        server.stats().clients_closed == 1
+    });
+    assert_eq!(server.stats().clients_open, 1);
+    // The other client is served as before.
+    let served = std::thread::spawn({
+        let waiting = Arc::clone(&waiting);
+        move || {
+            for _ in 0..400 {
+                for g in waiting.lock().unwrap().drain(..) {
+                    let _ = g.send(());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    });
+    assert_eq!(other.call(b"alive").unwrap(), b"alive");
+    served.join().unwrap();
+}
+
+#[test]
+fn shutdown_finishes_calls_in_flight_and_refuses_new_ones() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    let calls: Vec<_> = (0..6u8).map(|i| client.call_async(&[i; 100])).collect();
+    wait_for("six calls to start", || started.load(Ordering::SeqCst) == 6);
+    let server = Arc::new(server);
+    let stopper = std::thread::spawn({
+        let server = Arc::clone(&server);
+        move || server.shutdown()
+    });
+    wait_for("the goodbye", || client.server_closing());
+    match client.call(b"late") {
+        Err(RpcError::ShuttingDown) => {}
+        other => panic!("expected ShuttingDown, got {other:?}"),
+    }
+    for g in waiting.lock().unwrap().drain(..) {
+        g.send(()).unwrap();
+    }
+    let got = futures::executor::block_on(futures::future::join_all(calls));
+    for (i, r) in got.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), vec![i as u8; 100]);
+    }
+    stopper.join().unwrap().unwrap();
+    // The connection is closed now: calls fail, they do not hang.
+    match client.call(b"after") {
+        Err(RpcError::ShuttingDown) | Err(RpcError::Disconnected(_)) => {}
+        other => panic!("expected a closed connection, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_restarted_server_serves_new_clients_and_old_ones_get_errors() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        call_timeout: Duration::from_secs(5),
+        ..RpcConfig::default()
+    };
+    let first = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let old = first.connect_soft().unwrap();
+    assert_eq!(old.call(b"one").unwrap(), b"one");
+    drop(first);
+    match old.call(b"two") {
+        Err(RpcError::ShuttingDown) | Err(RpcError::Disconnected(_)) => {}
+        other => panic!("expected an error from a dead server, got {other:?}"),
+    }
+    let second = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let new = second.connect_soft().unwrap();
+    assert_eq!(new.call(b"three").unwrap(), b"three");
+}
+
+#[test]
+fn a_full_server_refuses_with_a_clear_error() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_clients: 2,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let _a = server.connect_soft().unwrap();
+    let _b = server.connect_soft().unwrap();
+    match server.connect_soft() {
+        Err(RpcError::Busy(text)) => assert!(text.contains("full"), "{text}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    wait_for("the refusal to be closed", || {
+        server.stats().clients_refused == 1
+    });
+}
+
+/// A bare client: a ring over a raw queue pair connected to the server,
+/// receives posted, the hello read.
+struct RawClient {
+    ring: Ring<SoftQp>,
+    pool: BufferPool,
+}
+
+impl RawClient {
+    fn new(server: &RpcServer<SoftQp>) -> RawClient {
+        let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+        let pool = BufferPool::new(&*pd, 4096, 64).unwrap();
+        let mut ring = Ring::new(qp, RingConfig::default());
+        for _ in 0..32 {
+            ring.submission()
+                .push(Recv::new(pool.take().unwrap()).user_data(1))
+                .unwrap();
+        }
+        ring.submit().unwrap();
+        let mut raw = RawClient { ring, pool };
+        match raw.receive() {
+            Some(bytes) => assert!(matches!(Message::decode(&bytes), Ok(Message::Hello(_)))),
+            None => panic!("no hello"),
+        }
+        raw
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let mut chunk = self.pool.take().unwrap();
+        chunk[..bytes.len()].copy_from_slice(bytes);
+        use rdma_ring::buf::BaseBuf;
+        self.ring
+            .submission()
+            .push(Send::new(chunk.slice(..bytes.len())).user_data(2))
+            .unwrap();
+        self.ring.submit().unwrap();
+    }
+
+    /// The next message received, or `None` if the connection failed.
+    fn receive(&mut self) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let mut out = Vec::new();
+            if self.ring.completion().reap(&mut out).is_err() {
+                return None;
+            }
+            for c in out {
+                if c.user_data() == 1 {
+                    if !c.status().is_success() {
+                        return None;
+                    }
+                    let n = c.byte_len() as usize;
+                    return Some(c.buf()[..n].to_vec());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("nothing arrived");
+    }
+}
+
+fn protocol_error(bytes: &[u8]) -> String {
+    match Message::decode(bytes) {
+        Ok(Message::Error { id: 0, text, .. }) => text.to_string(),
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+}
+
+#[test]
+fn hostile_clients_are_told_and_cut_off_and_others_are_served() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let good = server.connect_soft().unwrap();
+    let mut buf = vec![0u8; 256];
+
+    // Garbage.
+    let mut raw = RawClient::new(&server);
+    raw.send(b"GET / HTTP/1.1\r\n\r\n_________");
+    assert!(protocol_error(&raw.receive().unwrap()).contains("magic"));
+
+    // A truncated message: the header announces more than arrived.
+    let mut raw = RawClient::new(&server);
+    let n = wire::encode_inline(&mut buf, Kind::Request, 1, b"0123456789");
+    raw.send(&buf[..n - 3]);
+    assert!(protocol_error(&raw.receive().unwrap()).contains("carries"));
+
+    // A server-only message.
+    let mut raw = RawClient::new(&server);
+    let n = wire::encode_inline(&mut buf, Kind::Response, 1, b"x");
+    raw.send(&buf[..n]);
+    assert!(protocol_error(&raw.receive().unwrap()).contains("server message"));
+
+    // A window overrun: 17 requests at once against a window of 16 (the
+    // handler answers quickly, so send them in one doorbell).
+    let mut raw = RawClient::new(&server);
+    for i in 0..17u64 {
+        let mut chunk = raw.pool.take().unwrap();
+        let n = wire::encode_inline(&mut chunk, Kind::Request, i + 1, b"r");
+        use rdma_ring::buf::BaseBuf;
+        raw.ring
+            .submission()
+            .push(Send::new(chunk.slice(..n)).user_data(2))
+            .unwrap();
+    }
+    raw.ring.submit().unwrap();
+    let mut saw_violation = false;
+    while let Some(bytes) = raw.receive() {
+        if let Ok(Message::Error { id: 0, text, .. }) = Message::decode(&bytes) {
+            assert!(text.contains("window"), "{text}");
+            saw_violation = true;
+            break;
+        }
+    }
+    assert!(saw_violation, "the window overrun went unnoticed");
+
+    // A rendezvous request whose descriptor lies (an rkey nobody has):
+    // the server's read fails, which ends that connection only.
+    wait_for("the four violators to be closed", || {
+        server.stats().clients_closed == 4
+    });
+    let mut raw = RawClient::new(&server);
+    let lie = rdma_ring::buf::RemoteSlice::new(0x1000, 100_000, 0xdead, RemoteAccess::READ);
+    let n = wire::encode_rendezvous(&mut buf, Kind::RequestRendezvous, 1, &lie);
+    raw.send(&buf[..n]);
+    wait_for("the liar to be cut off", || {
+        server.stats().clients_closed == 5
+    });
+
+    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 4, "{stats:?}");
+}
+
+#[test]
+fn unreleased_large_responses_expire() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        release_timeout: Duration::from_millis(200),
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
+    let mut raw = RawClient::new(&server);
+    let mut buf = vec![0u8; 64];
+    let n = wire::encode_inline(&mut buf, Kind::Request, 1, b"big:100000");
+    raw.send(&buf[..n]);
+    match Message::decode(&raw.receive().unwrap()) {
+        Ok(Message::ResponseRendezvous { id: 1, remote }) => assert_eq!(remote.len(), 100_000),
+        other => panic!("expected a rendezvous response, got {other:?}"),
+    }
+    // Never released: the server frees it after the timeout.
+    wait_for("the expiry", || server.stats().releases_expired == 1);
+}
+
+#[test]
+fn busy_wakeup_clients_work_without_a_notifier() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let client = server
+        .connect_soft_with(RpcConfig {
+            wakeup: Wakeup::Busy,
+            ..RpcConfig::default()
+        })
+        .unwrap();
+    let got = futures::executor::block_on(futures::future::join_all(
+        (0..32u8).map(|i| client.call_async(&[i; 33])),
+    ));
+    for (i, r) in got.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), vec![i as u8; 33]);
+    }
+}
