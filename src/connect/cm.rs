@@ -537,6 +537,12 @@ impl CmListener {
         Ok(CmListener { id })
     }
 
+    /// The RDMA device the listener is bound to, when it was bound to an
+    /// address of one device's interface (`None` for a wildcard address).
+    pub fn device_name(&self) -> Option<String> {
+        self.id.device_name()
+    }
+
     /// The next connection request, within `timeout`: the first step of
     /// accepting in steps. Create the queue pair for it
     /// ([`CmRequest::create_qp`] or [`CmRequest::create_qp_on`]), put it in

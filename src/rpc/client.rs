@@ -25,6 +25,9 @@ use crate::Error;
 const RECV: u64 = 1;
 const HELLO: u64 = 2;
 const SEND: u64 = 3;
+const CLOSE: u64 = 4;
+/// How long dropping a client waits for its close message to leave.
+const CLOSE_LINGER: Duration = Duration::from_millis(200);
 /// Tag bit of rendezvous reads; the rest is the call id.
 const READ: u64 = 1 << 63;
 /// The hello's receive buffer: a hello, or a refusal's error text.
@@ -682,6 +685,44 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
     }
 }
 
+impl<Q: QueuePair + std::marker::Send + 'static> Drop for ClientShared<Q> {
+    /// Tells the server the client leaves (so it frees the connection at
+    /// once), if the window has room for one more message, and waits
+    /// briefly for that to leave.
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let core = &mut state.core;
+        if core.hello.is_none() || core.failure.is_some() || core.unanswered >= core.window {
+            return;
+        }
+        let Some(Ok(mut chunk)) = core.send_pool.as_ref().map(BufferPool::take) else {
+            return;
+        };
+        let n = wire::encode_inline(&mut chunk, Kind::Close, 0, &[]);
+        let pushed = self.ring.with_ring(|mut ring| {
+            let pushed = ring
+                .submission()
+                .push(Send::new(chunk.slice(..n)).user_data(CLOSE))
+                .is_ok();
+            pushed && ring.submit().is_ok()
+        });
+        if !pushed {
+            return;
+        }
+        let waker = Waker::from(Arc::clone(&self.wakers));
+        let mut cx = Context::from_waker(&waker);
+        let deadline = Instant::now() + CLOSE_LINGER;
+        while Instant::now() < deadline {
+            match Pin::new(&mut state.completions).poll_next(&mut cx) {
+                Poll::Ready(Some(c)) if c.user_data() == CLOSE => return,
+                Poll::Ready(Some(_)) => {}
+                Poll::Ready(None) => return,
+                Poll::Pending => std::thread::sleep(Duration::from_micros(100)),
+            }
+        }
+    }
+}
+
 /// A connection to an [`RpcServer`](super::RpcServer): calls from any
 /// number of threads or tasks at once, up to the server's window in
 /// flight (more wait their turn, in order). Clone it to share it.
@@ -751,6 +792,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
     }
 
     /// The queue pair, for the handshake.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn qp(&self) -> &Q {
         self.ring.qp()
     }
@@ -759,7 +801,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
     pub(crate) fn establish(self) -> Result<RpcClient<Q>, RpcError> {
         let max_inline = self.ring.caps().max_inline_data as usize;
         let ring = AsyncRing::new(self.ring, self.config.wakeup)
-            .map_err(|e| RpcError::Disconnected(e.to_string()))?;
+            .map_err(|e| RpcError::Connect(e.to_string()))?;
         let completions = ring.completions();
         let shared = Arc::new(ClientShared {
             ring,
@@ -783,7 +825,10 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(RpcError::Timeout(self.config.connect_timeout));
+                return Err(RpcError::Connect(format!(
+                    "no hello from the server within {:?}",
+                    self.config.connect_timeout
+                )));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -915,5 +960,156 @@ impl<Q: QueuePair + std::marker::Send + 'static> Drop for CallFuture<Q> {
 impl<Q: QueuePair + std::marker::Send + 'static> std::fmt::Debug for CallFuture<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CallFuture").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::soft::{SoftDevice, SoftQp};
+    use crate::backend::QpConfig;
+
+    /// A client connected to a bare queue pair the test plays the server
+    /// on: hello sent, receives posted.
+    struct FakeServer {
+        ring: Ring<SoftQp>,
+        pool: BufferPool,
+    }
+
+    impl FakeServer {
+        fn send(&mut self, bytes: &[u8]) {
+            let mut chunk = self.pool.take().unwrap();
+            chunk[..bytes.len()].copy_from_slice(bytes);
+            self.ring
+                .submission()
+                .push(Send::new(chunk.slice(..bytes.len())))
+                .unwrap();
+            self.ring.submit().unwrap();
+        }
+
+        /// The next request's id.
+        fn next_request(&mut self) -> u64 {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let mut out = Vec::new();
+                self.ring.completion().reap(&mut out).unwrap();
+                for c in out {
+                    if c.kind() == OpKind::Recv {
+                        let n = c.byte_len() as usize;
+                        if let Ok(Message::Request { id, .. }) = Message::decode(&c.buf()[..n]) {
+                            return id;
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("no request");
+        }
+    }
+
+    fn connect() -> (RpcClient<SoftQp>, FakeServer) {
+        let dev = SoftDevice::new();
+        let (pd_c, pd_s) = (dev.alloc_pd(), dev.alloc_pd());
+        let (client_qp, server_qp) = dev
+            .connected_pair(&pd_c, &pd_s, QpConfig::default())
+            .unwrap();
+        let config = RpcConfig {
+            call_timeout: Duration::from_secs(10),
+            ..RpcConfig::default()
+        };
+        let pending = PendingClient::new(client_qp, Arc::new(pd_c), config).unwrap();
+        let pool = BufferPool::new(&pd_s, 4096, 32).unwrap();
+        let mut ring = Ring::new(server_qp, RingConfig::default());
+        for _ in 0..16 {
+            ring.submission()
+                .push(Recv::new(pool.take().unwrap()))
+                .unwrap();
+        }
+        ring.submit().unwrap();
+        let mut server = FakeServer { ring, pool };
+        let mut body = [0u8; wire::HELLO_LEN];
+        Hello {
+            window: 4,
+            buffer_size: 4096,
+            max_message: 1 << 20,
+            client_id: 9,
+        }
+        .encode(&mut body);
+        let mut buf = [0u8; 64];
+        let n = wire::encode_inline(&mut buf, Kind::Hello, 0, &body);
+        server.send(&buf[..n]);
+        let client = pending.establish().unwrap();
+        assert_eq!((client.client_id(), client.window()), (9, 4));
+        (client, server)
+    }
+
+    #[test]
+    fn an_answer_to_a_call_never_made_fails_the_connection() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"hello");
+        let id = server.next_request();
+        let mut buf = [0u8; 64];
+        let n = wire::encode_inline(&mut buf, Kind::Response, id + 1000, b"lie");
+        server.send(&buf[..n]);
+        match futures::executor::block_on(call) {
+            Err(RpcError::Protocol(why)) => assert!(why.contains("not waiting"), "{why}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        assert!(matches!(client.call(b"again"), Err(RpcError::Protocol(_))));
+    }
+
+    #[test]
+    fn garbage_and_client_only_messages_from_the_server_fail_the_connection() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        server.next_request();
+        server.send(b"\x00\x01garbage that is long enough for a header");
+        match futures::executor::block_on(call) {
+            Err(RpcError::Protocol(why)) => assert!(why.contains("magic"), "{why}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        server.next_request();
+        let mut buf = [0u8; 64];
+        let n = wire::encode_inline(&mut buf, Kind::Request, 1, b"turnabout");
+        server.send(&buf[..n]);
+        match futures::executor::block_on(call) {
+            Err(RpcError::Protocol(why)) => assert!(why.contains("only clients send"), "{why}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_rendezvous_response_larger_than_allowed_is_refused_and_released() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        let id = server.next_request();
+        let remote = RemoteSlice::new(0x1000, 2 << 20, 5, RemoteAccess::READ);
+        let mut buf = [0u8; 64];
+        let n = wire::encode_rendezvous(&mut buf, Kind::ResponseRendezvous, id, &remote);
+        server.send(&buf[..n]);
+        match futures::executor::block_on(call) {
+            Err(RpcError::TooLarge(why)) => assert!(why.contains("2097152"), "{why}"),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        // The client releases the buffer it will not read.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline, "no release");
+            let mut out = Vec::new();
+            server.ring.completion().reap(&mut out).unwrap();
+            let released = out.iter().any(|c| {
+                c.kind() == OpKind::Recv
+                    && matches!(
+                        Message::decode(&c.buf()[..c.byte_len() as usize]),
+                        Ok(Message::Release { call, .. }) if call == id
+                    )
+            });
+            if released {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

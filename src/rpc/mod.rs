@@ -51,6 +51,8 @@
 
 mod client;
 mod handler;
+#[cfg(feature = "verbs")]
+mod listener;
 mod server;
 mod server_core;
 mod tasks;
@@ -164,6 +166,8 @@ pub enum RpcError {
     Disconnected(String),
     /// The peer broke the protocol; the connection is closed.
     Protocol(String),
+    /// Connecting failed (device, handshake, or no hello in time).
+    Connect(String),
 }
 
 impl fmt::Display for RpcError {
@@ -178,6 +182,7 @@ impl fmt::Display for RpcError {
             RpcError::Timeout(d) => write!(f, "no answer within {d:?}"),
             RpcError::Disconnected(t) => write!(f, "disconnected: {t}"),
             RpcError::Protocol(t) => write!(f, "protocol violation: {t}"),
+            RpcError::Connect(t) => write!(f, "connecting failed: {t}"),
         }
     }
 }
@@ -190,6 +195,7 @@ impl From<RpcError> for std::io::Error {
         let kind = match &e {
             RpcError::Timeout(_) => ErrorKind::TimedOut,
             RpcError::Disconnected(_) | RpcError::ShuttingDown => ErrorKind::ConnectionReset,
+            RpcError::Connect(_) => ErrorKind::ConnectionRefused,
             RpcError::Protocol(_) => ErrorKind::InvalidData,
             RpcError::TooLarge(_) => ErrorKind::InvalidInput,
             _ => ErrorKind::Other,

@@ -62,8 +62,11 @@ pub struct ServerStats {
     pub clients_accepted: u64,
     /// Connections refused (the server was full).
     pub clients_refused: u64,
-    /// Connections closed (by a fault, a violation or shutdown).
+    /// Connections closed (by the client, a fault, a violation or
+    /// shutdown).
     pub clients_closed: u64,
+    /// Connections the client closed (a close message).
+    pub clients_left: u64,
     /// Connections open now.
     pub clients_open: u64,
     /// Messages received.
@@ -463,7 +466,7 @@ impl RpcServer<SoftQp> {
             .fabric
             .downcast_ref::<SoftFabric>()
             .expect("a soft server");
-        let failed = |e: Error| RpcError::Disconnected(e.to_string());
+        let failed = |e: Error| RpcError::Connect(e.to_string());
         if self.shared.stopping() {
             return Err(RpcError::ShuttingDown);
         }

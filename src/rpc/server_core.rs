@@ -252,6 +252,15 @@ impl ServerCore {
             }
             Err(why) => return self.violation(qp, why),
         };
+        if message == Message::Close {
+            // Calls in progress are dropped with the connection; what the
+            // client exposed is its own business now.
+            conn.closing = Some("the client closed the connection".into());
+            conn.outbox.clear();
+            conn.pending_reads.clear();
+            self.stats.clients_left += 1;
+            return;
+        }
         conn.unanswered += 1;
         if conn.unanswered > usize::from(self.config.window) {
             let why = format!(
@@ -383,8 +392,11 @@ impl ServerCore {
                 match ExposedBuf::new(&*self.pd, memory, RemoteAccess::READ) {
                     Ok(exposed) => {
                         let remote = exposed.remote();
-                        if let Some(conn) = self.conns.get_mut(&qp) {
-                            conn.exposed.insert(id, (exposed, Instant::now()));
+                        match self.conns.get_mut(&qp) {
+                            Some(conn) if conn.closing.is_none() => {
+                                conn.exposed.insert(id, (exposed, Instant::now()));
+                            }
+                            _ => return,
                         }
                         self.queue(
                             qp,
@@ -414,8 +426,8 @@ impl ServerCore {
     /// Queues an inline message, encoded straight into a send buffer (no
     /// allocation), or copied if none is free.
     fn send_now_or_queue(&mut self, qp: QpHandle, kind: Kind, id: u64, aux: u64, body: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&qp) else {
-            return;
+        let Some(conn) = self.conns.get_mut(&qp).filter(|c| c.closing.is_none()) else {
+            return; // nobody to answer
         };
         let out = match self.send_pool.take() {
             Ok(mut chunk) => {
@@ -437,7 +449,7 @@ impl ServerCore {
     }
 
     fn queue(&mut self, qp: QpHandle, out: Outgoing) {
-        if let Some(conn) = self.conns.get_mut(&qp) {
+        if let Some(conn) = self.conns.get_mut(&qp).filter(|c| c.closing.is_none()) {
             conn.outbox.push_back(out);
         }
     }
@@ -640,7 +652,10 @@ impl ServerCore {
 fn m_is_from_client(m: &Message<'_>) -> bool {
     matches!(
         m,
-        Message::Request { .. } | Message::RequestRendezvous { .. } | Message::Release { .. }
+        Message::Request { .. }
+            | Message::RequestRendezvous { .. }
+            | Message::Release { .. }
+            | Message::Close
     )
 }
 

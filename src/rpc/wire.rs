@@ -52,6 +52,9 @@ pub enum Kind {
     /// Server to client: the server shuts down; calls already sent are
     /// answered, later ones refused.
     Goodbye = 9,
+    /// Client to server: the client leaves; nothing more follows. Not
+    /// answered.
+    Close = 10,
 }
 
 impl Kind {
@@ -66,6 +69,7 @@ impl Kind {
             7 => Kind::Released,
             8 => Kind::Error,
             9 => Kind::Goodbye,
+            10 => Kind::Close,
             _ => return None,
         })
     }
@@ -74,7 +78,7 @@ impl Kind {
     pub fn from_client(self) -> bool {
         matches!(
             self,
-            Kind::Request | Kind::RequestRendezvous | Kind::Release
+            Kind::Request | Kind::RequestRendezvous | Kind::Release | Kind::Close
         )
     }
 
@@ -322,6 +326,8 @@ pub enum Message<'a> {
     },
     /// See [`Kind::Goodbye`].
     Goodbye,
+    /// See [`Kind::Close`].
+    Close,
 }
 
 /// Longest error text sent.
@@ -460,6 +466,14 @@ impl<'a> Message<'a> {
                 }
                 Message::Goodbye
             }
+            Kind::Close => {
+                empty()?;
+                no_aux()?;
+                if header.id != 0 {
+                    return Err("a close with a call id".into());
+                }
+                Message::Close
+            }
         })
     }
 }
@@ -551,6 +565,8 @@ mod tests {
         );
         let n = encode_inline(&mut buf, Kind::Goodbye, 0, b"");
         assert_eq!(roundtrip(&buf[..n]), Message::Goodbye);
+        let n = encode_inline(&mut buf, Kind::Close, 0, b"");
+        assert_eq!(roundtrip(&buf[..n]), Message::Close);
         let hello = Hello {
             window: 8,
             buffer_size: 4096,

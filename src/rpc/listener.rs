@@ -1,0 +1,267 @@
+//! Serving and connecting on real devices: over a TCP handshake
+//! ([`RpcServer::bind`], [`RpcClient::connect`]) or rdma_cm
+//! ([`RpcServer::bind_cm`], [`RpcClient::connect_cm`]).
+
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::client::PendingClient;
+use super::server::{client_qp_config, server_cq_entries, server_qp_config, ServerShared};
+use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
+use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use crate::backend::SrqConfig;
+use crate::connect::cm::{self, CmListener, CmQp};
+use crate::connect::tcp;
+use crate::error::Error;
+
+/// How often an accept loop looks whether the server is stopping.
+const ACCEPT_TICK: Duration = Duration::from_millis(20);
+
+/// The device and protection domain of a verbs server.
+struct VerbsFabric {
+    dev: VerbsDevice,
+    pd: VerbsPd,
+}
+
+fn first_device() -> Result<VerbsDevice, Error> {
+    VerbsDevice::open_first()?.ok_or(Error::Incompatible(
+        "no RDMA device on this machine (open one by name, or use the soft device)",
+    ))
+}
+
+/// A server's queues on `dev`, and its poller.
+fn start_on<Q>(
+    dev: &VerbsDevice,
+    service: Service,
+    config: RpcConfig,
+) -> Result<RpcServer<Q>, Error>
+where
+    Q: crate::backend::QueuePair<
+            Cq = crate::backend::verbs::VerbsCq,
+            Srq = crate::backend::verbs::VerbsSrq,
+        > + Send
+        + 'static,
+{
+    config.check()?;
+    let pd = dev.alloc_pd()?;
+    let cq = dev.create_cq(server_cq_entries(&config))?;
+    let srq = dev.create_srq(
+        &pd,
+        SrqConfig {
+            max_wr: config.srq_depth(),
+            max_sge: 1,
+        },
+    )?;
+    let fabric = VerbsFabric {
+        dev: dev.clone(),
+        pd: pd.clone(),
+    };
+    RpcServer::start(cq, srq, Arc::new(pd), service, config, Box::new(fabric))
+}
+
+impl RpcServer<VerbsQp> {
+    /// Serves clients that connect over a TCP handshake to `addr`, on the
+    /// first RDMA device.
+    ///
+    /// ```no_run
+    /// use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+    /// let echo = |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+    ///     resp.extend_from_slice(req);
+    ///     Ok(())
+    /// };
+    /// let server = RpcServer::bind("0.0.0.0:7490", Service::handler(echo), RpcConfig::default()).unwrap();
+    /// # server.shutdown().unwrap();
+    /// ```
+    pub fn bind(
+        addr: impl ToSocketAddrs,
+        service: Service,
+        config: RpcConfig,
+    ) -> Result<Self, Error> {
+        RpcServer::bind_with(addr, &first_device()?, service, config)
+    }
+
+    /// Like [`bind`](Self::bind), on device `dev`.
+    pub fn bind_with(
+        addr: impl ToSocketAddrs,
+        dev: &VerbsDevice,
+        service: Service,
+        config: RpcConfig,
+    ) -> Result<Self, Error> {
+        let failed = |e: std::io::Error| Error::Handshake {
+            step: "listening over TCP",
+            reason: e.to_string(),
+        };
+        let listener = TcpListener::bind(addr).map_err(failed)?;
+        listener.set_nonblocking(true).map_err(failed)?;
+        let local = listener.local_addr().map_err(failed)?;
+        let mut server = start_on::<VerbsQp>(dev, service, config)?;
+        server.local_addr = Some(local);
+        let shared = Arc::clone(&server.shared);
+        let acceptor = std::thread::Builder::new()
+            .name("rdma-ring-rpc-accept".into())
+            .spawn(move || accept_tcp(&listener, &shared))
+            .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
+        *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
+        Ok(server)
+    }
+}
+
+/// Accepts TCP connections until the server stops; each handshake runs
+/// on a thread of its own, so a slow or hostile peer delays nobody.
+fn accept_tcp(listener: &TcpListener, shared: &Arc<ServerShared<VerbsQp>>) {
+    while !shared.stopping() {
+        match listener.accept() {
+            Ok((socket, peer)) => {
+                let shared = Arc::clone(shared);
+                let _ = std::thread::Builder::new()
+                    .name("rdma-ring-rpc-handshake".into())
+                    .spawn(move || {
+                        // A failed handshake concerns that peer only.
+                        let _ = handshake_tcp(socket, peer, &shared);
+                    });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(ACCEPT_TICK);
+            }
+            Err(_) => std::thread::sleep(ACCEPT_TICK),
+        }
+    }
+}
+
+fn handshake_tcp(
+    mut socket: TcpStream,
+    peer: SocketAddr,
+    shared: &ServerShared<VerbsQp>,
+) -> Result<(), Error> {
+    let fabric = shared
+        .fabric
+        .downcast_ref::<VerbsFabric>()
+        .expect("a verbs server");
+    socket
+        .set_nonblocking(false)
+        .map_err(|e| Error::Handshake {
+            step: "accepting over TCP",
+            reason: e.to_string(),
+        })?;
+    let qp = shared.with_queues(|cq, srq| {
+        fabric
+            .dev
+            .create_qp_on(&fabric.pd, cq, Some(srq), server_qp_config(&shared.config))
+    })?;
+    tcp::handshake(&mut socket, &qp, shared.config.connect_timeout)?;
+    shared.admit(qp, Some(peer));
+    Ok(())
+}
+
+impl RpcServer<CmQp> {
+    /// Serves clients that connect over rdma_cm to `addr`, an address of
+    /// an RDMA device's interface (the server's queues live on that
+    /// device; requests arriving on another are rejected).
+    pub fn bind_cm(addr: SocketAddr, service: Service, config: RpcConfig) -> Result<Self, Error> {
+        let listener = CmListener::bind(addr)?;
+        let name = listener.device_name().ok_or(Error::Incompatible(
+            "bind_cm needs the address of one RDMA device's interface, not a wildcard",
+        ))?;
+        let dev = VerbsDevice::open(&name)?;
+        let mut server = start_on::<CmQp>(&dev, service, config)?;
+        server.local_addr = Some(addr);
+        let shared = Arc::clone(&server.shared);
+        let acceptor = std::thread::Builder::new()
+            .name("rdma-ring-rpc-accept".into())
+            .spawn(move || accept_cm(&listener, &shared))
+            .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
+        *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
+        Ok(server)
+    }
+}
+
+/// Takes rdma_cm connection requests until the server stops; each is
+/// accepted on a thread of its own.
+fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
+    while !shared.stopping() {
+        let Ok(request) = listener.request(ACCEPT_TICK * 10) else {
+            continue;
+        };
+        let fabric = shared
+            .fabric
+            .downcast_ref::<VerbsFabric>()
+            .expect("a verbs server");
+        let made = shared.with_queues(|cq, srq| {
+            request.create_qp_on(
+                &fabric.dev,
+                &fabric.pd,
+                cq,
+                Some(srq),
+                server_qp_config(&shared.config),
+            )
+        });
+        let Ok(qp) = made else { continue };
+        let shared = Arc::clone(shared);
+        let _ = std::thread::Builder::new()
+            .name("rdma-ring-rpc-handshake".into())
+            .spawn(move || {
+                if qp.accept(b"", shared.config.connect_timeout).is_ok() {
+                    shared.admit(qp, None);
+                }
+            });
+    }
+}
+
+fn connect_failed(e: Error) -> RpcError {
+    RpcError::Connect(e.to_string())
+}
+
+impl RpcClient<VerbsQp> {
+    /// Connects to an [`RpcServer::bind`] server at `addr` with the first
+    /// RDMA device.
+    ///
+    /// ```no_run
+    /// use rdma_ring::rpc::{RpcClient, RpcConfig};
+    /// let client = RpcClient::connect("10.0.0.1:7490", RpcConfig::default()).unwrap();
+    /// let answer = client.call(b"hello").unwrap();
+    /// ```
+    pub fn connect(addr: impl ToSocketAddrs, config: RpcConfig) -> Result<Self, RpcError> {
+        let dev = first_device().map_err(connect_failed)?;
+        RpcClient::connect_with(addr, &dev, config)
+    }
+
+    /// Like [`connect`](Self::connect), on device `dev`.
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        dev: &VerbsDevice,
+        config: RpcConfig,
+    ) -> Result<Self, RpcError> {
+        let mut socket = tcp::dial(addr, config.connect_timeout).map_err(connect_failed)?;
+        let pd = dev.alloc_pd().map_err(connect_failed)?;
+        let qp = dev
+            .create_qp(&pd, client_qp_config(&config))
+            .map_err(connect_failed)?;
+        let pending = PendingClient::new(qp, Arc::new(pd), config).map_err(connect_failed)?;
+        tcp::handshake(&mut socket, pending.qp(), config.connect_timeout)
+            .map_err(connect_failed)?;
+        pending.establish()
+    }
+}
+
+impl RpcClient<CmQp> {
+    /// Connects to an [`RpcServer::bind_cm`] server at `addr` over
+    /// rdma_cm, on the device the route leads through.
+    pub fn connect_cm(addr: SocketAddr, config: RpcConfig) -> Result<Self, RpcError> {
+        let route = cm::resolve(addr, config.connect_timeout).map_err(connect_failed)?;
+        let name = route
+            .device_name()
+            .ok_or_else(|| RpcError::Connect("the route names no RDMA device".into()))?;
+        let dev = VerbsDevice::open(&name).map_err(connect_failed)?;
+        let pd = dev.alloc_pd().map_err(connect_failed)?;
+        let qp = route
+            .create_qp(&dev, &pd, client_qp_config(&config))
+            .map_err(connect_failed)?;
+        let pending = PendingClient::new(qp, Arc::new(pd), config).map_err(connect_failed)?;
+        pending
+            .qp()
+            .connect(b"", config.connect_timeout)
+            .map_err(connect_failed)?;
+        pending.establish()
+    }
+}
