@@ -666,6 +666,9 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         deadline: Option<Instant>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Vec<u8>, RpcError>> {
+        // Registered before looking, so that a completion the notifier
+        // delivers meanwhile wakes this call rather than nobody.
+        self.wakers.register(id, cx.waker());
         let mut state = self.lock();
         self.turn(&mut state);
         if let Some(result) = state.core.take_result(id) {
@@ -677,7 +680,6 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
             self.wakers.forget(id);
             return Poll::Ready(Err(RpcError::Timeout(self.config.call_timeout)));
         }
-        self.wakers.register(id, cx.waker());
         if self.config.wakeup == Wakeup::Busy {
             cx.waker().wake_by_ref();
         }
@@ -851,7 +853,10 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
             }
             idle += 1;
             if idle < self.shared.config.spin_polls {
-                std::hint::spin_loop();
+                // Yield rather than spin: the thread that completes this
+                // call (the notifier, a peer in this process) may need
+                // this core.
+                std::thread::yield_now();
                 continue;
             }
             std::thread::park_timeout(Duration::from_millis(10));
