@@ -2,11 +2,13 @@
 # Runs inside the Soft-RoCE VM (see scripts/softroce), from the repository
 # root: the verbs conformance suite and the examples on rxe0, then the
 # device-removal test on rxe1 (last: it deletes rxe1). Its arguments are the
-# conformance, device-removal and stream test binaries, built on the host.
+# conformance, device-removal, stream and RPC test binaries, built on the
+# host.
 set -euo pipefail
 conformance="$1"
 removal="$2"
 stream="$3"
+rpc="$4"
 examples=target/debug/examples
 
 echo "==> [vm] verbs conformance suite on rxe0"
@@ -66,6 +68,15 @@ echo "==> [vm] stream_echo on rxe0, two processes over the TCP handshake"
 two_processes stream_echo --device rxe0 --listen 127.0.0.1:7480 -- --device rxe0 --connect 127.0.0.1:7480
 echo "==> [vm] stream_echo on rxe1, two processes over rdma_cm"
 two_processes stream_echo --cm --listen 10.99.0.1:7481 -- --cm --connect 10.99.0.1:7481
+
+echo "==> [vm] RPC on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
+RDMA_RING_DEVICE=rxe0 "$rpc" --include-ignored --test-threads=1
+echo "==> [vm] rpc_server and rpc_client on rxe0, two processes: 16 clients, 8 calls in flight each"
+two_processes rpc_server --device rxe0 --listen 127.0.0.1:7490 --exit-after 16 -- \
+    --device rxe0 --connect 127.0.0.1:7490 --clients 16 --calls 48 --depth 8
+echo "==> [vm] rpc_server (key-value, async handler) and rpc_client on rxe1 over rdma_cm"
+two_processes rpc_server --cm --listen 10.99.0.1:7491 --handler kv --async --exit-after 4 -- \
+    --cm 10.99.0.1:7491 --handler kv --clients 4 --calls 40 --depth 8
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
