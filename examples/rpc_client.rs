@@ -24,11 +24,12 @@ use std::time::Instant;
 
 use rdma_ring::backend::soft::SoftDevice;
 use rdma_ring::backend::QueuePair;
+use rdma_ring::future::Wakeup;
 use rdma_ring::rpc::{RpcClient, RpcConfig, RpcServer};
 use rpc_common::{Flags, HandlerKind, Result};
 
 const USAGE: &str = "usage: rpc_client [--connect ADDR [--device NAME] | --cm ADDR | --tcp ADDR] \
-    [--clients N] [--calls M] [--depth D] [--handler echo|kv] [--bench [--size S]]";
+    [--clients N] [--calls M] [--depth D] [--handler echo|kv] [--bench [--size S]] [--spin POLLS] [--wakeup thread|busy]";
 
 fn main() -> ExitCode {
     match run() {
@@ -63,6 +64,8 @@ fn run() -> Result<()> {
             "--depth",
             "--handler",
             "--size",
+            "--spin",
+            "--wakeup",
         ],
     )?;
     let options = Options {
@@ -76,7 +79,15 @@ fn run() -> Result<()> {
     if options.clients == 0 || options.depth == 0 {
         return Err(format!("--clients and --depth must be at least 1; {USAGE}").into());
     }
-    let config = RpcConfig::default();
+    let config = RpcConfig {
+        spin_polls: flags.parsed("--spin", RpcConfig::default().spin_polls)?,
+        wakeup: match flags.value("--wakeup") {
+            None | Some("thread") => Wakeup::Thread,
+            Some("busy") => Wakeup::Busy,
+            Some(other) => return Err(format!("--wakeup {other:?}: thread or busy").into()),
+        },
+        ..RpcConfig::default()
+    };
     if let Some(addr) = flags.value("--tcp") {
         if !options.bench {
             return Err("--tcp is the benchmark baseline: add --bench".into());

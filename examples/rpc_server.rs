@@ -25,7 +25,7 @@ use rdma_ring::rpc::{AsyncHandler, Caller, ResponseFuture, RpcConfig, RpcServer,
 use rpc_common::{echo, Flags, HandlerKind, KvStore, Result};
 
 const USAGE: &str = "usage: rpc_server [--listen ADDR] [--device NAME] [--cm | --tcp] \
-    [--handler echo|kv] [--async] [--exit-after N] [--max-clients N] [--window W]";
+    [--handler echo|kv] [--async] [--exit-after N] [--max-clients N] [--window W] [--spin POLLS]";
 
 fn main() -> ExitCode {
     match run() {
@@ -69,6 +69,7 @@ fn run() -> Result<()> {
             "--exit-after",
             "--max-clients",
             "--window",
+            "--spin",
         ],
     )?;
     let listen = flags
@@ -80,6 +81,7 @@ fn run() -> Result<()> {
     let config = RpcConfig {
         max_clients: flags.parsed("--max-clients", 64)?,
         window: flags.parsed("--window", 16)?,
+        spin_polls: flags.parsed("--spin", RpcConfig::default().spin_polls)?,
         ..RpcConfig::default()
     };
     if flags.has("--tcp") {

@@ -64,7 +64,8 @@ fn calls_of_every_size_round_trip() {
     assert_eq!(client.window(), 16);
     // Empty, inline-sized, exactly one buffer, one byte over (rendezvous),
     // and several MiB.
-    let max_inline_body = 4096 - wire::HEADER_LEN;
+    let max_inline_body = RpcConfig::default().buffer_size as usize - wire::HEADER_LEN;
+    assert_eq!(max_inline_body, 4096);
     for n in [
         0,
         1,
@@ -202,9 +203,12 @@ fn too_large_messages_are_refused_on_both_sides() {
     assert_eq!(client.call(b"ok").unwrap(), b"ok");
 }
 
+/// The senders that let a gated handler's futures finish.
+type Gates = Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>;
+
 /// An async handler whose answers wait for the test to release them.
 struct Gate {
-    waiting: Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>,
+    waiting: Gates,
     started: Arc<AtomicUsize>,
 }
 
@@ -225,11 +229,7 @@ impl AsyncHandler for Gate {
     }
 }
 
-fn gate() -> (
-    Gate,
-    Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>,
-    Arc<AtomicUsize>,
-) {
+fn gate() -> (Gate, Gates, Arc<AtomicUsize>) {
     let waiting = Arc::new(Mutex::new(Vec::new()));
     let started = Arc::new(AtomicUsize::new(0));
     (
@@ -601,5 +601,47 @@ fn busy_wakeup_clients_work_without_a_notifier() {
     ));
     for (i, r) in got.into_iter().enumerate() {
         assert_eq!(r.unwrap(), vec![i as u8; 33]);
+    }
+}
+
+#[test]
+fn callers_that_sleep_at_once_are_woken_in_every_wakeup_mode() {
+    // spin_polls 0: every blocking call parks at once, so the wake-up
+    // path (the notifier, or the caller sleeping on the channel itself)
+    // carries every answer.
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    for wakeup in [Wakeup::Thread, Wakeup::Reactor, Wakeup::Busy] {
+        let client = server
+            .connect_soft_with(RpcConfig {
+                wakeup,
+                spin_polls: 0,
+                call_timeout: Duration::from_secs(10),
+                ..RpcConfig::default()
+            })
+            .unwrap();
+        let threads: Vec<_> = (0..3u8)
+            .map(|t| {
+                let client = client.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50u8 {
+                        let req = [t, i, 7];
+                        assert_eq!(client.call(&req).unwrap(), req, "{wakeup:?}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        if wakeup == Wakeup::Thread {
+            // Awaited calls are woken by the notifier too.
+            let got = futures::executor::block_on(futures::future::join_all(
+                (0..20u8).map(|i| client.call_async(&[i])),
+            ));
+            for (i, r) in got.into_iter().enumerate() {
+                assert_eq!(r.unwrap(), [i as u8]);
+            }
+        }
     }
 }

@@ -83,8 +83,7 @@ fn sixteen_clients_pipeline_calls_of_every_size_without_rnr() {
         max_clients: 16,
         ..RpcConfig::default()
     };
-    let server =
-        RpcServer::bind_with("127.0.0.1:0", &dev, Service::handler(echo), config).unwrap();
+    let server = RpcServer::bind_with("127.0.0.1:0", &dev, Service::handler(echo), config).unwrap();
     let addr = server.local_addr().unwrap();
     let rnr_before = rxe::rnr_naks(&device_name());
     let clients: Vec<_> = (0..16)
@@ -98,7 +97,7 @@ fn sixteen_clients_pipeline_calls_of_every_size_without_rnr() {
                 // 24 calls in flight per client; sizes from 1 byte to
                 // 100 KB, so inline messages and rendezvous both run.
                 let reqs: Vec<Vec<u8>> = (0..24)
-                    .map(|i| pattern([1, 64, 4000, 4073, 100_000][i % 5], k * 100 + i))
+                    .map(|i| pattern([1, 64, 4096, 4097, 100_000][i % 5], k * 100 + i))
                     .collect();
                 let got = futures::executor::block_on(futures::future::join_all(
                     reqs.iter().map(|r| client.call_async(r)),
@@ -232,9 +231,11 @@ fn a_killed_client_process_is_detached_and_others_are_served() {
         let _ = gate.send(());
     }
     let t0 = Instant::now();
-    wait_for("the dead client to be detached", Duration::from_secs(60), || {
-        server.stats().clients_closed == 1
-    });
+    wait_for(
+        "the dead client to be detached",
+        Duration::from_secs(60),
+        || server.stats().clients_closed == 1,
+    );
     println!("the dead client was detached after {:?}", t0.elapsed());
     let other = RpcClient::connect_with(addr, &dev, RpcConfig::default()).unwrap();
     let call = other.call_async(b"alive");
@@ -253,9 +254,13 @@ fn a_killed_server_fails_calls_and_a_restarted_one_serves_new_clients() {
     const TEST: &str = "a_killed_server_fails_calls_and_a_restarted_one_serves_new_clients";
     if let Ok(role) = std::env::var(CHILD_ENV) {
         let addr = role.strip_prefix("server ").unwrap();
-        let _server =
-            RpcServer::bind_with(addr, &device(), Service::handler(echo), RpcConfig::default())
-                .unwrap();
+        let _server = RpcServer::bind_with(
+            addr,
+            &device(),
+            Service::handler(echo),
+            RpcConfig::default(),
+        )
+        .unwrap();
         loop {
             std::thread::sleep(Duration::from_secs(60));
         }
@@ -282,7 +287,10 @@ fn a_killed_server_fails_calls_and_a_restarted_one_serves_new_clients() {
     let t0 = Instant::now();
     match old.call(b"after") {
         Err(RpcError::Disconnected(why)) => {
-            println!("the dead server was noticed after {:?}: {why}", t0.elapsed())
+            println!(
+                "the dead server was noticed after {:?}: {why}",
+                t0.elapsed()
+            )
         }
         other => panic!("expected Disconnected, got {other:?}"),
     }

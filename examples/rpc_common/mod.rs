@@ -107,9 +107,10 @@ pub fn pattern(len: usize, client: usize, call: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Request sizes of the checked echo workload: inline ones, one that just
-/// fits a 4 KiB buffer, and larger ones that go by rendezvous.
-const SIZES: [usize; 7] = [1, 64, 1000, 4072, 4073, 20_000, 300_000];
+/// Request sizes of the checked echo workload: inline ones, the largest
+/// inline one (4 KiB with the default config), and larger ones that go
+/// by rendezvous.
+const SIZES: [usize; 7] = [1, 64, 1000, 4096, 4097, 20_000, 300_000];
 
 /// What one client did.
 pub struct ClientReport {

@@ -12,7 +12,7 @@ use futures_core::Stream;
 
 use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::{RpcConfig, RpcError};
-use crate::backend::{ProtectionDomain, QueuePair};
+use crate::backend::{CompletionQueue as _, ProtectionDomain, QueuePair};
 use crate::buf::{
     BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
 };
@@ -561,19 +561,53 @@ fn connection_error(code: ErrorCode, text: &str) -> RpcError {
 }
 
 /// Wakers of the tasks (or threads) waiting on calls: any completion
-/// wakes them all, and each looks for its own result.
+/// wakes them all, and each looks for its own result. The first
+/// registration after none unparks the notifier (if the client has one),
+/// which then sleeps on the completion channel until nobody waits.
+///
+/// It also holds the client's driving token: one thread at a time (a
+/// parked caller, or the notifier) sleeps on the completion channel and
+/// drives the ring, and the others sleep until it wakes them.
 #[derive(Default)]
 struct CallWakers {
     waiting: Mutex<HashMap<u64, Waker>>,
+    notifier: std::sync::OnceLock<std::thread::Thread>,
+    driving: std::sync::atomic::AtomicBool,
 }
 
 impl CallWakers {
+    /// Takes the driving token, if nobody holds it.
+    fn try_drive(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.driving
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives the token back and wakes every waiter (and the notifier), so
+    /// that one of them takes it over.
+    fn release_drive(self: &Arc<Self>) {
+        self.driving
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.wake_by_ref();
+        if let Some(notifier) = self.notifier.get() {
+            notifier.unpark();
+        }
+    }
+
     fn register(&self, id: u64, waker: &Waker) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let first = waiting.is_empty();
         match waiting.get(&id) {
             Some(w) if w.will_wake(waker) => {}
             _ => {
                 waiting.insert(id, waker.clone());
+            }
+        }
+        drop(waiting);
+        if first {
+            if let Some(notifier) = self.notifier.get() {
+                notifier.unpark();
             }
         }
     }
@@ -583,6 +617,14 @@ impl CallWakers {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+    }
+
+    fn anyone_waiting(&self) -> bool {
+        !self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 }
 
@@ -602,6 +644,87 @@ impl Wake for CallWakers {
     }
 }
 
+/// How long the notifier sleeps on the completion channel before waking
+/// the waiters anyway, so that they see their deadlines pass.
+const NOTIFIER_TICK: Duration = Duration::from_millis(100);
+
+/// The client's notifier thread ([`Wakeup::Thread`]): while any call is
+/// parked or pending, it sleeps on the completion channel and drives the
+/// ring; while none is, it sleeps, so a call answered while its caller
+/// still polls costs no wake-up.
+struct Notifier {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Notifier {
+    fn start<Q: QueuePair + std::marker::Send + 'static>(
+        driver: crate::future::Driver<Q>,
+        events: Arc<dyn crate::backend::CompletionEvents>,
+        wakers: Arc<CallWakers>,
+    ) -> Notifier {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("rdma-ring-rpc-notifier".into())
+            .spawn(move || {
+                use std::sync::atomic::Ordering;
+                let mut holding = false;
+                while !stopped.load(Ordering::Acquire) {
+                    if !wakers.anyone_waiting() {
+                        if std::mem::take(&mut holding) {
+                            wakers.release_drive();
+                        }
+                        std::thread::park_timeout(NOTIFIER_TICK);
+                        continue;
+                    }
+                    if !holding {
+                        if !wakers.try_drive() {
+                            // A parked caller drives; it wakes us when it
+                            // lets go.
+                            std::thread::park_timeout(NOTIFIER_TICK);
+                            continue;
+                        }
+                        holding = true;
+                        let _ = driver.drive();
+                    }
+                    let pending = events.wait(NOTIFIER_TICK).unwrap_or(false);
+                    // Taking the events, re-arming and polling, in that
+                    // order: a completion landing meanwhile raises a new
+                    // event. The stream's waker wakes every waiter.
+                    let reaped = driver.drive().unwrap_or(0);
+                    if !pending && reaped == 0 {
+                        // A quiet tick: waiters look at their deadlines.
+                        wakers.wake_by_ref();
+                    }
+                }
+                if holding {
+                    wakers.release_drive();
+                }
+            })
+            .expect("spawning the RPC notifier thread");
+        Notifier {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// The notifier's handle, for [`CallWakers::register`] to unpark.
+fn wakers_notifier(thread: &std::thread::JoinHandle<()>) -> std::thread::Thread {
+    thread.thread().clone()
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
 struct ClientState<Q: QueuePair> {
     completions: CompletionStream<Q>,
     core: ClientCore,
@@ -612,6 +735,12 @@ struct ClientShared<Q: QueuePair + std::marker::Send + 'static> {
     state: Mutex<ClientState<Q>>,
     wakers: Arc<CallWakers>,
     config: RpcConfig,
+    /// Whether nothing sleeps on the completion channel: a parked caller
+    /// would never be woken, so callers poll instead.
+    busy: bool,
+    /// The completion channel, for the parked caller that drives.
+    events: Option<Arc<dyn crate::backend::CompletionEvents>>,
+    _notifier: Option<Notifier>,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
@@ -660,15 +789,53 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         }
     }
 
+    /// Sleeps until call `id` may have progressed: as the driver (on the
+    /// completion channel, then driving the ring, which wakes the others)
+    /// if the token is free, else parked until the driver wakes it.
+    fn sleep(&self, id: u64, deadline: Option<Instant>) {
+        let tick = Duration::from_millis(10);
+        let tick = deadline.map_or(tick, |d| {
+            d.saturating_duration_since(Instant::now()).min(tick)
+        });
+        match &self.events {
+            Some(events) if self.wakers.try_drive() => {
+                // Take, re-arm and poll first: a completion that landed
+                // since the last look raised no event that is still
+                // pending.
+                let _ = self.ring.drive();
+                if !self.has_result(id) {
+                    let _ = events.wait(tick);
+                    let _ = self.ring.drive();
+                }
+                self.wakers.release_drive();
+            }
+            // poll_call registered this caller: the driver's completions
+            // wake it, and so does the driver letting go of the token.
+            _ => std::thread::park_timeout(tick),
+        }
+    }
+
+    /// Whether call `id` has its result (or is gone), applying
+    /// completions first.
+    fn has_result(&self, id: u64) -> bool {
+        let mut state = self.lock();
+        self.turn(&mut state);
+        matches!(state.core.calls.get(&id), Some(Call::Done(_)) | None)
+    }
+
+    /// Looks for call `id`'s result, applying completions first. With
+    /// `register`, the waker is registered (before looking, so that a
+    /// completion delivered meanwhile wakes this call rather than nobody).
     fn poll_call(
         &self,
         id: u64,
         deadline: Option<Instant>,
         cx: &mut Context<'_>,
+        register: bool,
     ) -> Poll<Result<Vec<u8>, RpcError>> {
-        // Registered before looking, so that a completion the notifier
-        // delivers meanwhile wakes this call rather than nobody.
-        self.wakers.register(id, cx.waker());
+        if register {
+            self.wakers.register(id, cx.waker());
+        }
         let mut state = self.lock();
         self.turn(&mut state);
         if let Some(result) = state.core.take_result(id) {
@@ -680,7 +847,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
             self.wakers.forget(id);
             return Poll::Ready(Err(RpcError::Timeout(self.config.call_timeout)));
         }
-        if self.config.wakeup == Wakeup::Busy {
+        if self.busy && register {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
@@ -802,17 +969,41 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
     /// Waits for the server's hello (the queue pair is connected).
     pub(crate) fn establish(self) -> Result<RpcClient<Q>, RpcError> {
         let max_inline = self.ring.caps().max_inline_data as usize;
-        let ring = AsyncRing::new(self.ring, self.config.wakeup)
-            .map_err(|e| RpcError::Connect(e.to_string()))?;
+        // The ring's own wake-up is the reactor kind (the channel armed,
+        // nothing sleeping on it): blocking callers poll, and only parked
+        // callers and pending futures need the notifier.
+        let events = self.ring.cq().completion_events();
+        let wakeup = match (&events, self.config.wakeup) {
+            (None, _) | (_, Wakeup::Busy) => Wakeup::Busy,
+            (Some(_), _) => Wakeup::Reactor,
+        };
+        let ring =
+            AsyncRing::new(self.ring, wakeup).map_err(|e| RpcError::Connect(e.to_string()))?;
         let completions = ring.completions();
+        let wakers: Arc<CallWakers> = Arc::default();
+        let notifier = match (&events, self.config.wakeup) {
+            (Some(events), Wakeup::Thread) => {
+                let notifier =
+                    Notifier::start(ring.driver(), Arc::clone(events), Arc::clone(&wakers));
+                let thread = notifier.thread.as_ref().map(wakers_notifier);
+                if let Some(thread) = thread {
+                    let _ = wakers.notifier.set(thread);
+                }
+                Some(notifier)
+            }
+            _ => None,
+        };
         let shared = Arc::new(ClientShared {
             ring,
             state: Mutex::new(ClientState {
                 completions,
                 core: ClientCore::new(self.pd, self.config, max_inline),
             }),
-            wakers: Arc::default(),
+            wakers,
             config: self.config,
+            busy: wakeup == Wakeup::Busy,
+            events,
+            _notifier: notifier,
         });
         let deadline = Instant::now() + self.config.connect_timeout;
         loop {
@@ -846,20 +1037,29 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
         let deadline = Instant::now().checked_add(self.shared.config.call_timeout);
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
+        // Polling, the caller needs nobody to wake it; once it parks, it
+        // registers, and the notifier (or a reactor) wakes it. It polls
+        // only while a core is free for it: callers polling on every core
+        // would starve whatever answers them.
+        let mut spin = SpinSlot::take(self.shared.busy);
         let mut idle = 0usize;
         loop {
-            if let Poll::Ready(result) = self.shared.poll_call(id, deadline, &mut cx) {
+            if spin.is_some() && idle >= self.shared.config.spin_polls && !self.shared.busy {
+                spin = None;
+            }
+            let park = spin.is_none() && !self.shared.busy;
+            if let Poll::Ready(result) = self.shared.poll_call(id, deadline, &mut cx, park) {
                 return result;
             }
-            idle += 1;
-            if idle < self.shared.config.spin_polls {
+            if park {
+                self.shared.sleep(id, deadline);
+            } else {
+                idle += 1;
                 // Yield rather than spin: the thread that completes this
-                // call (the notifier, a peer in this process) may need
-                // this core.
+                // call (a peer in this process, the device's own threads)
+                // may need this core.
                 std::thread::yield_now();
-                continue;
             }
-            std::thread::park_timeout(Duration::from_millis(10));
         }
     }
 
@@ -913,6 +1113,42 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
     }
 }
 
+/// Blocking callers polling right now, over every client of the process.
+static SPINNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Leave to poll: callers poll on all cores but one (and at least one),
+/// so that polling callers leave room for the threads that answer them.
+struct SpinSlot;
+
+impl SpinSlot {
+    /// A slot, if one is free (always, for a busy-polling client, which
+    /// has nothing else to wait on).
+    fn take(busy: bool) -> Option<SpinSlot> {
+        use std::sync::atomic::Ordering;
+        if busy {
+            SPINNING.fetch_add(1, Ordering::AcqRel);
+            return Some(SpinSlot);
+        }
+        // Asked once: the answer costs system calls (and cgroup reads).
+        static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let limit = *LIMIT.get_or_init(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+        });
+        SPINNING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SpinSlot)
+    }
+}
+
+impl Drop for SpinSlot {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 struct ThreadWaker(std::thread::Thread);
 
 impl Wake for ThreadWaker {
@@ -943,7 +1179,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
             Some(Err(e)) => return Poll::Ready(Err(e)),
             Some(Ok(id)) => id,
         };
-        match self.shared.poll_call(id, self.deadline, cx) {
+        match self.shared.poll_call(id, self.deadline, cx, true) {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
                 self.call = Some(Ok(id));

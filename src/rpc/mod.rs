@@ -75,14 +75,15 @@ use crate::Error;
 /// ```
 /// use rdma_ring::rpc::RpcConfig;
 /// let config = RpcConfig { window: 32, ..RpcConfig::default() };
-/// assert_eq!(config.buffer_size, 4096);
+/// assert_eq!(config.buffer_size, 4096 + 24); // 4 KiB of payload inline
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RpcConfig {
     /// Unanswered messages a client may have in flight (server side).
     pub window: u16,
     /// Bytes of each receive buffer on both sides: messages up to this
-    /// size, header included, travel inline (server side).
+    /// size, header included, travel inline (server side). The default
+    /// carries 4 KiB of payload inline.
     pub buffer_size: u32,
     /// The longest request or response (server side); a client also
     /// refuses responses longer than its own value.
@@ -109,7 +110,7 @@ impl Default for RpcConfig {
     fn default() -> Self {
         RpcConfig {
             window: 16,
-            buffer_size: 4096,
+            buffer_size: 4096 + wire::HEADER_LEN as u32,
             max_message: 64 << 20,
             max_clients: 64,
             release_timeout: Duration::from_secs(10),

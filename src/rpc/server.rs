@@ -414,7 +414,7 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
         core.expire(now);
         *last_expire = now;
     }
-    for (qp, _why) in core.to_detach() {
+    for (qp, _why) in core.take_finished() {
         progressed = true;
         // Detaching drains the queue pair's flushed work; buffers it could
         // not drain are leaked, never freed under the device.

@@ -621,7 +621,7 @@ impl ServerCore {
 
     /// Connections to detach now, with why: broken ones at once, closing
     /// ones once their last send left.
-    pub(super) fn to_detach(&mut self) -> Vec<(QpHandle, String)> {
+    pub(super) fn take_finished(&mut self) -> Vec<(QpHandle, String)> {
         let done: Vec<QpHandle> = self
             .conns
             .iter()
