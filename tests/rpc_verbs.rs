@@ -285,6 +285,15 @@ fn a_killed_server_fails_calls_and_a_restarted_one_serves_new_clients() {
     first.kill().unwrap();
     first.wait().unwrap();
     let t0 = Instant::now();
+    // Idle, the client still learns of it: the server's end of the
+    // handshake socket closed with its process.
+    wait_for("the idle client to notice", Duration::from_secs(10), || {
+        old.failure().is_some()
+    });
+    println!(
+        "the idle client noticed the dead server after {:?}",
+        t0.elapsed()
+    );
     match old.call(b"after") {
         Err(RpcError::Disconnected(why)) => {
             println!(
@@ -299,4 +308,84 @@ fn a_killed_server_fails_calls_and_a_restarted_one_serves_new_clients() {
     assert_eq!(new.call(b"restarted").unwrap(), b"restarted");
     second.kill().unwrap();
     second.wait().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn an_idle_killed_client_is_detached_over_either_handshake() {
+    const TEST: &str = "an_idle_killed_client_is_detached_over_either_handshake";
+    if let Ok(role) = std::env::var(CHILD_ENV) {
+        // The child: one call, then idle until killed.
+        match role.split_once(' ') {
+            Some(("tcp", addr)) => {
+                let client =
+                    RpcClient::connect_with(addr, &device(), RpcConfig::default()).unwrap();
+                client.call(b"hello").unwrap();
+                idle_forever(&client)
+            }
+            Some(("cm", addr)) => {
+                let client =
+                    RpcClient::connect_cm(addr.parse().unwrap(), RpcConfig::default()).unwrap();
+                client.call(b"hello").unwrap();
+                idle_forever(&client)
+            }
+            _ => panic!("unknown role {role:?}"),
+        }
+    }
+    let tcp = RpcServer::bind_with(
+        "127.0.0.1:0",
+        &device(),
+        Service::handler(echo),
+        RpcConfig::default(),
+    )
+    .unwrap();
+    let cm_addr: std::net::SocketAddr = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
+    let cm = RpcServer::bind_cm(cm_addr, Service::handler(echo), RpcConfig::default()).unwrap();
+    for (name, server, role) in [
+        (
+            "TCP handshake",
+            &tcp as &dyn Stats,
+            format!("tcp {}", tcp.local_addr().unwrap()),
+        ),
+        ("rdma_cm", &cm as &dyn Stats, format!("cm {cm_addr}")),
+    ] {
+        let mut child = spawn_child(TEST, &role);
+        wait_for("the child's call", Duration::from_secs(60), || {
+            server.requests() == 1
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let t0 = Instant::now();
+        wait_for(
+            "the idle dead client to be detached",
+            Duration::from_secs(30),
+            || server.closed() == 1,
+        );
+        println!(
+            "{name}: the idle dead client was detached after {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+/// The two servers' counters, whatever their queue pair type.
+trait Stats {
+    fn requests(&self) -> u64;
+    fn closed(&self) -> u64;
+}
+
+impl<Q: rdma_ring::backend::QueuePair + Send + 'static> Stats for RpcServer<Q> {
+    fn requests(&self) -> u64 {
+        self.stats().requests
+    }
+    fn closed(&self) -> u64 {
+        self.stats().clients_closed
+    }
+}
+
+/// Keeps `_client` connected until the process is killed.
+fn idle_forever<T>(_client: &T) -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
 }

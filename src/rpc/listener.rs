@@ -17,6 +17,30 @@ use crate::error::Error;
 
 /// How often an accept loop looks whether the server is stopping.
 const ACCEPT_TICK: Duration = Duration::from_millis(20);
+/// Handshakes in progress at most: beyond, new connections are dropped,
+/// so a flood of them costs a bounded number of threads and queue pairs.
+const MAX_HANDSHAKES: usize = 64;
+
+/// Counts a handshake in progress while it lives.
+struct HandshakeSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl HandshakeSlot {
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<HandshakeSlot> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HandshakeSlot(Arc::clone(count)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// The device and protection domain of a verbs server.
 struct VerbsFabric {
@@ -110,15 +134,20 @@ impl RpcServer<VerbsQp> {
 /// Accepts TCP connections until the server stops; each handshake runs
 /// on a thread of its own, so a slow or hostile peer delays nobody.
 fn accept_tcp(listener: &TcpListener, shared: &Arc<ServerShared<VerbsQp>>) {
+    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !shared.stopping() {
         match listener.accept() {
             Ok((socket, peer)) => {
+                let Some(slot) = HandshakeSlot::take(&handshakes) else {
+                    continue; // dropped: too many handshakes at once
+                };
                 let shared = Arc::clone(shared);
                 let _ = std::thread::Builder::new()
                     .name("rdma-ring-rpc-handshake".into())
                     .spawn(move || {
                         // A failed handshake concerns that peer only.
                         let _ = handshake_tcp(socket, peer, &shared);
+                        drop(slot);
                     });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -150,7 +179,9 @@ fn handshake_tcp(
             .create_qp_on(&fabric.pd, cq, Some(srq), server_qp_config(&shared.config))
     })?;
     tcp::handshake(&mut socket, &qp, shared.config.connect_timeout)?;
-    shared.admit(qp, Some(peer));
+    // The client keeps its end open while connected: its end of file
+    // tells the poller the client is gone.
+    shared.admit(qp, Some(peer), Some(socket));
     Ok(())
 }
 
@@ -179,8 +210,13 @@ impl RpcServer<CmQp> {
 /// Takes rdma_cm connection requests until the server stops; each is
 /// accepted on a thread of its own.
 fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
+    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !shared.stopping() {
         let Ok(request) = listener.request(ACCEPT_TICK * 10) else {
+            continue;
+        };
+        let Some(slot) = HandshakeSlot::take(&handshakes) else {
+            request.reject();
             continue;
         };
         let fabric = shared
@@ -201,9 +237,11 @@ fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
         let _ = std::thread::Builder::new()
             .name("rdma-ring-rpc-handshake".into())
             .spawn(move || {
+                // rdma_cm tells the ring when the peer disconnects.
                 if qp.accept(b"", shared.config.connect_timeout).is_ok() {
-                    shared.admit(qp, None);
+                    shared.admit(qp, None, None);
                 }
+                drop(slot);
             });
     }
 }
@@ -240,7 +278,8 @@ impl RpcClient<VerbsQp> {
         let pending = PendingClient::new(qp, Arc::new(pd), config).map_err(connect_failed)?;
         tcp::handshake(&mut socket, pending.qp(), config.connect_timeout)
             .map_err(connect_failed)?;
-        pending.establish()
+        // Kept open while connected: the server watches it for the end.
+        pending.keep(socket).establish()
     }
 }
 

@@ -31,31 +31,44 @@
 //! * **Credits.** The server's hello grants each client a window of
 //!   unanswered messages; the shared receive queue holds a window for
 //!   every client it admits (`max_clients` × `window`), and a buffer goes
-//!   back as soon as its request was handled, so a client keeping to its
-//!   window never meets an empty queue (no RNR). A client that sends more
-//!   breaks the protocol and is disconnected. The client posts a receive
-//!   for every answer its window allows, plus two for the server's
-//!   unsolicited messages.
+//!   back as soon as its request was handled, so clients keeping to their
+//!   windows never meet an empty queue (no RNR). A client that sends more
+//!   is flooding: it is cut off at once, before it can drain the queue
+//!   for the others. The client posts a receive for every answer its
+//!   window allows, plus two for the server's unsolicited messages (which
+//!   the server sends only once the client has spoken, so after its
+//!   receives are posted).
 //! * **Messages of any size.** A message that fits a receive buffer
 //!   (`buffer_size`, header included) is one SEND. A larger one goes by
 //!   rendezvous: its owner exposes it read-only and SENDs its descriptor;
 //!   the peer RDMA-READs it. A large request's buffer is released by its
 //!   response; a large response's by the client's release message, or by
 //!   the server after `release_timeout`.
-//! * **Faults.** A malformed message, a broken window or a lying
-//!   descriptor ends that connection only, with an error message to the
-//!   client first; a handler's panic fails that call only; a client that
-//!   dies is detached when a send to it fails, and its unreleased buffers
-//!   go with it. The wire format is in [`wire`]: versioned, strictly
-//!   decoded, fuzzed.
+//! * **Faults.** A malformed message or a lying descriptor ends that
+//!   connection only (with an error message to the client first, where
+//!   one can go); a handler's panic fails that call only. A client that
+//!   dies is detached when a send to it fails, when rdma_cm reports its
+//!   departure, or, over the TCP handshake, when its end of the
+//!   handshake's socket (kept open for the connection's life) closes;
+//!   its unreleased buffers and pending handler futures go with it. The
+//!   client watches the same socket for the server. A client may hold at
+//!   most twice its window of unreleased large responses. The wire format
+//!   is in [`wire`]: versioned, strictly decoded, fuzzed.
+//! * **Shutdown.** The server says goodbye to every client that has
+//!   spoken; each answers with a close once its calls are answered, and
+//!   the server stops when all have gone — or, after `release_timeout`,
+//!   answers the calls its handler futures still hold with
+//!   `ShuttingDown` and lets the rest go.
 
 mod client;
+mod client_core;
 mod handler;
 #[cfg(feature = "verbs")]
 mod listener;
 mod server;
 mod server_core;
 mod tasks;
+mod waking;
 pub mod wire;
 
 use std::fmt;
@@ -88,8 +101,9 @@ pub struct RpcConfig {
     /// The longest request or response (server side); a client also
     /// refuses responses longer than its own value.
     pub max_message: u32,
-    /// Clients served at once (server side): the shared receive queue
-    /// holds `max_clients` × `window` buffers; later clients are refused.
+    /// Connections open at once (server side), closing ones included:
+    /// the shared receive queue holds `max_clients` × `window` buffers;
+    /// later clients are refused with [`RpcError::Busy`].
     pub max_clients: u32,
     /// How long the server keeps a large response the client has not
     /// released (server side).
@@ -125,8 +139,10 @@ impl Default for RpcConfig {
 impl RpcConfig {
     /// Refuses sizes the wire cannot carry or a device cannot hold.
     pub(crate) fn check(&self) -> Result<(), Error> {
+        // Every buffer must hold an error message with its longest text.
+        let min_buffer = (wire::HEADER_LEN + wire::MAX_ERROR_TEXT) as u32;
         let ok = (1..=wire::MAX_WINDOW).contains(&self.window)
-            && (wire::MIN_BUFFER.max(64)..=wire::MAX_BUFFER).contains(&self.buffer_size)
+            && (min_buffer..=wire::MAX_BUFFER).contains(&self.buffer_size)
             && self.max_message > 0
             && (1..=4096).contains(&self.max_clients)
             && u64::from(self.max_clients) * u64::from(self.window) <= 16384;
@@ -134,7 +150,7 @@ impl RpcConfig {
             Ok(())
         } else {
             Err(Error::Incompatible(
-                "rpc config out of range: window 1 to 1024, buffer_size 64 B to 16 MiB, \
+                "rpc config out of range: window 1 to 1024, buffer_size 280 B to 1 MiB, \
                  max_message at least 1, max_clients 1 to 4096, max_clients × window at most 16384",
             ))
         }

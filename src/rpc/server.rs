@@ -3,7 +3,7 @@
 //! connections by whatever accepts them.
 
 use std::any::Any;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -93,11 +93,21 @@ struct PollerState<Q: QueuePair> {
     core: ServerCore,
     scratch: Vec<Completion>,
     last_expire: Instant,
+    shutdown_began: Option<Instant>,
+    /// Whether a shutdown dropped the handler futures still pending.
+    aborted: bool,
+}
+
+/// A connected queue pair on its way to the poller.
+struct Arrival<Q> {
+    qp: Q,
+    peer: Option<SocketAddr>,
+    watch: Option<TcpStream>,
 }
 
 pub(super) struct ServerShared<Q: QueuePair> {
     state: Mutex<PollerState<Q>>,
-    inbox: Mutex<Vec<(Q, Option<SocketAddr>)>>,
+    inbox: Mutex<Vec<Arrival<Q>>>,
     events: Option<Arc<dyn CompletionEvents>>,
     stop: AtomicBool,
     pub(super) config: RpcConfig,
@@ -119,12 +129,18 @@ impl<Q: QueuePair> ServerShared<Q> {
     }
 
     /// Hands a connected queue pair (made by [`with_queues`]) to the
-    /// poller, which greets it.
-    pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>) {
+    /// poller, which greets it; `watch` is the handshake's socket, kept
+    /// open by the client for the connection's life, whose end tells that
+    /// the client's process is gone. Refused (the queue pair dropped, so
+    /// the client's first call fails) once the server stops.
+    pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>, watch: Option<TcpStream>) {
+        if self.stopping() {
+            return;
+        }
         self.inbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((qp, peer));
+            .push(Arrival { qp, peer, watch });
     }
 
     pub(super) fn stopping(&self) -> bool {
@@ -235,6 +251,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
                 core,
                 scratch: Vec::new(),
                 last_expire: Instant::now(),
+                shutdown_began: None,
+                aborted: false,
             }),
             inbox: Mutex::new(Vec::new()),
             events,
@@ -271,9 +289,14 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
 
     /// Shuts down gracefully: stops accepting, tells every client (their
     /// new calls fail with [`RpcError::ShuttingDown`]), answers the calls
-    /// already received, waits for large responses to be released (up to
-    /// `release_timeout`), then closes every connection. Returns once the
-    /// poller has stopped.
+    /// already received (a call arriving after the goodbye is refused with
+    /// `ShuttingDown`), and waits for each client to close once its calls
+    /// are answered and its large responses read. Clients that do not
+    /// close within `release_timeout` (a client nobody polls, with
+    /// [`Wakeup::Busy`](crate::future::Wakeup::Busy) or
+    /// [`Wakeup::Reactor`](crate::future::Wakeup::Reactor)) are
+    /// disconnected then, and handler futures still pending are dropped.
+    /// Returns once the poller has stopped.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         self.shared.stop.store(true, Ordering::Release);
         let acceptor = self
@@ -300,6 +323,12 @@ impl<Q: QueuePair + std::marker::Send + 'static> Drop for RpcServer<Q> {
     }
 }
 
+/// How long a shutdown that ran out of time waits for its last answers.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// How often the poller looks for expired responses and departed clients.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
 /// The longest the poller sleeps on the completion channel between looks
 /// at its other inputs (new connections, shutdown, expiries).
 const TICK: Duration = Duration::from_millis(20);
@@ -312,12 +341,27 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
     loop {
         let mut state = shared.lock();
         let progressed = pass(shared, &mut state);
-        if shared.stopping() && !state.core.shutting_down {
+        if shared.stopping() && state.shutdown_began.is_none() {
             state.core.begin_shutdown();
+            state.shutdown_began = Some(Instant::now());
         }
-        if state.core.shutting_down {
-            let waited_out = state.last_expire.elapsed() > shared.config.release_timeout;
-            if state.core.drained() || waited_out && !state.core.busy() {
+        if let Some(began) = state.shutdown_began {
+            // Done when every client has gone (each closes once its calls
+            // are answered). After `release_timeout`, handler futures
+            // still pending are dropped and their calls answered
+            // `ShuttingDown`; once those answers left (or a second more),
+            // the clients that did not close are let go. One more pass
+            // first, for requests that landed since the last.
+            let waited = began.elapsed();
+            let waited_out = waited > shared.config.release_timeout;
+            if waited_out && !state.aborted {
+                state.aborted = true;
+                state.core.abort_tasks();
+                continue;
+            }
+            let give_up = waited_out
+                && (state.core.quiet() || waited > shared.config.release_timeout + ABORT_GRACE);
+            if (state.core.connections() == 0 || give_up) && !pass(shared, &mut state) {
                 close_all(&mut state);
                 return;
             }
@@ -371,13 +415,13 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
     } = state;
     let mut progressed = false;
     let arrivals = std::mem::take(&mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()));
-    for (qp, peer) in arrivals {
+    for Arrival { qp, peer, watch } in arrivals {
         progressed = true;
         let caps = qp.caps();
         let full = core.connections() >= shared.config.max_clients as usize;
         match ring.attach(qp) {
             Ok(handle) if full => core.refuse(handle, caps.qp_num, peer),
-            Ok(handle) => core.adopt(handle, caps.qp_num, caps.max_inline_data, peer),
+            Ok(handle) => core.adopt(handle, caps.qp_num, caps.max_inline_data, peer, watch),
             Err(_) => core.stats.clients_refused += 1,
         }
     }
@@ -410,11 +454,12 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
         }
     }
     let now = Instant::now();
-    if now.duration_since(*last_expire) > Duration::from_millis(100) && !core.shutting_down {
+    if now.duration_since(*last_expire) > LOOK_EVERY {
         core.expire(now);
+        core.check_liveness(ring);
         *last_expire = now;
     }
-    for (qp, _why) in core.take_finished() {
+    for (qp, _why) in core.take_finished(ring) {
         progressed = true;
         // Detaching drains the queue pair's flushed work; buffers it could
         // not drain are leaked, never freed under the device.
@@ -486,7 +531,7 @@ impl RpcServer<SoftQp> {
             .map_err(failed)?;
         fabric.dev.connect(&server_qp, &client_qp).map_err(failed)?;
         let pending = PendingClient::new(client_qp, client_pd, config).map_err(failed)?;
-        self.shared.admit(server_qp, None);
+        self.shared.admit(server_qp, None, None);
         pending.establish()
     }
 
@@ -511,7 +556,7 @@ impl RpcServer<SoftQp> {
         let pd = Arc::new(fabric.dev.alloc_pd());
         let qp = fabric.dev.create_qp(&pd, config)?;
         fabric.dev.connect(&server_qp, &qp)?;
-        self.shared.admit(server_qp, None);
+        self.shared.admit(server_qp, None, None);
         Ok((qp, pd))
     }
 

@@ -56,8 +56,14 @@ struct Conn {
     unanswered: usize,
     /// Sends and reads pushed and not completed.
     in_flight: usize,
-    /// Large responses the client may still read, by call id.
-    exposed: HashMap<u64, (ExposedBuf<Vec<u8>>, Instant)>,
+    /// Large responses the client may still read, by call id, with when
+    /// their descriptor left (the release timeout runs from then).
+    exposed: HashMap<u64, (ExposedBuf<Vec<u8>>, Option<Instant>)>,
+    /// The handshake's socket, whose end tells that the client is gone.
+    watch: Option<std::net::TcpStream>,
+    /// Whether the client sent anything yet: before, its receives for
+    /// anything but the hello may not be posted.
+    heard: bool,
     /// Why the connection ends, once it does; it is detached when nothing
     /// of it is in flight (or at once, if the device failed it).
     closing: Option<String>,
@@ -145,6 +151,8 @@ impl ServerCore {
             unanswered: 0,
             in_flight: 0,
             exposed: HashMap::new(),
+            watch: None,
+            heard: false,
             closing: None,
             broken: false,
             goodbye: false,
@@ -158,9 +166,11 @@ impl ServerCore {
         qp_num: u32,
         max_inline: u32,
         peer: Option<std::net::SocketAddr>,
+        watch: Option<std::net::TcpStream>,
     ) {
         self.max_inline = self.max_inline.min(max_inline as usize);
         let mut conn = self.new_conn(qp_num, peer);
+        conn.watch = watch.filter(|socket| socket.set_nonblocking(true).is_ok());
         let mut body = vec![0u8; wire::HELLO_LEN];
         Hello {
             window: self.config.window,
@@ -176,7 +186,7 @@ impl ServerCore {
             body: Body::Bytes(body),
         });
         if self.shutting_down {
-            queue_goodbye(&mut conn);
+            conn.closing = Some("the server is shutting down".into());
         }
         self.conns.insert(qp, conn);
         self.stats.clients_accepted += 1;
@@ -244,6 +254,7 @@ impl ServerCore {
             return;
         }
         self.stats.messages += 1;
+        conn.heard = true;
         let bytes = &chunk[..len.min(chunk.len())];
         let message = match Message::decode(bytes) {
             Ok(m) if m_is_from_client(&m) => m,
@@ -263,11 +274,16 @@ impl ServerCore {
         }
         conn.unanswered += 1;
         if conn.unanswered > usize::from(self.config.window) {
-            let why = format!(
-                "the client has {} messages unanswered, beyond its window of {}",
+            // A flood: it takes shared receive buffers from every other
+            // client, so the connection ends now, with no word (a message
+            // would let the flood go on until it left).
+            self.stats.protocol_errors += 1;
+            conn.broken = true;
+            conn.closing = Some(format!(
+                "protocol violation: {} messages unanswered, beyond the window of {}",
                 conn.unanswered, self.config.window
-            );
-            return self.violation(qp, why);
+            ));
+            return;
         }
         match message {
             Message::Request { id, body } => {
@@ -387,6 +403,10 @@ impl ServerCore {
             Ok(Ok(())) if HEADER_LEN + response.len() <= self.config.buffer_size as usize => {
                 self.send_now_or_queue(qp, Kind::Response, id, 0, response);
             }
+            Ok(Ok(())) if self.unreleased(qp) >= 2 * usize::from(self.config.window) => {
+                let why = "too many large responses not released yet";
+                self.answer_error(qp, id, ErrorCode::Busy, why)
+            }
             Ok(Ok(())) => {
                 let memory = std::mem::take(response);
                 match ExposedBuf::new(&*self.pd, memory, RemoteAccess::READ) {
@@ -394,7 +414,7 @@ impl ServerCore {
                         let remote = exposed.remote();
                         match self.conns.get_mut(&qp) {
                             Some(conn) if conn.closing.is_none() => {
-                                conn.exposed.insert(id, (exposed, Instant::now()));
+                                conn.exposed.insert(id, (exposed, None));
                             }
                             _ => return,
                         }
@@ -415,6 +435,11 @@ impl ServerCore {
                 }
             }
         }
+    }
+
+    /// Large responses of `qp` its client has not released.
+    fn unreleased(&self, qp: QpHandle) -> usize {
+        self.conns.get(&qp).map_or(0, |c| c.exposed.len())
     }
 
     fn answer_error(&mut self, qp: QpHandle, id: u64, code: ErrorCode, text: &str) {
@@ -512,9 +537,56 @@ impl ServerCore {
         let timeout = self.config.release_timeout;
         for conn in self.conns.values_mut() {
             let before = conn.exposed.len();
-            conn.exposed
-                .retain(|_, (_, since)| now.duration_since(*since) < timeout);
+            conn.exposed.retain(|_, (_, since)| {
+                since.is_none_or(|since| now.duration_since(since) < timeout)
+            });
             self.stats.releases_expired += (before - conn.exposed.len()) as u64;
+        }
+    }
+
+    /// Drops the handler futures still pending (a shutdown ran out of
+    /// time), answering their calls with `ShuttingDown`.
+    pub(super) fn abort_tasks(&mut self) {
+        for (qp, id) in self.tasks.cancel(|_| true) {
+            let why = "the server shut down before the handler finished";
+            self.answer_error(qp, id, ErrorCode::ShuttingDown, why);
+        }
+    }
+
+    /// Whether no connection has anything to send or in flight.
+    pub(super) fn quiet(&self) -> bool {
+        self.conns
+            .values()
+            .all(|c| c.in_flight == 0 && c.outbox.is_empty() && c.pending_reads.is_empty())
+    }
+
+    /// Finds clients that are gone without a word: a queue pair the
+    /// device (or rdma_cm) failed, or a handshake socket that ended (the
+    /// client's process died, or dropped the client).
+    pub(super) fn check_liveness<Q: QueuePair>(&mut self, ring: &Ring<Q>) {
+        for (&qp, conn) in self.conns.iter_mut() {
+            if conn.broken {
+                continue;
+            }
+            if let Some(status) = ring.qp_error(qp) {
+                conn.broken = true;
+                conn.closing
+                    .get_or_insert_with(|| format!("the connection failed: {status}"));
+                continue;
+            }
+            let gone = conn
+                .watch
+                .as_ref()
+                .is_some_and(|socket| match socket.peek(&mut [0u8; 1]) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                });
+            if gone {
+                conn.broken = true;
+                conn.closing
+                    .get_or_insert_with(|| "the client's handshake socket closed".into());
+            }
         }
     }
 
@@ -523,20 +595,15 @@ impl ServerCore {
     pub(super) fn begin_shutdown(&mut self) {
         self.shutting_down = true;
         for conn in self.conns.values_mut() {
-            queue_goodbye(conn);
+            if conn.heard {
+                queue_goodbye(conn);
+            } else {
+                // It may have no receive for a goodbye posted yet; its
+                // first call will find the connection gone.
+                conn.closing
+                    .get_or_insert_with(|| "the server is shutting down".into());
+            }
         }
-    }
-
-    /// Whether a shutdown may end: nothing in flight, nothing to send,
-    /// no handler running, no large response waiting for its client.
-    pub(super) fn drained(&self) -> bool {
-        self.tasks.len() == 0
-            && self.conns.values().all(|c| {
-                c.in_flight == 0
-                    && c.outbox.is_empty()
-                    && c.pending_reads.is_empty()
-                    && (c.exposed.is_empty() || c.closing.is_some())
-            })
     }
 
     /// Pushes what every connection has waiting; returns whether anything
@@ -563,6 +630,7 @@ impl ServerCore {
                 }
             }
             while let Some(out) = conn.outbox.pop_front() {
+                let mut exposes = None;
                 let (chunk, len, answers) = match out {
                     Outgoing::Ready {
                         chunk,
@@ -575,6 +643,9 @@ impl ServerCore {
                         aux,
                         body,
                     } => {
+                        if kind == Kind::ResponseRendezvous {
+                            exposes = Some(id);
+                        }
                         let Ok(mut chunk) = send_pool.take() else {
                             conn.outbox.push_front(Outgoing::Later {
                                 kind,
@@ -612,6 +683,9 @@ impl ServerCore {
                     conn.unanswered = conn.unanswered.saturating_sub(1);
                     self.stats.answers += 1;
                 }
+                if let Some(entry) = exposes.and_then(|id| conn.exposed.get_mut(&id)) {
+                    entry.1 = Some(Instant::now());
+                }
                 conn.in_flight += 1;
                 pushed = true;
             }
@@ -621,7 +695,10 @@ impl ServerCore {
 
     /// Connections to detach now, with why: broken ones at once, closing
     /// ones once their last send left.
-    pub(super) fn take_finished(&mut self) -> Vec<(QpHandle, String)> {
+    pub(super) fn take_finished<Q: QueuePair>(
+        &mut self,
+        _ring: &Ring<Q>,
+    ) -> Vec<(QpHandle, String)> {
         let done: Vec<QpHandle> = self
             .conns
             .iter()
@@ -634,6 +711,8 @@ impl ServerCore {
             .map(|qp| {
                 let conn = self.conns.remove(&qp).expect("listed");
                 self.reads.retain(|_, r| r.qp != qp);
+                // Nobody is left to answer: the handler's futures go.
+                let _ = self.tasks.cancel(|(owner, _)| *owner == qp);
                 self.stats.clients_closed += 1;
                 (qp, conn.closing.unwrap_or_default())
             })
@@ -645,6 +724,7 @@ impl ServerCore {
         let all: Vec<QpHandle> = self.conns.keys().copied().collect();
         self.conns.clear();
         self.reads.clear();
+        let _ = self.tasks.cancel(|_| true);
         all
     }
 }

@@ -89,6 +89,20 @@ impl<T> Tasks<T> {
         self.poll_one(index, done);
     }
 
+    /// Drops the futures whose tag matches, unfinished; returns their
+    /// tags.
+    pub(super) fn cancel(&mut self, mut matches: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut cancelled = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|task| matches(&task.tag)) {
+                cancelled.push(slot.take().expect("checked").tag);
+                self.free.push(index);
+                self.live -= 1;
+            }
+        }
+        cancelled
+    }
+
     /// Polls every woken future; finished ones are appended to `done`.
     pub(super) fn run(&mut self, done: &mut Vec<(T, Outcome)>) {
         if !self.list.any.swap(false, Ordering::AcqRel) {

@@ -267,8 +267,9 @@ impl Hello {
 
 /// The largest window a hello may grant.
 pub const MAX_WINDOW: u16 = 1024;
-/// The largest receive buffer a hello may ask for.
-pub const MAX_BUFFER: u32 = 16 << 20;
+/// The largest receive buffer a hello may ask for (a client posts a
+/// window of them; larger messages go by rendezvous anyway).
+pub const MAX_BUFFER: u32 = 1 << 20;
 
 /// A decoded message: its header and body, checked against each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
