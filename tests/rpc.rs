@@ -359,6 +359,13 @@ fn a_client_that_vanishes_with_calls_in_flight_is_detached() {
     });
     assert_eq!(other.call(b"alive").unwrap(), b"alive");
     served.join().unwrap();
+    assert_nothing_leaked();
+}
+
+/// Nothing in this test binary leaked a buffer or a registration (a
+/// detach that could not drain would have).
+fn assert_nothing_leaked() {
+    assert_eq!(rdma_ring::leak::leaked(), Default::default());
 }
 
 #[test]
@@ -557,6 +564,8 @@ fn hostile_clients_are_told_and_cut_off_and_others_are_served() {
     assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
     let stats = server.stats();
     assert_eq!(stats.protocol_errors, 4, "{stats:?}");
+    server.shutdown().unwrap();
+    assert_nothing_leaked();
 }
 
 #[test]

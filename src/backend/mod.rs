@@ -370,6 +370,15 @@ pub trait AsyncEventSource: AsFd + Send + Sync {
 pub trait CompletionEvents: AsFd + Send + Sync {
     /// Requests an event for the next CQE.
     fn arm(&self) -> Result<(), Error>;
+    /// Requests an event for the next *solicited* CQE only: a received
+    /// message whose sender asked for one (the `solicited` flag of a
+    /// SEND or WRITE with immediate), or a failed work request — so a
+    /// waiter for the peer's messages is not woken by its own sends'
+    /// completions. Backends without the distinction arm for any CQE,
+    /// which is correct, only less selective.
+    fn arm_solicited(&self) -> Result<(), Error> {
+        self.arm()
+    }
     /// Consumes pending events without blocking; returns how many there were.
     fn take(&self) -> Result<usize, Error>;
     /// Blocks until an event is pending or `timeout` passes; returns whether

@@ -145,9 +145,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
                 // Arm, then look once more: a completion that landed
                 // before the arm raised no event. Then sleep, and take
                 // the event; the caller's next look applies what came.
-                if events.arm().is_ok()
-                    && !self.has_result(id)
-                    && events.wait(tick).unwrap_or(false)
+                if self.arm(&**events) && !self.has_result(id) && events.wait(tick).unwrap_or(false)
                 {
                     let _ = events.take();
                 }
@@ -155,6 +153,19 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
             }
             _ => std::thread::park_timeout(tick),
         }
+    }
+
+    /// Arms the channel for what can move the connection on: the
+    /// server's (solicited) messages only, unless a read or a send buffer
+    /// is awaited. Returns whether it is armed.
+    fn arm(&self, events: &dyn CompletionEvents) -> bool {
+        let server_only = self.lock().core.waits_for_server_only();
+        let armed = if server_only {
+            events.arm_solicited()
+        } else {
+            events.arm()
+        };
+        armed.is_ok()
     }
 
     /// Whether call `id` has its result (or is gone), applying
@@ -298,7 +309,7 @@ fn notifier_loop<Q: QueuePair + std::marker::Send + 'static>(
         };
         // Arm, look (a completion that landed before the arm raised no
         // event), sleep, take, look.
-        if events.arm().is_ok() {
+        if client.arm(events) {
             let _ = client.background_turn();
             let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
             if events.wait(tick).unwrap_or(false) {

@@ -69,6 +69,8 @@ pub(super) struct ClientCore {
     pub(super) send_pool: Option<BufferPool>,
     pub(super) to_post: Vec<PoolChunk>,
     reads: Vec<(u64, RegisteredBuf, RemoteSlice)>,
+    /// Rendezvous reads posted and not completed.
+    reads_in_flight: usize,
     pub(super) failure: Option<RpcError>,
     pub(super) fail_qp: bool,
     pub(super) goodbye: bool,
@@ -99,6 +101,7 @@ impl ClientCore {
             send_pool: None,
             to_post: Vec::new(),
             reads: Vec::new(),
+            reads_in_flight: 0,
             failure: None,
             fail_qp: false,
             goodbye: false,
@@ -212,6 +215,13 @@ impl ClientCore {
         self.unanswered == 0 && self.reads.is_empty() && self.queue.is_empty()
     }
 
+    /// Whether only the server's messages can move things on (no read in
+    /// flight, nothing queued for a send buffer): then a sleeper may wait
+    /// for solicited completions only.
+    pub(super) fn waits_for_server_only(&self) -> bool {
+        self.reads_in_flight == 0 && self.reads.is_empty() && self.queue.is_empty()
+    }
+
     /// Whether something is in flight or waiting: answers to apply, reads
     /// to post, calls to send.
     pub(super) fn busy(&self) -> bool {
@@ -238,6 +248,7 @@ impl ClientCore {
         match c.kind() {
             OpKind::Recv => self.on_receive(c),
             OpKind::Read => {
+                self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
                 let id = c.user_data() & !READ;
                 let status = c.status();
                 let buf = c.into_buf();
@@ -457,7 +468,10 @@ impl ClientCore {
         }
         while let Some((id, buf, remote)) = self.reads.pop() {
             match sq.push(Read::new(buf, remote).user_data(READ | id)) {
-                Ok(()) => pushed = true,
+                Ok(()) => {
+                    pushed = true;
+                    self.reads_in_flight += 1;
+                }
                 Err(refused) => {
                     let buf = refused.into_parts().1.into_buf();
                     self.reads.push((id, buf, remote));

@@ -666,7 +666,9 @@ impl ServerCore {
                         (chunk, len, kind.answers())
                     }
                 };
-                let mut op = Send::new(chunk.slice(..len)).user_data(SEND);
+                // Solicited: a client sleeping on its completion channel
+                // is woken by our messages, not by its own sends.
+                let mut op = Send::new(chunk.slice(..len)).user_data(SEND).solicited();
                 if len <= self.max_inline {
                     op = op.inline();
                 }

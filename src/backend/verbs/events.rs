@@ -64,6 +64,15 @@ impl CompletionEvents for VerbsEvents {
         Ok(())
     }
 
+    fn arm_solicited(&self) -> Result<(), Error> {
+        // SAFETY: the CQ is live while `self.cq` is.
+        let ret = unsafe { rdma_sys::ibv_req_notify_cq(self.cq.cq, 1) };
+        if ret != 0 {
+            return Err(verbs_error("ibv_req_notify_cq", ret));
+        }
+        Ok(())
+    }
+
     fn take(&self) -> Result<usize, Error> {
         let mut n = 0u32;
         loop {
