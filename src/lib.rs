@@ -90,6 +90,9 @@
 //!   (feature `verbs`).
 //! * [`future`]: await any operation on any executor.
 //! * [`stream`]: a byte stream (std and async `Read`/`Write`) over RDMA.
+//! * [`rpc`]: remote procedure calls — one poller thread serving many
+//!   clients over a shared completion queue and receive queue, pipelined
+//!   blocking and awaitable calls, messages of any size.
 //! * [`connect`]: endpoint records, the TCP handshake and rdma_cm.
 //! * [`leak`]: what was leaked rather than freed under the NIC.
 //!
