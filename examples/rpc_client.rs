@@ -138,6 +138,9 @@ fn remote(flags: &Flags, config: RpcConfig, options: &Options) -> Result<()> {
         );
     }
     let addr = flags.value("--connect").expect("checked").to_string();
+    if flags.value("--device") == Some("soft") {
+        return Err("the soft device has no network: leave out --connect for one process".into());
+    }
     let dev = match flags.value("--device") {
         Some(name) => VerbsDevice::open(name)?,
         None => VerbsDevice::open_first()?.ok_or("no RDMA device on this machine")?,

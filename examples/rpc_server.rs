@@ -119,6 +119,11 @@ fn serve(
         return wait(&server, exit_after);
     }
     let dev = match flags.value("--device") {
+        Some("soft") => {
+            return Err("the soft device lives inside one process: run `rpc_client --device soft` \
+                 for a server and clients in one process"
+                .into())
+        }
         Some(name) => VerbsDevice::open(name)?,
         None => VerbsDevice::open_first()?
             .ok_or("no RDMA device on this machine: use --tcp, or run rpc_client alone for the soft device")?,

@@ -299,7 +299,19 @@ fn a_call_times_out_and_the_client_goes_on() {
         Err(RpcError::Timeout(Duration::from_millis(200)))
     );
     assert!(t0.elapsed() >= Duration::from_millis(200));
-    // The late answer is dropped; the next call gets its own.
+    // A timeout of its own, per call.
+    let t0 = Instant::now();
+    assert_eq!(
+        client.call_with_timeout(b"never", Duration::from_millis(50)),
+        Err(RpcError::Timeout(Duration::from_millis(50)))
+    );
+    assert!(t0.elapsed() < Duration::from_millis(190));
+    let late = client.call_async_with_timeout(b"never", Duration::from_millis(50));
+    assert_eq!(
+        futures::executor::block_on(late),
+        Err(RpcError::Timeout(Duration::from_millis(50)))
+    );
+    // The late answers are dropped; the next call gets its own.
     for g in waiting.lock().unwrap().drain(..) {
         let _ = g.send(());
     }

@@ -35,8 +35,36 @@ echo "==> [vm] many_peers on rxe0: one server ring (one CQ, one SRQ) serving 64 
 echo "==> [vm] the byte stream on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
 RDMA_RING_DEVICE=rxe0 "$stream" --include-ignored --test-threads=1
 
-# two_processes NAME SERVER-ARGS -- CLIENT-ARGS: runs an example as a
-# server in the background and as a client, and fails if either does.
+# server_and_client SERVER SERVER-ARGS -- CLIENT CLIENT-ARGS: runs example
+# SERVER in the background and example CLIENT, and fails if either does.
+server_and_client() {
+    local name="$1"
+    shift
+    local server=()
+    while [ "$1" != "--" ]; do
+        server+=("$1")
+        shift
+    done
+    shift
+    local client="$1"
+    shift
+    "$examples/$name" "${server[@]}" > "/tmp/$name-server.log" 2>&1 &
+    local pid=$!
+    sleep 1
+    if ! "$examples/$client" "$@"; then
+        cat "/tmp/$name-server.log"
+        echo "the $client client failed" >&2
+        exit 1
+    fi
+    if ! wait "$pid"; then
+        cat "/tmp/$name-server.log"
+        echo "the $name server failed" >&2
+        exit 1
+    fi
+    cat "/tmp/$name-server.log"
+}
+
+# two_processes NAME SERVER-ARGS -- CLIENT-ARGS: one example as both.
 two_processes() {
     local name="$1"
     shift
@@ -46,20 +74,7 @@ two_processes() {
         shift
     done
     shift
-    "$examples/$name" "${server[@]}" > "/tmp/$name-server.log" 2>&1 &
-    local pid=$!
-    sleep 1
-    if ! "$examples/$name" "$@"; then
-        cat "/tmp/$name-server.log"
-        echo "the $name client failed" >&2
-        exit 1
-    fi
-    if ! wait "$pid"; then
-        cat "/tmp/$name-server.log"
-        echo "the $name server failed" >&2
-        exit 1
-    fi
-    cat "/tmp/$name-server.log"
+    server_and_client "$name" "${server[@]}" -- "$name" "$@"
 }
 
 echo "==> [vm] stream_hello on rxe0, two processes"
@@ -72,11 +87,11 @@ two_processes stream_echo --cm --listen 10.99.0.1:7481 -- --cm --connect 10.99.0
 echo "==> [vm] RPC on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
 RDMA_RING_DEVICE=rxe0 "$rpc" --include-ignored --test-threads=1
 echo "==> [vm] rpc_server and rpc_client on rxe0, two processes: 16 clients, 8 calls in flight each"
-two_processes rpc_server --device rxe0 --listen 127.0.0.1:7490 --exit-after 16 -- \
-    --device rxe0 --connect 127.0.0.1:7490 --clients 16 --calls 48 --depth 8
+server_and_client rpc_server --device rxe0 --listen 127.0.0.1:7490 --exit-after 16 -- \
+    rpc_client --device rxe0 --connect 127.0.0.1:7490 --clients 16 --calls 48 --depth 8
 echo "==> [vm] rpc_server (key-value, async handler) and rpc_client on rxe1 over rdma_cm"
-two_processes rpc_server --cm --listen 10.99.0.1:7491 --handler kv --async --exit-after 4 -- \
-    --cm 10.99.0.1:7491 --handler kv --clients 4 --calls 40 --depth 8
+server_and_client rpc_server --cm --listen 10.99.0.1:7491 --handler kv --async --exit-after 4 -- \
+    rpc_client --cm 10.99.0.1:7491 --handler kv --clients 4 --calls 40 --depth 8
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"

@@ -183,6 +183,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         &self,
         id: u64,
         deadline: Option<Instant>,
+        timeout: Duration,
         cx: &mut Context<'_>,
         register: bool,
     ) -> Poll<Result<Vec<u8>, RpcError>> {
@@ -198,7 +199,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             state.core.abandon(id);
             self.wakers.forget(id);
-            return Poll::Ready(Err(RpcError::Timeout(self.config.call_timeout)));
+            return Poll::Ready(Err(RpcError::Timeout(timeout)));
         }
         if self.busy && register {
             cx.waker().wake_by_ref();
@@ -512,9 +513,18 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
     /// Sends `request` and waits for its response (up to the config's
     /// `call_timeout`).
     pub fn call(&self, request: &[u8]) -> Result<Vec<u8>, RpcError> {
+        self.call_with_timeout(request, self.shared.config.call_timeout)
+    }
+
+    /// Like [`call`](Self::call), giving up after `timeout`.
+    pub fn call_with_timeout(
+        &self,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RpcError> {
         let _caller = CallerGuard::enter(&self.shared.wakers);
         let id = self.start(request)?;
-        let deadline = Instant::now().checked_add(self.shared.config.call_timeout);
+        let deadline = Instant::now().checked_add(timeout);
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         // Polling, the caller needs nobody to wake it; once it sleeps, it
@@ -527,7 +537,9 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
                 spin = None;
             }
             let sleep = spin.is_none() && !self.shared.busy;
-            if let Poll::Ready(result) = self.shared.poll_call(id, deadline, &mut cx, sleep) {
+            if let Poll::Ready(result) =
+                self.shared.poll_call(id, deadline, timeout, &mut cx, sleep)
+            {
                 return result;
             }
             if sleep {
@@ -546,10 +558,16 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
     /// leaves at once, or, when the window is full, as soon as it has
     /// room (in call order).
     pub fn call_async(&self, request: &[u8]) -> CallFuture<Q> {
+        self.call_async_with_timeout(request, self.shared.config.call_timeout)
+    }
+
+    /// Like [`call_async`](Self::call_async), giving up after `timeout`.
+    pub fn call_async_with_timeout(&self, request: &[u8], timeout: Duration) -> CallFuture<Q> {
         let started = self.start(request);
         CallFuture {
             shared: Arc::clone(&self.shared),
-            deadline: Instant::now().checked_add(self.shared.config.call_timeout),
+            deadline: Instant::now().checked_add(timeout),
+            timeout,
             call: Some(started),
         }
     }
@@ -606,6 +624,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
 pub struct CallFuture<Q: QueuePair + std::marker::Send + 'static> {
     shared: Arc<ClientShared<Q>>,
     deadline: Option<Instant>,
+    timeout: Duration,
     /// The call's id, or why it could not start; `None` once resolved.
     call: Option<Result<u64, RpcError>>,
 }
@@ -619,7 +638,10 @@ impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
             Some(Err(e)) => return Poll::Ready(Err(e)),
             Some(Ok(id)) => id,
         };
-        match self.shared.poll_call(id, self.deadline, cx, true) {
+        match self
+            .shared
+            .poll_call(id, self.deadline, self.timeout, cx, true)
+        {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
                 self.call = Some(Ok(id));
