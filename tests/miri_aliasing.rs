@@ -105,3 +105,24 @@ fn device_access_through_moved_buffers() {
     let memory = exposed.into_inner().unwrap();
     assert_eq!(memory[1..4], [u64::from_ne_bytes([0xab; 8]); 3]);
 }
+
+/// Regions cut from a registered arena, moved and written while other
+/// regions of the same arena are live, then freed and cut again.
+#[test]
+fn regions_moved_written_and_recycled() {
+    use rdma_ring::buf::RegionAllocator;
+    use std::alloc::Layout;
+    use std::sync::Arc;
+
+    let pd = Arc::new(SoftDevice::new().alloc_pd());
+    let regions = RegionAllocator::new(pd, 4096).unwrap();
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    let mut a = regions.alloc_zeroed(layout).unwrap();
+    let b = Box::new(regions.alloc_zeroed(layout).unwrap());
+    a[0] = 1;
+    let moved = [a];
+    assert_eq!((moved[0][0], b[0]), (1, 0));
+    drop(moved);
+    let c = regions.alloc_zeroed(layout).unwrap();
+    assert_eq!(c[0], 0);
+}

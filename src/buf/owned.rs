@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{sealed, PoolChunk, ReadOnlyBuf, RegisteredBuf, SingleBuf};
+use super::{sealed, PoolChunk, ReadOnlyBuf, Region, RegisteredBuf, SingleBuf};
 use crate::backend::{PdId, Sge};
 
 /// The whole buffers the crate knows; every local buffer is one of them,
@@ -12,6 +12,7 @@ pub enum Base {
     Registered(RegisteredBuf),
     ReadOnly(ReadOnlyBuf),
     Chunk(PoolChunk),
+    Region(Region),
 }
 
 impl Base {
@@ -20,6 +21,7 @@ impl Base {
             Base::Registered(b) => b,
             Base::ReadOnly(b) => b,
             Base::Chunk(b) => b,
+            Base::Region(b) => b,
         }
     }
 
@@ -28,6 +30,7 @@ impl Base {
             Base::Registered(b) => Some(b),
             Base::ReadOnly(_) => None,
             Base::Chunk(b) => Some(b),
+            Base::Region(b) => Some(b),
         }
     }
 
@@ -37,6 +40,7 @@ impl Base {
             Base::Registered(b) => b.sge(),
             Base::ReadOnly(b) => b.sge(),
             Base::Chunk(b) => b.sge(),
+            Base::Region(b) => b.sge(),
         }
     }
 
@@ -46,6 +50,7 @@ impl Base {
             Base::Registered(b) => b.pd(),
             Base::ReadOnly(b) => b.pd(),
             Base::Chunk(b) => b.pd(),
+            Base::Region(b) => b.pd(),
         }
     }
 
@@ -130,6 +135,7 @@ impl fmt::Debug for OwnedBuf {
             Base::Registered(_) => "RegisteredBuf",
             Base::ReadOnly(_) => "ReadOnlyBuf",
             Base::Chunk(_) => "PoolChunk",
+            Base::Region(_) => "Region",
         };
         f.debug_struct("OwnedBuf")
             .field("kind", &kind)
