@@ -51,3 +51,8 @@ ensure_cargo_fuzz() {
         cargo install cargo-fuzz --locked
     fi
 }
+
+# valgrind, for instruction counts (callgrind).
+ensure_valgrind() {
+    ensure_packages "valgrind (instruction counts)" valgrind
+}

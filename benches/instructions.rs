@@ -1,0 +1,95 @@
+//! The software path in instructions per operation, for callgrind:
+//! `scripts/instructions` runs this binary under `valgrind --tool=callgrind`
+//! twice per configuration, with two round counts, and divides the
+//! difference by the extra operations — setup and teardown cancel out, and
+//! instruction counts (unlike times) do not depend on the machine's load.
+//!
+//! ```text
+//! instructions --mode sync|awaited --batch B --rounds R
+//! ```
+//!
+//! Each round builds and pushes B WRITEs, submits once, and reaps them
+//! (sync: the ring; awaited: B futures of an `AsyncRing` in busy-poll
+//! mode, joined), on the soft device in no-op mode (the device completes
+//! every work request at once and moves no data).
+
+use std::hint::black_box;
+
+use rdma_ring::backend::soft::{Progress, SoftDevice};
+use rdma_ring::backend::QpConfig;
+use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess};
+use rdma_ring::future::{AsyncRing, Wakeup};
+use rdma_ring::op::Write;
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+
+fn main() {
+    let mut mode = "sync".to_string();
+    let (mut batch, mut rounds) = (16usize, 1000usize);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().expect("a value after each flag");
+        match arg.as_str() {
+            "--mode" => mode = value(),
+            "--batch" => batch = value().parse().expect("--batch N"),
+            "--rounds" => rounds = value().parse().expect("--rounds N"),
+            // What `cargo bench` passes to every bench binary.
+            "--bench" => {}
+            other => panic!("unknown argument {other:?}"),
+        }
+    }
+    let dev = SoftDevice::with_progress(Progress::NoOp);
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_send_wr: 256,
+        max_recv_wr: 1,
+        ..QpConfig::default()
+    };
+    let (qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * batch], RemoteAccess::WRITE).unwrap();
+    let remote = exposed.remote();
+    let pool = BufferPool::new(&pd, 64, batch).unwrap();
+    let mut bufs: Vec<PoolChunk> = (0..batch).map(|_| pool.take().unwrap()).collect();
+    let targets: Vec<_> = (0..batch as u64)
+        .map(|i| remote.slice(i * 64..(i + 1) * 64).unwrap())
+        .collect();
+    match mode.as_str() {
+        "sync" => {
+            let mut ring = Ring::new(qp, RingConfig::default());
+            let mut done: Vec<Completion> = Vec::with_capacity(batch);
+            for _ in 0..rounds {
+                let mut sq = ring.submission();
+                for (i, buf) in bufs.drain(..).enumerate() {
+                    sq.push(Write::new(buf, targets[i]).user_data(i as u64))
+                        .unwrap();
+                }
+                sq.submit().unwrap();
+                let mut cq = ring.completion();
+                while done.len() < batch {
+                    cq.reap(&mut done).unwrap();
+                }
+                for c in done.drain(..) {
+                    bufs.push(c.into_buf().downcast::<PoolChunk>().unwrap());
+                }
+            }
+        }
+        "awaited" => {
+            let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+            futures::executor::block_on(async {
+                for _ in 0..rounds {
+                    let ops: Vec<_> = bufs
+                        .drain(..)
+                        .enumerate()
+                        .map(|(i, buf)| ring.write(buf, targets[i]))
+                        .collect();
+                    for (result, buf) in futures::future::join_all(ops).await {
+                        result.unwrap();
+                        bufs.push(buf);
+                    }
+                }
+            });
+        }
+        other => panic!("unknown mode {other:?} (sync or awaited)"),
+    }
+    black_box(&bufs);
+    drop(peer);
+}
