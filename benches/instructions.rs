@@ -5,12 +5,13 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
 //! (sync: the ring; awaited: B futures of an `AsyncRing` in busy-poll
-//! mode, joined), on the soft device in no-op mode (the device completes
+//! mode, joined, a doorbell each; coalesced: the same with
+//! `coalesce_doorbells`, one doorbell per round), on the soft device in no-op mode (the device completes
 //! every work request at once and moves no data).
 
 use std::hint::black_box;
@@ -72,8 +73,9 @@ fn main() {
                 }
             }
         }
-        "awaited" => {
+        "awaited" | "coalesced" => {
             let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+            ring.coalesce_doorbells(mode == "coalesced");
             futures::executor::block_on(async {
                 for _ in 0..rounds {
                     let ops: Vec<_> = bufs
@@ -88,7 +90,7 @@ fn main() {
                 }
             });
         }
-        other => panic!("unknown mode {other:?} (sync or awaited)"),
+        other => panic!("unknown mode {other:?} (sync, awaited or coalesced)"),
     }
     black_box(&bufs);
     drop(peer);

@@ -379,3 +379,53 @@ fn rnr_exhaustion_resolves_without_anyone_polling() {
         "{result:?}"
     );
 }
+
+#[test]
+fn coalesced_awaited_writes_of_many_tasks_share_doorbells() {
+    // Sixteen tasks each await one WRITE; all push before any is polled,
+    // so the first poll posts them with one doorbell (the aim: under half
+    // a doorbell per awaited operation at depth 16).
+    use rdma_ring::buf::{BufferPool, ExposedBuf, RemoteAccess};
+    use rdma_ring::future::AsyncRing;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = rdma_ring::backend::soft::SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 16 * 64], RemoteAccess::WRITE).unwrap();
+    let pool = BufferPool::new(&pd, 64, 64).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    ring.coalesce_doorbells(true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut ops = 0u64;
+    for _round in 0..4 {
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..16u64)
+                .map(|i| {
+                    let target = exposed.remote().slice(i * 64..(i + 1) * 64).unwrap();
+                    let op = ring.write(pool.take().unwrap(), target);
+                    tokio::spawn(async move { op.await.0 })
+                })
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await.unwrap().unwrap(), 64);
+            }
+        });
+        ops += 16;
+    }
+    let doorbells = ring.with_ring(|r| r.stats().doorbells);
+    assert!(
+        (doorbells as f64) / (ops as f64) < 0.5,
+        "{doorbells} doorbells for {ops} awaited writes"
+    );
+    // Off again: one doorbell per operation, as before.
+    ring.coalesce_doorbells(false);
+    let before = ring.with_ring(|r| r.stats().doorbells);
+    let op = ring.write(pool.take().unwrap(), exposed.remote().slice(0..64).unwrap());
+    assert_eq!(ring.with_ring(|r| r.stats().doorbells), before + 1);
+    assert_eq!(futures::executor::block_on(op).0.unwrap(), 64);
+}

@@ -262,7 +262,18 @@ pub(crate) struct Shared<Q: QueuePair> {
     pub(crate) events: Option<Arc<dyn CompletionEvents>>,
     pub(crate) handles: AtomicUsize,
     pub(crate) stop: AtomicBool,
+    /// Whether awaited sends, writes, reads and atomics wait for a shared
+    /// doorbell (see [`AsyncRing::coalesce_doorbells`]).
+    pub(crate) coalesce: AtomicBool,
+    /// Awaited operations pushed and not submitted yet: they go out, with
+    /// one doorbell per queue, at the next poll of any awaited operation
+    /// or drive, or at once when [`DEFERRED_MAX`] wait.
+    pub(crate) deferred: AtomicUsize,
 }
+
+/// Awaited operations that may wait for a doorbell at most: the bound on
+/// how long a push that nobody awaits stays unposted.
+pub(crate) const DEFERRED_MAX: usize = 32;
 
 impl<Q: QueuePair> Shared<Q> {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Ring<Q>> {
@@ -295,6 +306,19 @@ impl<Q: QueuePair> Shared<Q> {
             events.take()?;
             events.arm()?;
         }
-        self.with(|ring| ring.dispatch())
+        self.with(|ring| {
+            self.submit_deferred(ring);
+            ring.dispatch()
+        })
+    }
+
+    /// Posts the awaited operations waiting for a doorbell, if any. What
+    /// the device refuses goes back to its futures (flushed: never ran).
+    pub(crate) fn submit_deferred(&self, ring: &mut Ring<Q>) {
+        if self.deferred.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
+            if let Err(e) = ring.submit() {
+                ring.requeue_unposted(e.unposted);
+            }
+        }
     }
 }

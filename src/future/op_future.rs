@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -85,20 +86,30 @@ impl<Q: QueuePair> Shared<Q> {
         self.future(state)
     }
 
-    /// Pushes `op` and submits at once (one doorbell). Awaited operations
-    /// the device refused resolve through their futures (flushed: they
-    /// never ran); operations pushed for the completion queue go to it, so
-    /// nothing is lost.
+    /// Pushes `op` and submits it at once — or, when the ring coalesces
+    /// doorbells, at the next poll of any awaited operation or drive (so
+    /// operations pushed by many tasks before anyone awaits share one
+    /// doorbell), or when `DEFERRED_MAX` wait. Awaited
+    /// operations the device refused resolve through their futures
+    /// (flushed: they never ran); operations pushed for the completion
+    /// queue go to it, so nothing is lost.
     pub(super) fn op_on<T: Operation, O>(
         self: &Arc<Self>,
         qp: Option<QpHandle>,
         op: T,
     ) -> OpFuture<Q, T::Buf, O> {
-        let future = self.push_on(qp, op);
-        if matches!(future.state, State::InFlight(_)) {
-            self.submit_now();
-        }
-        future
+        let defer = op.kind() != crate::op::OpKind::Recv && self.coalesce.load(Ordering::Acquire);
+        let state = self.with(|ring| {
+            let state = State::pushed(ring.push_awaited(qp, op));
+            if matches!(state, State::InFlight(_)) {
+                let waiting = self.deferred.fetch_add(1, Ordering::AcqRel) + 1;
+                if !defer || waiting >= super::DEFERRED_MAX {
+                    self.submit_deferred(ring);
+                }
+            }
+            state
+        });
+        self.future(state)
     }
 
     /// A receive on shared receive queue `srq`, submitted at once.
@@ -166,6 +177,7 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                 // Unknown CQEs are counted in the ring's stats; they cannot
                 // belong to this operation.
                 let polled = this.shared.with(|ring| {
+                    this.shared.submit_deferred(ring);
                     let _ = ring.dispatch();
                     ring.poll_awaited(key, cx.waker())
                 });

@@ -45,6 +45,8 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
             events,
             handles: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
+            coalesce: AtomicBool::new(false),
+            deferred: AtomicUsize::new(0),
         });
         let notifier = (wakeup == Wakeup::Thread).then(|| {
             let shared = Arc::clone(&shared);
@@ -82,8 +84,10 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     }
 
     /// Pushes `op` to the default queue pair and submits it at once (one
-    /// doorbell); the future resolves to the result and the buffer. A
-    /// refused push resolves at once with the error and the buffer.
+    /// doorbell; or with others, see
+    /// [`coalesce_doorbells`](Self::coalesce_doorbells)); the future
+    /// resolves to the result and the buffer. A refused push resolves at
+    /// once with the error and the buffer.
     pub fn op<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
         self.shared.op_on(None, op)
     }
@@ -94,6 +98,45 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// [`submit`]: Self::submit
     pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
         self.shared.push_on(None, op)
+    }
+
+    /// With `on`, awaited sends, writes, reads and atomics
+    /// ([`op`](Self::op) and the methods built on it) no longer ring a
+    /// doorbell each: they are posted together — one doorbell per queue —
+    /// at the next poll of any awaited operation or drive of the ring, or
+    /// as soon as 32 wait. Operations that many tasks push before anyone
+    /// awaits then share one doorbell. Receives are always posted at once
+    /// (a peer may be about to send). Off by default: with it on, an
+    /// operation nobody awaits (and nothing drives the ring past) is not
+    /// posted until one is.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::{BufferPool, ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let exposed = ExposedBuf::new(&pd, vec![0u8; 16 * 64], RemoteAccess::WRITE).unwrap();
+    /// # let pool = BufferPool::new(&pd, 64, 16).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    /// ring.coalesce_doorbells(true);
+    /// let writes: Vec<_> = (0..16u64)
+    ///     .map(|i| ring.write(pool.take().unwrap(), exposed.remote().slice(i * 64..(i + 1) * 64).unwrap()))
+    ///     .collect();
+    /// for (result, _buf) in futures::executor::block_on(futures::future::join_all(writes)) {
+    ///     result.unwrap();
+    /// }
+    /// assert_eq!(ring.with_ring(|r| r.stats().doorbells), 1);
+    /// ```
+    pub fn coalesce_doorbells(&self, on: bool) {
+        self.shared
+            .coalesce
+            .store(on, std::sync::atomic::Ordering::Release);
+        if !on {
+            self.shared.with(|ring| self.shared.submit_deferred(ring));
+        }
     }
 
     /// Posts everything pushed since the last submit, on every queue: one
