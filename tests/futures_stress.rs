@@ -422,10 +422,20 @@ fn coalesced_awaited_writes_of_many_tasks_share_doorbells() {
         (doorbells as f64) / (ops as f64) < 0.5,
         "{doorbells} doorbells for {ops} awaited writes"
     );
+    // A coalesced write whose future is dropped unpolled still goes out.
+    let mut chunk = pool.take().unwrap();
+    chunk.fill(0xab);
+    drop(ring.write(chunk, exposed.remote().slice(15 * 64..16 * 64).unwrap()));
     // Off again: one doorbell per operation, as before.
     ring.coalesce_doorbells(false);
     let before = ring.with_ring(|r| r.stats().doorbells);
     let op = ring.write(pool.take().unwrap(), exposed.remote().slice(0..64).unwrap());
     assert_eq!(ring.with_ring(|r| r.stats().doorbells), before + 1);
     assert_eq!(futures::executor::block_on(op).0.unwrap(), 64);
+    drop(ring);
+    let memory = exposed.into_inner().unwrap();
+    assert!(
+        memory[15 * 64..].iter().all(|&b| b == 0xab),
+        "the dropped write never ran"
+    );
 }

@@ -21,6 +21,16 @@ const UNIT: usize = 64;
 /// Allocations one arena keeps track of at most.
 const MAX_ALLOCS_PER_ARENA: u32 = 64 * 1024;
 
+/// `units` rounded up to a size the allocator's bins hold exactly (at most
+/// four significant bits): it rounds requests up to a bin and files free
+/// space down to one, so an arena of another size could not serve a
+/// request of its own size.
+fn bin_units(units: u32) -> Option<u32> {
+    let shift = (u32::BITS - units.leading_zeros()).saturating_sub(4);
+    let step = 1u32 << shift;
+    units.checked_add(step - 1).map(|u| u & !(step - 1))
+}
+
 /// Registered memory of any size, with no registration per allocation:
 /// the allocator registers arenas (local write rights only) and cuts
 /// [`Region`]s out of them; when none has room it registers another
@@ -85,9 +95,11 @@ unsafe impl Send for Arenas {}
 
 impl Arena {
     fn register(pd: &dyn ProtectionDomain, bytes: usize) -> Result<Arena, Error> {
-        let units = bytes.div_ceil(UNIT);
-        let units32 = u32::try_from(units).map_err(|_| Error::OutOfMemory(bytes))?;
-        let total = units * UNIT;
+        let units32 = u32::try_from(bytes.div_ceil(UNIT))
+            .ok()
+            .and_then(bin_units)
+            .ok_or(Error::OutOfMemory(bytes))?;
+        let total = units32 as usize * UNIT;
         let words = (total + UNIT) / 8;
         let mut memory: Vec<u64> = Vec::new();
         memory
@@ -111,7 +123,11 @@ impl Arena {
             pd: registration.pd(),
             base: registration.ptr(),
             _registration: registration,
-            allocator: Allocator::with_max_allocs(units32, MAX_ALLOCS_PER_ARENA),
+            // An arena never holds more regions than units.
+            allocator: Allocator::with_max_allocs(
+                units32,
+                MAX_ALLOCS_PER_ARENA.min(units32.saturating_add(2)),
+            ),
             largest_free: units32,
         })
     }
@@ -149,7 +165,12 @@ impl RegionAllocator {
         if arena_bytes == 0 {
             return Err(Error::EmptyBuffer);
         }
-        let arena_bytes = arena_bytes.next_multiple_of(UNIT);
+        let arena_bytes = arena_bytes
+            .checked_next_multiple_of(UNIT)
+            .and_then(|b| u32::try_from(b / UNIT).ok())
+            .and_then(bin_units)
+            .map(|units| units as usize * UNIT)
+            .ok_or(Error::OutOfMemory(arena_bytes))?;
         if arena_bytes > max_bytes {
             return Err(Error::OutOfMemory(arena_bytes));
         }
@@ -174,6 +195,10 @@ impl RegionAllocator {
         if layout.size() == 0 {
             return Err(Error::EmptyBuffer);
         }
+        // A scatter/gather element's length is 32 bits.
+        if u32::try_from(layout.size()).is_err() {
+            return Err(Error::TooLong(layout.size()));
+        }
         // Alignments beyond a unit are met by allocating the slack too.
         let slack = layout.align().saturating_sub(UNIT);
         let bytes = layout
@@ -190,7 +215,8 @@ impl RegionAllocator {
         let (index, allocation) = match found {
             Some(found) => found,
             None => {
-                let size = self.shared.arena_bytes.max(units as usize * UNIT);
+                let fitted = bin_units(units).ok_or(Error::OutOfMemory(bytes))? as usize * UNIT;
+                let size = self.shared.arena_bytes.max(fitted);
                 let room = self.shared.max_bytes.saturating_sub(arenas.registered);
                 if size > room {
                     return Err(Error::OutOfMemory(bytes));
@@ -455,15 +481,38 @@ mod tests {
     }
 
     #[test]
+    fn sizes_between_the_allocators_bins_are_served() {
+        // 16385 units rounds up to a bin of 18432: an arena of exactly
+        // 16385 units could not hold it.
+        let regions = allocator(1 << 20, usize::MAX);
+        let big = regions
+            .alloc(Layout::from_size_align((1 << 20) + 64, 64).unwrap())
+            .unwrap();
+        assert_eq!(big.len(), (1 << 20) + 64);
+        // An arena size that is no bin (79 units) still serves 74 units.
+        let odd = allocator(5000, usize::MAX);
+        assert!(odd.alloc(Layout::from_size_align(4700, 8).unwrap()).is_ok());
+        assert_eq!(odd.arenas(), 1);
+        for units in 1..5000u32 {
+            let bin = bin_units(units).unwrap();
+            assert!(bin >= units && (bin - units) as f64 <= units as f64 / 8.0 + 1.0);
+        }
+    }
+
+    #[test]
     fn bad_layouts_are_refused() {
         let regions = allocator(4096, usize::MAX);
         assert!(matches!(
             regions.alloc(Layout::from_size_align(0, 8).unwrap()),
             Err(Error::EmptyBuffer)
         ));
-        assert!(regions
-            .alloc(Layout::from_size_align(1 << 40, 8).unwrap())
-            .is_err());
+        assert!(matches!(
+            regions.alloc(Layout::from_size_align(1 << 40, 8).unwrap()),
+            Err(Error::TooLong(_))
+        ));
+        assert!(
+            RegionAllocator::new(Arc::new(SoftDevice::new().alloc_pd()), usize::MAX - 10).is_err()
+        );
     }
 
     #[test]

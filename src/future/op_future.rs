@@ -98,8 +98,11 @@ impl<Q: QueuePair> Shared<Q> {
         qp: Option<QpHandle>,
         op: T,
     ) -> OpFuture<Q, T::Buf, O> {
-        let defer = op.kind() != crate::op::OpKind::Recv && self.coalesce.load(Ordering::Acquire);
+        let is_recv = op.kind() == crate::op::OpKind::Recv;
         let state = self.with(|ring| {
+            // Read under the ring's lock, so that turning coalescing off
+            // (which flushes under it) leaves nothing deferred behind.
+            let defer = !is_recv && self.coalesce.load(Ordering::Acquire);
             let state = State::pushed(ring.push_awaited(qp, op));
             if matches!(state, State::InFlight(_)) {
                 let waiting = self.deferred.fetch_add(1, Ordering::AcqRel) + 1;
@@ -129,6 +132,7 @@ impl<Q: QueuePair> Shared<Q> {
 
     fn submit_now(&self) {
         self.with(|ring| {
+            self.deferred.store(0, Ordering::Release);
             if let Err(e) = ring.submit() {
                 ring.requeue_unposted(e.unposted);
             }
@@ -205,7 +209,12 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
 impl<Q: QueuePair, B, O> Drop for OpFuture<Q, B, O> {
     fn drop(&mut self) {
         if let State::InFlight(key) = self.state {
-            self.shared.with(|ring| ring.orphan(key));
+            self.shared.with(|ring| {
+                // A coalesced operation dropped before its first poll still
+                // goes out, as it would have without coalescing.
+                self.shared.submit_deferred(ring);
+                ring.orphan(key)
+            });
         }
     }
 }

@@ -106,9 +106,11 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// at the next poll of any awaited operation or drive of the ring, or
     /// as soon as 32 wait. Operations that many tasks push before anyone
     /// awaits then share one doorbell. Receives are always posted at once
-    /// (a peer may be about to send). Off by default: with it on, an
-    /// operation nobody awaits (and nothing drives the ring past) is not
-    /// posted until one is.
+    /// (a peer may be about to send); so is an operation whose future is
+    /// dropped unpolled. Off by default: with it on, an operation nobody
+    /// awaits (and nothing drives the ring past) is not posted until one
+    /// is — `let w = ring.send(x); other.await; w.await` waits for `other`
+    /// before the send leaves.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
@@ -142,7 +144,10 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// Posts everything pushed since the last submit, on every queue: one
     /// doorbell per queue with work.
     pub fn submit(&self) -> Result<usize, SubmitError> {
-        self.shared.with(|ring| ring.submit())
+        self.shared.with(|ring| {
+            self.shared.deferred.store(0, Ordering::Release);
+            ring.submit()
+        })
     }
 
     /// Attaches a queue pair created on the ring's completion queue (see
@@ -201,7 +206,12 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// flush; operations it does not return by then are leaked (never freed
     /// under the NIC) and their futures stay pending.
     pub fn close(&self) {
-        self.shared.with(|ring| ring.shutdown_in_place());
+        self.shared.with(|ring| {
+            // Coalesced operations were pushed before the close: they go
+            // out first, as they would have without coalescing.
+            self.shared.submit_deferred(ring);
+            ring.shutdown_in_place()
+        });
     }
 
     fn op_as<T: Operation, O>(&self, op: T) -> OpFuture<Q, T::Buf, O> {
@@ -226,7 +236,10 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
         if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        self.shared.with(|ring| ring.shutdown_in_place());
+        self.shared.with(|ring| {
+            self.shared.submit_deferred(ring);
+            ring.shutdown_in_place()
+        });
         self.shared.stop.store(true, Ordering::Release);
         if let Some(notifier) = &self.notifier {
             let handle = notifier
