@@ -8,12 +8,12 @@
 
 mod rxe;
 
-use std::net::TcpListener;
+use rxe::{device, device_name, free_port};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdma_ring::backend::verbs::VerbsDevice;
 use rdma_ring::rpc::{
     AsyncHandler, Caller, HandlerError, ResponseFuture, RpcClient, RpcConfig, RpcError, RpcServer,
     Service,
@@ -23,28 +23,6 @@ use rdma_ring::rpc::{
 const CHILD_ENV: &str = "RDMA_RING_RPC_CHILD";
 /// The rdma_cm address of rxe1 in the VM.
 const CM_ADDR: &str = "10.99.0.1";
-
-fn device_name() -> String {
-    std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
-
-fn device() -> VerbsDevice {
-    let name = device_name();
-    VerbsDevice::open(&name).unwrap_or_else(|e| {
-        panic!(
-            "NO RDMA DEVICE: cannot open {name:?} ({e}). These tests need a device: \
-             run them in the Soft-RoCE VM (scripts/test does, through scripts/softroce)"
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn echo(_: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
     resp.extend_from_slice(req);

@@ -8,11 +8,12 @@
 
 mod rxe;
 
+use rxe::{device, free_port};
+
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rdma_ring::backend::verbs::VerbsDevice;
 use rdma_ring::future::Wakeup;
 use rdma_ring::stream::{RdmaCmListener, RdmaListener, RdmaStream, StreamConfig};
 
@@ -20,27 +21,9 @@ use rdma_ring::stream::{RdmaCmListener, RdmaListener, RdmaStream, StreamConfig};
 /// listener binds.
 const CHILD_ENV: &str = "RDMA_RING_STREAM_CHILD";
 
-fn device() -> VerbsDevice {
-    let name = std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into());
-    VerbsDevice::open(&name).unwrap_or_else(|e| {
-        panic!(
-            "NO RDMA DEVICE: cannot open {name:?} ({e}). These tests need a device: \
-             run them in the Soft-RoCE VM (scripts/test does, through scripts/softroce)"
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// RNR NAKs the device's requesters received so far.
 fn rnr_naks() -> u64 {
-    rxe::rnr_naks(&std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into()))
+    rxe::rnr_naks(&rxe::device_name())
 }
 
 fn pattern(len: usize) -> Vec<u8> {

@@ -11,30 +11,6 @@ stream="$3"
 rpc="$4"
 examples=target/debug/examples
 
-echo "==> [vm] verbs conformance suite on rxe0"
-RDMA_RING_DEVICE=rxe0 "$conformance" --include-ignored --test-threads=1
-
-echo "==> [vm] quickstart on rxe0, one process"
-"$examples/quickstart" --device rxe0
-
-echo "==> [vm] quickstart on rxe0, two processes over the TCP handshake"
-"$examples/quickstart" --device rxe0 --listen 127.0.0.1:7471 > /tmp/quickstart-b.log 2>&1 &
-listener=$!
-sleep 1
-"$examples/quickstart" --device rxe0 --connect 127.0.0.1:7471
-if ! wait "$listener"; then
-    cat /tmp/quickstart-b.log
-    echo "the listening quickstart failed" >&2
-    exit 1
-fi
-cat /tmp/quickstart-b.log
-
-echo "==> [vm] many_peers on rxe0: one server ring (one CQ, one SRQ) serving 64 clients"
-"$examples/many_peers" --device rxe0
-
-echo "==> [vm] the byte stream on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
-RDMA_RING_DEVICE=rxe0 "$stream" --include-ignored --test-threads=1
-
 # server_and_client SERVER SERVER-ARGS -- CLIENT CLIENT-ARGS: runs example
 # SERVER in the background and example CLIENT, and fails if either does.
 server_and_client() {
@@ -68,14 +44,30 @@ server_and_client() {
 two_processes() {
     local name="$1"
     shift
-    local server=()
-    while [ "$1" != "--" ]; do
-        server+=("$1")
-        shift
+    local args=()
+    for arg in "$@"; do
+        args+=("$arg")
+        if [ "$arg" = "--" ]; then
+            args+=("$name")
+        fi
     done
-    shift
-    server_and_client "$name" "${server[@]}" -- "$name" "$@"
+    server_and_client "$name" "${args[@]}"
 }
+
+echo "==> [vm] verbs conformance suite on rxe0"
+RDMA_RING_DEVICE=rxe0 "$conformance" --include-ignored --test-threads=1
+
+echo "==> [vm] quickstart on rxe0, one process"
+"$examples/quickstart" --device rxe0
+
+echo "==> [vm] quickstart on rxe0, two processes over the TCP handshake"
+two_processes quickstart --device rxe0 --listen 127.0.0.1:7471 -- --device rxe0 --connect 127.0.0.1:7471
+
+echo "==> [vm] many_peers on rxe0: one server ring (one CQ, one SRQ) serving 64 clients"
+"$examples/many_peers" --device rxe0
+
+echo "==> [vm] the byte stream on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
+RDMA_RING_DEVICE=rxe0 "$stream" --include-ignored --test-threads=1
 
 echo "==> [vm] stream_hello on rxe0, two processes"
 two_processes stream_hello --device rxe0 --listen 127.0.0.1:7482 -- --device rxe0 --connect 127.0.0.1:7482

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use super::registered::impl_base_buf;
 use super::registration::Registration;
 use super::{sealed, Base, BaseBuf, IoBufMut, OwnedBuf, SingleBuf};
-use crate::backend::{Access, PdId, ProtectionDomain, Sge};
+use crate::backend::{PdId, ProtectionDomain, Sge};
 use crate::error::Error;
 
 /// Chunks start on this boundary, so every chunk can hold aligned atomic
@@ -67,27 +67,11 @@ impl BufferPool {
         let stride = chunk_size
             .checked_next_multiple_of(CHUNK_ALIGN)
             .ok_or_else(too_large)?;
-        // Over-allocate by one alignment unit so the first chunk can start on
-        // a CHUNK_ALIGN boundary.
         let total = stride.checked_mul(count).ok_or_else(too_large)?;
-        let words = total.checked_add(CHUNK_ALIGN).ok_or_else(too_large)? / 8;
-        let mut memory: Vec<u64> = Vec::new();
-        memory
-            .try_reserve_exact(words)
-            .map_err(|_| Error::OutOfMemory(total))?;
-        memory.resize(words, 0);
-        // SAFETY: a Vec's heap buffer is the Vec's own, outside the Vec value,
-        // and does not move while the Vec is not resized (the pool never
-        // resizes it); `base..base + total` lies inside it. Safe code reaches
-        // a chunk's bytes only through its `PoolChunk`, which an in-flight
-        // operation owns.
-        let registration = unsafe {
-            Registration::new(pd, memory, Access::LOCAL_WRITE, |m: &mut Vec<u64>| {
-                let raw = m.as_mut_ptr().cast::<u8>();
-                (raw.wrapping_add(raw.align_offset(CHUNK_ALIGN)), total)
-            })
+        if total.checked_add(CHUNK_ALIGN).is_none() {
+            return Err(too_large());
         }
-        .map_err(|(e, _)| e)?;
+        let registration = Registration::zeroed_aligned(pd, total, CHUNK_ALIGN)?;
         Ok(BufferPool {
             shared: Arc::new(PoolShared {
                 lkey: registration.lkey(),

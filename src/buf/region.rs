@@ -11,7 +11,7 @@ use offset_allocator::{Allocation, Allocator};
 use super::registered::impl_base_buf;
 use super::registration::Registration;
 use super::{sealed, Base, BaseBuf, IoBufMut, OwnedBuf, SingleBuf};
-use crate::backend::{Access, PdId, ProtectionDomain, Sge};
+use crate::backend::{PdId, ProtectionDomain, Sge};
 use crate::error::Error;
 
 /// Arenas are handed out in units of this many bytes, so every region
@@ -100,24 +100,7 @@ impl Arena {
             .and_then(bin_units)
             .ok_or(Error::OutOfMemory(bytes))?;
         let total = units32 as usize * UNIT;
-        let words = (total + UNIT) / 8;
-        let mut memory: Vec<u64> = Vec::new();
-        memory
-            .try_reserve_exact(words)
-            .map_err(|_| Error::OutOfMemory(total))?;
-        memory.resize(words, 0);
-        // SAFETY: a Vec's heap buffer is the Vec's own, outside the Vec
-        // value, and does not move while the Vec is not resized (an arena
-        // never resizes it); `base..base + total` lies inside it. Safe code
-        // reaches a region's bytes only through its `Region`, which an
-        // in-flight operation owns.
-        let registration = unsafe {
-            Registration::new(pd, memory, Access::LOCAL_WRITE, |m: &mut Vec<u64>| {
-                let raw = m.as_mut_ptr().cast::<u8>();
-                (raw.wrapping_add(raw.align_offset(UNIT)), total)
-            })
-        }
-        .map_err(|(e, _)| e)?;
+        let registration = Registration::zeroed_aligned(pd, total, UNIT)?;
         Ok(Arena {
             lkey: registration.lkey(),
             pd: registration.pd(),

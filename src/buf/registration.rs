@@ -30,6 +30,39 @@ unsafe impl Send for Registration {}
 unsafe impl Sync for Registration {}
 
 impl Registration {
+    /// Registers `total` fresh, zeroed bytes starting on an `align`
+    /// boundary (a power of two, at most 4096), with local write rights:
+    /// the memory of a pool or an arena, cut into buffers by its owner,
+    /// which alone reaches the bytes (through the buffers it hands out).
+    pub(crate) fn zeroed_aligned(
+        pd: &dyn ProtectionDomain,
+        total: usize,
+        align: usize,
+    ) -> Result<Self, Error> {
+        debug_assert!(align.is_power_of_two() && align >= 8);
+        // Over-allocate by one alignment unit so the start can be moved to
+        // an `align` boundary.
+        let words = total.checked_add(align).ok_or(Error::OutOfMemory(total))? / 8;
+        let mut memory: Vec<u64> = Vec::new();
+        memory
+            .try_reserve_exact(words)
+            .map_err(|_| Error::OutOfMemory(total))?;
+        memory.resize(words, 0);
+        // SAFETY: a Vec's heap buffer is the Vec's own, outside the Vec
+        // value, and does not move while the Vec is not resized (nothing
+        // resizes it once registered); `start..start + total` lies inside
+        // it. Safe code reaches the bytes only through the buffers the
+        // owner hands out, each held by one value, which an in-flight
+        // operation owns.
+        unsafe {
+            Registration::new(pd, memory, Access::LOCAL_WRITE, |m: &mut Vec<u64>| {
+                let raw = m.as_mut_ptr().cast::<u8>();
+                (raw.wrapping_add(raw.align_offset(align)), total)
+            })
+        }
+        .map_err(|(e, _)| e)
+    }
+
     /// Registers the bytes `locate` finds in `mem` (called once `mem` is in
     /// its box) with `access`. On failure `mem` comes back with the error.
     ///

@@ -315,10 +315,17 @@ impl<Q: QueuePair> Shared<Q> {
     /// Posts the awaited operations waiting for a doorbell, if any. What
     /// the device refuses goes back to its futures (flushed: never ran).
     pub(crate) fn submit_deferred(&self, ring: &mut Ring<Q>) {
-        if self.deferred.swap(0, std::sync::atomic::Ordering::AcqRel) > 0 {
-            if let Err(e) = ring.submit() {
-                ring.requeue_unposted(e.unposted);
-            }
+        if self.deferred.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            self.submit_pushed(ring);
+        }
+    }
+
+    /// Posts everything pushed (deferred operations included). What the
+    /// device refuses goes back to its futures (flushed: never ran).
+    pub(crate) fn submit_pushed(&self, ring: &mut Ring<Q>) {
+        self.deferred.store(0, std::sync::atomic::Ordering::Release);
+        if let Err(e) = ring.submit() {
+            ring.requeue_unposted(e.unposted);
         }
     }
 }

@@ -104,11 +104,12 @@ impl<Q: QueuePair> Shared<Q> {
             // (which flushes under it) leaves nothing deferred behind.
             let defer = !is_recv && self.coalesce.load(Ordering::Acquire);
             let state = State::pushed(ring.push_awaited(qp, op));
-            if matches!(state, State::InFlight(_)) {
-                let waiting = self.deferred.fetch_add(1, Ordering::AcqRel) + 1;
-                if !defer || waiting >= super::DEFERRED_MAX {
-                    self.submit_deferred(ring);
-                }
+            // Short-circuit: the count moves only for deferred operations.
+            if matches!(state, State::InFlight(_))
+                && (!defer
+                    || self.deferred.fetch_add(1, Ordering::AcqRel) + 1 >= super::DEFERRED_MAX)
+            {
+                self.submit_pushed(ring);
             }
             state
         });
@@ -131,12 +132,7 @@ impl<Q: QueuePair> Shared<Q> {
     }
 
     fn submit_now(&self) {
-        self.with(|ring| {
-            self.deferred.store(0, Ordering::Release);
-            if let Err(e) = ring.submit() {
-                ring.requeue_unposted(e.unposted);
-            }
-        });
+        self.with(|ring| self.submit_pushed(ring));
     }
 
     fn future<B, O>(self: &Arc<Self>, state: State<B>) -> OpFuture<Q, B, O> {

@@ -311,12 +311,12 @@ fn notifier_loop<Q: QueuePair + std::marker::Send + 'static>(
         // Arm, look (a completion that landed before the arm raised no
         // event), sleep, take, look.
         if client.arm(events) {
-            let _ = client.background_turn();
+            client.background_turn();
             let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
             if events.wait(tick).unwrap_or(false) {
                 let _ = events.take();
             }
-            let _ = client.background_turn();
+            client.background_turn();
         }
         drop(client);
         if wakers.callers.load(Ordering::Acquire) > 0 {
@@ -332,15 +332,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
     /// Fails the connection if the server's end of the handshake socket
     /// closed: its process died, or it let the connection go.
     fn watch_server(&self) {
-        let gone = self
-            .socket
-            .as_ref()
-            .is_some_and(|socket| match socket.peek(&mut [0u8; 1]) {
-                Ok(0) => true,
-                Ok(_) => false,
-                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-            });
-        if gone {
+        if self.socket.as_ref().is_some_and(super::peer_closed) {
             let mut state = self.lock();
             self.turn(&mut state);
             state.core.fail(RpcError::Disconnected(
@@ -351,12 +343,10 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
     }
 
     /// A turn on nobody's behalf: answers applied, reads and queued calls
-    /// pushed, the close sent after a goodbye. Returns whether anything
-    /// is still in flight.
-    fn background_turn(&self) -> bool {
+    /// pushed, the close sent after a goodbye.
+    fn background_turn(&self) {
         let mut state = self.lock();
         self.turn(&mut state);
-        state.core.busy()
     }
 }
 

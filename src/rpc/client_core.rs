@@ -222,12 +222,6 @@ impl ClientCore {
         self.reads_in_flight == 0 && self.reads.is_empty() && self.queue.is_empty()
     }
 
-    /// Whether something is in flight or waiting: answers to apply, reads
-    /// to post, calls to send.
-    pub(super) fn busy(&self) -> bool {
-        !self.idle()
-    }
-
     /// Fails the connection: every call not finished gets `e`.
     pub(super) fn fail(&mut self, e: RpcError) {
         if self.failure.is_some() {

@@ -10,7 +10,6 @@ use super::client::PendingClient;
 use super::server::{client_qp_config, server_cq_entries, server_qp_config, ServerShared};
 use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
-use crate::backend::SrqConfig;
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
 use crate::error::Error;
@@ -70,13 +69,7 @@ where
     config.check()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(server_cq_entries(&config))?;
-    let srq = dev.create_srq(
-        &pd,
-        SrqConfig {
-            max_wr: config.srq_depth(),
-            max_sge: 1,
-        },
-    )?;
+    let srq = dev.create_srq(&pd, config.srq_config())?;
     let fabric = VerbsFabric {
         dev: dev.clone(),
         pd: pd.clone(),

@@ -14,9 +14,7 @@ use super::handler::{AsyncHandler, Handler};
 use super::server_core::{ServerCore, RECV};
 use super::{RpcClient, RpcConfig, RpcError};
 use crate::backend::soft::{SoftDevice, SoftPd, SoftQp};
-use crate::backend::{
-    CompletionEvents, CompletionQueue, ProtectionDomain, QpConfig, QueuePair, SrqConfig,
-};
+use crate::backend::{CompletionEvents, CompletionQueue, ProtectionDomain, QpConfig, QueuePair};
 use crate::buf::BufferPool;
 use crate::error::Error;
 use crate::ring::{Completion, Ring, RingConfig, SrqHandle, SrqRefill};
@@ -459,7 +457,7 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
         core.check_liveness(ring);
         *last_expire = now;
     }
-    for (qp, _why) in core.take_finished(ring) {
+    for (qp, _why) in core.take_finished() {
         progressed = true;
         // Detaching drains the queue pair's flushed work; buffers it could
         // not drain are leaked, never freed under the device.
@@ -488,13 +486,7 @@ impl RpcServer<SoftQp> {
         config.check()?;
         let pd = Arc::new(dev.alloc_pd());
         let cq = dev.create_cq(server_cq_entries(&config))?;
-        let srq = dev.create_srq(
-            &pd,
-            SrqConfig {
-                max_wr: config.srq_depth(),
-                max_sge: 1,
-            },
-        )?;
+        let srq = dev.create_srq(&pd, config.srq_config())?;
         let fabric = SoftFabric {
             dev: dev.clone(),
             pd: Arc::clone(&pd),
@@ -502,44 +494,10 @@ impl RpcServer<SoftQp> {
         RpcServer::start(cq, srq, pd, service, config, Box::new(fabric))
     }
 
-    /// A client connected to this server, with its own queue pair and
-    /// completion queue on the same soft device, and `config`'s client
-    /// side.
-    pub fn connect_soft_with(&self, config: RpcConfig) -> Result<RpcClient<SoftQp>, RpcError> {
-        let fabric = self
-            .shared
-            .fabric
-            .downcast_ref::<SoftFabric>()
-            .expect("a soft server");
-        let failed = |e: Error| RpcError::Connect(e.to_string());
-        if self.shared.stopping() {
-            return Err(RpcError::ShuttingDown);
-        }
-        let server_qp = self.shared.with_queues(|cq, srq| {
-            fabric.dev.create_qp_on(
-                &fabric.pd,
-                cq,
-                Some(srq),
-                server_qp_config(&self.shared.config),
-            )
-        });
-        let server_qp = server_qp.map_err(failed)?;
-        let client_pd = Arc::new(fabric.dev.alloc_pd());
-        let client_qp = fabric
-            .dev
-            .create_qp(&client_pd, client_qp_config(&config))
-            .map_err(failed)?;
-        fabric.dev.connect(&server_qp, &client_qp).map_err(failed)?;
-        let pending = PendingClient::new(client_qp, client_pd, config).map_err(failed)?;
-        self.shared.admit(server_qp, None, None);
-        pending.establish()
-    }
-
-    /// A bare queue pair connected to this server, with its protection
-    /// domain, for tests that play a client breaking the protocol: the
-    /// server greets it with a hello, like any client, and judges what it
-    /// sends.
-    pub fn connect_soft_raw(&self, config: QpConfig) -> Result<(SoftQp, Arc<SoftPd>), Error> {
+    /// A queue pair on the server's queues, connected to a fresh one (in
+    /// a protection domain of its own) made with `client`; the server's is
+    /// not admitted yet.
+    fn soft_pair(&self, client: QpConfig) -> Result<(SoftQp, SoftQp, Arc<SoftPd>), Error> {
         let fabric = self
             .shared
             .fabric
@@ -554,8 +512,33 @@ impl RpcServer<SoftQp> {
             )
         })?;
         let pd = Arc::new(fabric.dev.alloc_pd());
-        let qp = fabric.dev.create_qp(&pd, config)?;
+        let qp = fabric.dev.create_qp(&pd, client)?;
         fabric.dev.connect(&server_qp, &qp)?;
+        Ok((server_qp, qp, pd))
+    }
+
+    /// A client connected to this server, with its own queue pair and
+    /// completion queue on the same soft device, and `config`'s client
+    /// side.
+    pub fn connect_soft_with(&self, config: RpcConfig) -> Result<RpcClient<SoftQp>, RpcError> {
+        if self.shared.stopping() {
+            return Err(RpcError::ShuttingDown);
+        }
+        let failed = |e: Error| RpcError::Connect(e.to_string());
+        let (server_qp, client_qp, pd) =
+            self.soft_pair(client_qp_config(&config)).map_err(failed)?;
+        // The hello's receive is posted before the server may send it.
+        let pending = PendingClient::new(client_qp, pd, config).map_err(failed)?;
+        self.shared.admit(server_qp, None, None);
+        pending.establish()
+    }
+
+    /// A bare queue pair connected to this server, with its protection
+    /// domain, for tests that play a client breaking the protocol: the
+    /// server greets it with a hello, like any client, and judges what it
+    /// sends.
+    pub fn connect_soft_raw(&self, config: QpConfig) -> Result<(SoftQp, Arc<SoftPd>), Error> {
+        let (server_qp, qp, pd) = self.soft_pair(config)?;
         self.shared.admit(server_qp, None, None);
         Ok((qp, pd))
     }

@@ -257,7 +257,7 @@ impl ServerCore {
         conn.heard = true;
         let bytes = &chunk[..len.min(chunk.len())];
         let message = match Message::decode(bytes) {
-            Ok(m) if m_is_from_client(&m) => m,
+            Ok(m) if m.kind().from_client() => m,
             Ok(m) => {
                 return self.violation(qp, format!("a client sent a server message ({m:?})"));
             }
@@ -574,15 +574,7 @@ impl ServerCore {
                     .get_or_insert_with(|| format!("the connection failed: {status}"));
                 continue;
             }
-            let gone = conn
-                .watch
-                .as_ref()
-                .is_some_and(|socket| match socket.peek(&mut [0u8; 1]) {
-                    Ok(0) => true,
-                    Ok(_) => false,
-                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-                });
-            if gone {
+            if conn.watch.as_ref().is_some_and(super::peer_closed) {
                 conn.broken = true;
                 conn.closing
                     .get_or_insert_with(|| "the client's handshake socket closed".into());
@@ -697,10 +689,7 @@ impl ServerCore {
 
     /// Connections to detach now, with why: broken ones at once, closing
     /// ones once their last send left.
-    pub(super) fn take_finished<Q: QueuePair>(
-        &mut self,
-        _ring: &Ring<Q>,
-    ) -> Vec<(QpHandle, String)> {
+    pub(super) fn take_finished(&mut self) -> Vec<(QpHandle, String)> {
         let done: Vec<QpHandle> = self
             .conns
             .iter()
@@ -729,16 +718,6 @@ impl ServerCore {
         let _ = self.tasks.cancel(|_| true);
         all
     }
-}
-
-fn m_is_from_client(m: &Message<'_>) -> bool {
-    matches!(
-        m,
-        Message::Request { .. }
-            | Message::RequestRendezvous { .. }
-            | Message::Release { .. }
-            | Message::Close
-    )
 }
 
 fn queue_goodbye(conn: &mut Conn) {

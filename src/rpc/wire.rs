@@ -331,6 +331,24 @@ pub enum Message<'a> {
     Close,
 }
 
+impl Message<'_> {
+    /// The kind it was sent as.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Message::Hello(_) => Kind::Hello,
+            Message::Request { .. } => Kind::Request,
+            Message::RequestRendezvous { .. } => Kind::RequestRendezvous,
+            Message::Response { .. } => Kind::Response,
+            Message::ResponseRendezvous { .. } => Kind::ResponseRendezvous,
+            Message::Release { .. } => Kind::Release,
+            Message::Released { .. } => Kind::Released,
+            Message::Error { .. } => Kind::Error,
+            Message::Goodbye => Kind::Goodbye,
+            Message::Close => Kind::Close,
+        }
+    }
+}
+
 /// Longest error text sent.
 pub const MAX_ERROR_TEXT: usize = 256;
 

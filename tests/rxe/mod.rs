@@ -12,3 +12,33 @@ pub fn rnr_naks(device: &str) -> u64 {
         .parse()
         .unwrap()
 }
+
+// Shared by several test binaries, each using part of this module.
+
+/// The device these tests run on: `RDMA_RING_DEVICE`, or `rxe0`.
+#[allow(dead_code)]
+pub fn device_name() -> String {
+    std::env::var("RDMA_RING_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
+/// Opens [`device_name`], failing loudly when there is none.
+#[allow(dead_code)]
+pub fn device() -> rdma_ring::backend::verbs::VerbsDevice {
+    let name = device_name();
+    rdma_ring::backend::verbs::VerbsDevice::open(&name).unwrap_or_else(|e| {
+        panic!(
+            "NO RDMA DEVICE: cannot open {name:?} ({e}). These tests need a device: \
+             run them in the Soft-RoCE VM (scripts/test does, through scripts/softroce)"
+        )
+    })
+}
+
+/// A TCP port free on the loopback interface now.
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
