@@ -93,6 +93,9 @@
 //! * [`rpc`]: remote procedure calls — one poller thread serving many
 //!   clients over a shared completion queue and receive queue, pipelined
 //!   blocking and awaitable calls, messages of any size.
+//! * [`session`]: connect in one line, registered memory of any size,
+//!   memory regions lent and handed back, messages and every verb — the
+//!   layer async-rdma users expect.
 //! * [`connect`]: endpoint records, the TCP handshake and rdma_cm.
 //! * [`leak`]: what was leaked rather than freed under the NIC.
 //!
@@ -111,6 +114,7 @@ pub mod leak;
 pub mod op;
 pub mod ring;
 pub mod rpc;
+pub mod session;
 pub mod stream;
 mod work;
 

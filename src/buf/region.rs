@@ -321,6 +321,23 @@ impl Region {
         Some(&mut self[start..end])
     }
 
+    /// Shortens the region to its first `len` bytes (no effect if it is
+    /// not longer); the whole allocation is still freed when it drops.
+    ///
+    /// ```
+    /// # use std::alloc::Layout;
+    /// # use std::sync::Arc;
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::buf::RegionAllocator;
+    /// # let regions = RegionAllocator::new(Arc::new(SoftDevice::new().alloc_pd()), 4096).unwrap();
+    /// let mut region = regions.alloc(Layout::array::<u8>(100).unwrap()).unwrap();
+    /// region.truncate(10);
+    /// assert_eq!(region.len(), 10);
+    /// ```
+    pub fn truncate(&mut self, len: usize) {
+        self.inner.len = self.inner.len.min(len);
+    }
+
     #[inline]
     fn base_lkey(&self) -> u32 {
         self.inner.lkey
@@ -382,6 +399,26 @@ impl fmt::Debug for Region {
             .field("arena", &self.inner.arena)
             .field("len", &self.inner.len)
             .finish()
+    }
+}
+
+// SAFETY: the bytes lie in an arena, outside the `Region` value, and stay
+// put (the arena is never moved or freed while a region of it lives); the
+// allocation is this region's alone until it drops.
+unsafe impl super::StableBuf for Region {
+    fn stable_ptr(&self) -> *const u8 {
+        self.inner.ptr
+    }
+    fn stable_len(&self) -> usize {
+        self.inner.len
+    }
+}
+
+// SAFETY: as for `StableBuf`; the same address, written only through
+// `&mut self`.
+unsafe impl super::StableBufMut for Region {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.inner.ptr
     }
 }
 

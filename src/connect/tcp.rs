@@ -229,6 +229,30 @@ pub fn accept_qp(
     Ok(qp)
 }
 
+/// Whether the peer's end of a (non-blocking) handshake socket closed: the
+/// peer's process died, or it let the connection go. Both sides keep the
+/// socket open for the connection's life to learn this.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use rdma_ring::connect::tcp::peer_closed;
+/// let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+/// ours.set_nonblocking(true).unwrap();
+/// let (theirs, _) = listener.accept().unwrap();
+/// assert!(!peer_closed(&ours));
+/// drop(theirs);
+/// # std::thread::sleep(std::time::Duration::from_millis(50));
+/// assert!(peer_closed(&ours));
+/// ```
+pub fn peer_closed(socket: &std::net::TcpStream) -> bool {
+    match socket.peek(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,6 +158,28 @@ impl<B> State<B> {
 
 // Nothing in the future is ever pinned in place (the buffer moves out on
 // completion), so it is `Unpin` whatever the buffer type.
+impl<Q: QueuePair, B, O> OpFuture<Q, B, O> {
+    /// Whether the push was refused (a full queue, a buffer of another
+    /// protection domain, a closed ring, …): nothing was posted, and the
+    /// future resolves at once with the error and the buffer.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let (pd, other) = (dev.alloc_pd(), dev.alloc_pd());
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    /// let foreign = RegisteredBuf::new(&other, vec![0u8; 8]).unwrap();
+    /// assert!(ring.send(foreign).was_refused()); // wrong protection domain
+    /// ```
+    pub fn was_refused(&self) -> bool {
+        matches!(self.state, State::Failed(_))
+    }
+}
+
 impl<Q: QueuePair, B, O> Unpin for OpFuture<Q, B, O> {}
 
 impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {

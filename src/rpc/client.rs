@@ -332,7 +332,11 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
     /// Fails the connection if the server's end of the handshake socket
     /// closed: its process died, or it let the connection go.
     fn watch_server(&self) {
-        if self.socket.as_ref().is_some_and(super::peer_closed) {
+        if self
+            .socket
+            .as_ref()
+            .is_some_and(crate::connect::tcp::peer_closed)
+        {
             let mut state = self.lock();
             self.turn(&mut state);
             state.core.fail(RpcError::Disconnected(

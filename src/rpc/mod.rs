@@ -214,17 +214,6 @@ impl fmt::Display for RpcError {
 
 impl std::error::Error for RpcError {}
 
-/// Whether the peer's end of a (non-blocking) handshake socket closed: the
-/// peer's process died, or it let the connection go. Both sides keep the
-/// socket open for the connection's life to learn this.
-pub(crate) fn peer_closed(socket: &std::net::TcpStream) -> bool {
-    match socket.peek(&mut [0u8; 1]) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-    }
-}
-
 impl From<RpcError> for std::io::Error {
     fn from(e: RpcError) -> std::io::Error {
         use std::io::ErrorKind;

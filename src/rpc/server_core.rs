@@ -574,7 +574,11 @@ impl ServerCore {
                     .get_or_insert_with(|| format!("the connection failed: {status}"));
                 continue;
             }
-            if conn.watch.as_ref().is_some_and(super::peer_closed) {
+            if conn
+                .watch
+                .as_ref()
+                .is_some_and(crate::connect::tcp::peer_closed)
+            {
                 conn.broken = true;
                 conn.closing
                     .get_or_insert_with(|| "the client's handshake socket closed".into());

@@ -1,0 +1,377 @@
+//! Sessions on real devices: [`SessionBuilder`] connects or listens over a
+//! TCP handshake or rdma_cm; [`SessionListener`] accepts many peers onto
+//! one host.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::host::{host_cq_entries, Prepared};
+use super::wire::{Hello, HELLO_LEN};
+use super::{Session, SessionConfig, SessionError, SessionHost};
+use crate::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd, VerbsQp};
+use crate::backend::QueuePair;
+use crate::buf::RemoteAccess;
+use crate::connect::cm::{self, CmListener, CmQp};
+use crate::connect::tcp;
+use crate::Error;
+
+/// The device and protection domain of a verbs host.
+struct VerbsFabric {
+    dev: VerbsDevice,
+    pd: VerbsPd,
+}
+
+/// Builds sessions on an RDMA device: which device, port and GID, and the
+/// [`SessionConfig`]. Then `connect`, `listen` (one peer), `bind` (many),
+/// or their rdma_cm forms.
+///
+/// ```no_run
+/// use rdma_ring::session::SessionBuilder;
+/// let session = SessionBuilder::default().device("rxe0").gid_index(1).connect("10.0.0.2:7471").unwrap();
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct SessionBuilder {
+    device: Option<String>,
+    options: DeviceOptions,
+    config: SessionConfig,
+}
+
+impl SessionBuilder {
+    /// The device to use, by name (default: the first one).
+    pub fn device(mut self, name: &str) -> Self {
+        self.device = Some(name.to_owned());
+        self
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.options.port = port;
+        self
+    }
+
+    /// The GID index (default: a RoCE v2 IPv4-mapped GID if there is one).
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.options.gid_index = Some(index);
+        self
+    }
+
+    /// Every size, cap and time at once.
+    pub fn config(mut self, config: SessionConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Receives kept posted per session.
+    pub fn recv_depth(mut self, depth: u16) -> Self {
+        self.config.recv_depth = depth;
+        self
+    }
+
+    /// Largest user message.
+    pub fn max_message(mut self, bytes: u32) -> Self {
+        self.config.max_message = bytes;
+        self
+    }
+
+    /// How long a peer may hold a region of ours.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Largest region a peer may ask for, and the rights it may ask for.
+    pub fn remote_caps(mut self, max_region: u64, rights: RemoteAccess) -> Self {
+        self.config.max_remote_region = max_region;
+        self.config.max_remote_rights = rights;
+        self
+    }
+
+    /// How long connecting and remote allocation requests may take.
+    pub fn timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.config.connect_timeout = connect;
+        self.config.request_timeout = request;
+        self
+    }
+
+    fn open(&self) -> Result<VerbsDevice, Error> {
+        match &self.device {
+            Some(name) => VerbsDevice::open_with(name, self.options),
+            None => {
+                let names = crate::backend::verbs::device_names()?;
+                let name = names.first().ok_or(Error::Incompatible(
+                    "no RDMA device on this machine (name one, or use the soft device)",
+                ))?;
+                VerbsDevice::open_with(name, self.options)
+            }
+        }
+    }
+
+    /// A host on the device, for many sessions sharing one allocator,
+    /// completion queue and driver.
+    pub fn host(&self) -> Result<SessionHost<VerbsQp>, SessionError> {
+        Ok(verbs_host(&self.open()?, self.config)?)
+    }
+
+    /// Connects to the session listening at `addr` (TCP handshake).
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
+        self.host()?.connect(addr)
+    }
+
+    /// Waits for one peer at `addr` (TCP handshake) — async-rdma's
+    /// `listen`. For many peers, [`bind`](Self::bind).
+    pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
+        self.bind(addr)?.accept()
+    }
+
+    /// Listens at `addr` (TCP handshake) for many peers on one host.
+    pub fn bind(&self, addr: impl ToSocketAddrs) -> Result<SessionListener<VerbsQp>, SessionError> {
+        let listener = TcpListener::bind(addr).map_err(|e| SessionError::Connect(e.to_string()))?;
+        Ok(SessionListener {
+            host: self.host()?,
+            kind: ListenerKind::Tcp(listener),
+        })
+    }
+
+    /// Connects over rdma_cm to the session listening at `addr`, on the
+    /// device that routes there.
+    pub fn connect_cm(&self, addr: SocketAddr) -> Result<Session<CmQp>, SessionError> {
+        let timeout = self.config.connect_timeout;
+        let route = cm::resolve(addr, timeout)?;
+        let name = route
+            .device_name()
+            .ok_or(Error::Incompatible("rdma_cm resolved no device"))?;
+        let dev = VerbsDevice::open_with(&name, self.options)?;
+        let host = cm_host(&dev, self.config)?;
+        let fabric = verbs_fabric(&host);
+        let config = self.config.qp_config();
+        let qp =
+            host.create_qp(|cq| route.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config))?;
+        let prepared = host.prepare(qp)?;
+        let hello = self.config.hello().encode();
+        let connected = host
+            .with_qp(&prepared, |qp| {
+                qp.connect(&hello, timeout)
+                    .map(|()| qp.peer_private_data().to_vec())
+            })
+            .map_err(SessionError::from)
+            .and_then(|private| hello_in_private_data(&private));
+        match connected {
+            Ok(peer) => Ok(host.admit(prepared, peer, None)),
+            Err(e) => {
+                host.abandon(prepared);
+                Err(e)
+            }
+        }
+    }
+
+    /// Listens over rdma_cm at `addr`, the address of one RDMA device's
+    /// interface, for many peers on one host.
+    pub fn bind_cm(&self, addr: SocketAddr) -> Result<SessionListener<CmQp>, SessionError> {
+        let listener = CmListener::bind(addr)?;
+        let name = listener.device_name().ok_or(Error::Incompatible(
+            "bind_cm needs the address of one RDMA device's interface, not a wildcard",
+        ))?;
+        let dev = VerbsDevice::open_with(&name, self.options)?;
+        Ok(SessionListener {
+            host: cm_host(&dev, self.config)?,
+            kind: ListenerKind::Cm(listener),
+        })
+    }
+}
+
+fn verbs_host(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<VerbsQp>, Error> {
+    start_host(dev, config)
+}
+
+fn cm_host(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<CmQp>, Error> {
+    start_host(dev, config)
+}
+
+fn start_host<Q>(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<Q>, Error>
+where
+    Q: QueuePair<Cq = crate::backend::verbs::VerbsCq> + Send + 'static,
+{
+    config.check()?;
+    let pd = dev.alloc_pd()?;
+    let cq = dev.create_cq(host_cq_entries(&config))?;
+    let events = dev.async_events().ok();
+    let fabric = VerbsFabric {
+        dev: dev.clone(),
+        pd: pd.clone(),
+    };
+    SessionHost::start(
+        cq,
+        Arc::new(pd),
+        move |ring| {
+            if let Some(events) = events {
+                ring.watch_events(events);
+            }
+        },
+        config,
+        Box::new(fabric),
+    )
+}
+
+fn verbs_fabric<Q: QueuePair + Send + 'static>(host: &SessionHost<Q>) -> &VerbsFabric {
+    host.shared
+        .fabric
+        .downcast_ref::<VerbsFabric>()
+        .expect("a verbs host")
+}
+
+/// The peer's hello from rdma_cm private data, which the transport may pad
+/// with zeros.
+fn hello_in_private_data(private: &[u8]) -> Result<Hello, SessionError> {
+    let bad = |why: String| SessionError::Protocol(format!("the peer's hello: {why}"));
+    if private.len() < HELLO_LEN || private[HELLO_LEN..].iter().any(|&b| b != 0) {
+        return Err(bad(format!("{} bytes of private data", private.len())));
+    }
+    Hello::decode(&private[..HELLO_LEN]).map_err(|e| bad(e.to_string()))
+}
+
+impl SessionHost<VerbsQp> {
+    /// A host on `dev` (sessions over the TCP handshake).
+    pub fn verbs(dev: &VerbsDevice, config: SessionConfig) -> Result<Self, Error> {
+        verbs_host(dev, config)
+    }
+
+    /// Connects a new session on this host to the session listening at
+    /// `addr` (TCP handshake).
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
+        let stream = tcp::dial(addr, self.config().connect_timeout)?;
+        self.handshake(stream)
+    }
+
+    /// The session protocol over an open TCP stream: endpoints, hellos,
+    /// connect, ready. The stream stays open for the session's life: its
+    /// end tells either side that the other's process is gone.
+    fn handshake(&self, mut stream: TcpStream) -> Result<Session<VerbsQp>, SessionError> {
+        let config = *self.config();
+        let timeout = config.connect_timeout;
+        let fabric = verbs_fabric(self);
+        let qp = self.create_qp(|cq| {
+            fabric
+                .dev
+                .create_qp_on(&fabric.pd, cq, None, config.qp_config())
+        })?;
+        let endpoint = qp.endpoint();
+        let prepared = self.prepare(qp)?;
+        match exchange(
+            self,
+            &prepared,
+            &mut stream,
+            &endpoint,
+            config.hello(),
+            timeout,
+        ) {
+            Ok(peer) => Ok(self.admit(prepared, peer, Some(stream))),
+            Err(e) => {
+                self.abandon(prepared);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn exchange(
+    host: &SessionHost<VerbsQp>,
+    prepared: &Prepared,
+    stream: &mut TcpStream,
+    endpoint: &crate::connect::Endpoint,
+    hello: Hello,
+    timeout: Duration,
+) -> Result<Hello, SessionError> {
+    let remote = tcp::exchange(stream, endpoint, timeout)?;
+    let failed = |e: std::io::Error| SessionError::Connect(format!("exchanging hellos: {e}"));
+    stream.set_read_timeout(Some(timeout)).map_err(failed)?;
+    stream.write_all(&hello.encode()).map_err(failed)?;
+    let mut bytes = [0u8; HELLO_LEN];
+    stream.read_exact(&mut bytes).map_err(failed)?;
+    let peer = Hello::decode(&bytes)
+        .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
+    host.with_qp(prepared, |qp| qp.connect(&remote))?;
+    tcp::ready(stream, timeout)?;
+    Ok(peer)
+}
+
+enum ListenerKind {
+    Tcp(TcpListener),
+    Cm(CmListener),
+}
+
+/// Accepts peers onto one host: every session shares its allocator,
+/// completion queue and driver.
+pub struct SessionListener<Q: QueuePair + Send + 'static> {
+    host: SessionHost<Q>,
+    kind: ListenerKind,
+}
+
+impl<Q: QueuePair + Send + 'static> SessionListener<Q> {
+    /// The host accepted sessions live on.
+    pub fn host(&self) -> &SessionHost<Q> {
+        &self.host
+    }
+
+    /// The address listened at.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.kind {
+            ListenerKind::Tcp(l) => l.local_addr().ok(),
+            ListenerKind::Cm(_) => None,
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> std::fmt::Debug for SessionListener<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionListener")
+            .field("local_addr", &self.local_addr())
+            .field("host", &self.host)
+            .finish()
+    }
+}
+
+impl SessionListener<VerbsQp> {
+    /// Waits for the next peer and connects a session to it. A peer that
+    /// fails its handshake is dropped with an error; call again.
+    pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
+        let ListenerKind::Tcp(listener) = &self.kind else {
+            unreachable!("a TCP listener")
+        };
+        let (stream, _) = listener
+            .accept()
+            .map_err(|e| SessionError::Connect(e.to_string()))?;
+        self.host.handshake(stream)
+    }
+}
+
+impl SessionListener<CmQp> {
+    /// Waits (up to the connect timeout) for the next peer's rdma_cm
+    /// request and accepts it into a session. A request without a valid
+    /// hello is rejected with an error; call again.
+    pub fn accept(&self) -> Result<Session<CmQp>, SessionError> {
+        let ListenerKind::Cm(listener) = &self.kind else {
+            unreachable!("an rdma_cm listener")
+        };
+        let config = *self.host.config();
+        let request = listener.request(config.connect_timeout)?;
+        let peer = hello_in_private_data(request.private_data())?; // dropping rejects
+        let fabric = verbs_fabric(&self.host);
+        let qp = self.host.create_qp(|cq| {
+            request.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config.qp_config())
+        })?;
+        let prepared = self.host.prepare(qp)?;
+        let hello = config.hello().encode();
+        match self
+            .host
+            .with_qp(&prepared, |qp| qp.accept(&hello, config.connect_timeout))
+        {
+            Ok(()) => Ok(self.host.admit(prepared, peer, None)),
+            Err(e) => {
+                self.host.abandon(prepared);
+                Err(e.into())
+            }
+        }
+    }
+}

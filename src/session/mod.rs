@@ -1,0 +1,271 @@
+//! Sessions: connect in one line, allocate registered memory of any size,
+//! hand memory regions to the peer and take them back, and run every verb
+//! on them — the layer async-rdma users expect, on the ring's public API.
+//!
+//! ```
+//! use std::alloc::Layout;
+//! use rdma_ring::backend::soft::SoftDevice;
+//! use rdma_ring::session::SessionHost;
+//!
+//! # futures::executor::block_on(async {
+//! let dev = SoftDevice::new();
+//! let (client, server) = SessionHost::soft_pair(&dev, Default::default()).unwrap();
+//!
+//! // The client asks the server for 8 bytes, writes them, hands them back.
+//! let mut local = client.alloc_local_mr(Layout::new::<[u8; 8]>()).unwrap();
+//! local.copy_from_slice(&[1u8; 8]);
+//! let remote = client.request_remote_mr(Layout::new::<[u8; 8]>()).await.unwrap();
+//! let (written, _local) = client.write(local, remote.remote()).await;
+//! written.unwrap();
+//! client.send_remote_mr(remote).unwrap();
+//!
+//! // The server gets its region back, no longer writable by the client.
+//! let region = server.receive_local_mr().await.unwrap();
+//! assert_eq!(*region, [1u8; 8]);
+//! # });
+//! ```
+//!
+//! # Shape
+//!
+//! A [`SessionHost`] owns one device's shared parts: a protection domain,
+//! a [`RegionAllocator`] of registered arenas, one [`AsyncRing`] (one
+//! completion queue, one driver thread) and one pump thread that serves the
+//! control channel of every session on it. A [`Session`] is one peer: a
+//! queue pair attached to the host's ring. Make hosts and sessions with a
+//! [`SessionBuilder`] (`connect`, `listen`, `bind` for many peers,
+//! `connect_cm`, `bind_cm`) or, on the soft device, [`SessionHost::soft`].
+//!
+//! # Memory and ownership
+//!
+//! * [`Session::alloc_local_mr`] cuts a [`Region`] out of a registered
+//!   arena: no registration per allocation.
+//! * A region handed to the peer — granted on its request
+//!   ([`Session::request_remote_mr`]) or sent ([`Session::send_local_mr`])
+//!   — gets a registration of its own covering exactly that region, with
+//!   exactly the rights asked for, and is unreachable locally while the
+//!   peer holds it. It comes back ([`Session::receive_local_mr`]) when the
+//!   peer hands it back ([`Session::send_remote_mr`], or by dropping its
+//!   [`RemoteRegion`]) or its lease ends; the registration is revoked
+//!   first, so the peer can no longer touch bytes safe code may now read.
+//! * A peer asks for at most [`SessionConfig::max_remote_region`] bytes at
+//!   a time, [`SessionConfig::max_remote_total`] in all, with rights
+//!   within [`SessionConfig::max_remote_rights`].
+//!
+//! # Data path
+//!
+//! `read`, `write`, `write_with_imm`, `atomic_cas` and `fetch_add` go
+//! straight to the ring (awaitable [`OpFuture`]s, buffers returned with
+//! the result). `send` / `receive` carry user messages of up to
+//! [`SessionConfig::max_message`] bytes, received zero-copy into regions.
+//!
+//! # Control channel
+//!
+//! Each session keeps `recv_depth` receives posted; every SEND ends with a
+//! 16-byte trailer ([`wire`]) that tells user messages from control
+//! messages and carries the flow-control counts ([`flow`]): no message
+//! meets an empty receive queue, and a user who does not read holds up only
+//! the peer's user messages. A malformed control message, a count of
+//! messages never sent, or a return of a region never lent ends the session
+//! with [`SessionError::Protocol`]; nothing local is lost.
+//!
+//! [`RegionAllocator`]: crate::buf::RegionAllocator
+//! [`AsyncRing`]: crate::future::AsyncRing
+//! [`OpFuture`]: crate::future::OpFuture
+
+mod connection;
+pub mod flow;
+mod host;
+#[cfg(feature = "verbs")]
+mod listener;
+mod pump;
+mod remote_region;
+mod state;
+pub mod wire;
+
+use std::time::Duration;
+
+pub use crate::buf::Region;
+pub use connection::Session;
+pub use host::{SessionEvents, SessionHost};
+#[cfg(feature = "verbs")]
+pub use listener::{SessionBuilder, SessionListener};
+pub use remote_region::RemoteRegion;
+pub use wire::{Hello, RefuseReason};
+
+use crate::buf::RemoteAccess;
+use crate::Error;
+
+/// Sizes, caps and times of sessions.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdma_ring::session::SessionConfig;
+/// let config = SessionConfig { lease: Duration::from_secs(5), ..SessionConfig::default() };
+/// assert!(config.check().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Receives each session keeps posted (4..=1024).
+    pub recv_depth: u16,
+    /// User messages the peer may send that our user has not taken yet
+    /// (1..recv_depth).
+    pub user_window: u16,
+    /// Largest user message, in bytes (up to 1 MiB). Every posted receive
+    /// is this large (plus the 16-byte trailer).
+    pub max_message: u32,
+    /// Largest region the peer may ask us to allocate.
+    pub max_remote_region: u64,
+    /// Most bytes the peer may hold of ours at once (granted and sent).
+    pub max_remote_total: u64,
+    /// Rights the peer may ask for.
+    pub max_remote_rights: RemoteAccess,
+    /// How long the peer may hold a region of ours before we take it back.
+    pub lease: Duration,
+    /// How long [`Session::request_remote_mr`] waits for the peer.
+    pub request_timeout: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// Bytes of each registered arena.
+    pub arena_bytes: usize,
+    /// Most bytes all arenas may register together.
+    pub memory_limit: usize,
+    /// Data operations (reads, writes, sends, atomics) in flight per
+    /// session, at most.
+    pub max_send_wr: u32,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            recv_depth: 32,
+            user_window: 16,
+            max_message: 4096,
+            max_remote_region: 64 << 20,
+            max_remote_total: 256 << 20,
+            max_remote_rights: RemoteAccess::READ | RemoteAccess::WRITE | RemoteAccess::ATOMIC,
+            lease: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            arena_bytes: 8 << 20,
+            memory_limit: 1 << 30,
+            max_send_wr: 256,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// Checks every field's range.
+    pub fn check(&self) -> Result<(), Error> {
+        let bad = |what: &'static str| Err(Error::Incompatible(what));
+        if !(4..=1024).contains(&self.recv_depth) {
+            return bad("recv_depth must be 4..=1024");
+        }
+        if self.user_window == 0 || self.user_window >= self.recv_depth {
+            return bad("user_window must be 1..recv_depth");
+        }
+        if self.max_message > 1 << 20 {
+            return bad("max_message must be at most 1 MiB");
+        }
+        if self.max_send_wr == 0 || self.max_send_wr > 16384 {
+            return bad("max_send_wr must be 1..=16384");
+        }
+        if self.arena_bytes == 0 || self.arena_bytes > self.memory_limit {
+            return bad("arena_bytes must be 1..=memory_limit");
+        }
+        Ok(())
+    }
+
+    /// Queue pair settings of a session.
+    pub(crate) fn qp_config(&self) -> crate::backend::QpConfig {
+        crate::backend::QpConfig {
+            // Data operations, control messages (a window of the peer's
+            // receives) and the ring's teardown marker.
+            max_send_wr: self.max_send_wr + u32::from(self.recv_depth) + 2,
+            max_recv_wr: u32::from(self.recv_depth),
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            ..crate::backend::QpConfig::default()
+        }
+    }
+
+    fn hello(&self) -> wire::Hello {
+        wire::Hello {
+            recv_depth: self.recv_depth,
+            user_window: self.user_window,
+            max_message: self.max_message,
+        }
+    }
+}
+
+/// What went wrong in a session.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The device or the ring refused.
+    #[error(transparent)]
+    Device(#[from] Error),
+    /// The peer broke the protocol; the session is closed.
+    #[error("the peer broke the session protocol: {0}")]
+    Protocol(String),
+    /// The peer closed the session, or it was closed here.
+    #[error("the session is closed ({0})")]
+    Closed(&'static str),
+    /// The connection failed: the peer is gone or unreachable.
+    #[error("the connection failed: {0}")]
+    Disconnected(String),
+    /// The peer refused an allocation.
+    #[error("the peer refused the allocation: {0}")]
+    Refused(RefuseReason),
+    /// The peer did not answer in time.
+    #[error("the peer did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A message is larger than the peer accepts.
+    #[error("a message of {len} bytes is larger than the peer's limit of {max}")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// The peer's limit.
+        max: u32,
+    },
+    /// A remote region was handed to another session than its own.
+    #[error("this remote region belongs to another session")]
+    WrongSession,
+    /// Connecting failed.
+    #[error("connecting failed: {0}")]
+    Connect(String),
+}
+
+impl SessionError {
+    /// A copy, for the many waiters of one failure.
+    fn duplicate(&self) -> SessionError {
+        match self {
+            SessionError::Device(e) => SessionError::Disconnected(e.to_string()),
+            SessionError::Protocol(s) => SessionError::Protocol(s.clone()),
+            SessionError::Closed(s) => SessionError::Closed(s),
+            SessionError::Disconnected(s) => SessionError::Disconnected(s.clone()),
+            SessionError::Refused(r) => SessionError::Refused(*r),
+            SessionError::Timeout(t) => SessionError::Timeout(*t),
+            SessionError::TooLarge { len, max } => SessionError::TooLarge {
+                len: *len,
+                max: *max,
+            },
+            SessionError::WrongSession => SessionError::WrongSession,
+            SessionError::Connect(s) => SessionError::Connect(s.clone()),
+        }
+    }
+}
+
+impl From<SessionError> for std::io::Error {
+    fn from(e: SessionError) -> std::io::Error {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            SessionError::Timeout(_) => ErrorKind::TimedOut,
+            SessionError::Closed(_) | SessionError::Disconnected(_) => ErrorKind::ConnectionReset,
+            SessionError::Connect(_) => ErrorKind::ConnectionRefused,
+            SessionError::Protocol(_) => ErrorKind::InvalidData,
+            SessionError::TooLarge { .. } | SessionError::WrongSession => ErrorKind::InvalidInput,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -1,0 +1,515 @@
+//! The pump: one thread per host that takes every session's receives off
+//! the ring, answers control messages, reposts receives, sends what the
+//! outboxes hold as flow control allows, and keeps time (leases, request
+//! timeouts, dead peers, closes).
+
+use std::alloc::Layout;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use futures_core::Stream;
+
+use super::host::{HostShared, CLOSE, CONTROL, RECV};
+use super::state::{Lent, Request, SessionShared, SessionState};
+use super::wire::{self, Control, Message, RefuseReason, RegionDescriptor};
+use super::SessionError;
+use crate::backend::QueuePair;
+use crate::buf::{ExposedBuf, Region};
+use crate::op::Send;
+use crate::ring::Completion;
+
+/// How often the pump looks at the clock when nothing happens.
+const TICK: Duration = Duration::from_millis(10);
+/// Completions handled before the outboxes get a turn.
+const BATCH: usize = 64;
+/// Regions lent to us and not yet taken by our user, at most.
+const MAX_PENDING_LENDS: usize = 1024;
+/// How long a closing session waits for its close message to leave.
+pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+struct ThreadWake(std::thread::Thread);
+
+impl Wake for ThreadWake {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<HostShared<Q>>) {
+    let waker = Waker::from(Arc::new(ThreadWake(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut completions = host.ring.completions();
+    let mut batch: Vec<Completion> = Vec::with_capacity(BATCH);
+    let mut last_tick = Instant::now();
+    loop {
+        let mut ended = false;
+        while batch.len() < BATCH {
+            match Pin::new(&mut completions).poll_next(&mut cx) {
+                Poll::Ready(Some(c)) => batch.push(c),
+                Poll::Ready(None) => {
+                    ended = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        let busy = batch.len() == BATCH;
+        for c in batch.drain(..) {
+            on_completion(host, c);
+        }
+        let now = Instant::now();
+        let tick = now.duration_since(last_tick) >= TICK;
+        if tick {
+            last_tick = now;
+            forward_events(host);
+        }
+        let sessions: Vec<_> = host.sessions().live.values().cloned().collect();
+        for s in &sessions {
+            service(host, s, now, tick);
+        }
+        let _ = host.ring.submit();
+        let abandoned = host.abandoned.load(std::sync::atomic::Ordering::Acquire);
+        if ended || (abandoned && host.sessions().live.is_empty()) {
+            break;
+        }
+        if !busy {
+            std::thread::park_timeout(TICK);
+        }
+    }
+    host.pump.lock().unwrap_or_else(|p| p.into_inner()).take();
+}
+
+pub(super) fn on_completion<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    c: Completion,
+) {
+    let Some(qp) = c.qp() else { return };
+    let s = {
+        let mut sessions = host.sessions();
+        match sessions.live.get(&qp) {
+            Some(s) => Arc::clone(s),
+            None => {
+                if let Some(early) = sessions.preparing.get_mut(&qp) {
+                    early.push(c);
+                }
+                return; // or a session already gone: its buffers go with `c`
+            }
+        }
+    };
+    on_message(host, &s, c);
+}
+
+/// Handles a completion of session `s`'s queue pair.
+pub(super) fn on_message<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &Arc<SessionShared<Q>>,
+    c: Completion,
+) {
+    match c.user_data() {
+        RECV => on_receive(host, s, c),
+        CLOSE => s.lock().close_done = true,
+        CONTROL => {
+            if let Err(e) = c.result() {
+                let mut st = s.lock();
+                if !st.closing {
+                    st.fail(SessionError::Disconnected(format!(
+                        "a control message could not go: {e}"
+                    )));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &SessionShared<Q>,
+    c: Completion,
+) {
+    let result = c.result();
+    let (imm, write_imm) = (c.imm(), c.is_write_imm());
+    let Ok(region) = c.into_buf().downcast::<Region>() else {
+        return;
+    };
+    let mut st = s.lock();
+    let len = match result {
+        Ok(len) => len,
+        Err(e) => {
+            if !st.closing && st.failure.is_none() {
+                let why = match host.ring.with_ring(|r| r.qp_error(s.qp.handle())) {
+                    Some(status) => format!("the queue pair failed ({status})"),
+                    None => format!("a receive failed: {e}"),
+                };
+                st.fail(SessionError::Disconnected(why));
+            }
+            return;
+        }
+    };
+    if st.failure.is_some() {
+        return;
+    }
+    match receive(host, &mut st, region, len, imm, write_imm) {
+        Ok((repost, ack)) => {
+            st.flow.processed_one(ack);
+            st.changed();
+            let reposted = repost.and_then(|r| host.post_recv(s.qp.handle(), r));
+            if let Err(e) = reposted {
+                st.fail(SessionError::Disconnected(format!(
+                    "could not post a receive again: {e}"
+                )));
+                drop(st);
+                fail_qp(host, s);
+            }
+        }
+        Err(why) => {
+            st.fail(SessionError::Protocol(why));
+            drop(st);
+            fail_qp(host, s);
+        }
+    }
+}
+
+/// Handles one arrived message; returns the region to post again, and
+/// whether the message was an ack.
+fn receive<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    st: &mut SessionState,
+    mut region: Region,
+    len: usize,
+    imm: Option<u32>,
+    write_imm: bool,
+) -> Result<(Result<Region, crate::Error>, bool), String> {
+    let window = usize::from(host.config.user_window);
+    if write_imm {
+        if st.unread() >= window {
+            return Err(format!(
+                "a WRITE with immediate beyond the user window of {window}"
+            ));
+        }
+        st.write_imms.push_back(imm.unwrap_or_default());
+        return Ok((Ok(region), false)); // untouched: post it again as it is
+    }
+    let bytes = region
+        .get(..len)
+        .ok_or_else(|| format!("the device reported {len} bytes in a smaller buffer"))?;
+    let (trailer, message) = wire::decode(bytes).map_err(|e| e.to_string())?;
+    st.flow.on_report(trailer.processed, trailer.taken)?;
+    match message {
+        Message::User(payload) => {
+            let n = payload.len();
+            if st.unread() >= window {
+                return Err(format!("a message beyond the user window of {window}"));
+            }
+            region.truncate(n);
+            st.messages.push_back((region, imm));
+            Ok((host.recv_region(), false))
+        }
+        Message::Control(control) => {
+            if imm.is_some() {
+                return Err("a control message with immediate data".into());
+            }
+            on_control(host, st, control)?;
+            Ok((Ok(region), control == Control::Ack))
+        }
+    }
+}
+
+fn on_control<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    st: &mut SessionState,
+    control: Control,
+) -> Result<(), String> {
+    match control {
+        Control::Ack => {}
+        Control::Close => st.peer_closed = true,
+        Control::AllocRequest {
+            request,
+            size,
+            align,
+            rights,
+        } => {
+            let answer = match grant(host, st, size, align, rights) {
+                Ok(region) => Control::AllocGrant { request, region },
+                Err(reason) => Control::AllocRefuse { request, reason },
+            };
+            st.outbox.push_back(answer);
+        }
+        Control::AllocGrant { request, region } => match st.requests.get(&request) {
+            Some(Request::Waiting(_)) => {
+                st.requests.insert(request, Request::Done(Ok(region)));
+            }
+            Some(Request::Abandoned) => {
+                st.requests.remove(&request);
+                st.outbox.push_back(Control::Return { id: region.id });
+            }
+            _ => {
+                return Err(format!(
+                    "a grant for request {request}, which is not waiting"
+                ))
+            }
+        },
+        Control::AllocRefuse { request, reason } => match st.requests.get(&request) {
+            Some(Request::Waiting(_)) => {
+                st.requests
+                    .insert(request, Request::Done(Err(SessionError::Refused(reason))));
+            }
+            Some(Request::Abandoned) => {
+                st.requests.remove(&request);
+            }
+            _ => {
+                return Err(format!(
+                    "a refusal of request {request}, which is not waiting"
+                ))
+            }
+        },
+        Control::Lend(region) => {
+            if st.lent_to_us.len() >= MAX_PENDING_LENDS {
+                return Err(format!(
+                    "more than {MAX_PENDING_LENDS} regions lent and not received"
+                ));
+            }
+            st.lent_to_us.push_back(region);
+        }
+        Control::Return { id } => match st.lent.remove(&id) {
+            Some(lent) => reclaim(st, lent, true),
+            // Taken back at the end of its lease while coming back.
+            None if id < st.next_region => {}
+            None => {
+                return Err(format!(
+                    "the peer returned region {id}, which was never lent"
+                ))
+            }
+        },
+    }
+    Ok(())
+}
+
+/// A region for the peer's request, exposed with exactly `rights`.
+fn grant<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    st: &mut SessionState,
+    size: u64,
+    align: u32,
+    rights: crate::buf::RemoteAccess,
+) -> Result<RegionDescriptor, RefuseReason> {
+    let config = &host.config;
+    if st.closing {
+        return Err(RefuseReason::Closing);
+    }
+    if size > config.max_remote_region || size > u64::from(u32::MAX) {
+        return Err(RefuseReason::TooLarge);
+    }
+    if !config.max_remote_rights.contains(rights) {
+        return Err(RefuseReason::Rights);
+    }
+    if st.lent_bytes + size > config.max_remote_total {
+        return Err(RefuseReason::Quota);
+    }
+    let layout = Layout::from_size_align(size as usize, align as usize)
+        .map_err(|_| RefuseReason::TooLarge)?;
+    // Zeroed: a freed region's old bytes must not reach the peer.
+    let region = host
+        .regions
+        .alloc_zeroed(layout)
+        .map_err(|_| RefuseReason::OutOfMemory)?;
+    let exposed =
+        ExposedBuf::new(&*host.pd, region, rights).map_err(|_| RefuseReason::OutOfMemory)?;
+    Ok(lend(st, exposed, config.lease, true))
+}
+
+/// Records `exposed` as lent to the peer; returns its descriptor.
+pub(super) fn lend(
+    st: &mut SessionState,
+    exposed: ExposedBuf<Region>,
+    lease: Duration,
+    granted: bool,
+) -> RegionDescriptor {
+    let id = st.next_region;
+    st.next_region += 1;
+    st.lent_bytes += exposed.len() as u64;
+    let descriptor = RegionDescriptor {
+        id,
+        remote: exposed.remote(),
+        lease_ms: u32::try_from(lease.as_millis()).unwrap_or(u32::MAX),
+    };
+    st.lent.insert(
+        id,
+        Lent {
+            exposed,
+            deadline: Instant::now().checked_add(lease),
+            granted,
+        },
+    );
+    descriptor
+}
+
+/// Takes a lent region back: revokes the peer's access, then hands the
+/// memory to our user (`returned`, or a region our user lent) or frees it.
+fn reclaim(st: &mut SessionState, lent: Lent, returned: bool) {
+    st.lent_bytes = st.lent_bytes.saturating_sub(lent.exposed.len() as u64);
+    match lent.exposed.into_inner() {
+        Ok(region) if returned || !lent.granted => st.returned.push_back(region),
+        Ok(_freed) => {}
+        // The device would not deregister: the peer may still reach the
+        // memory, so it must never be freed or read; leak it.
+        Err(still_exposed) => std::mem::forget(still_exposed),
+    }
+}
+
+fn fail_qp<Q: QueuePair + std::marker::Send + 'static>(host: &HostShared<Q>, s: &SessionShared<Q>) {
+    let _ = host.ring.with_ring(|mut r| r.fail_qp(s.qp.handle()));
+}
+
+/// Timers, liveness, outbox and close of one session.
+fn service<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &Arc<SessionShared<Q>>,
+    now: Instant,
+    tick: bool,
+) {
+    let mut st = s.lock();
+    if tick {
+        if st.failure.is_none()
+            && !st.closing
+            && s.watch
+                .as_ref()
+                .is_some_and(crate::connect::tcp::peer_closed)
+        {
+            st.fail(SessionError::Disconnected(
+                "the peer is gone (its end of the handshake's socket closed)".into(),
+            ));
+            drop(st);
+            fail_qp(host, s);
+            st = s.lock();
+        }
+        expire(&mut st, now, host.config.request_timeout);
+    }
+    if st.failure.is_none() {
+        flush(host, s, &mut st);
+    }
+    let close_now = st.closing
+        && (st.close_done || st.failure.is_some() || st.close_deadline.is_some_and(|d| now >= d));
+    drop(st);
+    if close_now {
+        host.sessions().live.remove(&s.qp.handle());
+        let _ = host.ring.with_ring(|mut r| r.detach(s.qp.handle()));
+        // What the peer holds of ours is revoked with the session.
+        let mut st = s.lock();
+        let lent: Vec<_> = st.lent.drain().map(|(_, l)| l).collect();
+        for l in lent {
+            reclaim(&mut st, l, false);
+        }
+        st.changed();
+    }
+}
+
+/// Ends leases and requests whose time is up.
+fn expire(st: &mut SessionState, now: Instant, request_timeout: Duration) {
+    let expired: Vec<u64> = st
+        .lent
+        .iter()
+        .filter(|(_, l)| l.deadline.is_some_and(|d| now >= d))
+        .map(|(&id, _)| id)
+        .collect();
+    let mut changed = !expired.is_empty();
+    for id in expired {
+        let lent = st.lent.remove(&id).expect("listed");
+        reclaim(st, lent, false);
+    }
+    for request in st.requests.values_mut() {
+        if matches!(request, Request::Waiting(d) if now >= *d) {
+            *request = Request::Done(Err(SessionError::Timeout(request_timeout)));
+            changed = true;
+        }
+    }
+    if changed {
+        st.changed();
+    }
+}
+
+/// Sends what the outbox holds, as flow control allows, then an ack if
+/// one is due.
+fn flush<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &SessionShared<Q>,
+    st: &mut SessionState,
+) {
+    while let Some(&control) = st.outbox.front() {
+        if !st.flow.can_send() {
+            break;
+        }
+        match send_control(host, s, st, control) {
+            Ok(true) => {
+                st.outbox.pop_front();
+            }
+            Ok(false) => return, // the send queue is full: next time
+            Err(e) => {
+                st.fail(SessionError::Disconnected(format!(
+                    "a control message could not go: {e}"
+                )));
+                return;
+            }
+        }
+    }
+    if st.outbox.is_empty() && st.flow.wants_ack() {
+        let _ = send_control(host, s, st, Control::Ack);
+    }
+}
+
+/// Pushes one control message; `Ok(false)` if the send queue is full.
+fn send_control<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &SessionShared<Q>,
+    st: &mut SessionState,
+    control: Control,
+) -> Result<bool, crate::Error> {
+    let (processed, taken) = st.flow.counts();
+    let bytes = control.encode(processed, taken);
+    let layout = Layout::from_size_align(bytes.len(), 8).expect("a small layout");
+    let mut region = host.regions.alloc(layout)?;
+    region.copy_from_slice(&bytes);
+    let tag = if control == Control::Close {
+        CLOSE
+    } else {
+        CONTROL
+    };
+    let pushed = host.ring.with_ring(|mut ring| {
+        ring.submission_on(s.qp.handle())
+            .push(Send::new(region).user_data(tag))
+            .map(|_| ())
+            .map_err(|r| r.into_parts().0)
+    });
+    match pushed {
+        Ok(()) => {
+            st.flow.sent(false);
+            Ok(true)
+        }
+        Err(crate::Error::SendQueueFull { .. } | crate::Error::CompletionQueueFull { .. }) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Moves the ring's device events to the host's queue (the ring already
+/// acted on them: a fatal event flushes its queue pair, whose session then
+/// fails).
+fn forward_events<Q: QueuePair + std::marker::Send + 'static>(host: &HostShared<Q>) {
+    let events: Vec<_> = host.ring.with_ring(|mut r| {
+        let _ = r.poll_events();
+        std::iter::from_fn(|| r.next_event()).collect()
+    });
+    if events.is_empty() {
+        return;
+    }
+    let mut queue = host.events.lock().unwrap_or_else(|p| p.into_inner());
+    for e in events {
+        queue.push(e);
+    }
+}

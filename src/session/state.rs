@@ -1,0 +1,164 @@
+//! What one session knows, behind its lock: flow counts, the control
+//! outbox, what arrived for the user, the regions lent each way, and the
+//! requests awaiting an answer.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Waker};
+use std::time::Instant;
+
+use super::flow::Flow;
+use super::host::HostShared;
+use super::wire::{Control, Hello, RegionDescriptor};
+use super::SessionError;
+use crate::backend::QueuePair;
+use crate::buf::{ExposedBuf, Region};
+use crate::future::AsyncQp;
+
+/// A region of ours the peer holds.
+pub(super) struct Lent {
+    pub(super) exposed: ExposedBuf<Region>,
+    pub(super) deadline: Option<Instant>,
+    /// Granted on the peer's request (freed when it expires) rather than
+    /// sent by our user (given back to our user when it expires).
+    pub(super) granted: bool,
+}
+
+/// One of our allocation requests.
+pub(super) enum Request {
+    Waiting(Instant),
+    Done(Result<RegionDescriptor, SessionError>),
+    /// Its future is gone: a late grant is handed straight back.
+    Abandoned,
+}
+
+pub(super) struct SessionState {
+    pub(super) flow: Flow,
+    pub(super) peer: Hello,
+    pub(super) outbox: VecDeque<Control>,
+    pub(super) messages: VecDeque<(Region, Option<u32>)>,
+    pub(super) write_imms: VecDeque<u32>,
+    pub(super) lent_to_us: VecDeque<RegionDescriptor>,
+    pub(super) returned: VecDeque<Region>,
+    pub(super) lent: HashMap<u64, Lent>,
+    pub(super) lent_bytes: u64,
+    pub(super) next_region: u64,
+    pub(super) requests: HashMap<u64, Request>,
+    pub(super) next_request: u64,
+    pub(super) failure: Option<SessionError>,
+    /// Our user closed the session (the close message is queued).
+    pub(super) closing: bool,
+    /// When our close message completed (or could not go).
+    pub(super) close_done: bool,
+    pub(super) close_deadline: Option<Instant>,
+    pub(super) peer_closed: bool,
+    waiters: Vec<Waker>,
+}
+
+impl SessionState {
+    pub(super) fn new(own: Hello, peer: Hello) -> SessionState {
+        SessionState {
+            // Our sends are bounded by the peer's receives and window.
+            flow: Flow::new(
+                u32::from(peer.recv_depth),
+                u32::from(peer.user_window),
+                u32::from(own.recv_depth),
+                u32::from(own.user_window),
+            ),
+            peer,
+            outbox: VecDeque::new(),
+            messages: VecDeque::new(),
+            write_imms: VecDeque::new(),
+            lent_to_us: VecDeque::new(),
+            returned: VecDeque::new(),
+            lent: HashMap::new(),
+            lent_bytes: 0,
+            next_region: 1,
+            requests: HashMap::new(),
+            next_request: 1,
+            failure: None,
+            closing: false,
+            close_done: false,
+            close_deadline: None,
+            peer_closed: false,
+            waiters: Vec::new(),
+        }
+    }
+
+    /// Registers `cx`'s waker for the next change.
+    pub(super) fn wait(&mut self, cx: &Context<'_>) {
+        if !self.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            self.waiters.push(cx.waker().clone());
+        }
+    }
+
+    /// Wakes everyone waiting for a change.
+    pub(super) fn changed(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Records the session's first failure; later ones add nothing.
+    pub(super) fn fail(&mut self, e: SessionError) {
+        if self.failure.is_none() {
+            self.failure = Some(e);
+        }
+        self.changed();
+    }
+
+    /// Why nothing new may start, if so.
+    pub(super) fn refusal(&self) -> Option<SessionError> {
+        if let Some(e) = &self.failure {
+            return Some(e.duplicate());
+        }
+        if self.closing {
+            return Some(SessionError::Closed("closed here"));
+        }
+        if self.peer_closed {
+            return Some(SessionError::Closed("the peer closed the session"));
+        }
+        None
+    }
+
+    /// Unread user items (messages and immediates): at most our window.
+    pub(super) fn unread(&self) -> usize {
+        self.messages.len() + self.write_imms.len()
+    }
+}
+
+/// A session as the pump and the user's handle share it.
+pub(super) struct SessionShared<Q: QueuePair + Send + 'static> {
+    pub(super) host: Arc<HostShared<Q>>,
+    pub(super) qp: AsyncQp<Q>,
+    /// Tells this session's remote regions from any other's.
+    pub(super) token: u64,
+    pub(super) state: Mutex<SessionState>,
+    /// The handshake's socket, kept open by both sides while connected:
+    /// its end of file says the peer's process is gone.
+    pub(super) watch: Option<TcpStream>,
+}
+
+impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Hands a peer's region back when its [`RemoteRegion`](super::RemoteRegion)
+/// goes, without naming the backend.
+pub(super) trait ReturnSink: Send + Sync {
+    fn give_back(&self, id: u64);
+}
+
+impl<Q: QueuePair + Send + 'static> ReturnSink for SessionShared<Q> {
+    fn give_back(&self, id: u64) {
+        let mut st = self.lock();
+        if st.failure.is_none() && !st.closing {
+            st.outbox.push_back(Control::Return { id });
+            drop(st);
+            self.host.nudge();
+        }
+    }
+}

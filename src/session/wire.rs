@@ -1,0 +1,596 @@
+//! The session's wire format: every SEND on a session ends with a 16-byte
+//! trailer; control messages carry a small body before it.
+//!
+//! A trailer, rather than a header, keeps a user message's payload at
+//! offset 0 of the receive region, so [`Session::receive`] hands the region
+//! itself to the user, no copy.
+//!
+//! ```text
+//! trailer (16 bytes, little endian)
+//!   0..2   magic "SN"
+//!   2      version (1)
+//!   3      kind: 1 user, 2 ack, 3 alloc request, 4 alloc grant,
+//!          5 alloc refuse, 6 lend, 7 return, 8 close
+//!   4..8   messages of the peer this side processed (cumulative, wrapping)
+//!   8..12  user messages of the peer this side's user took (same)
+//!   12..16 zero
+//! bodies
+//!   ack, close        empty
+//!   alloc request     request id u64, size u64, align u32, rights u8, 3 zero
+//!   alloc grant       request id u64, then a region descriptor
+//!   alloc refuse      request id u64, reason u8, 7 zero
+//!   lend              a region descriptor
+//!   return            region id u64
+//! region descriptor   region id u64, remote slice record (24 bytes),
+//!                     lease in milliseconds u32 (0: none), 4 zero
+//! ```
+//!
+//! Decoding is strict: exact lengths per kind, zero padding, known rights
+//! and reasons, canonical values only. A peer is untrusted input; this
+//! decoder is fuzzed (`fuzz/fuzz_targets/session_wire.rs`).
+//!
+//! [`Session::receive`]: super::Session::receive
+
+use crate::buf::{RemoteAccess, RemoteSlice, REMOTE_SLICE_WIRE_LEN};
+
+/// Bytes of the trailer that ends every session SEND.
+pub const TRAILER_LEN: usize = 16;
+/// Largest control body.
+pub const MAX_CONTROL_BODY: usize = 8 + DESCRIPTOR_LEN;
+/// Bytes of an encoded [`RegionDescriptor`].
+pub const DESCRIPTOR_LEN: usize = 8 + REMOTE_SLICE_WIRE_LEN + 8;
+/// Largest alignment a peer may ask for.
+pub const MAX_ALIGN: u32 = 4096;
+
+const MAGIC: [u8; 2] = *b"SN";
+const VERSION: u8 = 1;
+
+/// What a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A user message: the payload precedes the trailer.
+    User = 1,
+    /// Only the trailer's counts.
+    Ack = 2,
+    /// The peer asks us to allocate a region for it.
+    AllocRequest = 3,
+    /// The region asked for.
+    AllocGrant = 4,
+    /// The allocation was refused.
+    AllocRefuse = 5,
+    /// A region handed to the receiver.
+    Lend = 6,
+    /// A region handed back to its owner.
+    Return = 7,
+    /// The sender is closing the session.
+    Close = 8,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::User,
+            2 => Kind::Ack,
+            3 => Kind::AllocRequest,
+            4 => Kind::AllocGrant,
+            5 => Kind::AllocRefuse,
+            6 => Kind::Lend,
+            7 => Kind::Return,
+            8 => Kind::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// The trailer's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trailer {
+    /// What the message is.
+    pub kind: Kind,
+    /// Messages of the receiver the sender processed, cumulative.
+    pub processed: u32,
+    /// User messages of the receiver the sender's user took, cumulative.
+    pub taken: u32,
+}
+
+impl Trailer {
+    /// The 16 bytes.
+    pub fn encode(&self) -> [u8; TRAILER_LEN] {
+        let mut out = [0u8; TRAILER_LEN];
+        out[0..2].copy_from_slice(&MAGIC);
+        out[2] = VERSION;
+        out[3] = self.kind as u8;
+        out[4..8].copy_from_slice(&self.processed.to_le_bytes());
+        out[8..12].copy_from_slice(&self.taken.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; TRAILER_LEN]) -> Result<Trailer, WireError> {
+        if bytes[0..2] != MAGIC {
+            return Err(WireError(format!("bad magic {:02x?}", &bytes[0..2])));
+        }
+        if bytes[2] != VERSION {
+            return Err(WireError(format!(
+                "unsupported version {} (this build speaks {VERSION})",
+                bytes[2]
+            )));
+        }
+        let kind = Kind::from_byte(bytes[3])
+            .ok_or_else(|| WireError(format!("unknown kind {}", bytes[3])))?;
+        if bytes[12..16] != [0; 4] {
+            return Err(WireError("non-zero trailer padding".into()));
+        }
+        Ok(Trailer {
+            kind,
+            processed: u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
+            taken: u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+/// A region one side lends the other: its id (in the lender's numbering),
+/// where it is, and how long the lease lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionDescriptor {
+    /// The lender's id for the region.
+    pub id: u64,
+    /// Address, length, rkey and rights.
+    pub remote: RemoteSlice,
+    /// Milliseconds until the lender takes the region back; 0: never.
+    pub lease_ms: u32,
+}
+
+impl RegionDescriptor {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&self.remote.encode());
+        out.extend_from_slice(&self.lease_ms.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+
+    fn decode(bytes: &[u8]) -> Result<RegionDescriptor, WireError> {
+        let bytes = exact::<DESCRIPTOR_LEN>(bytes, "region descriptor")?;
+        let remote = RemoteSlice::decode(&bytes[8..8 + REMOTE_SLICE_WIRE_LEN])
+            .map_err(|e| WireError(e.to_string()))?;
+        if remote.is_empty() {
+            return Err(WireError("an empty region".into()));
+        }
+        let tail = &bytes[8 + REMOTE_SLICE_WIRE_LEN..];
+        zero(&tail[4..8], "region descriptor")?;
+        Ok(RegionDescriptor {
+            id: u64_at(bytes, 0),
+            remote,
+            lease_ms: u32::from_le_bytes(tail[0..4].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+/// Why an allocation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RefuseReason {
+    /// Larger than the peer allows one region to be.
+    TooLarge = 1,
+    /// Rights beyond what the peer grants.
+    Rights = 2,
+    /// The peer's total for this session would exceed its cap.
+    Quota = 3,
+    /// The peer has no memory left.
+    OutOfMemory = 4,
+    /// The session is closing.
+    Closing = 5,
+}
+
+impl RefuseReason {
+    fn from_byte(b: u8) -> Option<RefuseReason> {
+        Some(match b {
+            1 => RefuseReason::TooLarge,
+            2 => RefuseReason::Rights,
+            3 => RefuseReason::Quota,
+            4 => RefuseReason::OutOfMemory,
+            5 => RefuseReason::Closing,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for RefuseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RefuseReason::TooLarge => "larger than the peer allows one region to be",
+            RefuseReason::Rights => "rights beyond what the peer grants",
+            RefuseReason::Quota => "the peer's memory cap for this session is reached",
+            RefuseReason::OutOfMemory => "the peer has no registered memory left",
+            RefuseReason::Closing => "the session is closing",
+        })
+    }
+}
+
+/// A control message (any message but a user one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Counts only.
+    Ack,
+    /// Allocate a region for the sender.
+    AllocRequest {
+        /// The sender's id for the request.
+        request: u64,
+        /// Bytes.
+        size: u64,
+        /// Alignment, a power of two up to [`MAX_ALIGN`].
+        align: u32,
+        /// Rights the sender wants.
+        rights: RemoteAccess,
+    },
+    /// The region asked for by `request`.
+    AllocGrant {
+        /// The request answered.
+        request: u64,
+        /// The region.
+        region: RegionDescriptor,
+    },
+    /// Request `request` was refused.
+    AllocRefuse {
+        /// The request answered.
+        request: u64,
+        /// Why.
+        reason: RefuseReason,
+    },
+    /// A region the sender hands to the receiver.
+    Lend(RegionDescriptor),
+    /// The receiver's region `id` comes back.
+    Return {
+        /// The receiver's id for it.
+        id: u64,
+    },
+    /// The sender closes the session.
+    Close,
+}
+
+impl Control {
+    /// The trailer kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Control::Ack => Kind::Ack,
+            Control::AllocRequest { .. } => Kind::AllocRequest,
+            Control::AllocGrant { .. } => Kind::AllocGrant,
+            Control::AllocRefuse { .. } => Kind::AllocRefuse,
+            Control::Lend(_) => Kind::Lend,
+            Control::Return { .. } => Kind::Return,
+            Control::Close => Kind::Close,
+        }
+    }
+
+    /// Body and trailer, ready to send.
+    pub fn encode(&self, processed: u32, taken: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(MAX_CONTROL_BODY + TRAILER_LEN);
+        match self {
+            Control::Ack | Control::Close => {}
+            Control::AllocRequest {
+                request,
+                size,
+                align,
+                rights,
+            } => {
+                out.extend_from_slice(&request.to_le_bytes());
+                out.extend_from_slice(&size.to_le_bytes());
+                out.extend_from_slice(&align.to_le_bytes());
+                out.push(rights.bits());
+                out.extend_from_slice(&[0; 3]);
+            }
+            Control::AllocGrant { request, region } => {
+                out.extend_from_slice(&request.to_le_bytes());
+                region.encode_into(&mut out);
+            }
+            Control::AllocRefuse { request, reason } => {
+                out.extend_from_slice(&request.to_le_bytes());
+                out.push(*reason as u8);
+                out.extend_from_slice(&[0; 7]);
+            }
+            Control::Lend(region) => region.encode_into(&mut out),
+            Control::Return { id } => out.extend_from_slice(&id.to_le_bytes()),
+        }
+        let trailer = Trailer {
+            kind: self.kind(),
+            processed,
+            taken,
+        };
+        out.extend_from_slice(&trailer.encode());
+        out
+    }
+
+    fn decode(kind: Kind, body: &[u8]) -> Result<Control, WireError> {
+        Ok(match kind {
+            Kind::User => unreachable!("user messages have no control body"),
+            Kind::Ack => {
+                exact::<0>(body, "ack")?;
+                Control::Ack
+            }
+            Kind::Close => {
+                exact::<0>(body, "close")?;
+                Control::Close
+            }
+            Kind::AllocRequest => {
+                let b = exact::<24>(body, "allocation request")?;
+                let size = u64_at(b, 8);
+                let align = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
+                let rights = RemoteAccess::from_bits(b[20])
+                    .ok_or_else(|| WireError(format!("unknown rights bits {:#04x}", b[20])))?;
+                zero(&b[21..24], "allocation request")?;
+                if size == 0 {
+                    return Err(WireError("a request for 0 bytes".into()));
+                }
+                if !align.is_power_of_two() || align > MAX_ALIGN {
+                    return Err(WireError(format!(
+                        "alignment {align} is not a power of two up to {MAX_ALIGN}"
+                    )));
+                }
+                if rights.is_empty() {
+                    return Err(WireError("a request for no rights".into()));
+                }
+                Control::AllocRequest {
+                    request: u64_at(b, 0),
+                    size,
+                    align,
+                    rights,
+                }
+            }
+            Kind::AllocGrant => {
+                if body.len() != 8 + DESCRIPTOR_LEN {
+                    return Err(length("allocation grant", 8 + DESCRIPTOR_LEN, body.len()));
+                }
+                Control::AllocGrant {
+                    request: u64_at(body, 0),
+                    region: RegionDescriptor::decode(&body[8..])?,
+                }
+            }
+            Kind::AllocRefuse => {
+                let b = exact::<16>(body, "allocation refusal")?;
+                let reason = RefuseReason::from_byte(b[8])
+                    .ok_or_else(|| WireError(format!("unknown refusal reason {}", b[8])))?;
+                zero(&b[9..16], "allocation refusal")?;
+                Control::AllocRefuse {
+                    request: u64_at(b, 0),
+                    reason,
+                }
+            }
+            Kind::Lend => Control::Lend(RegionDescriptor::decode(body)?),
+            Kind::Return => Control::Return {
+                id: u64_at(exact::<8>(body, "return")?, 0),
+            },
+        })
+    }
+}
+
+/// A decoded message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// A user message's payload.
+    User(&'a [u8]),
+    /// A control message.
+    Control(Control),
+}
+
+/// Decodes one received message (payload or body, then trailer). Never
+/// panics, whatever the input.
+///
+/// ```
+/// use rdma_ring::session::wire::{decode, Control, Message};
+/// let bytes = Control::Return { id: 7 }.encode(3, 1);
+/// let (trailer, message) = decode(&bytes).unwrap();
+/// assert_eq!((trailer.processed, trailer.taken), (3, 1));
+/// assert_eq!(message, Message::Control(Control::Return { id: 7 }));
+/// assert!(decode(&bytes[1..]).is_err());
+/// ```
+pub fn decode(bytes: &[u8]) -> Result<(Trailer, Message<'_>), WireError> {
+    let Some(split) = bytes.len().checked_sub(TRAILER_LEN) else {
+        return Err(WireError(format!(
+            "{} bytes: shorter than the {TRAILER_LEN}-byte trailer",
+            bytes.len()
+        )));
+    };
+    let (body, trailer) = bytes.split_at(split);
+    let trailer = Trailer::decode(trailer.try_into().expect("16 bytes"))?;
+    let message = match trailer.kind {
+        Kind::User => Message::User(body),
+        kind => Message::Control(Control::decode(kind, body)?),
+    };
+    Ok((trailer, message))
+}
+
+/// Bytes of an encoded [`Hello`].
+pub const HELLO_LEN: usize = 12;
+
+/// What each side tells the other while connecting (over the TCP
+/// handshake, in rdma_cm's private data, or directly on the soft device):
+/// magic `SH`, version 1, a zero byte, then `recv_depth` u16,
+/// `user_window` u16 and `max_message` u32, little endian.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Receives the sender keeps posted.
+    pub recv_depth: u16,
+    /// User messages the sender's user may leave unread.
+    pub user_window: u16,
+    /// Largest user message the sender accepts.
+    pub max_message: u32,
+}
+
+impl Hello {
+    /// The 12 bytes.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut out = [0u8; HELLO_LEN];
+        out[0..2].copy_from_slice(b"SH");
+        out[2] = VERSION;
+        out[4..6].copy_from_slice(&self.recv_depth.to_le_bytes());
+        out[6..8].copy_from_slice(&self.user_window.to_le_bytes());
+        out[8..12].copy_from_slice(&self.max_message.to_le_bytes());
+        out
+    }
+
+    /// Decodes strictly: length, magic, version, padding and ranges
+    /// (`recv_depth` 4..=1024, `user_window` 1..recv_depth, `max_message`
+    /// up to 1 MiB). Never panics.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::Hello;
+    /// let hello = Hello { recv_depth: 32, user_window: 16, max_message: 4096 };
+    /// assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+    /// assert!(Hello::decode(&[0u8; 12]).is_err());
+    /// ```
+    pub fn decode(bytes: &[u8]) -> Result<Hello, WireError> {
+        let b = exact::<HELLO_LEN>(bytes, "hello")?;
+        if b[0..2] != *b"SH" || b[2] != VERSION || b[3] != 0 {
+            return Err(WireError(format!(
+                "not a version {VERSION} session hello: {:02x?}",
+                &b[0..4]
+            )));
+        }
+        let hello = Hello {
+            recv_depth: u16::from_le_bytes([b[4], b[5]]),
+            user_window: u16::from_le_bytes([b[6], b[7]]),
+            max_message: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+        };
+        if !(4..=1024).contains(&hello.recv_depth)
+            || hello.user_window == 0
+            || hello.user_window >= hello.recv_depth
+            || hello.max_message > 1 << 20
+        {
+            return Err(WireError(format!("hello out of range: {hello:?}")));
+        }
+        Ok(hello)
+    }
+}
+
+/// A message that breaks the format, and how.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed session message: {0}")]
+pub struct WireError(pub String);
+
+fn exact<'a, const N: usize>(bytes: &'a [u8], what: &str) -> Result<&'a [u8; N], WireError> {
+    bytes.try_into().map_err(|_| length(what, N, bytes.len()))
+}
+
+fn length(what: &str, want: usize, got: usize) -> WireError {
+    WireError(format!("{what}: expected {want} bytes, got {got}"))
+}
+
+fn zero(bytes: &[u8], what: &str) -> Result<(), WireError> {
+    if bytes.iter().any(|&b| b != 0) {
+        return Err(WireError(format!("{what}: non-zero padding")));
+    }
+    Ok(())
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor() -> RegionDescriptor {
+        RegionDescriptor {
+            id: 9,
+            remote: RemoteSlice::new(0x1000, 4096, 77, RemoteAccess::READ | RemoteAccess::WRITE),
+            lease_ms: 1500,
+        }
+    }
+
+    #[test]
+    fn every_control_message_round_trips() {
+        let all = [
+            Control::Ack,
+            Control::Close,
+            Control::AllocRequest {
+                request: 1,
+                size: 100,
+                align: 64,
+                rights: RemoteAccess::WRITE,
+            },
+            Control::AllocGrant {
+                request: 1,
+                region: descriptor(),
+            },
+            Control::AllocRefuse {
+                request: 2,
+                reason: RefuseReason::Quota,
+            },
+            Control::Lend(descriptor()),
+            Control::Return { id: u64::MAX },
+        ];
+        for c in all {
+            let bytes = c.encode(u32::MAX, 5);
+            let (t, m) = decode(&bytes).unwrap();
+            assert_eq!(m, Message::Control(c));
+            assert_eq!((t.kind, t.processed, t.taken), (c.kind(), u32::MAX, 5));
+            // Every shorter or longer body is refused.
+            for cut in 1..=bytes.len().min(TRAILER_LEN + 1) {
+                let mut longer = bytes[..bytes.len() - TRAILER_LEN].to_vec();
+                longer.push(0);
+                longer.extend_from_slice(&bytes[bytes.len() - TRAILER_LEN..]);
+                assert!(decode(&longer).is_err(), "{c:?} with a longer body");
+                if cut <= bytes.len() - TRAILER_LEN {
+                    let mut shorter = bytes[..bytes.len() - TRAILER_LEN - cut].to_vec();
+                    shorter.extend_from_slice(&bytes[bytes.len() - TRAILER_LEN..]);
+                    assert!(decode(&shorter).is_err(), "{c:?} cut by {cut}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn user_payload_is_everything_before_the_trailer() {
+        let mut bytes = b"hello".to_vec();
+        bytes.extend_from_slice(
+            &Trailer {
+                kind: Kind::User,
+                processed: 1,
+                taken: 2,
+            }
+            .encode(),
+        );
+        assert_eq!(decode(&bytes).unwrap().1, Message::User(b"hello"));
+    }
+
+    #[test]
+    fn hostile_fields_are_refused() {
+        let request = |size: u64, align: u32, rights: u8| {
+            let mut b = Control::AllocRequest {
+                request: 1,
+                size: 1,
+                align: 8,
+                rights: RemoteAccess::READ,
+            }
+            .encode(0, 0);
+            b[8..16].copy_from_slice(&size.to_le_bytes());
+            b[16..20].copy_from_slice(&align.to_le_bytes());
+            b[20] = rights;
+            decode(&b).map(|_| ())
+        };
+        assert!(request(1, 8, 1).is_ok());
+        assert!(request(0, 8, 1).is_err(), "zero size");
+        assert!(request(1, 3, 1).is_err(), "alignment not a power of two");
+        assert!(request(1, 8192, 1).is_err(), "alignment too large");
+        assert!(request(1, 8, 0).is_err(), "no rights");
+        assert!(request(1, 8, 0x80).is_err(), "unknown rights");
+        let mut bad = Control::Close.encode(0, 0);
+        bad[2] = 2;
+        assert!(decode(&bad).unwrap_err().0.contains("version"));
+        bad[2] = 1;
+        bad[3] = 99;
+        assert!(decode(&bad).unwrap_err().0.contains("kind"));
+        bad[3] = Kind::Close as u8;
+        bad[15] = 1;
+        assert!(decode(&bad).is_err(), "padding");
+        assert!(decode(&[0u8; 3]).is_err());
+        let mut refuse = Control::AllocRefuse {
+            request: 1,
+            reason: RefuseReason::Rights,
+        }
+        .encode(0, 0);
+        refuse[8] = 0;
+        assert!(decode(&refuse).is_err(), "unknown reason");
+    }
+}

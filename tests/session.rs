@@ -1,0 +1,591 @@
+//! Sessions on the soft device: every lab step, limits, leases and
+//! timeouts, ownership moving both ways, windows, and hostile peers.
+
+use std::alloc::Layout;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+use rdma_ring::backend::{AsyncEvent, QpConfig};
+use rdma_ring::buf::{BaseBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::op::{Recv, Send};
+use rdma_ring::ring::{Ring, RingConfig};
+use rdma_ring::session::wire::{Control, Kind, RegionDescriptor, Trailer};
+use rdma_ring::session::{Hello, RefuseReason, Session, SessionConfig, SessionError, SessionHost};
+use tokio::time::timeout;
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn pair(config: SessionConfig) -> (Session<SoftQp>, Session<SoftQp>) {
+    SessionHost::soft_pair(&SoftDevice::new(), config).unwrap()
+}
+
+fn bytes(n: usize) -> Layout {
+    Layout::from_size_align(n, 8).unwrap()
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    timeout(PATIENCE, f).await.expect("no answer in time")
+}
+
+#[tokio::test]
+async fn lab_1_send_and_receive() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut msg = client.alloc_local_mr(bytes(11)).unwrap();
+    msg.copy_from_slice(b"hello world");
+    let (sent, msg) = within(client.send(msg.slice(..))).await;
+    sent.unwrap();
+    assert_eq!(&msg[..], b"hello world", "the buffer comes back");
+    let got = within(server.receive()).await.unwrap();
+    assert_eq!(&got[..], b"hello world");
+    // A part of a region, the other way.
+    let mut reply = server.alloc_local_mr(bytes(100)).unwrap();
+    reply[..4].copy_from_slice(b"pong");
+    within(server.send(reply.slice(..4))).await.0.unwrap();
+    assert_eq!(&within(client.receive()).await.unwrap()[..], b"pong");
+}
+
+#[tokio::test]
+async fn lab_2_send_and_receive_with_immediate() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut msg = client.alloc_local_mr(bytes(5)).unwrap();
+    msg.copy_from_slice(b"12345");
+    let (sent, msg) = within(client.send_with_imm(msg.slice(..), 0xfeed)).await;
+    sent.unwrap();
+    within(client.send(msg.into_inner().slice(1..3)))
+        .await
+        .0
+        .unwrap();
+    let (got, imm) = within(server.receive_with_imm()).await.unwrap();
+    assert_eq!((&got[..], imm), (&b"12345"[..], Some(0xfeed)));
+    let (got, imm) = within(server.receive_with_imm()).await.unwrap();
+    assert_eq!((&got[..], imm), (&b"23"[..], None));
+}
+
+#[tokio::test]
+async fn lab_3_the_server_reads_a_region_the_client_sent() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut region = client.alloc_local_mr(bytes(4096)).unwrap();
+    for (i, b) in region.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    // `region` moved: the client cannot touch it while the server holds it.
+
+    let remote = within(server.receive_remote_mr()).await.unwrap();
+    assert_eq!((remote.len(), remote.rights()), (4096, RemoteAccess::READ));
+    let into = server.alloc_local_mr_zeroed(bytes(4096)).unwrap();
+    let (read, into) = within(server.read(into, remote.remote())).await;
+    assert_eq!(read.unwrap(), 4096);
+    assert!(into.iter().enumerate().all(|(i, &b)| b == i as u8));
+    // A write needs a right the client did not grant: refused at push.
+    let (denied, _) = within(server.write(into, remote.remote())).await;
+    assert!(denied.is_err());
+    server.send_remote_mr(remote).unwrap();
+
+    let back = within(client.receive_local_mr()).await.unwrap();
+    assert_eq!(back.len(), 4096);
+    assert!(back.iter().enumerate().all(|(i, &b)| b == i as u8));
+}
+
+#[tokio::test]
+async fn lab_4_the_client_writes_a_region_it_requested() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut local = client.alloc_local_mr(bytes(8)).unwrap();
+    local.copy_from_slice(&[1u8; 8]);
+    let remote = within(client.request_remote_mr(bytes(8))).await.unwrap();
+    assert_eq!(remote.rights(), RemoteAccess::READ | RemoteAccess::WRITE);
+    let (written, _local) = within(client.write(local, remote.remote())).await;
+    assert_eq!(written.unwrap(), 8);
+    client.send_remote_mr(remote).unwrap();
+    let region = within(server.receive_local_mr()).await.unwrap();
+    assert_eq!(*region, [1u8; 8]);
+}
+
+#[tokio::test]
+async fn lab_5_write_with_immediate() {
+    let (client, server) = pair(SessionConfig::default());
+    let remote = within(client.request_remote_mr(bytes(64))).await.unwrap();
+    let mut local = client.alloc_local_mr(bytes(64)).unwrap();
+    local.fill(0xab);
+    let (written, _) = within(client.write_with_imm(local, remote.remote(), 42)).await;
+    assert_eq!(written.unwrap(), 64);
+    assert_eq!(within(server.receive_write_imm()).await.unwrap(), 42);
+    client.send_remote_mr(remote).unwrap();
+    let region = within(server.receive_local_mr()).await.unwrap();
+    assert!(region.iter().all(|&b| b == 0xab));
+}
+
+#[tokio::test]
+async fn atomics_on_a_requested_region() {
+    let (client, server) = pair(SessionConfig::default());
+    let remote = within(client.request_remote_mr_with(
+        bytes(16),
+        RemoteAccess::READ | RemoteAccess::WRITE | RemoteAccess::ATOMIC,
+    ))
+    .await
+    .unwrap();
+    let word = || {
+        client
+            .alloc_local_mr_zeroed(bytes(8))
+            .unwrap()
+            .word(0)
+            .unwrap()
+    };
+    let (old, w) = within(client.fetch_add(word(), remote.word(8).unwrap(), 5)).await;
+    old.unwrap();
+    assert_eq!(w.get(), 0);
+    let (swapped, w) = within(client.atomic_cas(word(), remote.word(8).unwrap(), 5, 9)).await;
+    swapped.unwrap();
+    assert_eq!(w.get(), 5, "the old value comes back");
+    client.send_remote_mr(remote).unwrap();
+    let region = within(server.receive_local_mr()).await.unwrap();
+    assert_eq!(u64::from_ne_bytes(region[8..16].try_into().unwrap()), 9);
+}
+
+#[tokio::test]
+async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
+    let config = SessionConfig {
+        max_remote_region: 4096,
+        max_remote_total: 8192,
+        max_remote_rights: RemoteAccess::READ | RemoteAccess::WRITE,
+        ..SessionConfig::default()
+    };
+    let (client, _server) = pair(config);
+    let refused = |r: Result<_, SessionError>| match r {
+        Err(SessionError::Refused(reason)) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(within(client.request_remote_mr(bytes(4097))).await),
+        RefuseReason::TooLarge
+    );
+    let atomic = client.request_remote_mr_with(bytes(8), RemoteAccess::ATOMIC);
+    assert_eq!(refused(within(atomic).await), RefuseReason::Rights);
+    let a = within(client.request_remote_mr(bytes(4096))).await.unwrap();
+    let b = within(client.request_remote_mr(bytes(4096))).await.unwrap();
+    assert_eq!(
+        refused(within(client.request_remote_mr(bytes(1))).await),
+        RefuseReason::Quota
+    );
+    // Handing one back frees its share of the quota.
+    client.send_remote_mr(a).unwrap();
+    let c = within(async {
+        loop {
+            match client.request_remote_mr(bytes(4096)).await {
+                Err(SessionError::Refused(RefuseReason::Quota)) => tokio::task::yield_now().await,
+                other => break other,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    drop((b, c)); // dropping hands back too
+    assert!(client.failure().is_none());
+    assert!(matches!(
+        within(client.request_remote_mr(bytes(0))).await,
+        Err(SessionError::Device(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_granted_region_is_revoked_when_its_lease_ends() {
+    let config = SessionConfig {
+        lease: Duration::from_millis(150),
+        max_remote_total: 4096,
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    let remote = within(client.request_remote_mr(bytes(4096))).await.unwrap();
+    let expires = remote.expires_at().expect("a lease");
+    assert!(expires > std::time::Instant::now());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The quota is free again: the server took its region back.
+    let again = within(client.request_remote_mr(bytes(4096))).await.unwrap();
+    drop(again);
+    // The stale descriptor no longer reaches the server's memory.
+    let local = client.alloc_local_mr(bytes(8)).unwrap();
+    let (late, local) = within(client.write(local, remote.slice(0..8).unwrap())).await;
+    assert!(late.is_err(), "a write after the lease must fail");
+    assert_eq!(local.len(), 8, "our buffer comes back with the error");
+    let failure = within(async {
+        loop {
+            if let Some(f) = client.failure() {
+                break f;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        matches!(failure, SessionError::Disconnected(_)),
+        "{failure}"
+    );
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_sent_region_comes_home_when_its_lease_ends() {
+    let config = SessionConfig {
+        lease: Duration::from_millis(100),
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    let mut region = client.alloc_local_mr(bytes(64)).unwrap();
+    region.fill(3);
+    client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    let held = within(server.receive_remote_mr()).await.unwrap();
+    let back = within(client.receive_local_mr()).await.unwrap();
+    assert!(back.iter().all(|&b| b == 3));
+    // The server's late return of an expired region is not an error.
+    server.send_remote_mr(held).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(client.failure().is_none() && server.failure().is_none());
+}
+
+#[tokio::test]
+async fn a_remote_region_goes_back_only_through_its_own_session() {
+    let dev = SoftDevice::new();
+    let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+    let (a, a_peer) = host.connect_soft(&host).unwrap();
+    let (b, _b_peer) = host.connect_soft(&host).unwrap();
+    assert_eq!(host.sessions(), 4);
+    let remote = within(a.request_remote_mr(bytes(64))).await.unwrap();
+    assert!(matches!(
+        b.send_remote_mr(remote),
+        Err(SessionError::WrongSession)
+    ));
+    // Refused, and dropped: which hands it back through `a` after all.
+    let back = within(a_peer.receive_local_mr()).await.unwrap();
+    assert_eq!(back.len(), 64);
+}
+
+#[tokio::test]
+async fn a_window_of_unread_messages_holds_the_sender_back() {
+    let config = SessionConfig {
+        user_window: 4,
+        recv_depth: 8,
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    let msg = client.alloc_local_mr(bytes(16)).unwrap();
+    let mut msg = msg.slice(..);
+    for _ in 0..4 {
+        let (sent, m) = within(client.send(msg)).await;
+        sent.unwrap();
+        msg = m;
+    }
+    // The fifth waits for the server's user.
+    let fifth = client.send(msg);
+    tokio::pin!(fifth);
+    assert!(timeout(Duration::from_millis(200), &mut fifth)
+        .await
+        .is_err());
+    // Control still flows while user messages wait.
+    let remote = within(client.request_remote_mr(bytes(8))).await.unwrap();
+    drop(remote);
+    for _ in 0..2 {
+        within(server.receive()).await.unwrap();
+    }
+    within(&mut fifth).await.0.unwrap();
+    for _ in 0..3 {
+        within(server.receive()).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn many_messages_both_ways_at_once() {
+    let config = SessionConfig {
+        recv_depth: 8,
+        user_window: 3,
+        ..SessionConfig::default()
+    };
+    let (a, b) = pair(config);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let n = 500u32;
+    let talk = |me: Arc<Session<SoftQp>>| async move {
+        let sender = async {
+            let mut msg = me.alloc_local_mr(bytes(4)).unwrap().slice(..);
+            for i in 0..n {
+                let mut region = msg.into_inner();
+                region.copy_from_slice(&i.to_le_bytes());
+                let (sent, m) = me.send(region.slice(..)).await;
+                sent.unwrap();
+                msg = m;
+            }
+        };
+        let receiver = async {
+            for i in 0..n {
+                let got = me.receive().await.unwrap();
+                assert_eq!(u32::from_le_bytes(got[..].try_into().unwrap()), i);
+            }
+        };
+        futures::join!(sender, receiver);
+    };
+    within(async { futures::join!(talk(Arc::clone(&a)), talk(Arc::clone(&b))) }).await;
+}
+
+#[tokio::test]
+async fn closing_is_seen_by_the_peer_after_what_was_sent() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut msg = client.alloc_local_mr(bytes(3)).unwrap();
+    msg.copy_from_slice(b"bye");
+    within(client.send(msg.slice(..))).await.0.unwrap();
+    client.close();
+    assert_eq!(&within(server.receive()).await.unwrap()[..], b"bye");
+    assert!(matches!(
+        within(server.receive()).await,
+        Err(SessionError::Closed(_))
+    ));
+    assert!(matches!(
+        within(server.request_remote_mr(bytes(8))).await,
+        Err(SessionError::Closed(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_fatal_queue_pair_error_fails_pending_waits() {
+    let (_client, server) = pair(SessionConfig::default());
+    let server = Arc::new(server);
+    let waiting = tokio::spawn({
+        let server = Arc::clone(&server);
+        async move { server.receive().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server
+        .with_queue_pair(|qp| qp.control().inject_fatal())
+        .unwrap();
+    let err = within(waiting).await.unwrap().unwrap_err();
+    assert!(matches!(err, SessionError::Disconnected(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_vanished_peer_fails_the_next_send() {
+    let (client, _server) = pair(SessionConfig::default());
+    client
+        .with_queue_pair(|qp| qp.control().break_connection())
+        .unwrap();
+    let msg = client.alloc_local_mr(bytes(8)).unwrap();
+    let (sent, msg) = within(client.send(msg.slice(..))).await;
+    assert!(sent.is_err());
+    assert_eq!(msg.len(), 8, "the buffer comes back");
+    let err = within(client.receive()).await.unwrap_err();
+    assert!(matches!(err, SessionError::Disconnected(_)), "{err}");
+}
+
+#[tokio::test]
+async fn device_events_reach_the_host() {
+    let dev = SoftDevice::new();
+    let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+    let events = host.events();
+    dev.set_port_active(false);
+    let event = within(events.next()).await;
+    assert!(matches!(event, AsyncEvent::PortError { .. }), "{event:?}");
+    dev.set_port_active(true);
+    assert!(matches!(
+        within(events.next()).await,
+        AsyncEvent::PortActive { .. }
+    ));
+}
+
+// ---- hostile peers ----------------------------------------------------
+
+/// A session connected to a bare queue pair in its own ring, with
+/// receives posted.
+struct RawPeer {
+    session: Session<SoftQp>,
+    ring: Ring<SoftQp>,
+    pd: Arc<rdma_ring::backend::soft::SoftPd>,
+}
+
+fn raw_peer(config: SessionConfig) -> RawPeer {
+    let dev = SoftDevice::new();
+    let host = SessionHost::soft(&dev, config).unwrap();
+    let hello = Hello {
+        recv_depth: 16,
+        user_window: 8,
+        max_message: 4096,
+    };
+    let qp_config = QpConfig {
+        max_recv_wr: 16,
+        ..QpConfig::default()
+    };
+    let (session, qp, pd) = host.connect_soft_raw(hello, qp_config).unwrap();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    for _ in 0..16 {
+        let buf = RegisteredBuf::new(&*pd, vec![0u8; 4096 + 16]).unwrap();
+        ring.submission().push(Recv::new(buf)).unwrap();
+    }
+    ring.submit().unwrap();
+    RawPeer { session, ring, pd }
+}
+
+impl RawPeer {
+    fn send(&mut self, bytes: Vec<u8>) {
+        let buf = RegisteredBuf::new(&*self.pd, bytes).unwrap();
+        self.ring.submission().push(Send::new(buf)).unwrap();
+        self.ring.submit().unwrap();
+    }
+
+    /// The next message the session sent, decoded.
+    fn next_message(&mut self) -> Vec<u8> {
+        loop {
+            let done = self.ring.completion().wait(1).unwrap();
+            for c in done {
+                if c.kind() == rdma_ring::op::OpKind::Recv {
+                    let len = c.byte_len() as usize;
+                    let buf = c.into_buf();
+                    return buf[..len].to_vec();
+                }
+            }
+        }
+    }
+}
+
+async fn protocol_failure(session: &Session<SoftQp>) -> String {
+    within(async {
+        loop {
+            match session.failure() {
+                Some(SessionError::Protocol(why)) => break why,
+                Some(other) => panic!("expected a protocol failure, got {other}"),
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_malformed_control_message_ends_the_session_clearly() {
+    let mut peer = raw_peer(SessionConfig::default());
+    let mut bad = Control::Close.encode(0, 0);
+    bad[3] = 77; // unknown kind
+    peer.send(bad);
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("unknown kind"), "{why}");
+    // Waiting calls get the same clear error, not a hang.
+    let err = within(peer.session.receive()).await.unwrap_err();
+    assert!(matches!(err, SessionError::Protocol(_)), "{err}");
+    // Local memory is still the user's: allocating works.
+    assert!(peer.session.alloc_local_mr(bytes(64)).is_ok());
+}
+
+#[tokio::test]
+async fn garbage_shorter_than_a_trailer_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    peer.send(vec![1, 2, 3]);
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("shorter than"), "{why}");
+}
+
+#[tokio::test]
+async fn counts_of_messages_never_sent_are_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    peer.send(Control::Ack.encode(5, 0));
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("processed"), "{why}");
+}
+
+#[tokio::test]
+async fn returning_a_region_never_lent_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    peer.send(Control::Return { id: 99 }.encode(0, 0));
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("never lent"), "{why}");
+}
+
+#[tokio::test]
+async fn a_grant_nobody_asked_for_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    let region = RegionDescriptor {
+        id: 1,
+        remote: RemoteSlice::new(0x1000, 64, 5, RemoteAccess::WRITE),
+        lease_ms: 0,
+    };
+    peer.send(Control::AllocGrant { request: 7, region }.encode(0, 0));
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("not waiting"), "{why}");
+}
+
+#[tokio::test]
+async fn more_messages_than_the_window_is_a_flood() {
+    let config = SessionConfig {
+        user_window: 2,
+        recv_depth: 8,
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    let user = |n: u8| {
+        let mut m = vec![n];
+        m.extend_from_slice(
+            &Trailer {
+                kind: Kind::User,
+                processed: 0,
+                taken: 0,
+            }
+            .encode(),
+        );
+        m
+    };
+    for n in 0..3 {
+        peer.send(user(n));
+    }
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("window"), "{why}");
+    // The two within the window were delivered before the failure.
+    assert_eq!(&within(peer.session.receive()).await.unwrap()[..], &[0]);
+    assert_eq!(&within(peer.session.receive()).await.unwrap()[..], &[1]);
+}
+
+#[tokio::test]
+async fn a_lying_descriptor_fails_the_operation_and_gives_the_buffer_back() {
+    let mut peer = raw_peer(SessionConfig::default());
+    let lie = RegionDescriptor {
+        id: 1,
+        remote: RemoteSlice::new(0xdead_0000, 4096, 0xbad, RemoteAccess::READ),
+        lease_ms: 0,
+    };
+    peer.send(Control::Lend(lie).encode(0, 0));
+    let remote = within(peer.session.receive_remote_mr()).await.unwrap();
+    let into = peer.session.alloc_local_mr_zeroed(bytes(64)).unwrap();
+    let (read, into) = within(peer.session.read(into, remote.slice(0..64).unwrap())).await;
+    let err = read.unwrap_err();
+    assert!(err.to_string().to_lowercase().contains("remote"), "{err}");
+    assert_eq!(into.len(), 64);
+    std::mem::forget(remote); // its session is broken; nothing to hand back
+}
+
+#[tokio::test]
+async fn a_request_the_peer_ignores_times_out_and_a_late_grant_goes_back() {
+    let config = SessionConfig {
+        request_timeout: Duration::from_millis(100),
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    let err = within(peer.session.request_remote_mr(bytes(64)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SessionError::Timeout(_)), "{err}");
+    // The peer saw the request; its late grant comes straight back.
+    let request = peer.next_message();
+    let (_, message) = rdma_ring::session::wire::decode(&request).unwrap();
+    let rdma_ring::session::wire::Message::Control(Control::AllocRequest { request, size, .. }) =
+        message
+    else {
+        panic!("expected a request, got {message:?}");
+    };
+    assert_eq!(size, 64);
+    let region = RegionDescriptor {
+        id: 5,
+        remote: RemoteSlice::new(0x1000, 64, 5, RemoteAccess::WRITE),
+        lease_ms: 0,
+    };
+    peer.send(Control::AllocGrant { request, region }.encode(1, 0));
+    let back = peer.next_message();
+    let (_, message) = rdma_ring::session::wire::decode(&back).unwrap();
+    assert_eq!(
+        message,
+        rdma_ring::session::wire::Message::Control(Control::Return { id: 5 })
+    );
+    assert!(peer.session.failure().is_none());
+}
