@@ -2,13 +2,14 @@
 # Runs inside the Soft-RoCE VM (see scripts/softroce), from the repository
 # root: the verbs conformance suite and the examples on rxe0, then the
 # device-removal test on rxe1 (last: it deletes rxe1). Its arguments are the
-# conformance, device-removal, stream and RPC test binaries, built on the
-# host.
+# conformance, device-removal, stream, RPC and session test binaries, built
+# on the host.
 set -euo pipefail
 conformance="$1"
 removal="$2"
 stream="$3"
 rpc="$4"
+session="$5"
 examples=target/debug/examples
 
 # server_and_client SERVER SERVER-ARGS -- CLIENT CLIENT-ARGS: runs example
@@ -84,6 +85,15 @@ server_and_client rpc_server --device rxe0 --listen 127.0.0.1:7490 --exit-after 
 echo "==> [vm] rpc_server (key-value, async handler) and rpc_client on rxe1 over rdma_cm"
 server_and_client rpc_server --cm --listen 10.99.0.1:7491 --handler kv --async --exit-after 4 -- \
     rpc_client --cm 10.99.0.1:7491 --handler kv --clients 4 --calls 40 --depth 8
+
+echo "==> [vm] sessions on rxe0 (TCP handshake) and rxe1 (rdma_cm)"
+RDMA_RING_DEVICE=rxe0 "$session" --include-ignored --test-threads=1
+echo "==> [vm] lab_server and lab_client (exercises 4.1-4.5) on rxe0, two processes over the TCP handshake"
+server_and_client lab_server --device rxe0 --listen 127.0.0.1:7500 -- lab_client --device rxe0 --connect 127.0.0.1:7500
+echo "==> [vm] lab_server and lab_client on rxe1, two processes over rdma_cm"
+server_and_client lab_server --cm --listen 10.99.0.1:7501 -- lab_client --cm --connect 10.99.0.1:7501
+echo "==> [vm] file_transfer of 24 MiB on rxe0, two processes, 4 writes in flight"
+two_processes file_transfer --device rxe0 --listen 127.0.0.1:7510 -- --device rxe0 --connect 127.0.0.1:7510 --size 25165824 --depth 4
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"

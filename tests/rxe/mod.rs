@@ -2,6 +2,7 @@
 //! the ring's bookkeeping.
 
 /// RNR NAKs the device's requesters received so far (rxe's counter).
+#[allow(dead_code)]
 pub fn rnr_naks(device: &str) -> u64 {
     let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/rcvd_rnr_err");
     std::fs::read_to_string(&path)

@@ -1,0 +1,165 @@
+//! Sessions on a real verbs device — Soft-RoCE's `rxe0` (TCP handshake)
+//! and `rxe1` (rdma_cm, at 10.99.0.1) in the VM that `scripts/test`
+//! boots, or the device named by `RDMA_RING_DEVICE`. These tests need a
+//! device, so they are ignored in a plain `cargo test`; `scripts/test`
+//! runs them in the VM with `--include-ignored`, where a missing device
+//! fails them loudly.
+#![cfg(feature = "verbs")]
+
+mod rxe;
+
+use rxe::{device, device_name, free_port};
+
+use std::alloc::Layout;
+use std::time::Duration;
+
+use rdma_ring::backend::QueuePair;
+use rdma_ring::buf::{BaseBuf, RemoteAccess};
+use rdma_ring::session::{Session, SessionBuilder, SessionError};
+
+/// Set in a child process: the address it connects to.
+const CHILD_ENV: &str = "RDMA_RING_SESSION_CHILD";
+/// The rdma_cm address of rxe1 in the VM.
+const CM_ADDR: &str = "10.99.0.1";
+
+fn layout(n: usize) -> Layout {
+    Layout::from_size_align(n, 8).unwrap()
+}
+
+/// The client's part: a message, a requested region written and handed
+/// back, a lent region read by the server, a WRITE with immediate.
+async fn client_steps<Q: QueuePair + Send + 'static>(s: &Session<Q>, seed: u8) {
+    let mut msg = s.alloc_local_mr(layout(16)).unwrap();
+    msg.fill(seed);
+    s.send(msg.slice(..)).await.0.unwrap();
+
+    let remote = s.request_remote_mr(layout(64 << 10)).await.unwrap();
+    let mut local = s.alloc_local_mr(layout(64 << 10)).unwrap();
+    local.fill(seed.wrapping_add(1));
+    let (written, local) = s.write(local, remote.remote()).await;
+    assert_eq!(written.unwrap(), 64 << 10);
+    let (written, _) = s
+        .write_with_imm(
+            local.slice(..8),
+            remote.slice(0..8).unwrap(),
+            u32::from(seed),
+        )
+        .await;
+    written.unwrap();
+    s.send_remote_mr(remote).unwrap();
+
+    let mut lent = s.alloc_local_mr(layout(4096)).unwrap();
+    lent.fill(seed.wrapping_add(2));
+    s.send_local_mr(lent, RemoteAccess::READ)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let back = s.receive_local_mr().await.unwrap();
+    assert!(back.iter().all(|&b| b == seed.wrapping_add(2)));
+}
+
+async fn server_steps<Q: QueuePair + Send + 'static>(s: &Session<Q>) {
+    let msg = s.receive().await.unwrap();
+    let seed = msg[0];
+    assert!(msg.iter().all(|&b| b == seed));
+    assert_eq!(s.receive_write_imm().await.unwrap(), u32::from(seed));
+    let region = s.receive_local_mr().await.unwrap();
+    assert_eq!(region.len(), 64 << 10);
+    assert!(region.iter().all(|&b| b == seed.wrapping_add(1)));
+
+    let remote = s.receive_remote_mr().await.unwrap();
+    let into = s.alloc_local_mr_zeroed(layout(4096)).unwrap();
+    let (read, into) = s.read(into, remote.remote()).await;
+    assert_eq!(read.unwrap(), 4096);
+    assert!(into.iter().all(|&b| b == seed.wrapping_add(2)));
+    s.send_remote_mr(remote).unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn many_peers_share_one_host_over_the_tcp_handshake() {
+    let name = device_name();
+    drop(device()); // fails loudly without one
+    let port = free_port();
+    let listener = SessionBuilder::default()
+        .device(&name)
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    let clients: Vec<_> = (0..3u8)
+        .map(|i| {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                let session = SessionBuilder::default()
+                    .device(&name)
+                    .connect(("127.0.0.1", port))
+                    .unwrap();
+                futures::executor::block_on(client_steps(&session, 10 * (i + 1)));
+            })
+        })
+        .collect();
+    let sessions: Vec<_> = (0..3).map(|_| listener.accept().unwrap()).collect();
+    assert_eq!(
+        listener.host().sessions(),
+        3,
+        "one host, one CQ, one allocator"
+    );
+    futures::executor::block_on(futures::future::join_all(
+        sessions.iter().map(|s| server_steps(s)),
+    ));
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_session_over_rdma_cm() {
+    let addr: std::net::SocketAddr = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
+    let listener = SessionBuilder::default().bind_cm(addr).unwrap();
+    let client = std::thread::spawn(move || {
+        let session = SessionBuilder::default().connect_cm(addr).unwrap();
+        futures::executor::block_on(client_steps(&session, 7));
+    });
+    let session = listener.accept().unwrap();
+    futures::executor::block_on(server_steps(&session));
+    client.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_killed_peer_fails_a_waiting_receive() {
+    if let Ok(addr) = std::env::var(CHILD_ENV) {
+        // The child: connect, then wait to be killed.
+        let _session = SessionBuilder::default()
+            .device(&device_name())
+            .connect(addr.as_str())
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let port = free_port();
+    let listener = SessionBuilder::default()
+        .device(&device_name())
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_killed_peer_fails_a_waiting_receive",
+            "--include-ignored",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, format!("127.0.0.1:{port}"))
+        .spawn()
+        .unwrap();
+    let session = listener.accept().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let started = std::time::Instant::now();
+    let err = futures::executor::block_on(session.receive()).unwrap_err();
+    assert!(matches!(err, SessionError::Disconnected(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "noticed in {:?}",
+        started.elapsed()
+    );
+}
