@@ -102,9 +102,7 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
         3,
         "one host, one CQ, one allocator"
     );
-    futures::executor::block_on(futures::future::join_all(
-        sessions.iter().map(|s| server_steps(s)),
-    ));
+    futures::executor::block_on(futures::future::join_all(sessions.iter().map(server_steps)));
     for c in clients {
         c.join().unwrap();
     }
