@@ -390,10 +390,15 @@ async fn device_events_reach_the_host() {
 
 // ---- hostile peers ----------------------------------------------------
 
-/// A session connected to a bare queue pair in its own ring, with
-/// receives posted.
+/// A session connected to a bare queue pair (`wire`).
 struct RawPeer {
     session: Session<SoftQp>,
+    wire: Wire,
+}
+
+/// The bare queue pair in its own ring, with receives posted: a peer
+/// that speaks bytes, not the protocol.
+struct Wire {
     ring: Ring<SoftQp>,
     pd: Arc<rdma_ring::backend::soft::SoftPd>,
 }
@@ -417,10 +422,13 @@ fn raw_peer(config: SessionConfig) -> RawPeer {
         ring.submission().push(Recv::new(buf)).unwrap();
     }
     ring.submit().unwrap();
-    RawPeer { session, ring, pd }
+    RawPeer {
+        session,
+        wire: Wire { ring, pd },
+    }
 }
 
-impl RawPeer {
+impl Wire {
     fn send(&mut self, bytes: Vec<u8>) {
         let buf = RegisteredBuf::new(&*self.pd, bytes).unwrap();
         self.ring.submission().push(Send::new(buf)).unwrap();
@@ -460,7 +468,7 @@ async fn a_malformed_control_message_ends_the_session_clearly() {
     let mut peer = raw_peer(SessionConfig::default());
     let mut bad = Control::Close.encode(0, 0);
     bad[3] = 77; // unknown kind
-    peer.send(bad);
+    peer.wire.send(bad);
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("unknown kind"), "{why}");
     // Waiting calls get the same clear error, not a hang.
@@ -473,7 +481,7 @@ async fn a_malformed_control_message_ends_the_session_clearly() {
 #[tokio::test]
 async fn garbage_shorter_than_a_trailer_is_refused() {
     let mut peer = raw_peer(SessionConfig::default());
-    peer.send(vec![1, 2, 3]);
+    peer.wire.send(vec![1, 2, 3]);
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("shorter than"), "{why}");
 }
@@ -481,7 +489,7 @@ async fn garbage_shorter_than_a_trailer_is_refused() {
 #[tokio::test]
 async fn counts_of_messages_never_sent_are_refused() {
     let mut peer = raw_peer(SessionConfig::default());
-    peer.send(Control::Ack.encode(5, 0));
+    peer.wire.send(Control::Ack.encode(5, 0));
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("processed"), "{why}");
 }
@@ -489,7 +497,7 @@ async fn counts_of_messages_never_sent_are_refused() {
 #[tokio::test]
 async fn returning_a_region_never_lent_is_refused() {
     let mut peer = raw_peer(SessionConfig::default());
-    peer.send(Control::Return { id: 99 }.encode(0, 0));
+    peer.wire.send(Control::Return { id: 99 }.encode(0, 0));
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("never lent"), "{why}");
 }
@@ -502,7 +510,8 @@ async fn a_grant_nobody_asked_for_is_refused() {
         remote: RemoteSlice::new(0x1000, 64, 5, RemoteAccess::WRITE),
         lease_ms: 0,
     };
-    peer.send(Control::AllocGrant { request: 7, region }.encode(0, 0));
+    peer.wire
+        .send(Control::AllocGrant { request: 7, region }.encode(0, 0));
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("not waiting"), "{why}");
 }
@@ -528,7 +537,7 @@ async fn more_messages_than_the_window_is_a_flood() {
         m
     };
     for n in 0..3 {
-        peer.send(user(n));
+        peer.wire.send(user(n));
     }
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("window"), "{why}");
@@ -545,7 +554,7 @@ async fn a_lying_descriptor_fails_the_operation_and_gives_the_buffer_back() {
         remote: RemoteSlice::new(0xdead_0000, 4096, 0xbad, RemoteAccess::READ),
         lease_ms: 0,
     };
-    peer.send(Control::Lend(lie).encode(0, 0));
+    peer.wire.send(Control::Lend(lie).encode(0, 0));
     let remote = within(peer.session.receive_remote_mr()).await.unwrap();
     let into = peer.session.alloc_local_mr_zeroed(bytes(64)).unwrap();
     let (read, into) = within(peer.session.read(into, remote.slice(0..64).unwrap())).await;
@@ -567,7 +576,7 @@ async fn a_request_the_peer_ignores_times_out_and_a_late_grant_goes_back() {
         .unwrap_err();
     assert!(matches!(err, SessionError::Timeout(_)), "{err}");
     // The peer saw the request; its late grant comes straight back.
-    let request = peer.next_message();
+    let request = peer.wire.next_message();
     let (_, message) = rdma_ring::session::wire::decode(&request).unwrap();
     let rdma_ring::session::wire::Message::Control(Control::AllocRequest { request, size, .. }) =
         message
@@ -580,12 +589,37 @@ async fn a_request_the_peer_ignores_times_out_and_a_late_grant_goes_back() {
         remote: RemoteSlice::new(0x1000, 64, 5, RemoteAccess::WRITE),
         lease_ms: 0,
     };
-    peer.send(Control::AllocGrant { request, region }.encode(1, 0));
-    let back = peer.next_message();
+    peer.wire
+        .send(Control::AllocGrant { request, region }.encode(1, 0));
+    let back = peer.wire.next_message();
     let (_, message) = rdma_ring::session::wire::decode(&back).unwrap();
     assert_eq!(
         message,
         rdma_ring::session::wire::Message::Control(Control::Return { id: 5 })
     );
     assert!(peer.session.failure().is_none());
+}
+
+#[tokio::test]
+async fn a_peer_leaving_mid_request_fails_the_request_at_once() {
+    let RawPeer { session, mut wire } = raw_peer(SessionConfig::default());
+    let session = Arc::new(session);
+    let asking = tokio::spawn({
+        let session = Arc::clone(&session);
+        async move { session.request_remote_mr(bytes(64)).await }
+    });
+    let request = tokio::task::spawn_blocking(move || {
+        let request = wire.next_message();
+        wire.send(Control::Close.encode(1, 0));
+        (request, wire)
+    })
+    .await
+    .unwrap();
+    let (_, message) = rdma_ring::session::wire::decode(&request.0).unwrap();
+    assert!(matches!(
+        message,
+        rdma_ring::session::wire::Message::Control(Control::AllocRequest { .. })
+    ));
+    let err = within(asking).await.unwrap().unwrap_err();
+    assert!(matches!(err, SessionError::Closed(_)), "{err}");
 }

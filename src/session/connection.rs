@@ -143,7 +143,8 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
                     }
                     _ => unreachable!("just matched"),
                 },
-                _ => st.failure.as_ref().map(|e| Err(e.duplicate())),
+                // A peer that closed or failed will not answer.
+                _ => st.refusal().map(Err),
             })
             .await;
         std::mem::forget(guard);

@@ -25,6 +25,34 @@
 //! # });
 //! ```
 //!
+//! On a real device, async-rdma's README example reads (the README shows
+//! the same):
+//!
+//! ```no_run
+//! # #[cfg(feature = "verbs")]
+//! # mod real {
+//! use std::alloc::Layout;
+//! use rdma_ring::session::{SessionBuilder, SessionError};
+//!
+//! async fn client() -> Result<(), SessionError> {
+//!     let rdma = SessionBuilder::default().connect("10.0.0.1:7500")?;
+//!     let mut lmr = rdma.alloc_local_mr(Layout::new::<[u8; 8]>())?;
+//!     let rmr = rdma.request_remote_mr(Layout::new::<[u8; 8]>()).await?;
+//!     lmr.copy_from_slice(&[1u8; 8]); // load data into lmr
+//!     let (written, _lmr) = rdma.write(lmr, rmr.remote()).await; // lmr comes back
+//!     written?;
+//!     rdma.send_remote_mr(rmr) // hand the region back to its owner
+//! }
+//!
+//! async fn server() -> Result<(), SessionError> {
+//!     let rdma = SessionBuilder::default().listen("0.0.0.0:7500")?;
+//!     let lmr = rdma.receive_local_mr().await?; // the region the client wrote
+//!     assert_eq!(*lmr, [1u8; 8]);
+//!     Ok(())
+//! }
+//! # }
+//! ```
+//!
 //! # Shape
 //!
 //! A [`SessionHost`] owns one device's shared parts: a protection domain,
