@@ -126,3 +126,29 @@ fn regions_moved_written_and_recycled() {
     let c = regions.alloc_zeroed(layout).unwrap();
     assert_eq!(c[0], 0);
 }
+
+/// A region lent to a peer: exposed (a second registration over arena
+/// memory), moved while exposed, taken back and read — what a session does
+/// with every region it lends.
+#[test]
+fn region_exposed_moved_and_taken_back() {
+    use rdma_ring::buf::RegionAllocator;
+    use std::alloc::Layout;
+    use std::sync::Arc;
+
+    let pd = Arc::new(SoftDevice::new().alloc_pd());
+    let regions = RegionAllocator::new(Arc::clone(&pd) as _, 4096).unwrap();
+    let mut region = regions
+        .alloc_zeroed(Layout::from_size_align(64, 8).unwrap())
+        .unwrap();
+    region[3] = 9;
+    let neighbour = regions
+        .alloc_zeroed(Layout::from_size_align(64, 8).unwrap())
+        .unwrap();
+    let exposed = ExposedBuf::new(&*pd, region, RemoteAccess::WRITE).unwrap();
+    assert_eq!(exposed.remote().len(), 64);
+    let moved = Box::new(exposed);
+    let mut back = moved.into_inner().unwrap();
+    back[4] = 1;
+    assert_eq!((back[3], back[4], neighbour[3]), (9, 1, 0));
+}
