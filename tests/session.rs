@@ -380,11 +380,14 @@ async fn device_events_reach_the_host() {
     let events = host.events();
     dev.set_port_active(false);
     let event = within(events.next()).await;
-    assert!(matches!(event, AsyncEvent::PortError { .. }), "{event:?}");
+    assert!(
+        matches!(event, Some(AsyncEvent::PortError { .. })),
+        "{event:?}"
+    );
     dev.set_port_active(true);
     assert!(matches!(
         within(events.next()).await,
-        AsyncEvent::PortActive { .. }
+        Some(AsyncEvent::PortActive { .. })
     ));
 }
 
@@ -622,4 +625,61 @@ async fn a_peer_leaving_mid_request_fails_the_request_at_once() {
     ));
     let err = within(asking).await.unwrap().unwrap_err();
     assert!(matches!(err, SessionError::Closed(_)), "{err}");
+}
+
+#[tokio::test]
+async fn regions_lent_to_a_peer_that_closes_come_home() {
+    let (client, server) = pair(SessionConfig::default());
+    let mut region = client.alloc_local_mr(bytes(128)).unwrap();
+    region.fill(6);
+    client.send_local_mr(region, RemoteAccess::WRITE).unwrap();
+    let held = within(server.receive_remote_mr()).await.unwrap();
+    std::mem::forget(held); // the server never hands it back...
+    drop(server); // ...and leaves
+    let back = within(client.receive_local_mr()).await.unwrap();
+    assert!(back.iter().all(|&b| b == 6));
+    assert!(matches!(
+        within(client.receive_local_mr()).await,
+        Err(SessionError::Closed(_))
+    ));
+}
+
+#[tokio::test]
+async fn control_messages_fit_even_when_user_messages_are_tiny() {
+    let config = SessionConfig {
+        max_message: 0,
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    let remote = within(client.request_remote_mr(bytes(64))).await.unwrap();
+    client.send_remote_mr(remote).unwrap();
+    assert_eq!(within(server.receive_local_mr()).await.unwrap().len(), 64);
+    let msg = client.alloc_local_mr(bytes(1)).unwrap();
+    let (sent, _) = within(client.send(msg.slice(..))).await;
+    assert!(matches!(
+        sent,
+        Err(SessionError::TooLarge { len: 1, max: 0 })
+    ));
+    // An empty message still goes.
+    let msg = client.alloc_local_mr(bytes(1)).unwrap();
+    within(client.send(msg.slice(..0))).await.0.unwrap();
+    assert_eq!(within(server.receive()).await.unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn crossing_bursts_of_requests_with_a_shallow_queue() {
+    let config = SessionConfig {
+        recv_depth: 4,
+        user_window: 2,
+        ..SessionConfig::default()
+    };
+    let (a, b) = pair(config);
+    fn asks(
+        s: &Session<SoftQp>,
+    ) -> impl std::future::Future<Output = Vec<Result<rdma_ring::session::RemoteRegion, SessionError>>>
+           + '_ {
+        futures::future::join_all((0..12).map(move |_| s.request_remote_mr(bytes(64))))
+    }
+    let (ra, rb) = within(async { futures::join!(asks(&a), asks(&b)) }).await;
+    assert!(ra.into_iter().chain(rb).all(|r| r.is_ok()));
 }

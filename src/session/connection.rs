@@ -16,7 +16,7 @@ use crate::buf::{
     BaseBuf, ExposedBuf, IoBuf, IoBufMut, Region, RemoteAccess, RemoteSlice, RemoteWord, SgList,
     Slice, Word,
 };
-use crate::future::{AsyncQp, OpFuture};
+use crate::future::OpFuture;
 use crate::op;
 
 /// A user message's buffers on the wire: the payload, then the trailer.
@@ -44,13 +44,10 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         &self.host
     }
 
-    /// The queue pair, for operations this type has no method for.
-    pub fn qp(&self) -> &AsyncQp<Q> {
-        &self.shared.qp
-    }
-
     /// Runs `f` on the session's queue pair (its endpoint, its state, a
     /// soft device's fault injection); `None` once the session is closed.
+    /// `f` runs with the host's ring locked: it must not call this
+    /// session, its host, or any of their sessions.
     pub fn with_queue_pair<R>(&self, f: impl FnOnce(&Q) -> R) -> Option<R> {
         let handle = self.shared.qp.handle();
         self.shared
@@ -115,8 +112,12 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
             }
             let request = st.next_request;
             st.next_request += 1;
-            let deadline = Instant::now() + config.request_timeout;
-            st.requests.insert(request, Request::Waiting(deadline));
+            let waiting = Request::Waiting {
+                deadline: Instant::now().checked_add(config.request_timeout),
+                size: layout.size() as u64,
+                rights,
+            };
+            st.requests.insert(request, waiting);
             st.outbox.push_back(Control::AllocRequest {
                 request,
                 size: layout.size() as u64,
@@ -126,28 +127,24 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
             request
         };
         self.shared.host.nudge();
-        let guard = AbandonOnDrop {
+        // Whatever ends the wait (an answer, a timeout, a dropped future),
+        // the guard leaves the request's entry as a late answer needs.
+        let _guard = AbandonOnDrop {
             shared: &self.shared,
             request,
         };
+        let timeout = config.request_timeout;
         let answer = self
             .wait(|st| match st.requests.get(&request) {
                 Some(Request::Done(_)) => match st.requests.remove(&request) {
-                    Some(Request::Done(answer)) => {
-                        if matches!(answer, Err(SessionError::Timeout(_))) {
-                            // The peer may still answer: hand a late
-                            // grant straight back.
-                            st.requests.insert(request, Request::Abandoned);
-                        }
-                        Some(answer)
-                    }
+                    Some(Request::Done(answer)) => Some(answer),
                     _ => unreachable!("just matched"),
                 },
+                Some(Request::TimedOut { .. }) => Some(Err(SessionError::Timeout(timeout))),
                 // A peer that closed or failed will not answer.
                 _ => st.refusal().map(Err),
             })
             .await;
-        std::mem::forget(guard);
         answer.map(|descriptor| self.remote_region(descriptor))
     }
 
@@ -415,8 +412,9 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     }
 }
 
-/// Marks a request abandoned if its future goes before the answer: a late
-/// grant is then handed straight back.
+/// When a request's wait ends: a request still unanswered is marked
+/// abandoned (a late grant is then handed straight back), a grant nobody
+/// took goes back at once, and answered entries go.
 struct AbandonOnDrop<'a, Q: QueuePair + Send + 'static> {
     shared: &'a SessionShared<Q>,
     request: u64,
@@ -426,9 +424,10 @@ impl<Q: QueuePair + Send + 'static> Drop for AbandonOnDrop<'_, Q> {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         match st.requests.get(&self.request) {
-            Some(Request::Waiting(_)) => {
+            Some(Request::Waiting { .. } | Request::TimedOut { answered: false }) => {
                 st.requests.insert(self.request, Request::Abandoned);
             }
+            None | Some(Request::Abandoned) => {}
             Some(Request::Done(Ok(_))) => {
                 if let Some(Request::Done(Ok(d))) = st.requests.remove(&self.request) {
                     st.outbox.push_back(Control::Return { id: d.id });

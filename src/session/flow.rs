@@ -204,12 +204,15 @@ mod tests {
     /// or ack (`None`), with the counts it carries.
     type OnWire = (Option<bool>, Option<(u32, u32)>);
 
-    /// Two sides exchanging messages, delivered in order per direction,
-    /// with the ack rule applied after each step.
+    /// Two sides exchanging messages, delivered in order per direction.
+    /// Control messages wait in an outbox while flow control holds them,
+    /// as the pump's do; the outbox is flushed and the ack rule applied
+    /// after each step.
     struct Pair {
         flows: [Flow; 2],
-        // Messages on the wire towards side i: (is user, processed, taken).
+        // Messages on the wire towards side i.
         wire: [std::collections::VecDeque<OnWire>; 2],
+        outbox: [u32; 2],
         unread: [u32; 2],
         posted: [u32; 2],
     }
@@ -222,22 +225,40 @@ mod tests {
                     Flow::new(depth, window, depth, window),
                 ],
                 wire: Default::default(),
+                outbox: [0; 2],
                 unread: [0; 2],
                 posted: [depth; 2],
             }
         }
 
+        /// A user message if the window allows (`false` if not); a
+        /// control message always (queued if it cannot go yet).
         fn send(&mut self, from: usize, user: bool) -> bool {
-            let ok = if user {
-                self.flows[from].can_send_user()
-            } else {
-                self.flows[from].can_send()
-            };
+            if !user {
+                self.outbox[from] += 1;
+                self.flush(from);
+                return true;
+            }
+            let ok = self.flows[from].can_send_user();
             if ok {
-                let counts = self.flows[from].sent(user);
-                self.push(from, Some(user), Some(counts));
+                let counts = self.flows[from].sent(true);
+                self.push(from, Some(true), Some(counts));
             }
             ok
+        }
+
+        /// What the pump does each pass: the outbox, then an ack if due.
+        fn flush(&mut self, side: usize) {
+            while self.outbox[side] > 0 && self.flows[side].can_send() {
+                self.outbox[side] -= 1;
+                let counts = self.flows[side].sent(false);
+                self.push(side, Some(false), Some(counts));
+            }
+            let idle = self.outbox[side] == 0 || !self.flows[side].can_send();
+            if idle && self.flows[side].wants_ack() {
+                let counts = self.flows[side].sent(false);
+                self.push(side, None, Some(counts));
+            }
         }
 
         /// `user`: `None` for an ack.
@@ -264,7 +285,7 @@ mod tests {
                     "unread beyond the window"
                 );
             }
-            self.ack(to);
+            self.flush(to);
             true
         }
 
@@ -272,14 +293,7 @@ mod tests {
             if self.unread[side] > 0 {
                 self.unread[side] -= 1;
                 self.flows[side].taken_one();
-                self.ack(side);
-            }
-        }
-
-        fn ack(&mut self, side: usize) {
-            if self.flows[side].wants_ack() {
-                let counts = self.flows[side].sent(false);
-                self.push(side, None, Some(counts));
+                self.flush(side);
             }
         }
     }
@@ -306,10 +320,12 @@ mod tests {
             // Drain: deliver and read everything; then both may send again.
             for _ in 0..10_000 {
                 for side in 0..2 {
+                    pair.flush(side);
                     while pair.deliver(side) {}
                     pair.read(side);
                 }
             }
+            assert_eq!(pair.outbox, [0, 0], "depth {depth}: control messages stuck");
             assert!(
                 sent > 1000,
                 "depth {depth}: only {sent} sent; {:?} {:?} wire {:?} unread {:?} posted {:?}",
@@ -325,6 +341,26 @@ mod tests {
                     "depth {depth}: side {side} stuck"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn crossing_bursts_of_control_messages_drain() {
+        for depth in [4u32, 5, 8] {
+            let mut pair = Pair::new(depth, 2);
+            // Both sides queue more than the window before anything is
+            // delivered: every message carries stale counts.
+            for _ in 0..3 * depth {
+                pair.send(0, false);
+                pair.send(1, false);
+            }
+            for _ in 0..100 {
+                for side in 0..2 {
+                    pair.flush(side);
+                    while pair.deliver(side) {}
+                }
+            }
+            assert_eq!(pair.outbox, [0, 0], "depth {depth}: stuck");
         }
     }
 

@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread::{JoinHandle, Thread};
 
 use super::state::{SessionShared, SessionState};
-use super::wire::{Hello, TRAILER_LEN};
+use super::wire::{Hello, MAX_CONTROL_BODY, TRAILER_LEN};
 use super::{Session, SessionConfig, SessionError};
 use crate::backend::soft::{SoftDevice, SoftQp};
 use crate::backend::{AsyncEvent, ProtectionDomain, QueuePair};
@@ -58,6 +58,8 @@ pub(super) struct Sessions<Q: QueuePair + Send + 'static> {
 pub(super) struct EventQueue {
     pub(super) events: VecDeque<AsyncEvent>,
     pub(super) waiters: Vec<Waker>,
+    /// The pump has ended: no more events come.
+    pub(super) stopped: bool,
 }
 
 impl<Q: QueuePair + Send + 'static> HostShared<Q> {
@@ -72,21 +74,25 @@ impl<Q: QueuePair + Send + 'static> HostShared<Q> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A receive region: the largest message the peer may send us, plus
-    /// the trailer.
+    /// A receive region: the largest message the peer may send us (or
+    /// control message, if larger), plus the trailer.
     pub(super) fn recv_region(&self) -> Result<Region, Error> {
-        let len = self.config.max_message as usize + TRAILER_LEN;
+        let len = (self.config.max_message as usize).max(MAX_CONTROL_BODY) + TRAILER_LEN;
         self.regions
             .alloc(Layout::from_size_align(len, 64).expect("a small layout"))
     }
 
-    /// Pushes a receive of `region` on `qp` (not yet submitted).
-    pub(super) fn post_recv(&self, qp: QpHandle, region: Region) -> Result<(), Error> {
+    /// Pushes a receive of `region` on `qp` (not yet submitted); a
+    /// refused one comes back with the error.
+    pub(super) fn post_recv(&self, qp: QpHandle, region: Region) -> Result<(), (Error, Region)> {
         self.ring.with_ring(|mut ring| {
             ring.submission_on(qp)
                 .push(Recv::new(region).user_data(RECV))
                 .map(|_| ())
-                .map_err(|r| r.into_parts().0)
+                .map_err(|r| {
+                    let (e, op) = r.into_parts();
+                    (e, op.into_buf())
+                })
         })
     }
 }
@@ -214,7 +220,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         self.shared.sessions().preparing.insert(handle, Vec::new());
         let posted = (0..self.shared.config.recv_depth).try_for_each(|_| {
             let region = self.shared.recv_region()?;
-            self.shared.post_recv(handle, region)
+            self.shared.post_recv(handle, region).map_err(|(e, _)| e)
         });
         let submitted = posted.and_then(|()| {
             self.shared
@@ -240,6 +246,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
     }
 
     /// Runs `f` on the prepared queue pair (to connect it).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(super) fn with_qp<R>(&self, prepared: &Prepared, f: impl FnOnce(&Q) -> R) -> R {
         self.shared
             .ring
@@ -421,12 +428,14 @@ impl<Q: QueuePair + Send + 'static> SessionEvents<Q> {
         self.queue().events.pop_front()
     }
 
-    /// The next event, awaited.
-    pub async fn next(&self) -> AsyncEvent {
+    /// The next event, awaited; `None` once the host has stopped (its
+    /// last handle and session gone).
+    pub async fn next(&self) -> Option<AsyncEvent> {
         std::future::poll_fn(|cx: &mut Context<'_>| {
             let mut q = self.queue();
             match q.events.pop_front() {
-                Some(e) => Poll::Ready(e),
+                Some(e) => Poll::Ready(Some(e)),
+                None if q.stopped => Poll::Ready(None),
                 None => {
                     if !q.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                         q.waiters.push(cx.waker().clone());
@@ -457,6 +466,16 @@ impl EventQueue {
             self.events.pop_front();
         }
         self.events.push_back(event);
+        self.wake();
+    }
+
+    /// No more events will come.
+    pub(super) fn stop(&mut self) {
+        self.stopped = true;
+        self.wake();
+    }
+
+    fn wake(&mut self) {
         for w in self.waiters.drain(..) {
             w.wake();
         }

@@ -96,6 +96,21 @@
 //! messages never sent, or a return of a region never lent ends the session
 //! with [`SessionError::Protocol`]; nothing local is lost.
 //!
+//! # Limits
+//!
+//! * The sessions of one host share its protection domain (their regions
+//!   come from one allocator): an rkey lent to one peer works over any
+//!   session of the host. Give peers that must not reach each other's
+//!   regions hosts of their own.
+//! * A lease's end is final: an operation on a region after it (or after
+//!   handing the region back) fails with a remote access error, which ends
+//!   the session, as RC does. [`RemoteRegion::expires_at`] is sent as the
+//!   lease left when the descriptor leaves, so it is never later than the
+//!   lender's clock, give or take the message's flight.
+//! * An rdma_cm accept ([`SessionListener::accept`]) holds the host's ring
+//!   while the handshake completes (up to `connect_timeout`); the TCP
+//!   handshake does not.
+//!
 //! [`RegionAllocator`]: crate::buf::RegionAllocator
 //! [`AsyncRing`]: crate::future::AsyncRing
 //! [`OpFuture`]: crate::future::OpFuture

@@ -72,7 +72,9 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
         for s in &sessions {
             service(host, s, now, tick);
         }
-        let _ = host.ring.submit();
+        if let Err(e) = host.ring.submit() {
+            refused(host, e);
+        }
         let abandoned = host.abandoned.load(std::sync::atomic::Ordering::Acquire);
         if ended || (abandoned && host.sessions().live.is_empty()) {
             break;
@@ -82,6 +84,7 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
         }
     }
     host.pump.lock().unwrap_or_else(|p| p.into_inner()).take();
+    host.events.lock().unwrap_or_else(|p| p.into_inner()).stop();
 }
 
 pub(super) fn on_completion<Q: QueuePair + std::marker::Send + 'static>(
@@ -115,12 +118,8 @@ pub(super) fn on_message<Q: QueuePair + std::marker::Send + 'static>(
         CLOSE => s.lock().close_done = true,
         CONTROL => {
             if let Err(e) = c.result() {
-                let mut st = s.lock();
-                if !st.closing {
-                    st.fail(SessionError::Disconnected(format!(
-                        "a control message could not go: {e}"
-                    )));
-                }
+                let why = format!("a control message could not go: {e}");
+                break_session(host, s, &mut s.lock(), SessionError::Disconnected(why));
             }
         }
         _ => {}
@@ -141,12 +140,12 @@ fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
     let len = match result {
         Ok(len) => len,
         Err(e) => {
-            if !st.closing && st.failure.is_none() {
+            if st.failure.is_none() {
                 let why = match host.ring.with_ring(|r| r.qp_error(s.qp.handle())) {
                     Some(status) => format!("the queue pair failed ({status})"),
                     None => format!("a receive failed: {e}"),
                 };
-                st.fail(SessionError::Disconnected(why));
+                break_session(host, s, &mut st, SessionError::Disconnected(why));
             }
             return;
         }
@@ -156,22 +155,68 @@ fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
     }
     match receive(host, &mut st, region, len, imm, write_imm) {
         Ok((repost, ack)) => {
-            st.flow.processed_one(ack);
+            st.reposts.push_back((repost.ok(), ack));
+            repost_owed(host, s, &mut st);
+            if st.peer_closed {
+                // Nothing of ours is the peer's any more.
+                reclaim_all(&mut st);
+            }
             st.changed();
-            let reposted = repost.and_then(|r| host.post_recv(s.qp.handle(), r));
-            if let Err(e) = reposted {
-                st.fail(SessionError::Disconnected(format!(
-                    "could not post a receive again: {e}"
-                )));
-                drop(st);
-                fail_qp(host, s);
+        }
+        Err(why) => break_session(host, s, &mut st, SessionError::Protocol(why)),
+    }
+}
+
+/// Posts the receives owed, in order, as memory and the queues allow
+/// (what cannot go now is tried again on the next pass).
+fn repost_owed<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &SessionShared<Q>,
+    st: &mut SessionState,
+) {
+    while let Some((region, ack)) = st.reposts.pop_front() {
+        let region = match region.map_or_else(|| host.recv_region(), Ok) {
+            Ok(region) => region,
+            Err(_) => {
+                st.reposts.push_front((None, ack)); // out of memory: later
+                return;
+            }
+        };
+        match host.post_recv(s.qp.handle(), region) {
+            Ok(()) => st.flow.processed_one(ack),
+            Err((crate::Error::CompletionQueueFull { .. }, region)) => {
+                st.reposts.push_front((Some(region), ack));
+                return;
+            }
+            Err((e, _)) => {
+                let why = format!("could not post a receive again: {e}");
+                break_session(host, s, st, SessionError::Disconnected(why));
+                return;
             }
         }
-        Err(why) => {
-            st.fail(SessionError::Protocol(why));
-            drop(st);
-            fail_qp(host, s);
-        }
+    }
+}
+
+/// Ends session `s` for `e`: records it (waking every waiter), moves its
+/// queue pair to error, so that its work and the peer's fail rather than
+/// wait, and takes back what the peer held of ours.
+fn break_session<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    s: &SessionShared<Q>,
+    st: &mut SessionState,
+    e: SessionError,
+) {
+    st.fail(e);
+    st.outbox.clear();
+    reclaim_all(st);
+    let _ = host.ring.with_ring(|mut r| r.fail_qp(s.qp.handle()));
+}
+
+/// Takes back every region the peer holds of ours.
+fn reclaim_all(st: &mut SessionState) {
+    let lent: Vec<_> = st.lent.drain().map(|(_, l)| l).collect();
+    for l in lent {
+        reclaim(st, l, false);
     }
 }
 
@@ -241,8 +286,20 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             st.outbox.push_back(answer);
         }
         Control::AllocGrant { request, region } => match st.requests.get(&request) {
-            Some(Request::Waiting(_)) => {
+            Some(&Request::Waiting { size, rights, .. }) => {
+                if region.remote.len() < size || !region.remote.rights().contains(rights) {
+                    return Err(format!(
+                        "a grant of {} bytes with {:?} for a request of {size} bytes with {rights:?}",
+                        region.remote.len(),
+                        region.remote.rights()
+                    ));
+                }
                 st.requests.insert(request, Request::Done(Ok(region)));
+            }
+            Some(Request::TimedOut { answered: false }) => {
+                st.requests
+                    .insert(request, Request::TimedOut { answered: true });
+                st.outbox.push_back(Control::Return { id: region.id });
             }
             Some(Request::Abandoned) => {
                 st.requests.remove(&request);
@@ -255,9 +312,13 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             }
         },
         Control::AllocRefuse { request, reason } => match st.requests.get(&request) {
-            Some(Request::Waiting(_)) => {
+            Some(Request::Waiting { .. }) => {
                 st.requests
                     .insert(request, Request::Done(Err(SessionError::Refused(reason))));
+            }
+            Some(Request::TimedOut { answered: false }) => {
+                st.requests
+                    .insert(request, Request::TimedOut { answered: true });
             }
             Some(Request::Abandoned) => {
                 st.requests.remove(&request);
@@ -352,18 +413,35 @@ pub(super) fn lend(
 /// Takes a lent region back: revokes the peer's access, then hands the
 /// memory to our user (`returned`, or a region our user lent) or frees it.
 fn reclaim(st: &mut SessionState, lent: Lent, returned: bool) {
-    st.lent_bytes = st.lent_bytes.saturating_sub(lent.exposed.len() as u64);
+    let bytes = lent.exposed.len();
+    st.lent_bytes = st.lent_bytes.saturating_sub(bytes as u64);
     match lent.exposed.into_inner() {
         Ok(region) if returned || !lent.granted => st.returned.push_back(region),
         Ok(_freed) => {}
         // The device would not deregister: the peer may still reach the
-        // memory, so it must never be freed or read; leak it.
-        Err(still_exposed) => std::mem::forget(still_exposed),
+        // memory, so it must never be freed or read; leak it (counted).
+        Err(still_exposed) => {
+            crate::leak::record_region(bytes);
+            std::mem::forget(still_exposed);
+        }
     }
 }
 
-fn fail_qp<Q: QueuePair + std::marker::Send + 'static>(host: &HostShared<Q>, s: &SessionShared<Q>) {
-    let _ = host.ring.with_ring(|mut r| r.fail_qp(s.qp.handle()));
+/// Whether the handshake's socket says the peer is gone; a peer that
+/// writes on it (nothing should, once connected) breaks the protocol.
+fn peer_gone(socket: &std::net::TcpStream) -> Option<SessionError> {
+    match socket.peek(&mut [0u8; 1]) {
+        Ok(0) => Some(SessionError::Disconnected(
+            "the peer is gone (its end of the handshake's socket closed)".into(),
+        )),
+        Ok(_) => Some(SessionError::Protocol(
+            "the peer wrote on the handshake's socket after connecting".into(),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(e) => Some(SessionError::Disconnected(format!(
+            "the handshake's socket failed: {e}"
+        ))),
+    }
 }
 
 /// Timers, liveness, outbox and close of one session.
@@ -375,22 +453,15 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
 ) {
     let mut st = s.lock();
     if tick {
-        if st.failure.is_none()
-            && !st.closing
-            && s.watch
-                .as_ref()
-                .is_some_and(crate::connect::tcp::peer_closed)
-        {
-            st.fail(SessionError::Disconnected(
-                "the peer is gone (its end of the handshake's socket closed)".into(),
-            ));
-            drop(st);
-            fail_qp(host, s);
-            st = s.lock();
+        if st.failure.is_none() && !st.closing && !st.peer_closed {
+            if let Some(e) = s.watch.as_ref().and_then(peer_gone) {
+                break_session(host, s, &mut st, e);
+            }
         }
-        expire(&mut st, now, host.config.request_timeout);
+        expire(&mut st, now);
     }
     if st.failure.is_none() {
+        repost_owed(host, s, &mut st);
         flush(host, s, &mut st);
     }
     let close_now = st.closing
@@ -401,16 +472,13 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         let _ = host.ring.with_ring(|mut r| r.detach(s.qp.handle()));
         // What the peer holds of ours is revoked with the session.
         let mut st = s.lock();
-        let lent: Vec<_> = st.lent.drain().map(|(_, l)| l).collect();
-        for l in lent {
-            reclaim(&mut st, l, false);
-        }
+        reclaim_all(&mut st);
         st.changed();
     }
 }
 
 /// Ends leases and requests whose time is up.
-fn expire(st: &mut SessionState, now: Instant, request_timeout: Duration) {
+fn expire(st: &mut SessionState, now: Instant) {
     let expired: Vec<u64> = st
         .lent
         .iter()
@@ -423,8 +491,8 @@ fn expire(st: &mut SessionState, now: Instant, request_timeout: Duration) {
         reclaim(st, lent, false);
     }
     for request in st.requests.values_mut() {
-        if matches!(request, Request::Waiting(d) if now >= *d) {
-            *request = Request::Done(Err(SessionError::Timeout(request_timeout)));
+        if matches!(request, Request::Waiting { deadline: Some(d), .. } if now >= *d) {
+            *request = Request::TimedOut { answered: false };
             changed = true;
         }
     }
@@ -440,6 +508,12 @@ fn flush<Q: QueuePair + std::marker::Send + 'static>(
     s: &SessionShared<Q>,
     st: &mut SessionState,
 ) {
+    if st.peer_closed {
+        // The peer is letting its queue pair go: anything sent now would
+        // fail, and nothing it holds of ours is lent any more.
+        st.outbox.clear();
+        return;
+    }
     while let Some(&control) = st.outbox.front() {
         if !st.flow.can_send() {
             break;
@@ -450,14 +524,15 @@ fn flush<Q: QueuePair + std::marker::Send + 'static>(
             }
             Ok(false) => return, // the send queue is full: next time
             Err(e) => {
-                st.fail(SessionError::Disconnected(format!(
-                    "a control message could not go: {e}"
-                )));
+                let why = format!("a control message could not go: {e}");
+                break_session(host, s, st, SessionError::Disconnected(why));
                 return;
             }
         }
     }
-    if st.outbox.is_empty() && st.flow.wants_ack() {
+    // An ack goes when nothing else carries the counts — also when the
+    // outbox waits for them, or both sides could wait for each other.
+    if (st.outbox.is_empty() || !st.flow.can_send()) && st.flow.wants_ack() {
         let _ = send_control(host, s, st, Control::Ack);
     }
 }
@@ -470,9 +545,11 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
     control: Control,
 ) -> Result<bool, crate::Error> {
     let (processed, taken) = st.flow.counts();
-    let bytes = control.encode(processed, taken);
+    let bytes = with_lease_left(st, control).encode(processed, taken);
     let layout = Layout::from_size_align(bytes.len(), 8).expect("a small layout");
-    let mut region = host.regions.alloc(layout)?;
+    let Ok(mut region) = host.regions.alloc(layout) else {
+        return Ok(false); // out of memory: next time
+    };
     region.copy_from_slice(&bytes);
     let tag = if control == Control::Close {
         CLOSE
@@ -494,6 +571,53 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
             Ok(false)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The device refused to post some of the pump's work: the sessions it
+/// belonged to cannot go on (their counts assume it went).
+fn refused<Q: QueuePair + std::marker::Send + 'static>(
+    host: &HostShared<Q>,
+    e: crate::ring::SubmitError,
+) {
+    let qps: std::collections::HashSet<_> = e.unposted.iter().filter_map(|op| op.qp).collect();
+    for qp in qps {
+        let s = host.sessions().live.get(&qp).cloned();
+        if let Some(s) = s {
+            let why = format!("the device refused to post: {}", e.error);
+            break_session(host, &s, &mut s.lock(), SessionError::Disconnected(why));
+        }
+    }
+}
+
+/// `control` with a lent region's lease as it stands now, so the peer's
+/// clock, started on receipt, does not outlast ours.
+fn with_lease_left(st: &SessionState, control: Control) -> Control {
+    let left = |d: &RegionDescriptor| {
+        let deadline = st.lent.get(&d.id).and_then(|l| l.deadline);
+        match deadline {
+            Some(deadline) => {
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis();
+                u32::try_from(left).unwrap_or(u32::MAX).max(1)
+            }
+            None => d.lease_ms,
+        }
+    };
+    match control {
+        Control::Lend(d) => Control::Lend(RegionDescriptor {
+            lease_ms: left(&d),
+            ..d
+        }),
+        Control::AllocGrant { request, region } => Control::AllocGrant {
+            request,
+            region: RegionDescriptor {
+                lease_ms: left(&region),
+                ..region
+            },
+        },
+        other => other,
     }
 }
 

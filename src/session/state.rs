@@ -27,8 +27,18 @@ pub(super) struct Lent {
 
 /// One of our allocation requests.
 pub(super) enum Request {
-    Waiting(Instant),
+    /// Sent; no answer yet.
+    Waiting {
+        deadline: Option<Instant>,
+        size: u64,
+        rights: crate::buf::RemoteAccess,
+    },
     Done(Result<RegionDescriptor, SessionError>),
+    /// No answer in time; `answered` once a late one came (and a grant
+    /// was handed straight back).
+    TimedOut {
+        answered: bool,
+    },
     /// Its future is gone: a late grant is handed straight back.
     Abandoned,
 }
@@ -37,6 +47,11 @@ pub(super) struct SessionState {
     pub(super) flow: Flow,
     pub(super) peer: Hello,
     pub(super) outbox: VecDeque<Control>,
+    /// Receives to post again, in order (a region to reuse, or `None`:
+    /// allocate one), each with whether its message was an ack; counted
+    /// as processed only once posted, so the peer never sends into a
+    /// missing receive.
+    pub(super) reposts: VecDeque<(Option<Region>, bool)>,
     pub(super) messages: VecDeque<(Region, Option<u32>)>,
     pub(super) write_imms: VecDeque<u32>,
     pub(super) lent_to_us: VecDeque<RegionDescriptor>,
@@ -68,6 +83,7 @@ impl SessionState {
             ),
             peer,
             outbox: VecDeque::new(),
+            reposts: VecDeque::new(),
             messages: VecDeque::new(),
             write_imms: VecDeque::new(),
             lent_to_us: VecDeque::new(),
