@@ -95,6 +95,15 @@ server_and_client lab_server --cm --listen 10.99.0.1:7501 -- lab_client --cm --c
 echo "==> [vm] file_transfer of 24 MiB on rxe0, two processes, 4 writes in flight"
 two_processes file_transfer --device rxe0 --listen 127.0.0.1:7510 -- --device rxe0 --connect 127.0.0.1:7510 --size 25165824 --depth 4
 
+echo "==> [vm] rdma-ring-perf on rxe0, two processes: WRITE bandwidth 2 B - 64 KiB, table, JSON and SVG plot"
+rm -f /tmp/rdma-ring-perf.svg
+server_and_client rdma-ring-perf write bw -d rxe0 -p 18515 -a --max-size 65536 -n 2000 -- \
+    rdma-ring-perf write bw -d rxe0 -p 18515 -a --max-size 65536 -n 2000 --json --plot /tmp/rdma-ring-perf.svg 127.0.0.1
+grep -q "<svg" /tmp/rdma-ring-perf.svg || { echo "rdma-ring-perf drew no plot" >&2; exit 1; }
+echo "==> [vm] rdma-ring-perf on rxe0, two processes: SEND latency, awaited"
+server_and_client rdma-ring-perf send lat -d rxe0 -p 18516 -n 500 -- \
+    rdma-ring-perf send lat -d rxe0 -p 18516 -n 500 --async 127.0.0.1
+
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
     "$examples/$example" --device rxe0

@@ -1,0 +1,950 @@
+//! `rdma-ring-perf`: perftest's bandwidth and latency tests, through the
+//! ring — the sync path (batched posts, moderated completions) or the
+//! awaited one (`--async`: `--tx-depth` tasks awaiting one operation at a
+//! time). Server and client as two processes (endpoints over a TCP
+//! handshake), or both in one process (`--loopback`, also on the soft
+//! device).
+//!
+//! ```text
+//! rdma-ring-perf write bw -d rxe0 -x 1                 # server
+//! rdma-ring-perf write bw -d rxe0 -x 1 127.0.0.1       # client: prints the table
+//! rdma-ring-perf read lat --loopback -d soft -a --json
+//! rdma-ring-perf send bw --loopback -d rxe0 -a --max-size 65536 --plot bw.svg
+//! ```
+//!
+//! Latency: READ and atomics are round trips by nature; a WRITE's latency
+//! is the time to its completion (the responder's ACK), a SEND's half the
+//! round trip of a ping-pong (the server echoes), as `ib_send_lat` reports.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use rdma_ring::backend::soft::{Progress, SoftDevice};
+use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
+use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
+use rdma_ring::future::{AsyncRing, Wakeup};
+use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
+use rdma_ring::ring::{Completion, Ring, RingConfig};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + std::marker::Send + Sync>>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Op {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// SEND (the peer keeps receives posted).
+    Send,
+    /// Fetch-and-add on 8 bytes.
+    Atomic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Bandwidth and message rate.
+    Bw,
+    /// Latency percentiles, one operation at a time.
+    Lat,
+}
+
+/// perftest's bandwidth and latency tests through rdma-ring.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "rdma-ring-perf", version)]
+struct Args {
+    /// The verb to measure.
+    #[arg(value_enum)]
+    op: Op,
+    /// What to measure.
+    #[arg(value_enum)]
+    mode: Mode,
+    /// The server to connect to (client side); without it, and without
+    /// --loopback, this process is the server.
+    host: Option<String>,
+    /// Message size in bytes (default 65536 for bw, 2 for lat; atomics: 8).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Every size from 2 bytes to 8 MiB (or --max-size), doubling.
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Largest size of --all.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_size: usize,
+    /// Operations per size (default 5000 for bw, 1000 for lat).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Operations outstanding at once (tasks with --async).
+    #[arg(short = 't', long, default_value_t = 128)]
+    tx_depth: usize,
+    /// Work requests per post (one doorbell each).
+    #[arg(short = 'l', long, default_value_t = 1)]
+    post_list: usize,
+    /// A completion every this many work requests.
+    #[arg(short = 'Q', long, default_value_t = 100)]
+    cq_mod: usize,
+    /// Largest message posted inline (WRITE and SEND).
+    #[arg(short = 'I', long, default_value_t = 220)]
+    inline_size: usize,
+    /// Device: a verbs device name, `soft` or `noop` (the soft device with
+    /// no execution cost, --loopback only); default: the first device,
+    /// else soft.
+    #[arg(short = 'd', long)]
+    ib_dev: Option<String>,
+    /// GID index (verbs).
+    #[arg(short = 'x', long)]
+    gid_index: Option<u8>,
+    /// TCP port of the handshake.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Both sides in this process (two queue pairs of one device).
+    #[arg(long)]
+    loopback: bool,
+    /// The awaited path: --tx-depth tasks, each awaiting one operation at
+    /// a time (futures adapter, busy polling).
+    #[arg(long = "async")]
+    awaited: bool,
+    /// Print the results as JSON too.
+    #[arg(long)]
+    json: bool,
+    /// Draw message rate and bandwidth against size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<String>,
+}
+
+impl Args {
+    fn sizes(&self) -> Vec<usize> {
+        if self.op == Op::Atomic {
+            return vec![8];
+        }
+        if self.all {
+            let mut sizes = Vec::new();
+            let mut s = 2;
+            while s <= self.max_size.min(8 << 20) {
+                sizes.push(s);
+                s *= 2;
+            }
+            return sizes;
+        }
+        vec![self.size.unwrap_or(match self.mode {
+            Mode::Bw => 65536,
+            Mode::Lat => 2,
+        })]
+    }
+
+    fn iters(&self) -> u64 {
+        self.iters.unwrap_or(match self.mode {
+            Mode::Bw => 5000,
+            Mode::Lat => 1000,
+        })
+    }
+
+    fn depth(&self) -> usize {
+        match self.mode {
+            Mode::Bw => self.tx_depth,
+            Mode::Lat => 1,
+        }
+    }
+
+    fn qp_config(&self) -> QpConfig {
+        QpConfig {
+            max_send_wr: self.tx_depth as u32 + 1,
+            max_recv_wr: RX_DEPTH as u32,
+            max_inline_data: self.inline_size as u32,
+            ..QpConfig::default()
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.tx_depth == 0 || self.post_list == 0 || self.post_list > self.tx_depth {
+            return Err("need 0 < --post-list <= --tx-depth".into());
+        }
+        if self.cq_mod == 0 {
+            return Err("--cq-mod must be positive".into());
+        }
+        if self.sizes().contains(&0) {
+            return Err("--size must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Receives a SEND server keeps posted, as perftest's rx-depth.
+const RX_DEPTH: usize = 512;
+
+/// One size's figures.
+#[derive(Clone, Debug)]
+struct Row {
+    bytes: usize,
+    iters: u64,
+    secs: f64,
+    /// Latencies in µs, sorted (lat mode).
+    lat: Vec<f64>,
+}
+
+impl Row {
+    fn mbps(&self) -> f64 {
+        self.iters as f64 * self.bytes as f64 / self.secs / 1e6
+    }
+    fn mpps(&self) -> f64 {
+        self.iters as f64 / self.secs / 1e6
+    }
+    fn pct(&self, p: f64) -> f64 {
+        let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
+        self.lat[i]
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdma-ring-perf: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    args.check()?;
+    let device = args.ib_dev.clone().unwrap_or_else(default_device);
+    let rows = if args.loopback {
+        loopback(args, &device)?
+    } else {
+        match &args.host {
+            Some(host) => verbs::client(args, &device, host)?,
+            None => return verbs::server(args, &device),
+        }
+    };
+    report(args, &device, &rows)
+}
+
+fn default_device() -> String {
+    #[cfg(feature = "verbs")]
+    if let Ok(names) = rdma_ring::backend::verbs::device_names() {
+        if let Some(first) = names.into_iter().next() {
+            return first;
+        }
+    }
+    "soft".into()
+}
+
+/// Both queue pairs in this process.
+fn loopback(args: &Args, device: &str) -> Result<Vec<Row>> {
+    match device {
+        "soft" | "noop" => {
+            let progress = if device == "noop" {
+                Progress::NoOp
+            } else {
+                Progress::Auto
+            };
+            if device == "noop" && args.op == Op::Send {
+                return Err("the noop device delivers nothing: SEND needs `-d soft`".into());
+            }
+            let dev = SoftDevice::with_progress(progress);
+            let pd = dev.alloc_pd();
+            let (qa, qb) = dev.connected_pair(&pd, &pd, args.qp_config())?;
+            loopback_pair(args, &pd, qa, qb)
+        }
+        name => verbs::loopback(args, name),
+    }
+}
+
+/// The memory the client targets: room for `tx_depth` of the largest size.
+fn expose<P: ProtectionDomain>(pd: &P, args: &Args) -> Result<ExposedBuf<Vec<u8>>> {
+    let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
+    let bytes = largest * args.depth().min(16);
+    let rights = RemoteAccess::READ | RemoteAccess::WRITE | RemoteAccess::ATOMIC;
+    Ok(ExposedBuf::new(pd, vec![0u8; bytes], rights)?)
+}
+
+/// How the client tells the server where it is in the plan.
+trait Handoff {
+    /// Before a size: the server gets ready for it.
+    fn begin(&mut self, size: usize) -> Result<()>;
+    /// After it: the server has seen everything.
+    fn end(&mut self) -> Result<()>;
+}
+
+/// The server side of SEND tests: receives posted (before the peer may
+/// send), then kept posted on a thread of its own, echoing each message
+/// for latency.
+struct SendServer<Q: QueuePair> {
+    ring: Ring<Q>,
+    pool: BufferPool,
+    echo: bool,
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
+    fn new<P: ProtectionDomain>(args: &Args, pd: &P, qp: Q) -> Result<Self> {
+        let largest = args.sizes().into_iter().max().unwrap_or(8);
+        // Echoed buffers are out of the pool until their sends complete.
+        let pool = BufferPool::new(pd, largest, RX_DEPTH + 64)?;
+        let mut ring = Ring::new(qp, RingConfig::default());
+        for _ in 0..RX_DEPTH {
+            ring.submission()
+                .push(Recv::new(pool.take()?))
+                .map_err(|r| r.to_string())?;
+        }
+        ring.submit().map_err(|e| e.error)?;
+        Ok(SendServer {
+            ring,
+            pool,
+            echo: args.mode == Mode::Lat,
+        })
+    }
+
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    fn qp(&self) -> &Q {
+        self.ring.qp()
+    }
+
+    fn start(self) -> Running {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let SendServer { ring, pool, echo } = self;
+        let thread = std::thread::spawn(move || serve_sends(ring, &pool, echo, &flag));
+        Running { stop, thread }
+    }
+}
+
+/// A running [`SendServer`].
+struct Running {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Running {
+    fn stop(self) -> Result<()> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().map_err(|_| "the receiver panicked")?
+    }
+}
+
+/// Runs the client over `qa` while `qb` plays the server, in this process.
+fn loopback_pair<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
+    args: &Args,
+    pd: &P,
+    qa: Q,
+    qb: Q,
+) -> Result<Vec<Row>> {
+    let target = expose(pd, args)?;
+    let (server, _idle) = if args.op == Op::Send {
+        (Some(SendServer::new(args, pd, qb)?.start()), None)
+    } else {
+        (None, Some(qb))
+    };
+    let rows = measure_all(args, pd, qa, target.remote(), &mut NoSync);
+    if let Some(server) = server {
+        server.stop()?;
+    }
+    rows
+}
+
+/// Keeps `RX_DEPTH` receives posted; with `echo`, sends each message back
+/// in the buffer it arrived in (a fresh buffer takes its place in the
+/// receive queue, and the echoed one returns to the pool when its send
+/// completes), so no reply ever waits for a buffer.
+fn serve_sends<Q: QueuePair>(
+    mut ring: Ring<Q>,
+    pool: &BufferPool,
+    echo: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    let mut got = Vec::new();
+    let mut posted = RX_DEPTH;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        ring.completion().reap(&mut got)?;
+        if got.is_empty() {
+            continue;
+        }
+        let mut sq = ring.submission();
+        for c in got.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+            if c.kind() != rdma_ring::op::OpKind::Recv {
+                continue; // an echo sent: its buffer goes back to the pool
+            }
+            posted -= 1;
+            let len = c.byte_len() as usize;
+            let chunk: PoolChunk = c.into_buf().downcast().map_err(|_| "a foreign buffer")?;
+            if echo {
+                sq.push(Send::new(chunk.slice(..len)).signaled())
+                    .map_err(|r| r.to_string())?;
+            }
+        }
+        while posted < RX_DEPTH {
+            let Ok(chunk) = pool.take() else { break };
+            sq.push(Recv::new(chunk)).map_err(|r| r.to_string())?;
+            posted += 1;
+        }
+        sq.submit().map_err(|e| e.error)?;
+    }
+    Ok(())
+}
+
+/// In one process the server's thread needs no telling.
+struct NoSync;
+
+impl Handoff for NoSync {
+    fn begin(&mut self, _size: usize) -> Result<()> {
+        Ok(())
+    }
+    fn end(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
+    args: &Args,
+    pd: &P,
+    qp: Q,
+    remote: RemoteSlice,
+    sync: &mut dyn Handoff,
+) -> Result<Vec<Row>> {
+    let ring_config = RingConfig {
+        signal_interval: args.cq_mod.min(args.tx_depth),
+        ..RingConfig::default()
+    };
+    let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
+    let pool = BufferPool::new(pd, largest, args.tx_depth.max(2) + 1)?;
+    let mut rows = Vec::new();
+    if args.awaited {
+        let ring = AsyncRing::new(Ring::new(qp, ring_config), Wakeup::Busy)?;
+        for size in args.sizes() {
+            sync.begin(size)?;
+            rows.push(measure_async(args, &ring, &pool, remote, size)?);
+            sync.end()?;
+        }
+    } else {
+        let mut ring = Ring::new(qp, ring_config);
+        for size in args.sizes() {
+            sync.begin(size)?;
+            rows.push(match args.mode {
+                Mode::Bw => bw_sync(args, &mut ring, &pool, remote, size)?,
+                Mode::Lat => lat_sync(args, &mut ring, &pool, remote, size)?,
+            });
+            sync.end()?;
+        }
+    }
+    Ok(rows)
+}
+
+/// Targets of `size` bytes within `remote`, one per outstanding slot.
+fn slots(args: &Args, remote: RemoteSlice, size: usize) -> Result<Vec<RemoteSlice>> {
+    let stride = size.max(8) as u64;
+    let n = (remote.len() / stride).clamp(1, args.depth() as u64);
+    (0..n)
+        .map(|i| Ok(remote.slice(i * stride..i * stride + size as u64)?))
+        .collect()
+}
+
+/// Pushes one operation of `size` on `slot`.
+fn push_one<Q: QueuePair>(
+    args: &Args,
+    sq: &mut rdma_ring::ring::SubmissionQueue<'_, Q>,
+    buf: PoolChunk,
+    slot: RemoteSlice,
+    size: usize,
+) -> Result<()> {
+    let inline = size <= args.inline_size;
+    fn text<T>(r: rdma_ring::Rejected<T>) -> String {
+        r.to_string()
+    }
+    let pushed = match args.op {
+        Op::Write if inline => sq
+            .push(Write::new(buf.slice(..size), slot).inline())
+            .map(|_| ())
+            .map_err(text),
+        Op::Write => sq
+            .push(Write::new(buf.slice(..size), slot))
+            .map(|_| ())
+            .map_err(text),
+        Op::Read => sq
+            .push(Read::new(buf.slice(..size), slot))
+            .map(|_| ())
+            .map_err(text),
+        Op::Send if inline => sq
+            .push(Send::new(buf.slice(..size)).inline())
+            .map(|_| ())
+            .map_err(text),
+        Op::Send => sq
+            .push(Send::new(buf.slice(..size)))
+            .map(|_| ())
+            .map_err(text),
+        Op::Atomic => {
+            let word = buf.word(0).map_err(|r| r.to_string())?;
+            sq.push(FetchAdd::new(word, slot.word(0)?, 1))
+                .map(|_| ())
+                .map_err(text)
+        }
+    };
+    Ok(pushed?)
+}
+
+/// The pool chunk inside a completed operation's buffer.
+fn chunk_of(c: Completion) -> Result<PoolChunk> {
+    let base = c.into_buf();
+    let chunk = match base.downcast::<rdma_ring::buf::Slice<PoolChunk>>() {
+        Ok(slice) => slice.into_inner(),
+        Err(base) => base
+            .downcast::<rdma_ring::buf::Word<PoolChunk>>()
+            .map_err(|_| "a buffer came back as another type")?
+            .into_inner(),
+    };
+    Ok(chunk)
+}
+
+fn bw_sync<Q: QueuePair>(
+    args: &Args,
+    ring: &mut Ring<Q>,
+    pool: &BufferPool,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slots = slots(args, remote, size)?;
+    let mut bufs: Vec<PoolChunk> = (0..args.tx_depth)
+        .map(|_| pool.take())
+        .collect::<std::result::Result<_, _>>()?;
+    let mut done = Vec::with_capacity(args.tx_depth);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let start = Instant::now();
+    while completed < iters {
+        while bufs.len() >= args.post_list && posted < iters {
+            let n = args.post_list.min((iters - posted) as usize);
+            let mut sq = ring.submission();
+            for _ in 0..n {
+                let buf = bufs.pop().expect("counted");
+                push_one(
+                    args,
+                    &mut sq,
+                    buf,
+                    slots[posted as usize % slots.len()],
+                    size,
+                )?;
+                posted += 1;
+            }
+            sq.submit().map_err(|e| e.error)?;
+        }
+        ring.completion().reap(&mut done)?;
+        for c in done.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+            completed += 1;
+            bufs.push(chunk_of(c)?);
+        }
+    }
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs: start.elapsed().as_secs_f64(),
+        lat: Vec::new(),
+    })
+}
+
+fn lat_sync<Q: QueuePair>(
+    args: &Args,
+    ring: &mut Ring<Q>,
+    pool: &BufferPool,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slot = slots(args, remote, size)?[0];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let start = Instant::now();
+    for _ in 0..iters {
+        let t = Instant::now();
+        let mut sq = ring.submission();
+        let mut expect = 1;
+        if args.op == Op::Send {
+            sq.push(Recv::new(pool.take()?))
+                .map_err(|r| r.to_string())?;
+            expect = 2;
+        }
+        push_one(args, &mut sq, pool.take()?, slot, size)?;
+        sq.submit().map_err(|e| e.error)?;
+        for c in ring.completion().wait(expect)? {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs,
+        lat,
+    })
+}
+
+fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
+    args: &Args,
+    ring: &AsyncRing<Q>,
+    pool: &BufferPool,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slots = slots(args, remote, size)?;
+    let tasks = args.depth() as u64;
+    let start = Instant::now();
+    let one_task = |task: u64| {
+        let slots = &slots;
+        async move {
+            let mut lat = Vec::new();
+            let mine = iters / tasks + u64::from(task < iters % tasks);
+            let slot = slots[task as usize % slots.len()];
+            for _ in 0..mine {
+                let t = Instant::now();
+                let buf = pool.take()?;
+                let result = match args.op {
+                    Op::Write => ring.write(buf.slice(..size), slot).await.0,
+                    Op::Read => ring.read(buf.slice(..size), slot).await.0,
+                    Op::Send if args.mode == Mode::Lat => {
+                        // The echo's receive goes first.
+                        let echo = ring.recv(pool.take()?);
+                        let sent = ring.send(buf.slice(..size)).await.0;
+                        echo.await.0.map(|r| r.len).and(sent)
+                    }
+                    Op::Send => ring.send(buf.slice(..size)).await.0,
+                    Op::Atomic => {
+                        let word = buf.word(0).map_err(|r| r.to_string())?;
+                        ring.fetch_add(word, slot.word(0)?, 1).await.0
+                    }
+                };
+                result?;
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+            }
+            Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>(lat)
+        }
+    };
+    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(one_task)));
+    let secs = start.elapsed().as_secs_f64();
+    let mut lat = Vec::new();
+    for task in all {
+        lat.extend(task?);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs,
+        lat: if args.mode == Mode::Lat {
+            lat
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
+    let path = if args.awaited { "awaited" } else { "sync" };
+    let line = "-".repeat(86);
+    println!("{line}");
+    println!(
+        " rdma-ring-perf {} | device {device} | {path} path | tx depth {} | post list {} | CQ moderation {} | inline {}",
+        format!("{:?} {:?}", args.op, args.mode).to_lowercase(),
+        args.tx_depth,
+        args.post_list,
+        args.cq_mod,
+        args.inline_size
+    );
+    println!("{line}");
+    match args.mode {
+        Mode::Bw => {
+            println!(
+                " {:>10} {:>12} {:>16} {:>14}",
+                "#bytes", "#iterations", "BW average[MB/s]", "MsgRate[Mpps]"
+            );
+            for r in rows {
+                println!(
+                    " {:>10} {:>12} {:>16.2} {:>14.6}",
+                    r.bytes,
+                    r.iters,
+                    r.mbps(),
+                    r.mpps()
+                );
+            }
+        }
+        Mode::Lat => {
+            println!(
+                " {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "#bytes",
+                "#iterations",
+                "t_min[us]",
+                "t_p50[us]",
+                "t_p99[us]",
+                "t_p99.9[us]",
+                "t_max[us]"
+            );
+            for r in rows {
+                println!(
+                    " {:>10} {:>12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                    r.bytes,
+                    r.iters,
+                    r.lat[0],
+                    r.pct(0.5),
+                    r.pct(0.99),
+                    r.pct(0.999),
+                    r.lat[r.lat.len() - 1]
+                );
+            }
+        }
+    }
+    println!("{line}");
+    if args.json {
+        println!("{}", json(args, device, rows));
+    }
+    if let Some(file) = &args.plot {
+        plot(args, rows, file)?;
+        println!("plot: {file}");
+    }
+    Ok(())
+}
+
+fn json(args: &Args, device: &str, rows: &[Row]) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let lat = if r.lat.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ",\"t_min_us\":{:.3},\"t_p50_us\":{:.3},\"t_p99_us\":{:.3},\"t_p999_us\":{:.3},\"t_max_us\":{:.3}",
+                    r.lat[0],
+                    r.pct(0.5),
+                    r.pct(0.99),
+                    r.pct(0.999),
+                    r.lat[r.lat.len() - 1]
+                )
+            };
+            format!(
+                "{{\"bytes\":{},\"iterations\":{},\"seconds\":{:.6},\"mb_per_s\":{:.3},\"mpps\":{:.6}{lat}}}",
+                r.bytes,
+                r.iters,
+                r.secs,
+                r.mbps(),
+                r.mpps()
+            )
+        })
+        .collect();
+    format!(
+        "{{\"tool\":\"rdma-ring-perf\",\"op\":\"{:?}\",\"mode\":\"{:?}\",\"device\":\"{device}\",\"path\":\"{}\",\"tx_depth\":{},\"post_list\":{},\"cq_mod\":{},\"inline\":{},\"results\":[{}]}}",
+        args.op,
+        args.mode,
+        if args.awaited { "awaited" } else { "sync" },
+        args.tx_depth,
+        args.post_list,
+        args.cq_mod,
+        args.inline_size,
+        rows.join(",")
+    )
+    .to_lowercase()
+}
+
+fn plot(args: &Args, rows: &[Row], file: &str) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(file, (900, 700)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(350);
+    let xs: Vec<f64> = rows.iter().map(|r| (r.bytes as f64).log2()).collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::MAX, f64::min),
+        xs.iter().copied().fold(f64::MIN, f64::max),
+    );
+    let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
+    let title = format!("rdma-ring-perf {:?} {:?}", args.op, args.mode).to_lowercase();
+    for (area, name, value) in [
+        (&top, "message rate [Mpps]", Row::mpps as fn(&Row) -> f64),
+        (&bottom, "bandwidth [MB/s]", Row::mbps as fn(&Row) -> f64),
+    ] {
+        let ys: Vec<f64> = rows.iter().map(value).collect();
+        let y1 = ys.iter().copied().fold(0.0, f64::max).max(1e-9) * 1.1;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{title}: {name}"), ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x0..x1, 0.0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc("message size [log2 bytes]")
+            .y_desc(name)
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            xs.iter().copied().zip(ys.iter().copied()),
+            &BLUE,
+        ))?;
+        chart.draw_series(
+            xs.iter()
+                .zip(&ys)
+                .map(|(&x, &y)| Circle::new((x, y), 3, BLUE.filled())),
+        )?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(feature = "verbs")]
+mod verbs {
+    //! Server and client over a TCP handshake; loopback on one device.
+
+    use super::*;
+    use rdma_ring::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd};
+    use rdma_ring::connect::tcp;
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    /// What the client tells the server before each size, and after.
+    const BEGIN: u8 = b'B';
+    const END: u8 = b'E';
+    const READY: u8 = b'R';
+    const BYE: u8 = b'Q';
+
+    fn open(args: &Args, name: &str) -> Result<(VerbsDevice, VerbsPd)> {
+        let dev = VerbsDevice::open_with(
+            name,
+            DeviceOptions {
+                gid_index: args.gid_index,
+                ..DeviceOptions::default()
+            },
+        )?;
+        let pd = dev.alloc_pd()?;
+        Ok((dev, pd))
+    }
+
+    pub fn loopback(args: &Args, name: &str) -> Result<Vec<Row>> {
+        let (dev, pd) = open(args, name)?;
+        let qa = dev.create_qp(&pd, args.qp_config())?;
+        let qb = dev.create_qp(&pd, args.qp_config())?;
+        let (ea, eb) = (qa.endpoint(), qb.endpoint());
+        qa.connect(&eb)?;
+        qb.connect(&ea)?;
+        loopback_pair(args, &pd, qa, qb)
+    }
+
+    /// The server: waits for one client, then follows its plan. Its
+    /// receives (for SEND) are posted before the handshake.
+    pub fn server(args: &Args, name: &str) -> Result<()> {
+        let (dev, pd) = open(args, name)?;
+        let listener = TcpListener::bind(("0.0.0.0", args.port))?;
+        println!(
+            "rdma-ring-perf: server on {name}, waiting on port {}",
+            args.port
+        );
+        let (mut stream, peer_addr) = listener.accept()?;
+        let qp = dev.create_qp(&pd, args.qp_config())?;
+        let target = expose(&pd, args)?;
+        // A SEND server's receives go in before the handshake, so no SEND
+        // meets an empty queue; otherwise the queue pair only has to stay.
+        let (server, _idle) = if args.op == Op::Send {
+            let server = SendServer::new(args, &pd, qp)?;
+            tcp::handshake(&mut stream, server.qp(), TIMEOUT)?;
+            (Some(server), None)
+        } else {
+            tcp::handshake(&mut stream, &qp, TIMEOUT)?;
+            (None, Some(qp))
+        };
+        stream.write_all(&target.remote().encode())?;
+        let running = server.map(SendServer::start);
+        let served = serve_plan(&mut stream);
+        if let Some(running) = running {
+            running.stop()?;
+        }
+        served?;
+        println!("rdma-ring-perf: client {peer_addr} done");
+        Ok(())
+    }
+
+    /// Answers BEGIN with READY and END with READY until BYE.
+    fn serve_plan(stream: &mut TcpStream) -> Result<()> {
+        stream.set_read_timeout(None)?;
+        let mut byte = [0u8; 1];
+        loop {
+            if stream.read(&mut byte)? == 0 {
+                return Ok(()); // the client left
+            }
+            match byte[0] {
+                BEGIN | END => stream.write_all(&[READY])?,
+                BYE => return Ok(()),
+                other => return Err(format!("unexpected byte {other:#04x} from the client").into()),
+            }
+        }
+    }
+
+    struct RemoteSync<'a>(&'a mut TcpStream);
+
+    impl RemoteSync<'_> {
+        fn say(&mut self, byte: u8) -> Result<()> {
+            self.0.write_all(&[byte])?;
+            let mut answer = [0u8; 1];
+            self.0.read_exact(&mut answer)?;
+            if answer[0] != READY {
+                return Err("the server did not answer".into());
+            }
+            Ok(())
+        }
+    }
+
+    impl Handoff for RemoteSync<'_> {
+        fn begin(&mut self, _size: usize) -> Result<()> {
+            self.say(BEGIN)
+        }
+        fn end(&mut self) -> Result<()> {
+            self.say(END)
+        }
+    }
+
+    pub fn client(args: &Args, name: &str, host: &str) -> Result<Vec<Row>> {
+        let (dev, pd) = open(args, name)?;
+        // The server may still be starting: try for a while, as a client
+        // started beside its server would want.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut stream = loop {
+            match tcp::dial((host, args.port), TIMEOUT) {
+                Ok(stream) => break stream,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let qp = dev.create_qp(&pd, args.qp_config())?;
+        // SEND latency's echoes find receives posted by the measurement
+        // itself, each before its send.
+        tcp::handshake(&mut stream, &qp, TIMEOUT)?;
+        let mut record = [0u8; rdma_ring::buf::REMOTE_SLICE_WIRE_LEN];
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.read_exact(&mut record)?;
+        let remote = RemoteSlice::decode(&record)?;
+        let rows = measure_all(args, &pd, qp, remote, &mut RemoteSync(&mut stream))?;
+        stream.write_all(&[BYE])?;
+        Ok(rows)
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+mod verbs {
+    use super::*;
+
+    pub fn loopback(_: &Args, name: &str) -> Result<Vec<Row>> {
+        Err(format!("device {name:?}: this build has no verbs backend").into())
+    }
+    pub fn server(_: &Args, _: &str) -> Result<()> {
+        Err("a server needs the verbs backend".into())
+    }
+    pub fn client(_: &Args, _: &str, _: &str) -> Result<Vec<Row>> {
+        Err("a client needs the verbs backend".into())
+    }
+}
