@@ -1,49 +1,77 @@
 #!/usr/bin/env bash
-# Runs inside the Soft-RoCE VM (see scripts/perf).
+# Runs inside the Soft-RoCE VM (see scripts/perf): rdma-ring-perf beside
+# perftest, both as server and client processes on rxe0 with the same
+# knobs, each side several times, interleaved; medians and ratios.
 set -euo pipefail
-size="$1" batch="$2" depth="$3" iters="$4"
-perf=target/release/examples/perf
+size="$1" batch="$2" depth="$3" iters="$4" lat_iters="$5"
+ours=target/release/examples/rdma-ring-perf
+rounds=3
 
-perftest_mpps() { # tool bytes [flags]: the message rate perftest reports, in Mpps
-    local tool="$1" bytes="$2"
-    shift 2
-    "$tool" -d rxe0 -x 1 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "$@" -F > /tmp/server.log 2>&1 &
+# pair LOG COMMAND...: COMMAND as the server, then as the client of
+# 127.0.0.1; the client's output goes to LOG.
+pair() {
+    local log="$1"
+    shift
+    "$@" > /tmp/server.log 2>&1 &
     local server=$!
     sleep 1
-    "$tool" -d rxe0 -x 1 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "$@" -F 127.0.0.1 > /tmp/client.log 2>&1
+    "$@" 127.0.0.1 > "$log" 2>&1 || { cat "$log" /tmp/server.log; return 1; }
     wait "$server" || true
-    # The result line: #bytes #iterations BW-peak BW-average MsgRate[Mpps]
-    awk -v size="$bytes" '$1 == size && NF >= 5 { print $5 }' /tmp/client.log | tail -n 1
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+runs() { tr '\n' ' ' < "$1"; }
 
-rounds=3
-echo "size=$size batch=$batch depth=$depth iters=$iters, CQE every $batch WRs, WRITEs/SENDs up to 220 B inline, rxe0 (TCG VM)"
-echo "each side runs $rounds times, interleaved; medians are compared (TCG timing is noisy)"
-for op in write read send fetch_add; do
-    # Both sides post small WRITEs and SENDs inline (perftest's default,
-    # made explicit); atomics are 8 bytes.
+# perftest's result lines: bw "#bytes #iterations BW-peak BW-average
+# MsgRate[Mpps]"; lat "#bytes #iterations t_min t_max t_typical ...".
+perftest_col() { awk -v size="$1" -v col="$2" '$1 == size && NF >= col { v = $col } END { print v }' /tmp/theirs.log; }
+ours_json() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" /tmp/ours.log | tail -n 1; }
+
+echo "rxe0 (TCG VM), two processes each; bw: size=$size post list=$batch depth=$depth CQE every $batch, $iters ops;"
+echo "lat: size=$size, $lat_iters ops; WRITE/SEND up to 220 B inline on both sides; $rounds interleaved runs each, medians"
+echo
+printf '%-8s %-4s %-22s %12s %12s %12s %8s %8s\n' op test measure perftest ring ring-async ratio async-ratio
+for op in write read send atomic; do
     case "$op" in
-        write | send) tool="ib_${op}_bw" bytes="$size" flags=(-s "$size" -I 220) ;;
-        read) tool=ib_read_bw bytes="$size" flags=(-s "$size") ;;
-        fetch_add) tool=ib_atomic_bw bytes=8 flags=(-A FETCH_AND_ADD) ;;
+        write | send) pflags=(-s "$size" -I 220) ; oflags=(-s "$size" -I 220) ; bytes="$size" ;;
+        read) pflags=(-s "$size") ; oflags=(-s "$size") ; bytes="$size" ;;
+        atomic) pflags=(-A FETCH_AND_ADD) ; oflags=() ; bytes=8 ;;
     esac
-    : > /tmp/theirs.txt
-    : > /tmp/ours.txt
-    for _ in $(seq "$rounds"); do
-        perftest_mpps "$tool" "$bytes" "${flags[@]}" >> /tmp/theirs.txt
-        "$perf" --device rxe0 --op "$op" --size "$size" --batch "$batch" --depth "$depth" --signal "$batch" --iters "$iters" \
-            | sed -n 's/.* = \([0-9.]*\) Mops\/s.*/\1/p' >> /tmp/ours.txt
+    for test in bw lat; do
+        : > /tmp/theirs.txt
+        : > /tmp/ours.txt
+        : > /tmp/async.txt
+        for _ in $(seq "$rounds"); do
+            if [ "$test" = bw ]; then
+                pair /tmp/theirs.log "ib_${op}_bw" -d rxe0 -x 1 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${pflags[@]}" -F
+                perftest_col "$bytes" 5 >> /tmp/theirs.txt
+                pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${oflags[@]}" --json
+                ours_json mpps >> /tmp/ours.txt
+                pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -Q "$batch" "${oflags[@]}" --json --async
+                ours_json mpps >> /tmp/async.txt
+            else
+                pair /tmp/theirs.log "ib_${op}_lat" -d rxe0 -x 1 -n "$lat_iters" "${pflags[@]}" -F
+                perftest_col "$bytes" 5 >> /tmp/theirs.txt
+                pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json
+                ours_json t_p50_us >> /tmp/ours.txt
+                pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json --async
+                ours_json t_p50_us >> /tmp/async.txt
+            fi
+        done
+        theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)"
+        if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ]; then
+            echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited')" >&2
+            cat /tmp/theirs.log /tmp/ours.log >&2
+            exit 1
+        fi
+        measure="Mpps (higher better)"
+        [ "$test" = lat ] && measure="p50 us (lower better)"
+        ratio() { awk -v a="$1" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'; }
+        printf '%-8s %-4s %-22s %12s %12s %12s %8s %8s\n' "$op" "$test" "$measure" "$theirs" "$mine" "$awaited" "$(ratio "$mine")" "$(ratio "$awaited")"
+        echo "         runs: perftest $(runs /tmp/theirs.txt)| ring $(runs /tmp/ours.txt)| async $(runs /tmp/async.txt)"
     done
-    theirs="$(median < /tmp/theirs.txt)"
-    ours="$(median < /tmp/ours.txt)"
-    if [ -z "$theirs" ] || [ -z "$ours" ]; then
-        echo "$op: could not read a figure (perftest: '${theirs}', rdma-ring: '${ours}')"
-        cat /tmp/client.log
-        exit 1
-    fi
-    ratio="$(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')"
-    echo "$op: rdma-ring $ours Mops/s (runs: $(tr '\n' ' ' < /tmp/ours.txt)), $tool $theirs Mops/s (runs: $(tr '\n' ' ' < /tmp/theirs.txt)), ratio $ratio"
 done
-"$perf" --device noop --size "$size" --batch "$batch" --depth "$depth" --signal "$batch" --iters "$((iters * 10))"
+echo
+echo "ratio = ring / perftest. Latency: perftest's WRITE and SEND latencies are half a ping-pong round"
+echo "trip; the ring's WRITE latency is the time to the WRITE's completion (a full round trip to the"
+echo "responder's ACK), so its ratio reads about 2x by construction. READ, atomics and SEND compare alike."
