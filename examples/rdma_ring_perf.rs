@@ -106,6 +106,10 @@ struct Args {
     /// a time (futures adapter, busy polling).
     #[arg(long = "async")]
     awaited: bool,
+    /// With --async: operations the tasks push before anyone awaits share
+    /// one doorbell (`AsyncRing::coalesce_doorbells`).
+    #[arg(long, requires = "awaited")]
+    coalesce: bool,
     /// Print the results as JSON too.
     #[arg(long)]
     json: bool,
@@ -415,6 +419,7 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
     let mut rows = Vec::new();
     if args.awaited {
         let ring = AsyncRing::new(Ring::new(qp, ring_config), Wakeup::Busy)?;
+        ring.coalesce_doorbells(args.coalesce);
         for size in args.sizes() {
             sync.begin(size)?;
             rows.push(measure_async(args, &ring, &pool, remote, size)?);
@@ -657,7 +662,11 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
 }
 
 fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
-    let path = if args.awaited { "awaited" } else { "sync" };
+    let path = match (args.awaited, args.coalesce) {
+        (false, _) => "sync",
+        (true, false) => "awaited",
+        (true, true) => "awaited, doorbells coalesced",
+    };
     let line = "-".repeat(86);
     println!("{line}");
     println!(

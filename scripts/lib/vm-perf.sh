@@ -75,3 +75,17 @@ echo
 echo "ratio = ring / perftest. Latency: perftest's WRITE and SEND latencies are half a ping-pong round"
 echo "trip; the ring's WRITE latency is the time to the WRITE's completion (a full round trip to the"
 echo "responder's ACK), so its ratio reads about 2x by construction. READ, atomics and SEND compare alike."
+
+echo
+echo "Awaited beside sync at depth 16, WRITE $size B, two processes on rxe0: the sync ring with one doorbell"
+echo "per op (post list 1) against 16 tasks awaiting one WRITE at a time, doorbells coalesced."
+: > /tmp/ours.txt
+: > /tmp/async.txt
+for _ in $(seq "$rounds"); do
+    pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -l 1 -Q 16 -s "$size" -I 220 --json
+    ours_json mpps >> /tmp/ours.txt
+    pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -Q 16 -s "$size" -I 220 --json --async --coalesce
+    ours_json mpps >> /tmp/async.txt
+done
+sync1="$(median < /tmp/ours.txt)" coalesced="$(median < /tmp/async.txt)"
+echo "sync, post list 1: $sync1 Mpps (runs: $(runs /tmp/ours.txt)); awaited, coalesced: $coalesced Mpps (runs: $(runs /tmp/async.txt)); ratio $(awk -v a="$coalesced" -v b="$sync1" 'BEGIN { printf "%.2f", a / b }')"
