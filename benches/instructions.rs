@@ -10,11 +10,45 @@
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
 //! (sync: the ring; awaited: B futures of an `AsyncRing` in busy-poll
-//! mode, joined, a doorbell each; coalesced: the same with
-//! `coalesce_doorbells`, one doorbell per round), on the soft device in no-op mode (the device completes
-//! every work request at once and moves no data).
+//! mode, awaited in order, a doorbell each; coalesced: the same with
+//! `coalesce_doorbells`, one doorbell per round), on the soft device in
+//! no-op mode (the device completes every work request at once and moves
+//! no data).
+//!
+//! It prints the heap allocations it made (`allocations: N`), which
+//! `scripts/instructions` turns into allocations per operation the same
+//! way. The awaited rounds reuse one vector of futures and await them in
+//! order, so the harness itself allocates nothing per round.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `GlobalAlloc::alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`; `new_size` is the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 use rdma_ring::backend::soft::{Progress, SoftDevice};
 use rdma_ring::backend::QpConfig;
@@ -76,14 +110,16 @@ fn main() {
         "awaited" | "coalesced" => {
             let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
             ring.coalesce_doorbells(mode == "coalesced");
+            let mut ops = Vec::with_capacity(batch);
             futures::executor::block_on(async {
                 for _ in 0..rounds {
-                    let ops: Vec<_> = bufs
-                        .drain(..)
-                        .enumerate()
-                        .map(|(i, buf)| ring.write(buf, targets[i]))
-                        .collect();
-                    for (result, buf) in futures::future::join_all(ops).await {
+                    ops.extend(
+                        bufs.drain(..)
+                            .enumerate()
+                            .map(|(i, buf)| ring.write(buf, targets[i])),
+                    );
+                    for op in ops.drain(..) {
+                        let (result, buf) = op.await;
                         result.unwrap();
                         bufs.push(buf);
                     }
@@ -94,4 +130,5 @@ fn main() {
     }
     black_box(&bufs);
     drop(peer);
+    println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
 }
