@@ -235,16 +235,9 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         }
         let mut msg = Some(msg);
         let pushed = self
-            .wait(|st| {
-                if let Some(e) = st.refusal() {
-                    return Some(Err(e));
-                }
-                if !st.flow.can_send_user() {
-                    return None;
-                }
-                Some(self.push_message(st, &mut msg, imm))
-            })
-            .await;
+            .when_window_open(|st| self.push_message(st, &mut msg, imm))
+            .await
+            .and_then(|pushed| pushed);
         match pushed {
             Ok(op) => {
                 let (result, list) = op.await;
@@ -340,13 +333,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     ) -> (Result<usize, SessionError>, B) {
         let mut buf = Some(buf);
         let pushed = self
-            .wait(|st| {
-                if let Some(e) = st.refusal() {
-                    return Some(Err(e));
-                }
-                if !st.flow.can_send_user() {
-                    return None;
-                }
+            .when_window_open(|st| {
                 let op = self
                     .shared
                     .qp
@@ -354,7 +341,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
                 if !op.was_refused() {
                     st.flow.sent_write_imm();
                 }
-                Some(Ok(op))
+                op
             })
             .await;
         match pushed {
@@ -394,6 +381,22 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         let weak: Weak<SessionShared<Q>> = Arc::downgrade(&self.shared);
         let sink: Weak<dyn ReturnSink> = weak;
         RemoteRegion::new(descriptor, sink, self.shared.token)
+    }
+
+    /// Waits until the peer's user window has room (or the session cannot
+    /// go on), then runs `push` under the session's lock, so that what it
+    /// counts and posts goes out in the order counted.
+    async fn when_window_open<T>(
+        &self,
+        mut push: impl FnMut(&mut SessionState) -> T,
+    ) -> Result<T, SessionError> {
+        self.wait(|st| {
+            if let Some(e) = st.refusal() {
+                return Some(Err(e));
+            }
+            st.flow.can_send_user().then(|| Ok(push(st)))
+        })
+        .await
     }
 
     /// Waits until `ready` gives something, looking again at every change.
