@@ -16,16 +16,7 @@ use std::process::ExitCode;
 use lab_common::Result;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => {
-            println!("lab_client: all checks passed");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("lab_client: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    lab_common::finish("lab_client", run())
 }
 
 fn run() -> Result<()> {

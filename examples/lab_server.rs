@@ -17,16 +17,7 @@ use std::process::ExitCode;
 use lab_common::Result;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => {
-            println!("lab_server: all checks passed");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("lab_server: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    lab_common::finish("lab_server", run())
 }
 
 fn run() -> Result<()> {

@@ -116,6 +116,7 @@ pub mod ring;
 pub mod rpc;
 pub mod session;
 pub mod stream;
+mod thread_waker;
 mod work;
 
 pub use error::{Error, Rejected};

@@ -141,6 +141,20 @@ pub async fn server<Q: QueuePair + Send + 'static>(s: &Session<Q>) -> Result<()>
     Ok(())
 }
 
+/// The exit of `example`: its verdict, printed.
+pub fn finish(example: &str, result: Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => {
+            println!("{example}: all checks passed");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{example}: FAILED: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// What the command line asks for.
 pub struct Args {
     pub device: String,

@@ -198,19 +198,6 @@ impl Drop for SpinSlot {
     }
 }
 
-/// Wakes a parked thread.
-pub(super) struct ThreadWaker(pub(super) std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,7 +111,7 @@ impl SessionBuilder {
     /// A host on the device, for many sessions sharing one allocator,
     /// completion queue and driver.
     pub fn host(&self) -> Result<SessionHost<VerbsQp>, SessionError> {
-        Ok(verbs_host(&self.open()?, self.config)?)
+        Ok(start_host::<VerbsQp>(&self.open()?, self.config)?)
     }
 
     /// Connects to the session listening at `addr` (TCP handshake).
@@ -143,7 +143,7 @@ impl SessionBuilder {
             .device_name()
             .ok_or(Error::Incompatible("rdma_cm resolved no device"))?;
         let dev = VerbsDevice::open_with(&name, self.options)?;
-        let host = cm_host(&dev, self.config)?;
+        let host = start_host::<CmQp>(&dev, self.config)?;
         let fabric = verbs_fabric(&host);
         let config = self.config.qp_config();
         let qp =
@@ -175,18 +175,10 @@ impl SessionBuilder {
         ))?;
         let dev = VerbsDevice::open_with(&name, self.options)?;
         Ok(SessionListener {
-            host: cm_host(&dev, self.config)?,
+            host: start_host::<CmQp>(&dev, self.config)?,
             kind: ListenerKind::Cm(listener),
         })
     }
-}
-
-fn verbs_host(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<VerbsQp>, Error> {
-    start_host(dev, config)
-}
-
-fn cm_host(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<CmQp>, Error> {
-    start_host(dev, config)
 }
 
 fn start_host<Q>(dev: &VerbsDevice, config: SessionConfig) -> Result<SessionHost<Q>, Error>
@@ -234,7 +226,7 @@ fn hello_in_private_data(private: &[u8]) -> Result<Hello, SessionError> {
 impl SessionHost<VerbsQp> {
     /// A host on `dev` (sessions over the TCP handshake).
     pub fn verbs(dev: &VerbsDevice, config: SessionConfig) -> Result<Self, Error> {
-        verbs_host(dev, config)
+        start_host(dev, config)
     }
 
     /// Connects a new session on this host to the session listening at

@@ -6,7 +6,7 @@
 use std::alloc::Layout;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use futures_core::Stream;
@@ -19,6 +19,7 @@ use crate::backend::QueuePair;
 use crate::buf::{ExposedBuf, Region};
 use crate::op::Send;
 use crate::ring::Completion;
+use crate::thread_waker::ThreadWaker;
 
 /// How often the pump looks at the clock when nothing happens.
 const TICK: Duration = Duration::from_millis(10);
@@ -29,19 +30,8 @@ const MAX_PENDING_LENDS: usize = 1024;
 /// How long a closing session waits for its close message to leave.
 pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-struct ThreadWake(std::thread::Thread);
-
-impl Wake for ThreadWake {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<HostShared<Q>>) {
-    let waker = Waker::from(Arc::new(ThreadWake(std::thread::current())));
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut completions = host.ring.completions();
     let mut batch: Vec<Completion> = Vec::with_capacity(BATCH);
