@@ -107,11 +107,14 @@ pub struct Prepared {
     pub(crate) kind: OpKind,
     pub(crate) user_data: u64,
     pub(crate) bufs: OwnedBufs,
+    /// The buffers' total length: what a send-side operation reports as
+    /// moved on success, known here so that completing it costs no walk.
+    pub(crate) len: u32,
     /// `None` for a receive. Its scatter/gather span is the ring's to fill.
     pub(crate) wr: Option<SendWr>,
 }
 
-#[inline]
+#[inline(always)]
 fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
     let count = buf.sge_count();
     if count == 0 {
@@ -135,7 +138,7 @@ fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
     Ok(())
 }
 
-#[inline]
+#[inline(always)]
 fn check_remote(
     op: OpKind,
     local: usize,
@@ -159,7 +162,7 @@ fn check_remote(
     Ok(())
 }
 
-#[inline]
+#[inline(always)]
 fn check_inline(flags: SendFlags, len: usize, limits: &Limits) -> Result<(), Error> {
     if flags.contains(SendFlags::INLINE) && len > limits.max_inline_data as usize {
         return Err(Error::InlineTooLarge {
@@ -170,7 +173,7 @@ fn check_inline(flags: SendFlags, len: usize, limits: &Limits) -> Result<(), Err
     Ok(())
 }
 
-#[inline]
+#[inline(always)]
 fn wr(opcode: SendOpcode, flags: SendFlags) -> SendWr {
     SendWr {
         flags,
@@ -640,11 +643,11 @@ impl<B: IoBuf> Operation for Write<B> {
     fn kind(&self) -> OpKind {
         OpKind::Write
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
         check_inline(self.flags, self.buf.bytes_len(), limits)?;
@@ -656,7 +659,7 @@ impl<B: IoBuf> Operation for Write<B> {
             "WRITE",
         )
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::Write, self.flags);
         wr.remote_addr = self.remote.addr();
@@ -664,6 +667,7 @@ impl<B: IoBuf> Operation for Write<B> {
         Prepared {
             kind: OpKind::Write,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
@@ -679,11 +683,11 @@ impl<B: IoBuf> Operation for WriteImm<B> {
     fn kind(&self) -> OpKind {
         OpKind::WriteImm
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
         check_inline(self.flags, self.buf.bytes_len(), limits)?;
@@ -695,7 +699,7 @@ impl<B: IoBuf> Operation for WriteImm<B> {
             "WRITE",
         )
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::WriteImm, self.flags);
         wr.remote_addr = self.remote.addr();
@@ -704,6 +708,7 @@ impl<B: IoBuf> Operation for WriteImm<B> {
         Prepared {
             kind: OpKind::WriteImm,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
@@ -719,21 +724,22 @@ impl<B: IoBuf> Operation for Send<B> {
     fn kind(&self) -> OpKind {
         OpKind::Send
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
         check_inline(self.flags, self.buf.bytes_len(), limits)
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let wr = wr(SendOpcode::Send, self.flags);
         Prepared {
             kind: OpKind::Send,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
@@ -749,22 +755,23 @@ impl<B: IoBuf> Operation for SendImm<B> {
     fn kind(&self) -> OpKind {
         OpKind::SendImm
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
         check_inline(self.flags, self.buf.bytes_len(), limits)
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::SendImm, self.flags);
         wr.imm = self.imm;
         Prepared {
             kind: OpKind::SendImm,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
@@ -780,11 +787,11 @@ impl<B: IoBufMut> Operation for Read<B> {
     fn kind(&self) -> OpKind {
         OpKind::Read
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
         check_remote(
@@ -795,7 +802,7 @@ impl<B: IoBufMut> Operation for Read<B> {
             "READ",
         )
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::Read, self.flags);
         wr.remote_addr = self.remote.addr();
@@ -803,6 +810,7 @@ impl<B: IoBufMut> Operation for Read<B> {
         Prepared {
             kind: OpKind::Read,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: Some(wr),
         }
@@ -818,19 +826,20 @@ impl<B: IoBufMut> Operation for Recv<B> {
     fn kind(&self) -> OpKind {
         OpKind::Recv
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.buf.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         Prepared {
             kind: OpKind::Recv,
             user_data: self.user_data,
+            len: self.buf.bytes_len() as u32,
             bufs: self.buf.into_bufs(),
             wr: None,
         }
@@ -846,18 +855,18 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
     fn kind(&self) -> OpKind {
         OpKind::CompareSwap
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.word.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         if !limits.atomics {
             return Err(Error::Unsupported(OpKind::CompareSwap));
         }
         check_local(&self.word, limits)
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::CompareSwap, self.flags);
         wr.remote_addr = self.remote.addr();
@@ -867,6 +876,7 @@ impl<B: BaseBuf + IoBufMut> Operation for CompareSwap<B> {
         Prepared {
             kind: OpKind::CompareSwap,
             user_data: self.user_data,
+            len: 8,
             bufs: self.word.into_bufs(),
             wr: Some(wr),
         }
@@ -882,18 +892,18 @@ impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
     fn kind(&self) -> OpKind {
         OpKind::FetchAdd
     }
-    #[inline]
+    #[inline(always)]
     fn push_sges(&self, out: &mut Vec<Sge>) {
         self.word.push_sges(out);
     }
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         if !limits.atomics {
             return Err(Error::Unsupported(OpKind::FetchAdd));
         }
         check_local(&self.word, limits)
     }
-    #[inline]
+    #[inline(always)]
     fn into_prepared(self) -> Prepared {
         let mut wr = wr(SendOpcode::FetchAdd, self.flags);
         wr.remote_addr = self.remote.addr();
@@ -902,6 +912,7 @@ impl<B: BaseBuf + IoBufMut> Operation for FetchAdd<B> {
         Prepared {
             kind: OpKind::FetchAdd,
             user_data: self.user_data,
+            len: 8,
             bufs: self.word.into_bufs(),
             wr: Some(wr),
         }

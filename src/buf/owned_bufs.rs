@@ -53,6 +53,7 @@ impl OwnedBufs {
     }
 
     /// The only buffer, if there is exactly one; otherwise all of them back.
+    #[inline]
     pub fn into_single(self) -> Result<OwnedBuf, OwnedBufs> {
         match self.repr {
             Repr::One(buf) => Ok(buf),
@@ -63,6 +64,7 @@ impl OwnedBufs {
 
     /// The first buffer (every operation has at least one) and the rest,
     /// dropped.
+    #[inline]
     pub fn into_first(self) -> OwnedBuf {
         match self.repr {
             Repr::One(buf) => buf,

@@ -57,19 +57,17 @@ impl<Q: QueuePair> Ring<Q> {
         by_write_imm: bool,
         consumer: Option<QpHandle>,
     ) {
-        let Some(op) = self.slab.get(key) else {
+        let Some(op) = self.slab.get_mut(key) else {
             return;
         };
         let qp = match op.queue {
-            QueueRef::Qp(qp) => self.qp_handle(qp),
+            QueueRef::Qp(qp) => self.qps.get(qp).map(|_| QpHandle {
+                ring: self.id,
+                key: qp,
+            }),
             QueueRef::Srq(_) => consumer,
         };
-        let op = self.slab.get_mut(key).expect("present above");
-        let byte_len = byte_len.unwrap_or(if status.is_success() {
-            op.bufs.iter().map(|b| b.len()).sum::<usize>() as u32
-        } else {
-            0
-        });
+        let byte_len = byte_len.unwrap_or(if status.is_success() { op.len } else { 0 });
         let done = Done {
             status,
             byte_len,
@@ -86,8 +84,14 @@ impl<Q: QueuePair> Ring<Q> {
                 let op = self.slab.remove(key).expect("present above");
                 self.queued_in_flight -= 1;
                 let srq = self.srq_handle_of(op.queue);
-                self.ready.push_back(Completion::new(op, done, srq));
-                self.wake_stream();
+                let completion = Completion::new(op, done, srq);
+                match &mut self.reaping_into {
+                    Some(out) => out.push(completion),
+                    None => {
+                        self.ready.push_back(completion);
+                        self.wake_stream();
+                    }
+                }
             }
             Owner::Awaited { waker, done: slot } => {
                 *slot = Some(done);
@@ -131,9 +135,16 @@ impl<Q: QueuePair> Ring<Q> {
         qp: Option<QpHandle>,
         op: T,
     ) -> Result<Key, Rejected<T>> {
-        let target = match qp {
-            Some(handle) => self.qp_key(handle).ok_or(Error::NotAttached("queue pair")),
-            None => self.default_qp().map(|h| h.key).ok_or(Error::NoQueuePair),
+        // Matches rather than `ok_or`, whose eagerly built error would be
+        // dropped on every push.
+        let key = match qp {
+            Some(handle) => self.qp_key(handle),
+            None => self.default_qp().map(|h| h.key),
+        };
+        let target = match (key, qp) {
+            (Some(key), _) => Ok(key),
+            (None, Some(_)) => Err(Error::NotAttached("queue pair")),
+            (None, None) => Err(Error::NoQueuePair),
         };
         self.push_to(target, op, Self::awaited())
     }

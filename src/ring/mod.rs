@@ -235,6 +235,9 @@ struct InFlight {
     kind: OpKind,
     queue: QueueRef,
     user_data: u64,
+    /// The buffers' total length, reported as moved when a send-side
+    /// operation succeeds.
+    len: u32,
     bufs: OwnedBufs,
     /// Posted and not yet completed: a CQE may name it.
     posted: bool,
@@ -265,6 +268,9 @@ pub struct Ring<Q: QueuePair> {
     expecting: usize,
     slab: Slab<InFlight>,
     ready: VecDeque<Completion>,
+    /// The caller's vector while [`CompletionQueue::reap`] runs: queue-owned
+    /// completions go straight into it rather than through `ready`.
+    reaping_into: Option<Vec<Completion>>,
     /// Woken when a completion is queued in `ready` (the async stream).
     ready_waker: Option<std::task::Waker>,
     /// The completion channel, once asked for (`None` inside: the backend
@@ -341,6 +347,7 @@ impl<Q: QueuePair> Ring<Q> {
             expecting: 0,
             slab: Slab::with_capacity(0),
             ready: VecDeque::new(),
+            reaping_into: None,
             ready_waker: None,
             cq_events: None,
             events: events::EventState::default(),
@@ -534,5 +541,5 @@ type EventSource = Box<dyn AsyncEventSource>;
 
 // Operations move through the slab, the ready queue and the caller's hands
 // several times each: keep them small.
-static_assertions::const_assert!(std::mem::size_of::<InFlight>() <= 120);
+static_assertions::const_assert!(std::mem::size_of::<InFlight>() <= 128);
 static_assertions::const_assert!(std::mem::size_of::<Completion>() <= 104);

@@ -354,6 +354,7 @@ impl<Q: QueuePair> Ring<Q> {
             kind: OpKind::Send,
             queue: QueueRef::Qp(key),
             user_data: 0,
+            len: 0,
             bufs: OwnedBufs::none(),
             posted: false,
             owner: Owner::Marker,

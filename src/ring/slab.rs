@@ -10,12 +10,12 @@ pub(crate) struct Key {
 
 impl Key {
     /// `wr_id` layout: generation in the high half, index in the low half.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn to_wr_id(self) -> u64 {
         (u64::from(self.generation) << 32) | u64::from(self.index)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) const fn from_wr_id(wr_id: u64) -> Key {
         Key {
             index: wr_id as u32,
@@ -62,7 +62,7 @@ impl<T> Slab<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -95,9 +95,20 @@ impl<T> Slab<T> {
 
     /// The value in slot `index`, whatever its generation (a round-robin
     /// walk over the table).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn at_mut(&mut self, index: u32) -> Option<&mut T> {
         self.entries.get_mut(index as usize)?.value.as_mut()
+    }
+
+    /// The key of the value in slot `index`, if there is one (a walk over
+    /// the table that allocates nothing).
+    #[inline(always)]
+    pub(crate) fn key_at(&self, index: u32) -> Option<Key> {
+        let entry = self.entries.get(index as usize)?;
+        entry.value.as_ref().map(|_| Key {
+            index,
+            generation: entry.generation,
+        })
     }
 
     /// Keys of every value, in slot order.
@@ -113,7 +124,19 @@ impl<T> Slab<T> {
             .collect()
     }
 
-    #[inline]
+    /// The key the next [`insert`](Self::insert) will return, if the slab
+    /// has room: so a work request can carry its `wr_id` before its
+    /// operation moves in.
+    #[inline(always)]
+    pub(crate) fn vacant_key(&self) -> Option<Key> {
+        let entry = self.entries.get(self.free_head as usize)?;
+        Some(Key {
+            index: self.free_head,
+            generation: entry.generation,
+        })
+    }
+
+    #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> Option<Key> {
         if self.free_head == NO_FREE {
             return None;
@@ -129,19 +152,19 @@ impl<T> Slab<T> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn entry(&self, key: Key) -> Option<&Entry<T>> {
         self.entries
             .get(key.index as usize)
             .filter(|e| e.generation == key.generation && e.value.is_some())
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, key: Key) -> Option<&T> {
         self.entry(key).and_then(|e| e.value.as_ref())
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         self.entries
             .get_mut(key.index as usize)
@@ -149,7 +172,7 @@ impl<T> Slab<T> {
             .and_then(|e| e.value.as_mut())
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove(&mut self, key: Key) -> Option<T> {
         self.entry(key)?;
         let entry = &mut self.entries[key.index as usize];

@@ -284,6 +284,7 @@ impl<Q: QueuePair> Ring<Q> {
                 kind: prepared.kind,
                 queue: QueueRef::Srq(srq),
                 user_data: prepared.user_data,
+                len: prepared.len,
                 bufs: prepared.bufs,
                 posted: false,
                 owner,
@@ -358,20 +359,24 @@ impl<Q: QueuePair> Ring<Q> {
     /// Tops up every shared receive queue that has a refill and fell below
     /// its low-water mark.
     pub(super) fn refill_srqs(&mut self) {
-        if self.closed || self.failed.is_some() {
+        // Runs on every poll: nothing is allocated or cloned unless a queue
+        // is below its low-water mark.
+        if self.srqs.len() == 0 || self.closed || self.failed.is_some() {
             return;
         }
         let mut refilled = false;
-        for key in self.srqs.keys() {
-            let Some(slot) = self.srqs.get(key) else {
+        for index in 0..self.srqs.capacity() as u32 {
+            let Some(key) = self.srqs.key_at(index) else {
                 continue;
             };
-            let Some(refill) = slot.refill.clone() else {
+            let slot = self.srqs.get(key).expect("key_at found it");
+            let Some(refill) = slot.refill.as_ref() else {
                 continue;
             };
             if slot.outstanding + slot.pending.len() >= refill.low {
                 continue;
             }
+            let refill = refill.clone();
             while self
                 .srqs
                 .get(key)
@@ -393,8 +398,11 @@ impl<Q: QueuePair> Ring<Q> {
         // the completion queue as flushed, so their chunks return to the
         // pool.
         let mut posting = Posting::default();
-        for key in self.srqs.keys() {
-            let slot = self.srqs.get_mut(key).expect("listed");
+        for index in 0..self.srqs.capacity() as u32 {
+            let Some(key) = self.srqs.key_at(index) else {
+                continue;
+            };
+            let slot = self.srqs.get_mut(key).expect("key_at found it");
             if slot.dirty && slot.refill.is_some() {
                 slot.dirty = false;
                 self.dirty.retain(|q| *q != QueueRef::Srq(key));

@@ -106,12 +106,15 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
         self.qp.and_then(|k| self.ring.qp_handle(k))
     }
 
+    #[inline]
     fn target(&self) -> Result<Key, Error> {
-        self.qp.ok_or(if self.named {
-            Error::NotAttached("queue pair")
-        } else {
-            Error::NoQueuePair
-        })
+        // A match rather than `ok_or`: an error built eagerly is dropped on
+        // every push, which costs a call to its drop glue.
+        match self.qp {
+            Some(key) => Ok(key),
+            None if self.named => Err(Error::NotAttached("queue pair")),
+            None => Err(Error::NoQueuePair),
+        }
     }
 }
 
@@ -198,31 +201,38 @@ impl Posting {
 
 impl<Q: QueuePair> Ring<Q> {
     /// Pushes `op` to queue pair `target` for `owner`.
+    ///
+    /// The common case costs one slot lookup and a handful of compares;
+    /// every refusal is worked out in [`push_refusal`](Self::push_refusal),
+    /// off the hot path.
+    #[inline]
     pub(super) fn push_to<T: Operation>(
         &mut self,
         target: Result<Key, Error>,
         op: T,
         owner: Owner,
     ) -> Result<Key, Rejected<T>> {
-        if self.closed {
-            return Err(Rejected::new(Error::Closed, op));
-        }
-        if let Some(why) = self.failed {
-            return Err(Rejected::new(Error::RingFailed(why), op));
-        }
+        let recv = op.kind().is_recv();
+        // Both arms move `target` out, so no drop of it is left behind on
+        // the way through.
         let qp = match target {
             Ok(qp) => qp,
-            Err(e) => return Err(Rejected::new(e, op)),
+            Err(error) => return Err(Rejected::new(self.ring_refusal(Some(error)), op)),
         };
-        let recv = op.kind().is_recv();
-        let slot = self.qps.get(qp).expect("a live queue pair");
-        if let Some(status) = slot.error {
-            return Err(Rejected::new(Error::QpInError(status), op));
+        if self.closed || self.failed.is_some() {
+            return Err(Rejected::new(self.ring_refusal(None), op));
         }
-        if let Some(error) = self.qp_credit_error(qp, recv) {
-            return Err(Rejected::new(error, op));
+        let slab_room = self.slab.len() + self.qps.len() < self.slab.capacity();
+        let cqe_room = self.cqe_room() > 0;
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
+        let room = if recv {
+            slot.srq.is_none() && slot.outstanding_recv + slot.pending_recv.len() < slot.recv_limit
+        } else {
+            slot.outstanding_send + slot.pending_send.len() < slot.send_limit
+        };
+        if !(room && slab_room && cqe_room && slot.error.is_none()) {
+            return Err(Rejected::new(self.push_refusal(qp, recv), op));
         }
-        let slot = self.qps.get(qp).expect("a live queue pair");
         let limits = if recv {
             Limits::recv(&slot.caps)
         } else {
@@ -231,7 +241,10 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(error) = op.check(&limits) {
             return Err(Rejected::new(error, op));
         }
-        let slot = self.qps.get_mut(qp).expect("a live queue pair");
+        let key = self
+            .slab
+            .vacant_key()
+            .expect("checked above that the slab has room");
         let sges = if recv {
             &mut slot.recv_sges
         } else {
@@ -244,23 +257,6 @@ impl<Q: QueuePair> Ring<Q> {
             len: sges.len() as u32 - start,
         };
         let prepared = op.into_prepared();
-        let queued = matches!(owner, Owner::Queue);
-        let key = self
-            .slab
-            .insert(InFlight {
-                kind: prepared.kind,
-                queue: QueueRef::Qp(qp),
-                user_data: prepared.user_data,
-                bufs: prepared.bufs,
-                posted: false,
-                owner,
-            })
-            .expect("checked above that the slab has room");
-        if queued {
-            self.queued_in_flight += 1;
-        }
-        self.cqe_used += 1;
-        let slot = self.qps.get_mut(qp).expect("a live queue pair");
         match prepared.wr {
             None => slot.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
@@ -280,8 +276,48 @@ impl<Q: QueuePair> Ring<Q> {
                 slot.pending_send.push(wr);
             }
         }
-        self.mark_dirty(QueueRef::Qp(qp));
+        if !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push(QueueRef::Qp(qp));
+        }
+        if matches!(owner, Owner::Queue) {
+            self.queued_in_flight += 1;
+        }
+        self.cqe_used += 1;
+        let inserted = self.slab.insert(InFlight {
+            kind: prepared.kind,
+            queue: QueueRef::Qp(qp),
+            user_data: prepared.user_data,
+            len: prepared.len,
+            bufs: prepared.bufs,
+            posted: false,
+            owner,
+        });
+        debug_assert_eq!(inserted, Some(key));
         Ok(key)
+    }
+
+    /// Why the ring takes no work now, or else the target's own error.
+    #[cold]
+    fn ring_refusal(&self, target: Option<Error>) -> Error {
+        if self.closed {
+            Error::Closed
+        } else if let Some(why) = self.failed {
+            Error::RingFailed(why)
+        } else {
+            target.unwrap_or(Error::NoQueuePair)
+        }
+    }
+
+    /// Why queue pair `qp` refuses an operation of this kind now.
+    #[cold]
+    fn push_refusal(&self, qp: Key, recv: bool) -> Error {
+        let slot = self.qps.get(qp).expect("a live queue pair");
+        if let Some(status) = slot.error {
+            return Error::QpInError(status);
+        }
+        self.qp_credit_error(qp, recv)
+            .expect("push refused for a reason qp_credit_error names")
     }
 
     /// Slab entries held by operations finished but not collected (by
@@ -376,22 +412,16 @@ impl<Q: QueuePair> Ring<Q> {
             self.stats.doorbells += 1;
             let accepted = self.accepted(qp, &result, pending.len());
             let mut signaled = 0;
+            let slot = self.qps.get_mut(qp).expect("a live queue pair");
             for wr in &pending[..accepted] {
                 let key = Key::from_wr_id(wr.wr_id);
                 self.slab
                     .get_mut(key)
                     .expect("pending op is in the slab")
                     .posted = true;
-                if wr.flags.contains(SendFlags::SIGNALED) {
-                    signaled += 1;
-                }
+                slot.send_order.push_back(key);
+                signaled += u64::from(wr.flags.contains(SendFlags::SIGNALED));
             }
-            let slot = self.qps.get_mut(qp).expect("a live queue pair");
-            slot.send_order.extend(
-                pending[..accepted]
-                    .iter()
-                    .map(|wr| Key::from_wr_id(wr.wr_id)),
-            );
             let prefix_unsignaled =
                 accepted > 0 && !pending[accepted - 1].flags.contains(SendFlags::SIGNALED);
             slot.outstanding_send += accepted;
@@ -453,6 +483,7 @@ impl<Q: QueuePair> Ring<Q> {
             kind: OpKind::Write,
             queue: QueueRef::Qp(qp),
             user_data: 0,
+            len: 0,
             bufs: OwnedBufs::none(),
             posted: false,
             owner: Owner::Marker,

@@ -69,11 +69,14 @@ unsafe impl QueuePair for SoftQp {
         let mut state = self.shared.lock();
         let progress = state.progress;
         let qpn = self.qpn;
-        let qp = state.qp(qpn).ok_or(refuse(0, "queue pair destroyed"))?;
+        let qp = state
+            .qp(qpn)
+            .ok_or_else(|| refuse(0, "queue pair destroyed"))?;
         qp.counters.send_posts += 1;
         if qp.state == QpState::Init {
             return Err(refuse(0, "queue pair is not connected (not ready to send)"));
         }
+        let cq = qp.cq;
         for (i, wr) in wrs.iter().enumerate() {
             let qp = state.qp(qpn).expect("checked above");
             if qp.sq.len() >= qp.config.max_send_wr as usize {
@@ -99,7 +102,8 @@ unsafe impl QueuePair for SoftQp {
                 // request queued earlier (in another mode) must run first.
                 if wr.flags.contains(SendFlags::SIGNALED) {
                     qp.report_send(seq);
-                    state.push_cqe(
+                    state.push_cqe_on(
+                        cq,
                         qpn,
                         RawCompletion {
                             wr_id: wr.wr_id,
@@ -131,7 +135,9 @@ unsafe impl QueuePair for SoftQp {
         let mut state = self.shared.lock();
         let progress = state.progress;
         let qpn = self.qpn;
-        let qp = state.qp(qpn).ok_or(refuse(0, "queue pair destroyed"))?;
+        let qp = state
+            .qp(qpn)
+            .ok_or_else(|| refuse(0, "queue pair destroyed"))?;
         qp.counters.recv_posts += 1;
         if qp.srq.is_some() {
             return Err(refuse(

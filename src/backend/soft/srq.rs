@@ -82,7 +82,7 @@ unsafe impl SharedReceiveQueue for SoftSrq {
         let progress = state.progress;
         let srq = state
             .srq(self.index)
-            .ok_or(refuse(0, "shared receive queue destroyed"))?;
+            .ok_or_else(|| refuse(0, "shared receive queue destroyed"))?;
         for (i, wr) in wrs.iter().enumerate() {
             if srq.queue.len() >= srq.config.max_wr as usize {
                 return Err(refuse(i, "shared receive queue full"));

@@ -259,6 +259,14 @@ impl DeviceState {
         let Some(cq_index) = self.qp(qpn).map(|qp| qp.cq) else {
             return;
         };
+        self.push_cqe_on(cq_index, qpn, cqe);
+    }
+
+    /// [`push_cqe`](Self::push_cqe) for a caller that knows the queue
+    /// pair's completion queue (`qpn`'s, as `QpEntry::cq` names it).
+    #[inline]
+    pub(super) fn push_cqe_on(&mut self, cq_index: usize, qpn: usize, cqe: RawCompletion) {
+        debug_assert_eq!(self.qp(qpn).map(|qp| qp.cq), Some(cq_index));
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
