@@ -287,13 +287,15 @@ impl<Q: QueuePair> Shared<Q> {
         // The thread's list is reused so the steady state allocates nothing;
         // a thread already destroying its thread-locals (a future dropped in
         // another thread-local's destructor) gets a list of its own.
+        let mut ring = self.lock();
+        let result = f(&mut ring);
+        // Most calls leave nobody to wake: they skip the thread-local.
+        if !ring.has_wakes() {
+            return result;
+        }
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
-        let result = {
-            let mut ring = self.lock();
-            let result = f(&mut ring);
-            ring.take_wakes(&mut wakes);
-            result
-        };
+        ring.take_wakes(&mut wakes);
+        drop(ring);
         for waker in wakes.drain(..) {
             waker.wake();
         }

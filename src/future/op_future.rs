@@ -200,6 +200,11 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                 // belong to this operation.
                 let polled = this.shared.with(|ring| {
                     this.shared.submit_deferred(ring);
+                    // Finished by an earlier dispatch (another future's, or
+                    // the driver's): no trip to the device.
+                    if let Some(completion) = ring.take_awaited_if_done(key) {
+                        return Some(completion);
+                    }
                     let _ = ring.dispatch();
                     ring.poll_awaited(key, cx.waker())
                 });

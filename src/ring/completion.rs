@@ -389,10 +389,15 @@ impl<Q: QueuePair> Ring<Q> {
                 // too, and successfully — a work request that fails or is
                 // flushed always gets a CQE of its own, and that CQE would
                 // have arrived first.
-                while let Some(front) = self.qps.get_mut(qp).expect("live").send_order.pop_front() {
+                loop {
+                    let slot = self.qps.get_mut(qp).expect("live above");
+                    let Some(front) = slot.send_order.pop_front() else {
+                        break;
+                    };
                     if front == key {
                         break;
                     }
+                    slot.outstanding_send -= 1;
                     self.complete_implicitly(qp, front);
                 }
                 let slot = self.qps.get_mut(qp).expect("live above");
@@ -434,17 +439,18 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
+    /// Completes `key`, an unsignaled send of queue pair `qp` that a later
+    /// CQE released (its send slot is already returned).
     #[inline]
     fn complete_implicitly(&mut self, qp: Key, key: Key) {
         let Some(op) = self.slab.get(key) else {
             return;
         };
-        let marker = matches!(op.owner, super::lifecycle::Owner::Marker);
-        let slot = self.qps.get_mut(qp).expect("a live queue pair");
-        slot.outstanding_send -= 1;
-        if !marker {
-            slot.stats.implicit += 1;
+        if !matches!(op.owner, super::lifecycle::Owner::Marker) {
             self.stats.implicit += 1;
+            if let Some(slot) = self.qps.get_mut(qp) {
+                slot.stats.implicit += 1;
+            }
         }
         self.finish(key, WcStatus::Success, None, None, false, None);
     }

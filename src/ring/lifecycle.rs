@@ -81,7 +81,7 @@ impl<Q: QueuePair> Ring<Q> {
         self.cqe_used -= 1;
         match &mut op.owner {
             Owner::Queue => {
-                let op = self.slab.remove(key).expect("present above");
+                let op = self.slab.remove_present(key);
                 self.queued_in_flight -= 1;
                 let srq = self.srq_handle_of(op.queue);
                 let completion = Completion::new(op, done, srq);
@@ -100,7 +100,7 @@ impl<Q: QueuePair> Ring<Q> {
                 }
             }
             Owner::Orphaned | Owner::Marker => {
-                self.slab.remove(key);
+                self.slab.remove_present(key);
             }
         }
     }
@@ -154,6 +154,32 @@ impl<Q: QueuePair> Ring<Q> {
             waker: None,
             done: None,
         }
+    }
+
+    /// The completion of an awaited operation if it has already finished
+    /// (nothing is polled, no waker kept): so an operation completed by an
+    /// earlier poll costs its future no trip to the device.
+    #[inline]
+    pub(crate) fn take_awaited_if_done(&mut self, key: Key) -> Option<Completion> {
+        let op = self.slab.get(key)?;
+        let Owner::Awaited {
+            done: Some(done), ..
+        } = op.owner
+        else {
+            return None;
+        };
+        let mut op = self.slab.remove_present(key);
+        // Finishing took its waker; should one be left, it is woken outside
+        // the lock like any other, never dropped inside.
+        if let Owner::Awaited {
+            waker: waker @ Some(_),
+            ..
+        } = &mut op.owner
+        {
+            self.wakes.extend(waker.take());
+        }
+        let srq = self.srq_handle_of(op.queue);
+        Some(Completion::new(op, done, srq))
     }
 
     /// The completion of an awaited operation, if it finished; otherwise
@@ -279,5 +305,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// ring's lock is released.
     pub(crate) fn take_wakes(&mut self, into: &mut Vec<Waker>) {
         into.append(&mut self.wakes);
+    }
+
+    /// Whether wakers wait to be woken once the ring's lock is released.
+    #[inline]
+    pub(crate) fn has_wakes(&self) -> bool {
+        !self.wakes.is_empty()
     }
 }

@@ -184,6 +184,20 @@ impl<T> Slab<T> {
         value
     }
 
+    /// Removes the value of `key`, which the caller has just found present
+    /// (no second generation check).
+    #[inline(always)]
+    pub(crate) fn remove_present(&mut self, key: Key) -> T {
+        let entry = &mut self.entries[key.index as usize];
+        debug_assert_eq!(entry.generation, key.generation);
+        let value = entry.value.take().expect("the caller found it present");
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.next_free = self.free_head;
+        self.free_head = key.index;
+        self.len -= 1;
+        value
+    }
+
     /// Removes every value, for teardown.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         let keys = self.keys();
