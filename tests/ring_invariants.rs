@@ -49,6 +49,42 @@ fn reap_all<Q: QueuePair>(ring: &mut Ring<Q>) -> Vec<Completion> {
     out
 }
 
+/// `reap` hands completions polled earlier (left ready by `poll`) before
+/// those it reaps itself, keeps what was already in the caller's vector,
+/// and counts only what it added.
+#[test]
+fn reap_keeps_order_after_poll_left_completions_ready() {
+    let mut p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
+    let remote = p.exposed.remote();
+    let push = |ring: &mut Ring<SoftQp>, tags: std::ops::Range<u64>| {
+        for i in tags {
+            let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+            ring.submission()
+                .push(
+                    Write::new(p.pool.take().unwrap(), target)
+                        .signaled()
+                        .user_data(i),
+                )
+                .unwrap();
+        }
+        ring.submission().submit().unwrap();
+    };
+    push(&mut p.a, 0..4);
+    p.dev.progress();
+    let first = p.a.completion().poll().unwrap().expect("four are done");
+    assert_eq!(first.user_data(), 0);
+    assert_eq!(p.a.completion().ready(), 3, "the other three wait in order");
+    push(&mut p.a, 4..6);
+    p.dev.progress();
+    let mut out = vec![first];
+    assert_eq!(p.a.completion().reap(&mut out).unwrap(), 5);
+    let tags: Vec<u64> = out.iter().map(|c| c.user_data()).collect();
+    assert_eq!(tags, (0..6).collect::<Vec<_>>());
+    assert_eq!(p.a.completion().ready(), 0);
+    assert_eq!(p.a.completion().reap(&mut out).unwrap(), 0, "nothing new");
+    assert_eq!(out.len(), 6);
+}
+
 #[test]
 fn one_doorbell_for_a_batch_of_64() {
     let mut p = pair(

@@ -239,6 +239,23 @@ mod tests {
     }
 
     #[test]
+    fn vacant_key_is_the_next_insert_and_key_at_walks_values() {
+        let mut slab = Slab::with_capacity(2);
+        let a = slab.insert("a").unwrap();
+        slab.remove_present(a);
+        let next = slab.vacant_key().unwrap();
+        assert_eq!(next.index, a.index);
+        assert_ne!(next, a, "a reused slot is named with its new generation");
+        assert_eq!(slab.insert("b"), Some(next));
+        assert_eq!(slab.key_at(next.index), Some(next));
+        assert_eq!(slab.key_at(1), None, "an empty slot has no key");
+        assert_eq!(slab.key_at(7), None, "past the end");
+        slab.insert("c").unwrap();
+        assert_eq!(slab.vacant_key(), None, "full");
+        assert_eq!(slab.get(a), None, "removed, and the stale key misses");
+    }
+
+    #[test]
     fn full_slab_refuses() {
         let mut slab = Slab::with_capacity(1);
         slab.insert(1).unwrap();
