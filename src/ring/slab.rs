@@ -124,18 +124,6 @@ impl<T> Slab<T> {
             .collect()
     }
 
-    /// The key the next [`insert`](Self::insert) will return, if the slab
-    /// has room: so a work request can carry its `wr_id` before its
-    /// operation moves in.
-    #[inline(always)]
-    pub(crate) fn vacant_key(&self) -> Option<Key> {
-        let entry = self.entries.get(self.free_head as usize)?;
-        Some(Key {
-            index: self.free_head,
-            generation: entry.generation,
-        })
-    }
-
     #[inline(always)]
     pub(crate) fn insert(&mut self, value: T) -> Option<Key> {
         if self.free_head == NO_FREE {
@@ -239,20 +227,17 @@ mod tests {
     }
 
     #[test]
-    fn vacant_key_is_the_next_insert_and_key_at_walks_values() {
+    fn key_at_walks_values_and_remove_present_frees_the_slot() {
         let mut slab = Slab::with_capacity(2);
         let a = slab.insert("a").unwrap();
-        slab.remove_present(a);
-        let next = slab.vacant_key().unwrap();
-        assert_eq!(next.index, a.index);
-        assert_ne!(next, a, "a reused slot is named with its new generation");
-        assert_eq!(slab.insert("b"), Some(next));
-        assert_eq!(slab.key_at(next.index), Some(next));
+        assert_eq!(slab.remove_present(a), "a");
+        let b = slab.insert("b").unwrap();
+        assert_eq!(b.index, a.index, "the freed slot is reused");
+        assert_ne!(b, a, "with a new generation");
+        assert_eq!(slab.key_at(b.index), Some(b));
         assert_eq!(slab.key_at(1), None, "an empty slot has no key");
         assert_eq!(slab.key_at(7), None, "past the end");
-        slab.insert("c").unwrap();
-        assert_eq!(slab.vacant_key(), None, "full");
-        assert_eq!(slab.get(a), None, "removed, and the stale key misses");
+        assert_eq!(slab.get(a), None, "the stale key misses");
     }
 
     #[test]

@@ -241,10 +241,6 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(error) = op.check(&limits) {
             return Err(Rejected::new(error, op));
         }
-        let key = self
-            .slab
-            .vacant_key()
-            .expect("checked above that the slab has room");
         let sges = if recv {
             &mut slot.recv_sges
         } else {
@@ -257,6 +253,20 @@ impl<Q: QueuePair> Ring<Q> {
             len: sges.len() as u32 - start,
         };
         let prepared = op.into_prepared();
+        let queued = matches!(owner, Owner::Queue);
+        // The slab holds the buffers before any work request names them.
+        let key = self
+            .slab
+            .insert(InFlight {
+                kind: prepared.kind,
+                queue: QueueRef::Qp(qp),
+                user_data: prepared.user_data,
+                len: prepared.len,
+                bufs: prepared.bufs,
+                posted: false,
+                owner,
+            })
+            .expect("checked above that the slab has room");
         match prepared.wr {
             None => slot.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
@@ -280,20 +290,10 @@ impl<Q: QueuePair> Ring<Q> {
             slot.dirty = true;
             self.dirty.push(QueueRef::Qp(qp));
         }
-        if matches!(owner, Owner::Queue) {
+        if queued {
             self.queued_in_flight += 1;
         }
         self.cqe_used += 1;
-        let inserted = self.slab.insert(InFlight {
-            kind: prepared.kind,
-            queue: QueueRef::Qp(qp),
-            user_data: prepared.user_data,
-            len: prepared.len,
-            bufs: prepared.bufs,
-            posted: false,
-            owner,
-        });
-        debug_assert_eq!(inserted, Some(key));
         Ok(key)
     }
 
