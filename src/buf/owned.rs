@@ -16,6 +16,7 @@ pub enum Base {
 }
 
 impl Base {
+    #[inline]
     fn bytes(&self) -> &[u8] {
         match self {
             Base::Registered(b) => b,
@@ -54,6 +55,7 @@ impl Base {
         }
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.bytes().len()
     }
@@ -124,6 +126,7 @@ impl OwnedBuf {
 
 impl std::ops::Deref for OwnedBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         &self.base.bytes()[self.start..self.end]
     }

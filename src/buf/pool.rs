@@ -179,6 +179,7 @@ impl Drop for PoolChunk {
 
 impl std::ops::Deref for PoolChunk {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: the chunk lies inside the pool's live memory, this value is
         // the only holder of its index, and the device writes it only while

@@ -73,6 +73,7 @@ impl RegisteredBuf {
 
 impl std::ops::Deref for RegisteredBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: the registration's bytes are valid while it lives
         // (`StableBuf`), and no device writes them now: the registration is
@@ -151,6 +152,7 @@ impl ReadOnlyBuf {
 
 impl std::ops::Deref for ReadOnlyBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: the bytes are valid while the registration lives, and
         // nothing writes them (no write rights, `StableBuf` contract).

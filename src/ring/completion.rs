@@ -334,7 +334,9 @@ impl<Q: QueuePair> Ring<Q> {
                 self.idle_checks()?;
             }
         }
-        self.refill_srqs();
+        if self.srqs.len() > 0 {
+            self.refill_srqs();
+        }
         match unknown {
             Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
             None => Ok(n),

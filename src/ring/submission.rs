@@ -330,6 +330,9 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Posts the pending work of every queue that has some.
     pub(super) fn submit_all(&mut self) -> Result<usize, SubmitError> {
+        if self.dirty.is_empty() {
+            return Ok(0);
+        }
         let mut posting = Posting::default();
         let mut dirty = std::mem::take(&mut self.dirty);
         for queue in dirty.drain(..) {
@@ -354,7 +357,6 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     fn submit_qp(&mut self, qp: Key, posting: &mut Posting) {
-        let handle = self.qp_handle(qp);
         let slot = self.qps.get_mut(qp).expect("a live queue pair");
         if !slot.pending_recv.is_empty() {
             // The list leaves the slot while it is walked (and comes back,
@@ -382,6 +384,7 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
+                let handle = self.qp_handle(qp);
                 let unposted = self.remove_unposted(
                     pending[accepted..].iter().map(|wr| wr.wr_id),
                     handle,
@@ -398,8 +401,7 @@ impl<Q: QueuePair> Ring<Q> {
         }
         let slot = self.qps.get_mut(qp).expect("a live queue pair");
         if !slot.pending_send.is_empty() {
-            let mut pending = std::mem::take(&mut slot.pending_send);
-            let last = pending.last_mut().expect("not empty");
+            let last = slot.pending_send.last_mut().expect("not empty");
             if !last.flags.contains(SendFlags::SIGNALED) {
                 last.flags |= SendFlags::SIGNALED;
                 slot.since_signal = 0;
@@ -407,13 +409,17 @@ impl<Q: QueuePair> Ring<Q> {
             // SAFETY: as for receives: every element names bytes of buffers
             // held by the slab until the work request completes (its own CQE,
             // a later signaled CQE on this send queue, or a flush).
-            let result = unsafe { slot.qp.post_send(&pending, &slot.send_sges) };
-            slot.stats.doorbells += 1;
-            self.stats.doorbells += 1;
-            let accepted = self.accepted(qp, &result, pending.len());
-            let mut signaled = 0;
+            let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
+            let len = slot.pending_send.len();
+            let accepted = match result {
+                Ok(()) => len,
+                Err(_) => self.accepted(qp, &result, len),
+            };
+            // The slot and the slab are separate fields: the list is walked
+            // in place, with no move out and back.
             let slot = self.qps.get_mut(qp).expect("a live queue pair");
-            for wr in &pending[..accepted] {
+            let mut signaled = 0;
+            for wr in &slot.pending_send[..accepted] {
                 let key = Key::from_wr_id(wr.wr_id);
                 self.slab
                     .get_mut(key)
@@ -422,17 +428,23 @@ impl<Q: QueuePair> Ring<Q> {
                 slot.send_order.push_back(key);
                 signaled += u64::from(wr.flags.contains(SendFlags::SIGNALED));
             }
-            let prefix_unsignaled =
-                accepted > 0 && !pending[accepted - 1].flags.contains(SendFlags::SIGNALED);
+            let prefix_unsignaled = accepted > 0
+                && !slot.pending_send[accepted - 1]
+                    .flags
+                    .contains(SendFlags::SIGNALED);
             slot.outstanding_send += accepted;
+            slot.stats.doorbells += 1;
             slot.stats.send_wrs += accepted as u64;
             slot.stats.signaled += signaled;
             slot.send_sges.clear();
+            self.stats.doorbells += 1;
             self.stats.send_wrs += accepted as u64;
             self.stats.signaled += signaled;
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
+                let mut pending = std::mem::take(&mut slot.pending_send);
+                let handle = self.qp_handle(qp);
                 let unposted = self.remove_unposted(
                     pending[accepted..].iter().map(|wr| wr.wr_id),
                     handle,
@@ -442,12 +454,14 @@ impl<Q: QueuePair> Ring<Q> {
                     self.post_sync_marker(qp);
                 }
                 posting.refused(error, unposted);
+                pending.clear();
+                self.qps
+                    .get_mut(qp)
+                    .expect("a live queue pair")
+                    .pending_send = pending;
+            } else {
+                slot.pending_send.clear();
             }
-            pending.clear();
-            self.qps
-                .get_mut(qp)
-                .expect("a live queue pair")
-                .pending_send = pending;
         }
     }
 

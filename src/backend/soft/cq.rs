@@ -56,15 +56,9 @@ unsafe impl CompletionQueue for SoftCq {
         let cq = state
             .cq(self.index)
             .ok_or(Error::Soft("completion queue destroyed"))?;
-        let mut n = 0;
-        while n < out.len() {
-            match cq.queue.pop_front() {
-                Some(cqe) => {
-                    out[n] = cqe;
-                    n += 1;
-                }
-                None => break,
-            }
+        let n = out.len().min(cq.queue.len());
+        for (slot, cqe) in out.iter_mut().zip(cq.queue.drain(..n)) {
+            *slot = cqe;
         }
         if n == 0 && cq.overrun {
             return Err(Error::CqOverrun);
