@@ -618,7 +618,9 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
             let mine = iters / tasks + u64::from(task < iters % tasks);
             let slot = slots[task as usize % slots.len()];
             for _ in 0..mine {
-                let t = Instant::now();
+                // Timed only for latency: bandwidth runs read no clock per
+                // operation (the sync path reads none either).
+                let t = (args.mode == Mode::Lat).then(Instant::now);
                 let buf = pool.take()?;
                 let result = match args.op {
                     Op::Write => ring.write(buf.slice(..size), slot).await.0,
@@ -636,8 +638,10 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
                     }
                 };
                 result?;
-                let us = t.elapsed().as_secs_f64() * 1e6;
-                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+                if let Some(t) = t {
+                    let us = t.elapsed().as_secs_f64() * 1e6;
+                    lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+                }
             }
             Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>(lat)
         }

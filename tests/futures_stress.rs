@@ -439,3 +439,48 @@ fn coalesced_awaited_writes_of_many_tasks_share_doorbells() {
         "the dropped write never ran"
     );
 }
+
+#[test]
+fn coalesced_tasks_that_push_again_as_ops_complete_share_doorbells() {
+    // The steady state of a pipelined client: sixteen tasks each await one
+    // WRITE at a time, eight in a row. A task pushes its next write as its
+    // last completes, so pushes are spread over the executor's rounds; a
+    // future's first poll yields once so that the round's pushes go out
+    // together, and only a future whose own write still waits rings the
+    // doorbell. Without that, nearly every write rang its own (113 for
+    // 128); with it, one per round.
+    use rdma_ring::buf::{BufferPool, ExposedBuf, RemoteAccess};
+    use rdma_ring::future::AsyncRing;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = rdma_ring::backend::soft::SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 16 * 64], RemoteAccess::WRITE).unwrap();
+    let pool = BufferPool::new(&pd, 64, 16).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    ring.coalesce_doorbells(true);
+    let (tasks, each) = (16u64, 8u64);
+    let task = |i: u64| {
+        let (ring, pool, exposed) = (&ring, &pool, &exposed);
+        async move {
+            let target = exposed.remote().slice(i * 64..(i + 1) * 64).unwrap();
+            for _ in 0..each {
+                let (result, chunk) = ring.write(pool.take().unwrap(), target).await;
+                assert_eq!(result.unwrap(), 64);
+                drop(chunk);
+            }
+        }
+    };
+    futures::executor::block_on(futures::future::join_all((0..tasks).map(task)));
+    let stats = ring.with_ring(|r| r.stats());
+    assert_eq!(stats.send_wrs, tasks * each);
+    assert!(
+        stats.doorbells * 4 <= tasks * each,
+        "{} doorbells for {} awaited writes (aim: at most one per four)",
+        stats.doorbells,
+        tasks * each
+    );
+}

@@ -316,6 +316,12 @@ impl<Q: QueuePair> Shared<Q> {
 
     /// Posts the awaited operations waiting for a doorbell, if any. What
     /// the device refuses goes back to its futures (flushed: never ran).
+    /// Whether coalesced operations wait for a doorbell.
+    #[inline]
+    pub(crate) fn holds_deferred(&self) -> bool {
+        self.deferred.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
     pub(crate) fn submit_deferred(&self, ring: &mut Ring<Q>) {
         if self.deferred.load(std::sync::atomic::Ordering::Acquire) > 0 {
             self.submit_pushed(ring);

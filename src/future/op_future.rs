@@ -71,6 +71,8 @@ pub(super) enum State<B> {
 pub struct OpFuture<Q: QueuePair, B, O = usize> {
     shared: Arc<Shared<Q>>,
     state: State<B>,
+    /// Polled before: a first poll may leave the doorbell to the next.
+    polled: bool,
     _out: PhantomData<fn() -> O>,
 }
 
@@ -87,9 +89,10 @@ impl<Q: QueuePair> Shared<Q> {
     }
 
     /// Pushes `op` and submits it at once — or, when the ring coalesces
-    /// doorbells, at the next poll of any awaited operation or drive (so
-    /// operations pushed by many tasks before anyone awaits share one
-    /// doorbell), or when `DEFERRED_MAX` wait. Awaited
+    /// doorbells, at the second poll of a future whose operation waits for
+    /// its doorbell, or drive (so operations pushed by many tasks in one
+    /// round of the executor share one doorbell), or when `DEFERRED_MAX`
+    /// wait. Awaited
     /// operations the device refused resolve through their futures
     /// (flushed: they never ran); operations pushed for the completion
     /// queue go to it, so nothing is lost.
@@ -139,6 +142,7 @@ impl<Q: QueuePair> Shared<Q> {
         OpFuture {
             shared: Arc::clone(self),
             state,
+            polled: false,
             _out: PhantomData,
         }
     }
@@ -196,14 +200,30 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
             State::Done => panic!("OpFuture polled after completion"),
             State::InFlight(key) => {
                 let key = *key;
+                let first = !std::mem::replace(&mut this.polled, true);
+                if first && this.shared.holds_deferred() {
+                    // Coalescing: the first poll yields once, waking its own
+                    // task, so that the tasks the executor polls before it
+                    // comes back add their operations to the same doorbell.
+                    // The delay is bounded by one round of the executor:
+                    // this future's next poll posts them all.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 // Unknown CQEs are counted in the ring's stats; they cannot
                 // belong to this operation.
                 let polled = this.shared.with(|ring| {
-                    this.shared.submit_deferred(ring);
                     // Finished by an earlier dispatch (another future's, or
                     // the driver's): no trip to the device.
                     if let Some(completion) = ring.take_awaited_if_done(key) {
                         return Some(completion);
+                    }
+                    // Only a future whose own operation still waits for its
+                    // doorbell rings it (for every operation waiting): one
+                    // whose operation is out leaves the operations pushed in
+                    // this round of the executor to their own futures.
+                    if ring.awaits_doorbell(key) {
+                        this.shared.submit_deferred(ring);
                     }
                     let _ = ring.dispatch();
                     ring.poll_awaited(key, cx.waker())

@@ -103,9 +103,13 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// With `on`, awaited sends, writes, reads and atomics
     /// ([`op`](Self::op) and the methods built on it) no longer ring a
     /// doorbell each: they are posted together — one doorbell per queue —
-    /// at the next poll of any awaited operation or drive of the ring, or
-    /// as soon as 32 wait. Operations that many tasks push before anyone
-    /// awaits then share one doorbell. Receives are always posted at once
+    /// by the second poll of a future whose operation is among them, or a
+    /// drive of the ring, or as soon as 32 wait. A future's first poll
+    /// yields once while operations wait (it wakes its own task, so the
+    /// delay is one round of the executor): the tasks polled in that round
+    /// add theirs to the same doorbell. Operations that many tasks push
+    /// before anyone awaits, or push again as their previous ones
+    /// complete, then share one doorbell. Receives are always posted at once
     /// (a peer may be about to send); so is an operation whose future is
     /// dropped unpolled. Off by default: with it on, an operation nobody
     /// awaits (and nothing drives the ring past) is not posted until one

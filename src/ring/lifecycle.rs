@@ -182,6 +182,14 @@ impl<Q: QueuePair> Ring<Q> {
         Some(Completion::new(op, done, srq))
     }
 
+    /// Whether an awaited operation was pushed and not yet posted.
+    #[inline]
+    pub(crate) fn awaits_doorbell(&self, key: Key) -> bool {
+        self.slab
+            .get(key)
+            .is_some_and(|op| !op.posted && matches!(op.owner, Owner::Awaited { done: None, .. }))
+    }
+
     /// The completion of an awaited operation, if it finished; otherwise
     /// remembers `waker` to wake when it does.
     pub(crate) fn poll_awaited(&mut self, key: Key, waker: &Waker) -> Option<Completion> {
