@@ -111,10 +111,13 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// before anyone awaits, or push again as their previous ones
     /// complete, then share one doorbell. Receives are always posted at once
     /// (a peer may be about to send); so is an operation whose future is
-    /// dropped unpolled. Off by default: with it on, an operation nobody
-    /// awaits (and nothing drives the ring past) is not posted until one
-    /// is — `let w = ring.send(x); other.await; w.await` waits for `other`
-    /// before the send leaves.
+    /// dropped unpolled. Off by default: with it on, an operation is not
+    /// posted until its own future (or that of another operation waiting
+    /// with it) is polled a second time, the ring is driven, or 32 wait —
+    /// in `let w = ring.send(x); other.await; w.await` the send leaves
+    /// only after `other` is done, so if `other` waits for the peer's
+    /// answer to it, it waits for ever: await `w` first (or join them), or
+    /// leave coalescing off.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
