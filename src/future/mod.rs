@@ -284,15 +284,15 @@ impl<Q: QueuePair> Shared<Q> {
     /// Runs `f` on the locked ring, then wakes the wakers it collected
     /// with the lock released (see `ring::lifecycle`).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        // The thread's list is reused so the steady state allocates nothing;
-        // a thread already destroying its thread-locals (a future dropped in
-        // another thread-local's destructor) gets a list of its own.
         let mut ring = self.lock();
         let result = f(&mut ring);
         // Most calls leave nobody to wake: they skip the thread-local.
         if !ring.has_wakes() {
             return result;
         }
+        // The thread's list is reused so the steady state allocates nothing;
+        // a thread already destroying its thread-locals (a future dropped in
+        // another thread-local's destructor) gets a list of its own.
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
         ring.take_wakes(&mut wakes);
         drop(ring);
@@ -314,16 +314,16 @@ impl<Q: QueuePair> Shared<Q> {
         })
     }
 
-    /// Posts the awaited operations waiting for a doorbell, if any. What
-    /// the device refuses goes back to its futures (flushed: never ran).
     /// Whether coalesced operations wait for a doorbell.
     #[inline]
     pub(crate) fn holds_deferred(&self) -> bool {
         self.deferred.load(std::sync::atomic::Ordering::Acquire) > 0
     }
 
+    /// Posts the awaited operations waiting for a doorbell, if any. What
+    /// the device refuses goes back to its futures (flushed: never ran).
     pub(crate) fn submit_deferred(&self, ring: &mut Ring<Q>) {
-        if self.deferred.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        if self.holds_deferred() {
             self.submit_pushed(ring);
         }
     }

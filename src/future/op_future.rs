@@ -92,10 +92,9 @@ impl<Q: QueuePair> Shared<Q> {
     /// doorbells, at the second poll of a future whose operation waits for
     /// its doorbell, or drive (so operations pushed by many tasks in one
     /// round of the executor share one doorbell), or when `DEFERRED_MAX`
-    /// wait. Awaited
-    /// operations the device refused resolve through their futures
-    /// (flushed: they never ran); operations pushed for the completion
-    /// queue go to it, so nothing is lost.
+    /// wait. Awaited operations the device refused resolve through their
+    /// futures (flushed: they never ran); operations pushed for the
+    /// completion queue go to it, so nothing is lost.
     pub(super) fn op_on<T: Operation, O>(
         self: &Arc<Self>,
         qp: Option<QpHandle>,
