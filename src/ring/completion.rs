@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::lifecycle::Done;
+use super::lifecycle::{Done, Owner};
 use super::{DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
 use crate::buf::{OwnedBuf, OwnedBufs};
@@ -391,17 +391,7 @@ impl<Q: QueuePair> Ring<Q> {
                 // too, and successfully — a work request that fails or is
                 // flushed always gets a CQE of its own, and that CQE would
                 // have arrived first.
-                loop {
-                    let slot = self.qps.get_mut(qp).expect("live above");
-                    let Some(front) = slot.send_order.pop_front() else {
-                        break;
-                    };
-                    if front == key {
-                        break;
-                    }
-                    slot.outstanding_send -= 1;
-                    self.complete_implicitly(qp, front);
-                }
+                self.release_sends_before(qp, key);
                 let slot = self.qps.get_mut(qp).expect("live above");
                 slot.outstanding_send -= 1;
                 if slot.drain == Some(key) {
@@ -441,20 +431,78 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    /// Completes `key`, an unsignaled send of queue pair `qp` that a later
-    /// CQE released (its send slot is already returned).
+    /// Completes, in posting order, the sends of queue pair `qp` posted
+    /// before `key`: unsignaled work requests a later CQE released (their
+    /// send slots come back too).
+    ///
+    /// This is the hot path of selective signaling (most sends end here), so
+    /// the queue pair's handle and counters are worked out once per CQE,
+    /// not per operation, and each operation is looked up once.
     #[inline]
-    fn complete_implicitly(&mut self, qp: Key, key: Key) {
-        let Some(op) = self.slab.get(key) else {
+    fn release_sends_before(&mut self, qp: Key, key: Key) {
+        let handle = Some(QpHandle {
+            ring: self.id,
+            key: qp,
+        });
+        let Some(slot) = self.qps.get_mut(qp) else {
             return;
         };
-        if !matches!(op.owner, super::lifecycle::Owner::Marker) {
-            self.stats.implicit += 1;
-            if let Some(slot) = self.qps.get_mut(qp) {
-                slot.stats.implicit += 1;
+        let mut released = 0;
+        let mut implicit = 0;
+        while let Some(front) = slot.send_order.pop_front() {
+            if front == key {
+                break;
+            }
+            released += 1;
+            let Some(op) = self.slab.get_mut(front) else {
+                continue;
+            };
+            if std::mem::replace(&mut op.posted, false) {
+                self.expecting -= 1;
+            }
+            self.cqe_used -= 1;
+            let done = Done {
+                status: WcStatus::Success,
+                byte_len: op.len,
+                imm: None,
+                by_write_imm: false,
+                qp: handle,
+            };
+            match &mut op.owner {
+                Owner::Queue => {
+                    implicit += 1;
+                    let op = self.slab.remove_present(front);
+                    self.queued_in_flight -= 1;
+                    let completion = Completion::new(op, done, None);
+                    match &mut self.reaping_into {
+                        Some(out) => out.push(completion),
+                        None => {
+                            self.ready.push_back(completion);
+                            if let Some(waker) = self.ready_waker.take() {
+                                self.wakes.push(waker);
+                            }
+                        }
+                    }
+                }
+                Owner::Awaited { waker, done: slot } => {
+                    implicit += 1;
+                    *slot = Some(done);
+                    if let Some(waker) = waker.take() {
+                        self.wakes.push(waker);
+                    }
+                }
+                Owner::Orphaned => {
+                    implicit += 1;
+                    self.slab.remove_present(front);
+                }
+                Owner::Marker => {
+                    self.slab.remove_present(front);
+                }
             }
         }
-        self.finish(key, WcStatus::Success, None, None, false, None);
+        slot.outstanding_send -= released;
+        slot.stats.implicit += implicit;
+        self.stats.implicit += implicit;
     }
 
     /// The idle-time looks: device events, and peers that left.

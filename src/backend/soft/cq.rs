@@ -53,9 +53,10 @@ unsafe impl CompletionQueue for SoftCq {
             kick_rnr_timer(&self.shared, &mut state);
             self.shared.notify(&state);
         }
-        let cq = state
-            .cq(self.index)
-            .ok_or(Error::Soft("completion queue destroyed"))?;
+        // Not `ok_or`: its error, built eagerly, is dropped on every poll.
+        let Some(cq) = state.cq(self.index) else {
+            return Err(Error::Soft("completion queue destroyed"));
+        };
         let n = out.len().min(cq.queue.len());
         for (slot, cqe) in out.iter_mut().zip(cq.queue.drain(..n)) {
             *slot = cqe;

@@ -88,8 +88,11 @@ unsafe impl QueuePair for SoftQp {
             if list.len() > qp.config.max_send_sge as usize {
                 return Err(refuse(i, "more scatter/gather elements than max_send_sge"));
             }
-            let len: u64 = list.iter().map(|s| u64::from(s.len)).sum();
-            if wr.flags.contains(SendFlags::INLINE) && len > u64::from(qp.config.max_inline_data) {
+            // Summed only where needed: most work requests are neither
+            // inline nor signaled.
+            let len = || -> u64 { list.iter().map(|s| u64::from(s.len)).sum() };
+            if wr.flags.contains(SendFlags::INLINE) && len() > u64::from(qp.config.max_inline_data)
+            {
                 return Err(refuse(i, "inline payload exceeds max_inline_data"));
             }
             qp.counters.send_wrs += 1;
@@ -109,7 +112,7 @@ unsafe impl QueuePair for SoftQp {
                             wr_id: wr.wr_id,
                             qp_num: qpn as u32,
                             status: WcStatus::Success,
-                            byte_len: len as u32,
+                            byte_len: len() as u32,
                             imm: None,
                             by_write_imm: false,
                         },
