@@ -369,6 +369,10 @@ impl<Q: QueuePair> Ring<Q> {
                 if !raw.status.is_success() {
                     slot.record_error(raw.status);
                 }
+                let handle = Some(QpHandle {
+                    ring: self.id,
+                    key: qp,
+                });
                 if kind.is_recv() {
                     slot.outstanding_recv -= 1;
                     let byte_len = if raw.status.is_success() {
@@ -382,7 +386,7 @@ impl<Q: QueuePair> Ring<Q> {
                         Some(byte_len),
                         raw.imm,
                         raw.by_write_imm,
-                        None,
+                        handle,
                     );
                     return true;
                 }
@@ -391,15 +395,22 @@ impl<Q: QueuePair> Ring<Q> {
                 // too, and successfully — a work request that fails or is
                 // flushed always gets a CQE of its own, and that CQE would
                 // have arrived first.
-                self.release_sends_before(qp, key);
-                let slot = self.qps.get_mut(qp).expect("live above");
+                let slot = if slot.send_order.front() == Some(&key) {
+                    // Every send signaled (one per submit, or each one
+                    // asked to be): nothing to release before it.
+                    slot.send_order.pop_front();
+                    slot
+                } else {
+                    self.release_sends_before(qp, key);
+                    self.qps.get_mut(qp).expect("live above")
+                };
                 slot.outstanding_send -= 1;
                 if slot.drain == Some(key) {
                     // The teardown marker went in last: every send before
                     // it is done (released above), and it has no owner.
                     slot.drain = None;
                 }
-                self.finish(key, raw.status, None, None, false, None);
+                self.finish(key, raw.status, None, None, false, handle);
                 true
             }
             QueueRef::Srq(srq) => {

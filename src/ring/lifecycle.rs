@@ -45,8 +45,10 @@ pub(crate) enum Owner {
 impl<Q: QueuePair> Ring<Q> {
     /// Hands a finished operation to its owner. `byte_len` of `None` means
     /// "the buffers' length if it succeeded" (send-side operations);
-    /// `consumer` names the queue pair that consumed a shared receive
-    /// queue's receive.
+    /// `ran_on` names the queue pair the operation ran on when the caller
+    /// knows it is attached (a CQE just named it), or the one that consumed
+    /// a shared receive queue's receive; `None` looks its own queue pair up
+    /// (it may have been detached).
     // Always inlined: most calls pass constants (an implicit completion's
     // success, no immediate), which then fold away.
     #[inline(always)]
@@ -57,17 +59,18 @@ impl<Q: QueuePair> Ring<Q> {
         byte_len: Option<u32>,
         imm: Option<u32>,
         by_write_imm: bool,
-        consumer: Option<QpHandle>,
+        ran_on: Option<QpHandle>,
     ) {
         let Some(op) = self.slab.get_mut(key) else {
             return;
         };
-        let qp = match op.queue {
-            QueueRef::Qp(qp) => self.qps.get(qp).map(|_| QpHandle {
+        let qp = match (op.queue, ran_on) {
+            (_, Some(handle)) => Some(handle),
+            (QueueRef::Qp(qp), None) => self.qps.get(qp).map(|_| QpHandle {
                 ring: self.id,
                 key: qp,
             }),
-            QueueRef::Srq(_) => consumer,
+            (QueueRef::Srq(_), None) => None,
         };
         let byte_len = byte_len.unwrap_or(if status.is_success() { op.len } else { 0 });
         let done = Done {

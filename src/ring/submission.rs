@@ -334,15 +334,13 @@ impl<Q: QueuePair> Ring<Q> {
             return Ok(0);
         }
         let mut posting = Posting::default();
-        let mut dirty = std::mem::take(&mut self.dirty);
-        for queue in dirty.drain(..) {
+        // Walked by index, not drained: the list keeps its place and
+        // capacity. Nothing below marks a queue dirty.
+        let mut next = 0;
+        while let Some(&queue) = self.dirty.get(next) {
+            next += 1;
             match queue {
-                QueueRef::Qp(key) => {
-                    if let Some(slot) = self.qps.get_mut(key) {
-                        slot.dirty = false;
-                        self.submit_qp(key, &mut posting);
-                    }
-                }
+                QueueRef::Qp(key) => self.submit_qp(key, &mut posting),
                 QueueRef::Srq(key) => {
                     if let Some(slot) = self.srqs.get_mut(key) {
                         slot.dirty = false;
@@ -351,73 +349,45 @@ impl<Q: QueuePair> Ring<Q> {
                 }
             }
         }
-        // Keep the list's capacity for the next submit.
-        self.dirty = dirty;
+        self.dirty.clear();
         posting.into_result()
     }
 
+    /// Posts queue pair `qp`'s pending receives and sends, one doorbell
+    /// each. The common case (every send accepted) looks the queue pair up
+    /// once.
     fn submit_qp(&mut self, qp: Key, posting: &mut Posting) {
-        let slot = self.qps.get_mut(qp).expect("a live queue pair");
-        if !slot.pending_recv.is_empty() {
-            // The list leaves the slot while it is walked (and comes back,
-            // keeping its capacity), so the slab can be updated meanwhile.
-            let pending = std::mem::take(&mut slot.pending_recv);
-            // SAFETY: each receive names exactly the bytes of the buffers the
-            // slab holds until the receive's completion is reaped; on a failed
-            // teardown they are leaked, never freed.
-            let result = unsafe { slot.qp.post_recv(&pending, &slot.recv_sges) };
-            slot.stats.doorbells += 1;
-            self.stats.doorbells += 1;
-            let accepted = self.accepted(qp, &result, pending.len());
-            for wr in &pending[..accepted] {
-                let key = Key::from_wr_id(wr.wr_id);
-                self.slab
-                    .get_mut(key)
-                    .expect("pending op is in the slab")
-                    .posted = true;
-            }
-            let slot = self.qps.get_mut(qp).expect("a live queue pair");
-            slot.outstanding_recv += accepted;
-            slot.stats.recv_wrs += accepted as u64;
-            slot.recv_sges.clear();
-            self.stats.recv_wrs += accepted as u64;
-            self.expecting += accepted;
-            posting.posted += accepted;
-            if let Err(PostError { error, .. }) = result {
-                let handle = self.qp_handle(qp);
-                let unposted = self.remove_unposted(
-                    pending[accepted..].iter().map(|wr| wr.wr_id),
-                    handle,
-                    None,
-                );
-                posting.refused(error, unposted);
-            }
-            let mut pending = pending;
-            pending.clear();
-            self.qps
-                .get_mut(qp)
-                .expect("a live queue pair")
-                .pending_recv = pending;
-        }
-        let slot = self.qps.get_mut(qp).expect("a live queue pair");
+        let Some(slot) = self.qps.get_mut(qp) else {
+            return;
+        };
+        slot.dirty = false;
+        let slot = if slot.pending_recv.is_empty() {
+            slot
+        } else {
+            self.submit_recvs(qp, posting);
+            self.qps.get_mut(qp).expect("a live queue pair")
+        };
         if !slot.pending_send.is_empty() {
             let last = slot.pending_send.last_mut().expect("not empty");
             if !last.flags.contains(SendFlags::SIGNALED) {
                 last.flags |= SendFlags::SIGNALED;
                 slot.since_signal = 0;
             }
-            // SAFETY: as for receives: every element names bytes of buffers
-            // held by the slab until the work request completes (its own CQE,
-            // a later signaled CQE on this send queue, or a flush).
+            // SAFETY: every element names bytes of buffers held by the slab
+            // until the work request completes (its own CQE, a later
+            // signaled CQE on this send queue, or a flush); on a failed
+            // teardown they are leaked, never freed.
             let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
             let len = slot.pending_send.len();
-            let accepted = match result {
-                Ok(()) => len,
-                Err(_) => self.accepted(qp, &result, len),
+            let (slot, accepted) = match result {
+                Ok(()) => (slot, len),
+                Err(_) => {
+                    let accepted = self.accepted(qp, &result, len);
+                    (self.qps.get_mut(qp).expect("a live queue pair"), accepted)
+                }
             };
             // The slot and the slab are separate fields: the list is walked
             // in place, with no move out and back.
-            let slot = self.qps.get_mut(qp).expect("a live queue pair");
             let mut signaled = 0;
             for wr in &slot.pending_send[..accepted] {
                 let key = Key::from_wr_id(wr.wr_id);
@@ -462,6 +432,56 @@ impl<Q: QueuePair> Ring<Q> {
             } else {
                 slot.pending_send.clear();
             }
+        }
+    }
+
+    /// Posts queue pair `qp`'s pending receives with one doorbell.
+    fn submit_recvs(&mut self, qp: Key, posting: &mut Posting) {
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
+        // SAFETY: each receive names exactly the bytes of the buffers the
+        // slab holds until the receive's completion is reaped; on a failed
+        // teardown they are leaked, never freed.
+        let result = unsafe { slot.qp.post_recv(&slot.pending_recv, &slot.recv_sges) };
+        let len = slot.pending_recv.len();
+        let (slot, accepted) = match result {
+            Ok(()) => (slot, len),
+            Err(_) => {
+                let accepted = self.accepted(qp, &result, len);
+                (self.qps.get_mut(qp).expect("a live queue pair"), accepted)
+            }
+        };
+        // The slot and the slab are separate fields: the list is walked in
+        // place.
+        for wr in &slot.pending_recv[..accepted] {
+            let key = Key::from_wr_id(wr.wr_id);
+            self.slab
+                .get_mut(key)
+                .expect("pending op is in the slab")
+                .posted = true;
+        }
+        slot.outstanding_recv += accepted;
+        slot.stats.doorbells += 1;
+        slot.stats.recv_wrs += accepted as u64;
+        slot.recv_sges.clear();
+        self.stats.doorbells += 1;
+        self.stats.recv_wrs += accepted as u64;
+        self.expecting += accepted;
+        posting.posted += accepted;
+        if let Err(PostError { error, .. }) = result {
+            // The list leaves the slot while the refused ones are handed
+            // back (and comes back, keeping its capacity).
+            let mut pending = std::mem::take(&mut slot.pending_recv);
+            let handle = self.qp_handle(qp);
+            let unposted =
+                self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle, None);
+            posting.refused(error, unposted);
+            pending.clear();
+            self.qps
+                .get_mut(qp)
+                .expect("a live queue pair")
+                .pending_recv = pending;
+        } else {
+            slot.pending_recv.clear();
         }
     }
 
