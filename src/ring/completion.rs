@@ -199,6 +199,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
     }
 
     /// Moves every ready completion into `out`; returns how many.
+    #[inline]
     pub fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize, Error> {
         let before = out.len();
         if !self.ring.ready.is_empty() {

@@ -135,6 +135,7 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Pushes an operation to queue pair `qp` (the default one for `None`)
     /// whose completion goes to a future.
+    #[inline]
     pub(crate) fn push_awaited<T: Operation>(
         &mut self,
         qp: Option<QpHandle>,

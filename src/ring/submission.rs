@@ -45,6 +45,7 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
     /// [`submit`](Self::submit). Never blocks: if the queue is full, the
     /// queue pair is in error, or the operation is invalid for this queue
     /// pair, the operation comes back inside the error.
+    #[inline]
     pub fn push<T: Operation>(&mut self, op: T) -> PushResult<T> {
         let target = self.target();
         self.ring.push_to(target, op, Owner::Queue).map(|_| ())
