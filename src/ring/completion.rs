@@ -496,9 +496,12 @@ impl<Q: QueuePair> Ring<Q> {
                         }
                     }
                 }
-                Owner::Awaited { waker, done: slot } => {
+                Owner::Awaited {
+                    waker,
+                    done: result,
+                } => {
                     implicit += 1;
-                    *slot = Some(done);
+                    *result = Some(done);
                     if let Some(waker) = waker.take() {
                         self.wakes.push(waker);
                     }

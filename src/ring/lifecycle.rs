@@ -47,10 +47,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// "the buffers' length if it succeeded" (send-side operations);
     /// `ran_on` names the queue pair the operation ran on when the caller
     /// knows it is attached (a CQE just named it), or the one that consumed
-    /// a shared receive queue's receive; `None` looks its own queue pair up
-    /// (it may have been detached).
-    // Always inlined: most calls pass constants (an implicit completion's
-    // success, no immediate), which then fold away.
+    /// a shared receive queue's receive. With `None`, a queue pair's
+    /// operation looks its queue pair up (it may have been detached), and a
+    /// shared receive queue's receive names none.
+    // Always inlined: most calls pass constants (a flush's status and
+    // length, no immediate, a known queue pair), which then fold away.
     #[inline(always)]
     pub(super) fn finish(
         &mut self,

@@ -336,7 +336,7 @@ impl<Q: QueuePair> Ring<Q> {
         }
         let mut posting = Posting::default();
         // Walked by index, not drained: the list keeps its place and
-        // capacity. Nothing below marks a queue dirty.
+        // capacity. Nothing below adds a queue to it or drops one.
         let mut next = 0;
         while let Some(&queue) = self.dirty.get(next) {
             next += 1;
@@ -355,8 +355,8 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Posts queue pair `qp`'s pending receives and sends, one doorbell
-    /// each. The common case (every send accepted) looks the queue pair up
-    /// once.
+    /// each. The common case (sends only, every one accepted) looks the
+    /// queue pair up once.
     fn submit_qp(&mut self, qp: Key, posting: &mut Posting) {
         let Some(slot) = self.qps.get_mut(qp) else {
             return;
