@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::lifecycle::Owner;
-use super::{InFlight, Key, PushResult, QpHandle, QueueRef, Ring, SrqHandle};
+use super::{qp, InFlight, Key, PushResult, QpHandle, QueueRef, Ring, SrqHandle};
 use crate::backend::{
     PostError, QueuePair, RecvWr, SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
 };
@@ -414,22 +414,11 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
-                let mut pending = std::mem::take(&mut slot.pending_send);
-                let handle = self.qp_handle(qp);
-                let unposted = self.remove_unposted(
-                    pending[accepted..].iter().map(|wr| wr.wr_id),
-                    handle,
-                    None,
-                );
+                let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_send);
                 if prefix_unsignaled {
                     self.post_sync_marker(qp);
                 }
                 posting.refused(error, unposted);
-                pending.clear();
-                self.qps
-                    .get_mut(qp)
-                    .expect("a live queue pair")
-                    .pending_send = pending;
             } else {
                 slot.pending_send.clear();
             }
@@ -469,21 +458,34 @@ impl<Q: QueuePair> Ring<Q> {
         self.expecting += accepted;
         posting.posted += accepted;
         if let Err(PostError { error, .. }) = result {
-            // The list leaves the slot while the refused ones are handed
-            // back (and comes back, keeping its capacity).
-            let mut pending = std::mem::take(&mut slot.pending_recv);
-            let handle = self.qp_handle(qp);
-            let unposted =
-                self.remove_unposted(pending[accepted..].iter().map(|wr| wr.wr_id), handle, None);
+            let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_recv);
             posting.refused(error, unposted);
-            pending.clear();
-            self.qps
-                .get_mut(qp)
-                .expect("a live queue pair")
-                .pending_recv = pending;
         } else {
             slot.pending_recv.clear();
         }
+    }
+
+    /// Empties one of queue pair `qp`'s pending lists after a post the
+    /// device refused from `accepted` on, handing the refused operations
+    /// back. The list leaves the slot meanwhile (the slab is updated as
+    /// they go) and comes back empty, keeping its capacity.
+    fn hand_back_from<W: PendingWr>(
+        &mut self,
+        qp: Key,
+        accepted: usize,
+        list: impl Fn(&mut qp::QpSlot<Q>) -> &mut Vec<W>,
+    ) -> Vec<Unposted> {
+        let slot = self.qps.get_mut(qp).expect("a live queue pair");
+        let mut pending = std::mem::take(list(slot));
+        let handle = self.qp_handle(qp);
+        let unposted = self.remove_unposted(
+            pending[accepted..].iter().map(PendingWr::wr_id),
+            handle,
+            None,
+        );
+        pending.clear();
+        *list(self.qps.get_mut(qp).expect("a live queue pair")) = pending;
+        unposted
     }
 
     /// How many of `len` posted work requests the device took. A refusal
@@ -611,5 +613,23 @@ impl<Q: QueuePair> Ring<Q> {
         for key in keys {
             self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
         }
+    }
+}
+
+/// A pending work request of either queue: what a refused post hands back
+/// by.
+trait PendingWr {
+    fn wr_id(&self) -> u64;
+}
+
+impl PendingWr for SendWr {
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+}
+
+impl PendingWr for RecvWr {
+    fn wr_id(&self) -> u64 {
+        self.wr_id
     }
 }
