@@ -101,11 +101,16 @@ impl<Q: QueuePair> Shared<Q> {
         op: T,
     ) -> OpFuture<Q, T::Buf, O> {
         let is_recv = op.kind() == crate::op::OpKind::Recv;
-        let state = self.with(|ring| {
+        // The state is written into the future in place, rather than
+        // returned through the lock and moved in (it holds a buffer and an
+        // error for a refusal, so it is large).
+        let mut future = self.future(State::Done);
+        let state = &mut future.state;
+        self.with(|ring| {
             // Read under the ring's lock, so that turning coalescing off
             // (which flushes under it) leaves nothing deferred behind.
             let defer = !is_recv && self.coalesce.load(Ordering::Acquire);
-            let state = State::pushed(ring.push_awaited(qp, op));
+            *state = State::pushed(ring.push_awaited(qp, op));
             // Short-circuit: the count moves only for deferred operations.
             if matches!(state, State::InFlight(_))
                 && (!defer
@@ -113,9 +118,8 @@ impl<Q: QueuePair> Shared<Q> {
             {
                 self.submit_pushed(ring);
             }
-            state
         });
-        self.future(state)
+        future
     }
 
     /// A receive on shared receive queue `srq`, submitted at once.
