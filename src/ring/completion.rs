@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::lifecycle::{Done, Owner};
+use super::lifecycle::Done;
 use super::{DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
 use crate::backend::{QueuePair, RawCompletion, WcStatus};
 use crate::buf::{OwnedBuf, OwnedBufs};
@@ -449,7 +449,9 @@ impl<Q: QueuePair> Ring<Q> {
     ///
     /// This is the hot path of selective signaling (most sends end here), so
     /// the queue pair's handle and counters are worked out once per CQE,
-    /// not per operation, and each operation is looked up once.
+    /// not per operation: the order leaves the slot while its sends are
+    /// finished (and comes back, keeping its capacity), so the queue pair
+    /// is not looked up for each.
     #[inline]
     fn release_sends_before(&mut self, qp: Key, key: Key) {
         let handle = Some(QpHandle {
@@ -459,62 +461,19 @@ impl<Q: QueuePair> Ring<Q> {
         let Some(slot) = self.qps.get_mut(qp) else {
             return;
         };
+        let mut order = std::mem::take(&mut slot.send_order);
         let mut released = 0;
         let mut implicit = 0;
-        while let Some(front) = slot.send_order.pop_front() {
+        while let Some(front) = order.pop_front() {
             if front == key {
                 break;
             }
             released += 1;
-            let Some(op) = self.slab.get_mut(front) else {
-                continue;
-            };
-            if std::mem::replace(&mut op.posted, false) {
-                self.expecting -= 1;
-            }
-            self.cqe_used -= 1;
-            let done = Done {
-                status: WcStatus::Success,
-                byte_len: op.len,
-                imm: None,
-                by_write_imm: false,
-                qp: handle,
-            };
-            match &mut op.owner {
-                Owner::Queue => {
-                    implicit += 1;
-                    let op = self.slab.remove_present(front);
-                    self.queued_in_flight -= 1;
-                    let completion = Completion::new(op, done, None);
-                    match &mut self.reaping_into {
-                        Some(out) => out.push(completion),
-                        None => {
-                            self.ready.push_back(completion);
-                            if let Some(waker) = self.ready_waker.take() {
-                                self.wakes.push(waker);
-                            }
-                        }
-                    }
-                }
-                Owner::Awaited {
-                    waker,
-                    done: result,
-                } => {
-                    implicit += 1;
-                    *result = Some(done);
-                    if let Some(waker) = waker.take() {
-                        self.wakes.push(waker);
-                    }
-                }
-                Owner::Orphaned => {
-                    implicit += 1;
-                    self.slab.remove_present(front);
-                }
-                Owner::Marker => {
-                    self.slab.remove_present(front);
-                }
-            }
+            let operation = self.finish(front, WcStatus::Success, None, None, false, handle);
+            implicit += u64::from(operation);
         }
+        let slot = self.qps.get_mut(qp).expect("live above");
+        slot.send_order = order;
         slot.outstanding_send -= released;
         slot.stats.implicit += implicit;
         self.stats.implicit += implicit;

@@ -49,7 +49,9 @@ impl<Q: QueuePair> Ring<Q> {
     /// knows it is attached (a CQE just named it), or the one that consumed
     /// a shared receive queue's receive. With `None`, a queue pair's
     /// operation looks its queue pair up (it may have been detached), and a
-    /// shared receive queue's receive names none.
+    /// shared receive queue's receive names none. Returns whether it
+    /// finished an operation (not the ring's own marker, nor a key no
+    /// longer held).
     // Always inlined: most calls pass constants (a flush's status and
     // length, no immediate, a known queue pair), which then fold away.
     #[inline(always)]
@@ -61,9 +63,9 @@ impl<Q: QueuePair> Ring<Q> {
         imm: Option<u32>,
         by_write_imm: bool,
         ran_on: Option<QpHandle>,
-    ) {
+    ) -> bool {
         let Some(op) = self.slab.get_mut(key) else {
-            return;
+            return false;
         };
         let qp = match (op.queue, ran_on) {
             (_, Some(handle)) => Some(handle),
@@ -105,10 +107,15 @@ impl<Q: QueuePair> Ring<Q> {
                     self.wakes.push(waker);
                 }
             }
-            Owner::Orphaned | Owner::Marker => {
+            Owner::Orphaned => {
                 self.slab.remove_present(key);
             }
+            Owner::Marker => {
+                self.slab.remove_present(key);
+                return false;
+            }
         }
+        true
     }
 
     /// Wakes the completion stream's task (spuriously, which is allowed):
