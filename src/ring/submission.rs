@@ -205,8 +205,10 @@ impl<Q: QueuePair> Ring<Q> {
     ///
     /// The common case costs one slot lookup and a handful of compares;
     /// every refusal is worked out in [`push_refusal`](Self::push_refusal),
-    /// off the hot path.
-    #[inline]
+    /// off the hot path. Always inlined: an out-of-line push saves and
+    /// restores registers and returns its result through memory, which
+    /// costs more than the push's own work.
+    #[inline(always)]
     pub(super) fn push_to<T: Operation>(
         &mut self,
         target: Result<Key, Error>,
