@@ -381,14 +381,7 @@ impl<Q: QueuePair> Ring<Q> {
             // signaled CQE on this send queue, or a flush); on a failed
             // teardown they are leaked, never freed.
             let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
-            let len = slot.pending_send.len();
-            let (slot, accepted) = match result {
-                Ok(()) => (slot, len),
-                Err(_) => {
-                    let accepted = self.accepted(qp, &result, len);
-                    (self.qps.get_mut(qp).expect("a live queue pair"), accepted)
-                }
-            };
+            let accepted = slot.accepted(&result, slot.pending_send.len());
             // The slot and the slab are separate fields: the list is walked
             // in place, with no move out and back.
             let mut signaled = 0;
@@ -434,14 +427,7 @@ impl<Q: QueuePair> Ring<Q> {
         // slab holds until the receive's completion is reaped; on a failed
         // teardown they are leaked, never freed.
         let result = unsafe { slot.qp.post_recv(&slot.pending_recv, &slot.recv_sges) };
-        let len = slot.pending_recv.len();
-        let (slot, accepted) = match result {
-            Ok(()) => (slot, len),
-            Err(_) => {
-                let accepted = self.accepted(qp, &result, len);
-                (self.qps.get_mut(qp).expect("a live queue pair"), accepted)
-            }
-        };
+        let accepted = slot.accepted(&result, slot.pending_recv.len());
         // The slot and the slab are separate fields: the list is walked in
         // place.
         for wr in &slot.pending_recv[..accepted] {
@@ -488,27 +474,6 @@ impl<Q: QueuePair> Ring<Q> {
         pending.clear();
         *list(self.qps.get_mut(qp).expect("a live queue pair")) = pending;
         unposted
-    }
-
-    /// How many of `len` posted work requests the device took. A refusal
-    /// that claims them all (the backend could not tell which it took) or
-    /// more than were posted (a backend bug) counts as taking them all, and
-    /// moves the queue pair to error: whatever the device did take then
-    /// comes back flushed, and nothing it may hold is handed back early.
-    fn accepted(&mut self, qp: Key, result: &Result<(), PostError>, len: usize) -> usize {
-        match result {
-            Ok(()) => len,
-            Err(PostError { accepted, .. }) if *accepted < len => *accepted,
-            Err(_) => {
-                let slot = self.qps.get_mut(qp).expect("a live queue pair");
-                slot.record_error(WcStatus::LocQpOpErr);
-                // If even this fails the ring still refuses new work; the
-                // operations come back when the device reports them, or are
-                // leaked at teardown.
-                let _ = slot.qp.set_error();
-                len
-            }
-        }
     }
 
     /// The accepted prefix of a partial post ends unsignaled: post a
@@ -614,6 +579,29 @@ impl<Q: QueuePair> Ring<Q> {
         };
         for key in keys {
             self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
+        }
+    }
+}
+
+impl<Q: QueuePair> qp::QpSlot<Q> {
+    /// How many of `len` posted work requests the device took. A refusal
+    /// that claims them all (the backend could not tell which it took) or
+    /// more than were posted (a backend bug) counts as taking them all, and
+    /// moves the queue pair to error: whatever the device did take then
+    /// comes back flushed, and nothing it may hold is handed back early.
+    #[inline]
+    fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
+        match result {
+            Ok(()) => len,
+            Err(PostError { accepted, .. }) if *accepted < len => *accepted,
+            Err(_) => {
+                self.record_error(WcStatus::LocQpOpErr);
+                // If even this fails the ring still refuses new work; the
+                // operations come back when the device reports them, or are
+                // leaked at teardown.
+                let _ = self.qp.set_error();
+                len
+            }
         }
     }
 }
