@@ -132,18 +132,51 @@ impl<T> Slab<T> {
         let index = self.free_head;
         let entry = &mut self.entries[index as usize];
         self.free_head = entry.next_free;
-        // A free slot holds nothing. Said this way the compiler knows that
-        // no old value is dropped first, and writes the value in place
-        // rather than staging it on the stack around a drop call.
-        match &mut entry.value {
-            slot @ None => *slot = Some(value),
-            Some(_) => unreachable!("a free slab slot holds a value"),
-        }
+        // A free slot holds nothing. Forgetting what `replace` returns
+        // (always `None`) leaves no drop call and no panic path between
+        // building the value and storing it, so the compiler writes the
+        // value in place rather than staging it on the stack.
+        debug_assert!(entry.value.is_none(), "a free slab slot holds a value");
+        std::mem::forget(entry.value.replace(value));
         self.len += 1;
         Some(Key {
             index,
             generation: entry.generation,
         })
+    }
+
+    /// Inserts into a slab the caller has just seen to have room
+    /// (`len() < capacity()`). Without room the value is leaked, never
+    /// dropped: no drop call or panic path lies between building the value
+    /// and storing it, so the compiler writes it in place instead of
+    /// staging it on the stack (which costs the push a copy of the whole
+    /// entry).
+    #[inline(always)]
+    pub(crate) fn insert_with_room(&mut self, value: T) -> Key {
+        debug_assert!(
+            self.len < self.entries.len(),
+            "insert_with_room on a full slab"
+        );
+        let index = self.free_head;
+        match self.entries.get_mut(index as usize) {
+            Some(entry) => {
+                self.free_head = entry.next_free;
+                debug_assert!(entry.value.is_none(), "a free slab slot holds a value");
+                std::mem::forget(entry.value.replace(value));
+                self.len += 1;
+                Key {
+                    index,
+                    generation: entry.generation,
+                }
+            }
+            None => {
+                std::mem::forget(value);
+                Key {
+                    index: NO_FREE,
+                    generation: 0,
+                }
+            }
+        }
     }
 
     #[inline(always)]
@@ -244,6 +277,22 @@ mod tests {
         assert_eq!(slab.key_at(1), None, "an empty slot has no key");
         assert_eq!(slab.key_at(7), None, "past the end");
         assert_eq!(slab.get(a), None, "the stale key misses");
+    }
+
+    #[test]
+    fn insert_with_room_takes_the_free_slot_a_remove_left() {
+        let mut slab = Slab::with_capacity(2);
+        let a = slab.insert_with_room("a");
+        let b = slab.insert_with_room("b");
+        assert_eq!(slab.len(), 2);
+        assert_eq!(slab.remove(a), Some("a"));
+        let c = slab.insert_with_room("c");
+        assert_eq!(c.index, a.index, "the freed slot is reused");
+        assert_ne!(c, a, "with a new generation");
+        assert_eq!(
+            (slab.get(b), slab.get(c), slab.get(a)),
+            (Some(&"b"), Some(&"c"), None)
+        );
     }
 
     #[test]

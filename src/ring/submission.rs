@@ -258,18 +258,15 @@ impl<Q: QueuePair> Ring<Q> {
         let prepared = op.into_prepared();
         let queued = matches!(owner, Owner::Queue);
         // The slab holds the buffers before any work request names them.
-        let key = self
-            .slab
-            .insert(InFlight {
-                kind: prepared.kind,
-                queue: QueueRef::Qp(qp),
-                user_data: prepared.user_data,
-                len: prepared.len,
-                bufs: prepared.bufs,
-                posted: false,
-                owner,
-            })
-            .expect("checked above that the slab has room");
+        let key = self.slab.insert_with_room(InFlight {
+            kind: prepared.kind,
+            queue: QueueRef::Qp(qp),
+            user_data: prepared.user_data,
+            len: prepared.len,
+            bufs: prepared.bufs,
+            posted: false,
+            owner,
+        });
         match prepared.wr {
             None => slot.pending_recv.push(RecvWr {
                 wr_id: key.to_wr_id(),
