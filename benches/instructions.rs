@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|raw --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -14,6 +14,12 @@
 //! `coalesce_doorbells`, one doorbell per round), on the soft device in
 //! no-op mode (the device completes every work request at once and moves
 //! no data).
+//!
+//! `raw` is the floor under all of them: no ring, no buffer ownership,
+//! what a C verbs program does — B work requests built by hand into one
+//! list over one registered buffer, the last one signaled, posted straight
+//! to the backend's queue pair, and its one CQE polled. What any ring on
+//! this device costs beyond that is its own.
 //!
 //! It prints the heap allocations it made (`allocations: N`), which
 //! `scripts/instructions` turns into allocations per operation the same
@@ -51,8 +57,11 @@ unsafe impl GlobalAlloc for Counting {
 static COUNTING: Counting = Counting;
 
 use rdma_ring::backend::soft::{Progress, SoftDevice};
-use rdma_ring::backend::QpConfig;
-use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess};
+use rdma_ring::backend::{
+    CompletionQueue, QpConfig, QueuePair, RawCompletion, SendFlags, SendOpcode, SendWr, Sge,
+    SgeSpan,
+};
+use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::Write;
 use rdma_ring::ring::{Completion, Ring, RingConfig};
@@ -131,7 +140,49 @@ fn main() {
                 }
             });
         }
-        other => panic!("unknown mode {other:?} (sync, awaited or coalesced)"),
+        "raw" => {
+            let mut qp = qp;
+            let mut cq = qp.take_cq().expect("a queue pair made with its own CQ");
+            let local = RegisteredBuf::new(&pd, vec![0u8; 64 * batch]).unwrap();
+            let (addr, lkey) = (local.as_ptr() as u64, local.lkey());
+            let mut wrs = Vec::with_capacity(batch);
+            let mut sges = Vec::with_capacity(batch);
+            let mut cqes = [RawCompletion::default(); 32];
+            for _ in 0..rounds {
+                wrs.clear();
+                sges.clear();
+                for (i, target) in targets.iter().enumerate() {
+                    sges.push(Sge {
+                        addr: addr + 64 * i as u64,
+                        len: 64,
+                        lkey,
+                    });
+                    let span = SgeSpan {
+                        start: i as u32,
+                        len: 1,
+                    };
+                    let mut wr = SendWr::new(i as u64, SendOpcode::Write, span);
+                    wr.remote_addr = target.addr();
+                    wr.rkey = target.rkey();
+                    if i + 1 == batch {
+                        wr.flags = SendFlags::SIGNALED;
+                    }
+                    wrs.push(wr);
+                }
+                // SAFETY: every element names bytes of `local`, which lives
+                // (registered, unmoved) until the end of `main`, after the
+                // last work request has completed; the targets are remote
+                // slices of `exposed`, which lives as long.
+                unsafe { qp.post_send(&wrs, &sges) }.unwrap();
+                let mut got = 0;
+                while got == 0 {
+                    got = cq.poll(&mut cqes).unwrap();
+                }
+                assert!(cqes[..got].iter().all(|c| c.status.is_success()));
+            }
+            black_box(&local);
+        }
+        other => panic!("unknown mode {other:?} (sync, awaited, coalesced or raw)"),
     }
     black_box(&bufs);
     drop(peer);
