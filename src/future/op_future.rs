@@ -110,7 +110,12 @@ impl<Q: QueuePair> Shared<Q> {
             // Read under the ring's lock, so that turning coalescing off
             // (which flushes under it) leaves nothing deferred behind.
             let defer = !is_recv && self.coalesce.load(Ordering::Acquire);
-            *state = State::pushed(ring.push_awaited(qp, op));
+            // What is replaced is the `Done` just made, which holds
+            // nothing: forgetting it spares the push a call to the state's
+            // drop glue.
+            let old = std::mem::replace(state, State::pushed(ring.push_awaited(qp, op)));
+            debug_assert!(matches!(old, State::Done));
+            std::mem::forget(old);
             // Short-circuit: the count moves only for deferred operations.
             if matches!(state, State::InFlight(_))
                 && (!defer
@@ -213,13 +218,21 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                // Unknown CQEs are counted in the ring's stats; they cannot
-                // belong to this operation.
+                // The completion becomes the output under the lock, so
+                // that what comes out of it is the small output rather than
+                // the whole completion.
+                let output = |completion: Completion| {
+                    let result = O::from_completion(&completion);
+                    let buf = B::from_bufs(completion.into_bufs()).unwrap_or_else(|_| {
+                        unreachable!("the ring hands back the buffer type it was given")
+                    });
+                    (result, buf)
+                };
                 let polled = this.shared.with(|ring| {
                     // Finished by an earlier dispatch (another future's, or
                     // the driver's): no trip to the device.
                     if let Some(completion) = ring.take_awaited_if_done(key) {
-                        return Some(completion);
+                        return Some(output(completion));
                     }
                     // Only a future whose own operation still waits for its
                     // doorbell rings it (for every operation waiting): one
@@ -228,17 +241,18 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                     if ring.awaits_doorbell(key) {
                         this.shared.submit_deferred(ring);
                     }
+                    // Unknown CQEs are counted in the ring's stats; they
+                    // cannot belong to this operation.
                     let _ = ring.dispatch();
-                    ring.poll_awaited(key, cx.waker())
+                    ring.poll_awaited(key, cx.waker()).map(output)
                 });
                 match polled {
-                    Some(completion) => {
-                        this.state = State::Done;
-                        let result = O::from_completion(&completion);
-                        let buf = B::from_bufs(completion.into_bufs()).unwrap_or_else(|_| {
-                            unreachable!("the ring hands back the buffer type it was given")
-                        });
-                        Poll::Ready((result, buf))
+                    Some(output) => {
+                        // The state replaced is `InFlight`, which holds
+                        // nothing to drop: forgetting it spares a call to
+                        // the state's drop glue.
+                        std::mem::forget(std::mem::replace(&mut this.state, State::Done));
+                        Poll::Ready(output)
                     }
                     None => {
                         if this.shared.wakeup == Wakeup::Busy {
