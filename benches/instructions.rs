@@ -21,6 +21,12 @@
 //! to the backend's queue pair, and its one CQE polled. What any ring on
 //! this device costs beyond that is its own.
 //!
+//! `model` is a yardstick between the two: a minimal ring of another shape
+//! ([`lean_model`]), with buffers named by index, sends in a ring indexed
+//! by sequence number and small completions, and fewer checks than the
+//! crate's ring makes. It measures what that shape would cost on this
+//! device, not the crate.
+//!
 //! It prints the heap allocations it made (`allocations: N`), which
 //! `scripts/instructions` turns into allocations per operation the same
 //! way. The awaited rounds reuse one vector of futures and await them in
@@ -182,9 +188,190 @@ fn main() {
             }
             black_box(&local);
         }
-        other => panic!("unknown mode {other:?} (sync, awaited, coalesced or raw)"),
+        "model" => {
+            let local = RegisteredBuf::new(&pd, vec![0u8; 64 * batch]).unwrap();
+            lean_model::run(qp, &local, &targets, rounds);
+        }
+        other => panic!("unknown mode {other:?} (sync, awaited, coalesced, raw or model)"),
     }
     black_box(&bufs);
     drop(peer);
     println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+}
+
+/// A minimal ring of another shape than the crate's, as a yardstick: how
+/// few instructions an io_uring-style ring with fixed buffers could spend
+/// on this device. Buffers are chunks of one registration named by index
+/// (io_uring's fixed buffers), a queue pair's sends sit in a ring indexed
+/// by their sequence number (the `wr_id`), and a completion is 24 bytes.
+/// It checks a buffer's index, whether it is in flight, and the lengths,
+/// but not protection domains, queue pair or ring errors, or completion
+/// queue credits, and it hands no buffer ownership back.
+mod lean_model {
+    use std::hint::black_box;
+
+    use rdma_ring::backend::{
+        CompletionQueue, QueuePair, RawCompletion, SendFlags, SendOpcode, SendWr, Sge, SgeSpan,
+        WcStatus,
+    };
+    use rdma_ring::buf::{RegisteredBuf, RemoteSlice};
+
+    const CHUNK: u32 = 64;
+    const DEPTH: usize = 256;
+
+    #[derive(Clone, Copy, Default)]
+    struct Slot {
+        user_data: u64,
+        buf: u32,
+        len: u32,
+    }
+
+    struct Done {
+        user_data: u64,
+        buf: u32,
+        status: WcStatus,
+    }
+
+    struct Model<Q: QueuePair> {
+        qp: Q,
+        cq: Q::Cq,
+        slots: Vec<Slot>,
+        /// Sequence numbers: the oldest send not completed, the next to
+        /// push, and the first not posted.
+        head: u64,
+        tail: u64,
+        posted: u64,
+        wrs: Vec<SendWr>,
+        sges: Vec<Sge>,
+        in_flight: Vec<bool>,
+        base: u64,
+        lkey: u32,
+        cqes: [RawCompletion; 32],
+        since_signal: usize,
+    }
+
+    impl<Q: QueuePair> Model<Q> {
+        #[inline(always)]
+        fn push(&mut self, buf: u32, len: u32, remote: &RemoteSlice, user_data: u64) -> bool {
+            if self.tail - self.head >= DEPTH as u64 - 1 {
+                return false;
+            }
+            let Some(busy) = self.in_flight.get_mut(buf as usize) else {
+                return false;
+            };
+            if *busy || len > CHUNK || u64::from(len) > remote.len() {
+                return false;
+            }
+            *busy = true;
+            let seq = self.tail;
+            self.tail += 1;
+            self.slots[seq as usize % DEPTH] = Slot {
+                user_data,
+                buf,
+                len,
+            };
+            let start = self.sges.len() as u32;
+            self.sges.push(Sge {
+                addr: self.base + u64::from(buf * CHUNK),
+                len,
+                lkey: self.lkey,
+            });
+            let mut wr = SendWr::new(seq, SendOpcode::Write, SgeSpan { start, len: 1 });
+            wr.remote_addr = remote.addr();
+            wr.rkey = remote.rkey();
+            self.since_signal += 1;
+            if self.since_signal >= DEPTH / 2 {
+                wr.flags = SendFlags::SIGNALED;
+                self.since_signal = 0;
+            }
+            self.wrs.push(wr);
+            true
+        }
+
+        fn submit(&mut self) {
+            if let Some(last) = self.wrs.last_mut() {
+                last.flags = SendFlags::SIGNALED;
+                self.since_signal = 0;
+            }
+            // SAFETY: every element names a chunk of the registration the
+            // caller keeps alive (and unmoved) until the run ends, after
+            // the last work request has completed.
+            unsafe { self.qp.post_send(&self.wrs, &self.sges) }.unwrap();
+            self.posted += self.wrs.len() as u64;
+            self.wrs.clear();
+            self.sges.clear();
+        }
+
+        fn reap(&mut self, out: &mut Vec<Done>) {
+            let n = self.cq.poll(&mut self.cqes).unwrap();
+            for i in 0..n {
+                let cqe = self.cqes[i];
+                let seq = cqe.wr_id;
+                if seq < self.head || seq >= self.posted {
+                    continue;
+                }
+                // In order: the CQE completes every send up to its own.
+                while self.head <= seq {
+                    let slot = self.slots[self.head as usize % DEPTH];
+                    let status = if self.head == seq {
+                        cqe.status
+                    } else {
+                        WcStatus::Success
+                    };
+                    self.in_flight[slot.buf as usize] = false;
+                    out.push(Done {
+                        user_data: slot.user_data,
+                        buf: slot.buf,
+                        status,
+                    });
+                    black_box(slot.len);
+                    self.head += 1;
+                }
+            }
+        }
+    }
+
+    /// Rounds of `targets.len()` WRITEs from chunks of `local`, as the
+    /// ring's modes run them.
+    pub fn run<Q: QueuePair>(
+        mut qp: Q,
+        local: &RegisteredBuf,
+        targets: &[RemoteSlice],
+        rounds: usize,
+    ) {
+        let batch = targets.len();
+        let cq = qp.take_cq().expect("a queue pair made with its own CQ");
+        let mut model = Model {
+            qp,
+            cq,
+            slots: vec![Slot::default(); DEPTH],
+            head: 0,
+            tail: 0,
+            posted: 0,
+            wrs: Vec::with_capacity(DEPTH),
+            sges: Vec::with_capacity(DEPTH),
+            in_flight: vec![false; batch],
+            base: local.as_ptr() as u64,
+            lkey: local.lkey(),
+            cqes: [RawCompletion::default(); 32],
+            since_signal: 0,
+        };
+        let mut free: Vec<u32> = (0..batch as u32).collect();
+        let mut done = Vec::with_capacity(batch);
+        for _ in 0..rounds {
+            let mut i = 0;
+            while let Some(buf) = free.pop() {
+                assert!(model.push(buf, CHUNK, &targets[i], i as u64));
+                i += 1;
+            }
+            model.submit();
+            while done.len() < batch {
+                model.reap(&mut done);
+            }
+            while let Some(c) = done.pop() {
+                assert!(c.status.is_success() && c.user_data < batch as u64);
+                free.push(c.buf);
+            }
+        }
+    }
 }
