@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced|raw --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|raw|model --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -175,10 +175,13 @@ fn main() {
                     }
                     wrs.push(wr);
                 }
-                // SAFETY: every element names bytes of `local`, which lives
-                // (registered, unmoved) until the end of `main`, after the
-                // last work request has completed; the targets are remote
-                // slices of `exposed`, which lives as long.
+                // SAFETY: every element names bytes of `local`, which stays
+                // registered and unmoved until after the last round. Each
+                // round waits for the CQE of its last work request, which is
+                // signaled, and an RC send queue completes in order, so every
+                // work request of the round has completed before the next
+                // round reuses the lists or `local` is dropped. The targets
+                // are remote slices of `exposed`, which outlives the arm.
                 unsafe { qp.post_send(&wrs, &sges) }.unwrap();
                 let mut got = 0;
                 while got == 0 {

@@ -32,6 +32,15 @@ struct Entry<T> {
 
 const NO_FREE: u32 = u32::MAX;
 
+/// A full slab's insert, or a free list that names an occupied slot: the
+/// caller broke the slab's contract (or the slab its own), and going on
+/// could hand one slot to two operations.
+#[cold]
+#[inline(never)]
+fn broken_free_list() -> ! {
+    panic!("slab: no free slot where the free list or the caller said there was one")
+}
+
 /// Allocation happens in `with_capacity` and `grow` (when queues are
 /// attached); inserting into a full slab fails instead of growing, so the
 /// steady state allocates nothing.
@@ -129,53 +138,38 @@ impl<T> Slab<T> {
         if self.free_head == NO_FREE {
             return None;
         }
-        let index = self.free_head;
-        let entry = &mut self.entries[index as usize];
-        self.free_head = entry.next_free;
-        // A free slot holds nothing. Forgetting what `replace` returns
-        // (always `None`) leaves no drop call and no panic path between
-        // building the value and storing it, so the compiler writes the
-        // value in place rather than staging it on the stack.
-        debug_assert!(entry.value.is_none(), "a free slab slot holds a value");
-        std::mem::forget(entry.value.replace(value));
-        self.len += 1;
-        Some(Key {
-            index,
-            generation: entry.generation,
-        })
+        Some(self.insert_with_room(value))
     }
 
     /// Inserts into a slab the caller has just seen to have room
-    /// (`len() < capacity()`). Without room the value is leaked, never
-    /// dropped: no drop call or panic path lies between building the value
-    /// and storing it, so the compiler writes it in place instead of
-    /// staging it on the stack (which costs the push a copy of the whole
-    /// entry).
+    /// (`len() < capacity()`).
+    ///
+    /// # Panics
+    ///
+    /// If the free list names no free slot (a broken invariant), leaking
+    /// the value. Every path forgets the value before it could drop it or
+    /// unwind, so none keeps it alive across a call: the compiler then
+    /// writes it in place rather than building it on the stack and copying
+    /// it in (which costs a push a copy of its whole entry).
     #[inline(always)]
     pub(crate) fn insert_with_room(&mut self, value: T) -> Key {
-        debug_assert!(
-            self.len < self.entries.len(),
-            "insert_with_room on a full slab"
-        );
         let index = self.free_head;
-        match self.entries.get_mut(index as usize) {
-            Some(entry) => {
-                self.free_head = entry.next_free;
-                debug_assert!(entry.value.is_none(), "a free slab slot holds a value");
-                std::mem::forget(entry.value.replace(value));
-                self.len += 1;
-                Key {
-                    index,
-                    generation: entry.generation,
-                }
-            }
-            None => {
-                std::mem::forget(value);
-                Key {
-                    index: NO_FREE,
-                    generation: 0,
-                }
-            }
+        let Some(entry) = self
+            .entries
+            .get_mut(index as usize)
+            .filter(|entry| entry.value.is_none())
+        else {
+            std::mem::forget(value);
+            broken_free_list();
+        };
+        self.free_head = entry.next_free;
+        // `replace` hands back the `None` just seen: forgetting it leaves
+        // no drop call behind.
+        std::mem::forget(entry.value.replace(value));
+        self.len += 1;
+        Key {
+            index,
+            generation: entry.generation,
         }
     }
 
@@ -293,6 +287,14 @@ mod tests {
             (slab.get(b), slab.get(c), slab.get(a)),
             (Some(&"b"), Some(&"c"), None)
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "no free slot")]
+    fn insert_with_room_on_a_full_slab_panics() {
+        let mut slab = Slab::with_capacity(1);
+        slab.insert_with_room(1);
+        slab.insert_with_room(2);
     }
 
     #[test]
