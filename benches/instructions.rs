@@ -68,6 +68,9 @@ use rdma_ring::backend::{
     SgeSpan,
 };
 use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess};
+use rdma_ring::fixed::{
+    FixedBuf, FixedBufs, FixedCompletion, FixedRing, FixedRingConfig, WriteFixed,
+};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::Write;
 use rdma_ring::ring::{Completion, Ring, RingConfig};
@@ -191,11 +194,40 @@ fn main() {
             }
             black_box(&local);
         }
+        "fixed" => {
+            let mut qp = qp;
+            let cq = qp.take_cq().expect("a queue pair made with its own CQ");
+            let slots = FixedBufs::new(&pd, batch as u32, 64).unwrap();
+            let mut ring = FixedRing::new(cq, slots, FixedRingConfig::default());
+            let handle = ring.attach(qp).unwrap();
+            let mut free: Vec<FixedBuf> = (0..batch).map(|_| ring.take_buf().unwrap()).collect();
+            let mut done: Vec<FixedCompletion> = Vec::with_capacity(batch);
+            for _ in 0..rounds {
+                let mut i = 0;
+                while let Some(buf) = free.pop() {
+                    ring.push(
+                        handle,
+                        WriteFixed::new(buf, 64, targets[i]).user_data(i as u64),
+                    )
+                    .unwrap();
+                    i += 1;
+                }
+                ring.submit().unwrap();
+                while done.len() < batch {
+                    ring.reap(&mut done).unwrap();
+                }
+                while let Some(c) = done.pop() {
+                    assert!(c.status().is_success());
+                    free.push(c.into_buf());
+                }
+            }
+            black_box(&free);
+        }
         "model" => {
             let local = RegisteredBuf::new(&pd, vec![0u8; 64 * batch]).unwrap();
             lean_model::run(qp, &local, &targets, rounds);
         }
-        other => panic!("unknown mode {other:?} (sync, awaited, coalesced, raw or model)"),
+        other => panic!("unknown mode {other:?} (sync, awaited, coalesced, fixed, raw or model)"),
     }
     black_box(&bufs);
     drop(peer);

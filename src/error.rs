@@ -127,6 +127,9 @@ pub enum Error {
         /// The address.
         addr: u64,
     },
+    /// A fixed-buffer token of another table than the ring's.
+    #[error("the fixed buffer token belongs to another table than this one")]
+    ForeignFixedBuf,
     /// Memory of zero bytes cannot be registered.
     #[error("cannot register an empty buffer")]
     EmptyBuffer,

@@ -109,6 +109,7 @@ pub mod buf;
 pub mod connect;
 mod deadline;
 pub mod error;
+pub mod fixed;
 pub mod future;
 pub mod leak;
 pub mod op;

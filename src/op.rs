@@ -139,7 +139,7 @@ fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
 }
 
 #[inline(always)]
-fn check_remote(
+pub(crate) fn check_remote(
     op: OpKind,
     local: usize,
     remote: &RemoteSlice,
@@ -163,7 +163,7 @@ fn check_remote(
 }
 
 #[inline(always)]
-fn check_inline(flags: SendFlags, len: usize, limits: &Limits) -> Result<(), Error> {
+pub(crate) fn check_inline(flags: SendFlags, len: usize, limits: &Limits) -> Result<(), Error> {
     if flags.contains(SendFlags::INLINE) && len > limits.max_inline_data as usize {
         return Err(Error::InlineTooLarge {
             len,

@@ -5,6 +5,7 @@
 
 mod adversary;
 
+use adversary::fixed::FixedAdversary;
 use adversary::{decode, Adversary};
 use proptest::prelude::*;
 
@@ -18,6 +19,11 @@ proptest! {
     #[test]
     fn the_ring_survives_an_adversarial_device(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         Adversary::run(&decode(&bytes));
+    }
+
+    #[test]
+    fn the_fixed_ring_survives_an_adversarial_device(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        FixedAdversary::run(&decode(&bytes));
     }
 }
 
@@ -46,5 +52,32 @@ fn adversarial_scenarios_cover_every_misbehaviour() {
          held {held} ops back {returned} buffers checked {buried}"
     );
     assert!(partial > 0 && overclaims > 0 && forged > 0 && repeated > 0 && held > 0);
+    assert!(returned > 1000 && buried >= returned);
+}
+
+/// The same for the fixed ring: its scenarios post in part, overclaim,
+/// forge, fail operations, and hand slots back that are then checked.
+#[test]
+fn fixed_ring_scenarios_cover_every_misbehaviour() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = proptest::collection::vec(any::<u8>(), 100..400);
+    let (mut partial, mut overclaims, mut forged, mut failed) = (0, 0, 0, 0);
+    let (mut returned, mut buried) = (0, 0);
+    for _ in 0..100 {
+        let bytes = strategy.new_tree(&mut runner).unwrap().current();
+        let a = FixedAdversary::run(&decode(&bytes));
+        partial += a.partial_posts;
+        overclaims += a.overclaims;
+        forged += a.forged;
+        failed += a.failed_ops;
+        returned += a.returned_ops;
+        buried += a.buried();
+    }
+    println!(
+        "partial posts {partial} overclaims {overclaims} forged {forged} failed {failed} \
+         ops back {returned} slots checked {buried}"
+    );
+    assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0);
     assert!(returned > 1000 && buried >= returned);
 }

@@ -21,6 +21,8 @@
 
 #![allow(dead_code)]
 
+pub mod fixed;
+
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+pub mod fixed;
 pub mod many;
 
 use rdma_ring::backend::{
@@ -453,5 +454,9 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn a_partial_post_on_the_device() { conformance::many::a_partial_post_on_the_device(&$make) }
         $(#[$attr])* #[test] fn a_shared_cq_is_never_overrun() { conformance::many::a_shared_cq_is_never_overrun(&$make) }
         $(#[$attr])* #[test] fn events_have_a_descriptor() { conformance::many::events_have_a_descriptor(&$make) }
+        $(#[$attr])* #[test] fn fixed_every_op_kind() { conformance::fixed::fixed_every_op_kind(&$make) }
+        $(#[$attr])* #[test] fn fixed_many_qps_on_one_cq() { conformance::fixed::fixed_many_qps_on_one_cq(&$make) }
+        $(#[$attr])* #[test] fn fixed_wrong_rkey_fails_and_flushes() { conformance::fixed::fixed_wrong_rkey_fails_and_flushes(&$make) }
+        $(#[$attr])* #[test] fn fixed_detach_and_drop_with_work_in_flight() { conformance::fixed::fixed_detach_and_drop_with_work_in_flight(&$make) }
     };
 }

@@ -1,0 +1,82 @@
+//! The fixed-buffer ring: the lean path, for when every buffer can be a
+//! slot of one registration (io_uring's fixed buffers).
+//!
+//! A [`FixedRing`] owns one completion queue, any number of queue pairs
+//! and one [`FixedBufs`] table. An operation names its buffer by a
+//! [`FixedBuf`] token, moved into the ring at push and handed back by its
+//! [`FixedCompletion`], so ownership still keeps the NIC and the program
+//! apart — but nothing of a buffer moves but a 4-byte index. A queue
+//! pair's sends and receives sit in rings indexed by sequence number, which
+//! is also their `wr_id`; a completion is 48 bytes. What that saves is the
+//! owned-buffer ring's general bookkeeping: buffers of any type, a slab
+//! shared by every queue and owner, futures.
+//!
+//! What it keeps of [`Ring`](crate::ring::Ring)'s invariants:
+//!
+//! * **Ownership**: a slot is reachable only through its token, which is in
+//!   the ring from push until the completion is reaped; a refused push
+//!   hands the operation back whole ([`Rejected`](crate::Rejected)).
+//! * **Identity**: a completion is matched by queue pair slot, QP number
+//!   and sequence number; one that names nothing posted is counted
+//!   ([`FixedRing::unknown_completions`]) and ignored.
+//! * **Selective signaling**: a send asks for a completion every
+//!   [`FixedRingConfig::signal_interval`] sends and always as the last of a
+//!   submit; a completion releases the unsignaled sends before it on its
+//!   queue pair, never another's.
+//! * **Credits**: per queue pair its send and receive queue depths, and for
+//!   the completion queue the work of all queue pairs, even if every work
+//!   request were flushed with its own entry; one send place and one entry
+//!   per queue pair are kept for the drain marker.
+//! * **Errors**: after a failed completion or post the queue pair takes no
+//!   more work ([`Error::QpInError`](crate::Error::QpInError)) and its work
+//!   comes back flushed; the others run on.
+//! * **Teardown**: [`FixedRing::detach`] and dropping the ring move busy
+//!   queue pairs to error and drain them before the memory goes; if the
+//!   device does not flush in time, the memory is leaked, never freed
+//!   under the NIC.
+//!
+//! What it does not do: buffers other than its slots (a slot is one
+//! scatter/gather element), shared receive queues, futures, asynchronous
+//! events. For those, use [`Ring`](crate::ring::Ring).
+//!
+//! ```
+//! use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+//! use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed, SendFixed};
+//!
+//! let dev = SoftDevice::new();
+//! let pd = dev.alloc_pd();
+//! let (mut a, mut b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+//! let (cq_a, cq_b) = (a.take_cq().unwrap(), b.take_cq().unwrap());
+//! let mut left = FixedRing::new(cq_a, FixedBufs::new(&pd, 8, 256).unwrap(), FixedRingConfig::default());
+//! let mut right = FixedRing::new(cq_b, FixedBufs::new(&pd, 8, 256).unwrap(), FixedRingConfig::default());
+//! let (qa, qb) = (left.attach(a).unwrap(), right.attach(b).unwrap());
+//!
+//! let slot = right.take_buf().unwrap();
+//! right.push(qb, RecvFixed::new(slot).user_data(1)).unwrap();
+//! right.submit().unwrap();
+//!
+//! let mut msg = left.take_buf().unwrap();
+//! left.bufs().bytes_mut(&mut msg)[..5].copy_from_slice(b"hello");
+//! left.push(qa, SendFixed::new(msg, 5)).unwrap();
+//! left.submit().unwrap();
+//! let sent = left.wait(1).unwrap();
+//! left.put_buf(sent.into_iter().next().unwrap().into_buf()).unwrap();
+//!
+//! let got = right.wait(1).unwrap();
+//! assert_eq!(got[0].byte_len(), 5);
+//! assert_eq!(&right.bufs().bytes(got[0].buf())[..5], b"hello");
+//! ```
+
+mod bufs;
+mod completion;
+mod op;
+mod queue;
+mod ring;
+
+pub use bufs::{FixedBuf, FixedBufs};
+pub use completion::FixedCompletion;
+pub use op::{
+    CompareSwapFixed, FetchAddFixed, FixedOp, FixedWork, ReadFixed, RecvFixed, SendFixed,
+    WriteFixed,
+};
+pub use ring::{FixedQp, FixedRing, FixedRingConfig};

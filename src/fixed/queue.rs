@@ -1,0 +1,151 @@
+//! One queue pair of the fixed ring: its sends and receives in rings
+//! indexed by sequence number, which is also the `wr_id`.
+
+use crate::backend::{QueuePair, RecvWr, SendWr, Sge, WcStatus};
+use crate::op::{Limits, OpKind};
+
+/// A `wr_id`: the queue pair's slot in the ring (16 bits), whether it is a
+/// receive (1 bit), and the low bits of its sequence number.
+const INDEX_SHIFT: u32 = 48;
+const RECV_BIT: u64 = 1 << 47;
+pub(super) const SEQ_MASK: u64 = RECV_BIT - 1;
+/// Queue pairs one fixed ring holds at most: the index bits of a `wr_id`.
+pub(super) const MAX_QPS: usize = 1 << (64 - INDEX_SHIFT);
+/// The slot index of the drain marker, which has no slot (and of a
+/// receive already completed).
+pub(super) const MARKER: u32 = u32::MAX;
+
+#[inline(always)]
+pub(super) fn wr_id(index: u32, recv: bool, seq: u64) -> u64 {
+    (u64::from(index) << INDEX_SHIFT) | (u64::from(recv) * RECV_BIT) | (seq & SEQ_MASK)
+}
+
+/// A `wr_id` taken apart: queue pair slot, whether a receive, sequence
+/// bits.
+#[inline(always)]
+pub(super) fn parse_wr_id(wr_id: u64) -> (usize, bool, u64) {
+    (
+        (wr_id >> INDEX_SHIFT) as usize,
+        wr_id & RECV_BIT != 0,
+        wr_id & SEQ_MASK,
+    )
+}
+
+/// A send-queue operation from push to completion.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SendEntry {
+    pub(super) user_data: u64,
+    /// Its slot, or [`MARKER`].
+    pub(super) index: u32,
+    pub(super) len: u32,
+    pub(super) kind: OpKind,
+}
+
+/// A receive from push to completion.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RecvEntry {
+    pub(super) user_data: u64,
+    /// Its slot, or [`MARKER`] once completed.
+    pub(super) index: u32,
+}
+
+impl RecvEntry {
+    /// What a completed receive leaves behind.
+    pub(super) const TAKEN: RecvEntry = RecvEntry {
+        user_data: 0,
+        index: MARKER,
+    };
+}
+
+/// Operations of one queue in push order, indexed by sequence number:
+/// `head` is the oldest not completed, `posted` the first not posted,
+/// `tail` the next to push.
+pub(super) struct SeqRing<T> {
+    entries: Box<[T]>,
+    mask: u64,
+    pub(super) head: u64,
+    pub(super) posted: u64,
+    pub(super) tail: u64,
+}
+
+impl<T: Copy> SeqRing<T> {
+    pub(super) fn new(depth: u32, fill: T) -> Self {
+        let capacity = (depth.max(1) as usize).next_power_of_two();
+        SeqRing {
+            entries: vec![fill; capacity].into_boxed_slice(),
+            mask: capacity as u64 - 1,
+            head: 0,
+            posted: 0,
+            tail: 0,
+        }
+    }
+
+    /// Operations pushed and not completed.
+    #[inline(always)]
+    pub(super) fn outstanding(&self) -> u64 {
+        self.tail - self.head
+    }
+
+    /// Appends; the caller has checked there is room.
+    #[inline(always)]
+    pub(super) fn push(&mut self, entry: T) -> u64 {
+        let seq = self.tail;
+        self.entries[(seq & self.mask) as usize] = entry;
+        self.tail = seq + 1;
+        seq
+    }
+
+    #[inline(always)]
+    pub(super) fn set(&mut self, seq: u64, entry: T) {
+        self.entries[(seq & self.mask) as usize] = entry;
+    }
+
+    #[inline(always)]
+    pub(super) fn get(&self, seq: u64) -> T {
+        self.entries[(seq & self.mask) as usize]
+    }
+
+    /// The posted sequence number whose low bits a `wr_id` carries, if
+    /// any is outstanding.
+    #[inline(always)]
+    pub(super) fn posted_seq(&self, bits: u64) -> Option<u64> {
+        let seq = self.head + (bits.wrapping_sub(self.head) & SEQ_MASK);
+        (seq < self.posted).then_some(seq)
+    }
+}
+
+/// One attached queue pair.
+pub(super) struct QpSlot<Q> {
+    pub(super) qp: Q,
+    pub(super) qpn: u32,
+    pub(super) generation: u32,
+    pub(super) limits: Limits,
+    /// Sends the ring lets be outstanding: the send queue's depth less the
+    /// drain marker's place.
+    pub(super) send_depth: u64,
+    pub(super) recv_depth: u64,
+    pub(super) sends: SeqRing<SendEntry>,
+    pub(super) recvs: SeqRing<RecvEntry>,
+    pub(super) send_wrs: Vec<SendWr>,
+    pub(super) send_sges: Vec<Sge>,
+    pub(super) recv_wrs: Vec<RecvWr>,
+    pub(super) recv_sges: Vec<Sge>,
+    /// A send whose sequence number has these bits all set asks for a
+    /// completion.
+    pub(super) signal_mask: u64,
+    /// Whether the last posted send asked for a completion: if not, a
+    /// drain needs a marker behind it.
+    pub(super) last_signaled: bool,
+    /// In the ring's list of queue pairs with work to post.
+    pub(super) dirty: bool,
+    /// Set by the first failed completion or post; the queue pair then
+    /// takes no more work.
+    pub(super) error: Option<WcStatus>,
+}
+
+impl<Q: QueuePair> QpSlot<Q> {
+    /// Whether anything posted has not come back.
+    pub(super) fn busy(&self) -> bool {
+        self.sends.head < self.sends.posted || self.recvs.head < self.recvs.posted
+    }
+}

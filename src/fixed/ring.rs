@@ -1,0 +1,820 @@
+//! The fixed ring itself: attach, push, submit, reap, detach, drain.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::queue::{parse_wr_id, wr_id, QpSlot, RecvEntry, SendEntry, SeqRing, MARKER, MAX_QPS};
+use super::{FixedBuf, FixedBufs, FixedCompletion, FixedOp};
+use crate::backend::{
+    CompletionQueue as DeviceCq, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr,
+    SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
+};
+use crate::deadline::Deadline;
+use crate::error::{Error, Rejected};
+use crate::op::{Limits, OpKind};
+
+/// Completion queue entries taken per poll.
+const POLL_BATCH: usize = 32;
+
+/// Handles are never reused, across rings too: a stale or foreign handle
+/// names nothing.
+static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
+
+/// How a [`FixedRing`] runs.
+///
+/// ```
+/// use rdma_ring::fixed::FixedRingConfig;
+/// let config = FixedRingConfig { signal_interval: 16, ..FixedRingConfig::default() };
+/// assert_eq!(config.signal_interval, 16);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedRingConfig {
+    /// Ask for a completion every this many sends of a queue pair (and
+    /// always for the last send of a submit), rounded down to a power of
+    /// two; 0: every half send queue.
+    pub signal_interval: u32,
+    /// How long detaching or dropping waits for a queue pair's flushed
+    /// work before giving up (and, on drop, leaking the slots' memory
+    /// rather than freeing it under the NIC).
+    pub drain_timeout: Duration,
+    /// How long [`FixedRing::wait`] polls.
+    pub wait_timeout: Duration,
+}
+
+impl Default for FixedRingConfig {
+    fn default() -> Self {
+        FixedRingConfig {
+            signal_interval: 0,
+            drain_timeout: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Names a queue pair attached to a [`FixedRing`]. A handle of a detached
+/// queue pair, or of another ring, names nothing (pushes to it are
+/// refused with [`Error::NotAttached`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FixedQp {
+    index: u32,
+    generation: u32,
+}
+
+/// The lean ring: one completion queue, any number of queue pairs, and one
+/// [`FixedBufs`] table whose slots every operation names by token. See the
+/// [module docs](super) for what it does and does not do, and how it
+/// differs from [`Ring`](crate::ring::Ring).
+pub struct FixedRing<Q: QueuePair> {
+    // Dropped in this order: queue pairs before their completion queue,
+    // both before the memory they reach.
+    qps: Vec<Option<QpSlot<Q>>>,
+    cq: Q::Cq,
+    bufs: FixedBufs,
+    cq_id: CqId,
+    cq_entries: usize,
+    /// Completion queue entries that no pushed or outstanding work, and no
+    /// queue pair's drain marker, may need.
+    cq_free: usize,
+    /// Queue pairs with pushed work, to post at the next submit.
+    dirty: Vec<u32>,
+    cqes: Box<[RawCompletion; POLL_BATCH]>,
+    /// Completions made outside a poll (work never posted, drains), handed
+    /// out first by the next reap.
+    ready: Vec<FixedCompletion>,
+    config: FixedRingConfig,
+    unknown: u64,
+    failed: Option<&'static str>,
+}
+
+#[inline(always)]
+fn slot_mut<Q>(qps: &mut [Option<QpSlot<Q>>], handle: FixedQp) -> Result<&mut QpSlot<Q>, Error> {
+    match qps.get_mut(handle.index as usize) {
+        Some(Some(slot)) if slot.generation == handle.generation => Ok(slot),
+        _ => Err(Error::NotAttached("queue pair")),
+    }
+}
+
+impl<Q: QueuePair> FixedRing<Q> {
+    /// A ring over `cq`, with `bufs` as its slots. Queue pairs join with
+    /// [`attach`](Self::attach).
+    ///
+    /// ```
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// use rdma_ring::backend::soft::SoftQp;
+    ///
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let bufs = FixedBufs::new(&pd, 64, 4096).unwrap();
+    /// let ring: FixedRing<SoftQp> =
+    ///     FixedRing::new(dev.create_cq(1024).unwrap(), bufs, FixedRingConfig::default());
+    /// assert_eq!(ring.bufs().slots(), 64);
+    /// ```
+    pub fn new(cq: Q::Cq, bufs: FixedBufs, config: FixedRingConfig) -> Self {
+        let cq_entries = cq.entries() as usize;
+        FixedRing {
+            qps: Vec::new(),
+            cq_id: cq.id(),
+            cq,
+            bufs,
+            cq_entries,
+            cq_free: cq_entries,
+            dirty: Vec::new(),
+            cqes: Box::new([RawCompletion::default(); POLL_BATCH]),
+            ready: Vec::new(),
+            config,
+            unknown: 0,
+            failed: None,
+        }
+    }
+
+    /// Adds a queue pair that completes on the ring's completion queue and
+    /// belongs to the slots' protection domain. Refused (and handed back):
+    /// one of another completion queue or domain, one on a shared receive
+    /// queue (the fixed ring serves none), one with a send queue under two
+    /// (one place is kept for the drain marker), or when the completion
+    /// queue has no entry left to keep for its drain marker.
+    pub fn attach(&mut self, qp: Q) -> Result<FixedQp, Rejected<Q>> {
+        let caps = qp.caps();
+        let index = match self.attach_place(&caps) {
+            Ok(index) => index,
+            Err(error) => return Err(Rejected::new(error, qp)),
+        };
+        let send_depth = caps.max_send_wr - 1;
+        let signal_every = match self.config.signal_interval {
+            0 => (send_depth / 2).max(1),
+            n => n.min(send_depth),
+        };
+        // Rounded down to a power of two, to test by mask.
+        let signal_mask = u64::from(1u32 << signal_every.ilog2()) - 1;
+        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+        let blank_send = SendEntry {
+            user_data: 0,
+            index: MARKER,
+            len: 0,
+            kind: OpKind::Send,
+        };
+        self.qps[index] = Some(QpSlot {
+            qpn: caps.qp_num,
+            generation,
+            limits: Limits::send(&caps),
+            send_depth: u64::from(send_depth),
+            recv_depth: u64::from(caps.max_recv_wr),
+            signal_mask,
+            sends: SeqRing::new(caps.max_send_wr, blank_send),
+            recvs: SeqRing::new(caps.max_recv_wr, RecvEntry::TAKEN),
+            send_wrs: Vec::with_capacity(caps.max_send_wr as usize),
+            send_sges: Vec::with_capacity(caps.max_send_wr as usize),
+            recv_wrs: Vec::with_capacity(caps.max_recv_wr as usize),
+            recv_sges: Vec::with_capacity(caps.max_recv_wr as usize),
+            last_signaled: true,
+            dirty: false,
+            error: None,
+            qp,
+        });
+        // The drain marker's entry, kept until detach.
+        self.cq_free -= 1;
+        Ok(FixedQp {
+            index: index as u32,
+            generation,
+        })
+    }
+
+    /// Checks a queue pair can join and finds it a place.
+    fn attach_place(&mut self, caps: &QpCaps) -> Result<usize, Error> {
+        if caps.cq != self.cq_id {
+            return Err(Error::Incompatible(
+                "it completes on another completion queue than the ring's",
+            ));
+        }
+        if caps.srq.is_some() {
+            return Err(Error::Incompatible(
+                "it takes receives from a shared receive queue, which the fixed ring does not serve",
+            ));
+        }
+        if caps.pd != self.bufs.pd() {
+            return Err(Error::WrongPd {
+                buf: self.bufs.pd(),
+                qp: caps.pd,
+            });
+        }
+        if caps.max_send_wr < 2 {
+            return Err(Error::Incompatible(
+                "its send queue holds fewer than 2 work requests (one place is kept for the drain marker)",
+            ));
+        }
+        if self.cq_free == 0 {
+            return Err(Error::CompletionQueueFull {
+                possible: self.cq_entries,
+                entries: self.cq_entries,
+            });
+        }
+        match self.qps.iter().position(Option::is_none) {
+            Some(free) => Ok(free),
+            None if self.qps.len() < MAX_QPS => {
+                self.qps.push(None);
+                Ok(self.qps.len() - 1)
+            }
+            None => Err(Error::Incompatible("the ring holds 65,536 queue pairs")),
+        }
+    }
+
+    /// Pushes an operation for `qp`; it is posted by the next
+    /// [`submit`](Self::submit). Refused, and handed back whole: a handle
+    /// naming nothing, a queue pair in error, a token of another table, an
+    /// operation that does not fit its slot, the remote slice, or the queue
+    /// pair's limits, a full send or receive queue, or a completion queue
+    /// that could overflow.
+    #[inline]
+    pub fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<(), Rejected<O>> {
+        match self.try_push(qp, &op) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(Rejected::new(error, op)),
+        }
+    }
+
+    #[inline(always)]
+    fn try_push<O: FixedOp>(&mut self, handle: FixedQp, op: &O) -> Result<(), Error> {
+        if let Some(why) = self.failed {
+            return Err(Error::RingFailed(why));
+        }
+        let slot = slot_mut(&mut self.qps, handle)?;
+        if let Some(status) = slot.error {
+            return Err(Error::QpInError(status));
+        }
+        let work = op.prepare(self.bufs.slot_len(), &slot.limits)?;
+        if work.table != self.bufs.table() {
+            return Err(Error::ForeignFixedBuf);
+        }
+        if self.cq_free == 0 {
+            return Err(Error::CompletionQueueFull {
+                possible: self.cq_entries,
+                entries: self.cq_entries,
+            });
+        }
+        let sge = self.bufs.sge_of(work.index, work.len);
+        if work.kind == OpKind::Recv {
+            if slot.recvs.outstanding() >= slot.recv_depth {
+                return Err(Error::RecvQueueFull {
+                    outstanding: slot.recvs.outstanding() as usize,
+                    depth: slot.recv_depth as usize,
+                });
+            }
+            let seq = slot.recvs.push(RecvEntry {
+                user_data: work.user_data,
+                index: work.index,
+            });
+            let start = slot.recv_sges.len() as u32;
+            slot.recv_sges.push(sge);
+            slot.recv_wrs.push(RecvWr {
+                wr_id: wr_id(handle.index, true, seq),
+                sges: SgeSpan { start, len: 1 },
+            });
+        } else {
+            if slot.sends.outstanding() >= slot.send_depth {
+                return Err(Error::SendQueueFull {
+                    outstanding: slot.sends.outstanding() as usize,
+                    depth: slot.send_depth as usize,
+                });
+            }
+            let seq = slot.sends.push(SendEntry {
+                user_data: work.user_data,
+                index: work.index,
+                len: work.len,
+                kind: work.kind,
+            });
+            let start = slot.send_sges.len() as u32;
+            slot.send_sges.push(sge);
+            let mut wr = work.wr;
+            wr.wr_id = wr_id(handle.index, false, seq);
+            // No element for no bytes: some devices read a zero length as
+            // 2^31.
+            wr.sges = SgeSpan {
+                start,
+                len: u32::from(work.len != 0),
+            };
+            // Every `signal_every`-th send by sequence number: no counter
+            // to keep, and never more than that many unsignaled in a row.
+            if seq & slot.signal_mask == slot.signal_mask {
+                wr.flags |= SendFlags::SIGNALED;
+            }
+            slot.send_wrs.push(wr);
+        }
+        self.cq_free -= 1;
+        if !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push(handle.index);
+        }
+        Ok(())
+    }
+
+    /// Posts everything pushed since the last submit: one doorbell per
+    /// queue pair with sends, one per queue pair with receives. The last
+    /// send of each queue pair asks for a completion, so every send comes
+    /// back. Returns how many work requests were posted.
+    ///
+    /// If the device refuses a post, that queue pair goes to error: the
+    /// refused work requests and those after them come back flushed from
+    /// the next reap, the posted ones as the device flushes them; the
+    /// other queue pairs are posted as usual and the first error is
+    /// returned. Work pushed for a queue pair already in error comes back
+    /// flushed without being posted.
+    pub fn submit(&mut self) -> Result<usize, Error> {
+        let table = self.bufs.table();
+        let mut posted = 0;
+        let mut first_error = None;
+        for &index in &self.dirty {
+            let Some(slot) = self.qps[index as usize].as_mut() else {
+                continue;
+            };
+            slot.dirty = false;
+            let handle = FixedQp {
+                index,
+                generation: slot.generation,
+            };
+            if slot.error.is_some() {
+                flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+                continue;
+            }
+            match post(slot, handle, table, &mut self.ready, &mut self.cq_free) {
+                Ok(n) => posted += n,
+                Err((n, error)) => {
+                    posted += n;
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        self.dirty.clear();
+        match first_error {
+            None => Ok(posted),
+            Some(error) => Err(error),
+        }
+    }
+
+    /// Appends the completions that are ready to `out` (without waiting)
+    /// and returns how many. Each send-queue completion releases, in
+    /// order, the unsignaled sends before it on its queue pair. A
+    /// completion naming nothing the ring posted is counted
+    /// ([`unknown_completions`](Self::unknown_completions)) and ignored.
+    /// On an error of the completion queue, completions appended so far
+    /// stay in `out`, and the ring takes no more work.
+    #[inline]
+    pub fn reap(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
+        let before = out.len();
+        if !self.ready.is_empty() {
+            out.append(&mut self.ready);
+        }
+        if self.failed.is_some() {
+            return Ok(out.len() - before);
+        }
+        let n = match self.cq.poll(&mut self.cqes[..]) {
+            Ok(n) => n,
+            Err(error) => {
+                self.failed = Some("its completion queue failed");
+                return Err(error);
+            }
+        };
+        let table = self.bufs.table();
+        for cqe in &self.cqes[..n] {
+            complete(
+                &mut self.qps,
+                cqe,
+                table,
+                &mut self.cq_free,
+                &mut self.unknown,
+                out,
+            );
+        }
+        Ok(out.len() - before)
+    }
+
+    /// Polls until at least `min` completions are ready, up to the
+    /// configured `wait_timeout`, and returns them (all that are ready).
+    /// Fails at once if fewer than `min` can still come (posted work is
+    /// all that can); on an error, what was reaped stays for the next
+    /// call.
+    pub fn wait(&mut self, min: usize) -> Result<Vec<FixedCompletion>, Error> {
+        let mut out = Vec::with_capacity(min);
+        let deadline = Deadline::after(self.config.wait_timeout);
+        loop {
+            if let Err(error) = self.reap(&mut out) {
+                self.ready.append(&mut out);
+                return Err(error);
+            }
+            if out.len() >= min {
+                return Ok(out);
+            }
+            let possible = out.len() + self.posted_outstanding();
+            let timed_out = deadline.expired();
+            if possible < min || timed_out {
+                self.ready.append(&mut out);
+                return Err(if timed_out {
+                    Error::Timeout(self.config.wait_timeout)
+                } else {
+                    Error::WaitUnsatisfiable {
+                        wanted: min,
+                        possible,
+                    }
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Posted operations not yet completed, on every queue pair.
+    fn posted_outstanding(&self) -> usize {
+        self.qps
+            .iter()
+            .flatten()
+            .map(|s| (s.sends.posted - s.sends.head + s.recvs.posted - s.recvs.head) as usize)
+            .sum()
+    }
+
+    /// Removes a queue pair and hands it back. Its work never posted comes
+    /// back flushed from the next reap; if it has work in flight, it is
+    /// moved to error and its flushed completions are drained first (the
+    /// other queue pairs' completions meanwhile wait for the next reap).
+    /// If the device does not flush everything within `drain_timeout`, it
+    /// stays attached, in error, and [`Error::Timeout`] is returned.
+    pub fn detach(&mut self, handle: FixedQp) -> Result<Q, Error> {
+        let table = self.bufs.table();
+        let slot = slot_mut(&mut self.qps, handle)?;
+        flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+        if slot.busy() {
+            enter_error(slot, handle, WcStatus::WrFlushErr);
+            let deadline = Deadline::after(self.config.drain_timeout);
+            while self.qps[handle.index as usize]
+                .as_ref()
+                .is_some_and(QpSlot::busy)
+            {
+                let mut ready = std::mem::take(&mut self.ready);
+                let polled = self.reap_device(&mut ready);
+                self.ready = ready;
+                polled?;
+                if deadline.expired() {
+                    return Err(Error::Timeout(self.config.drain_timeout));
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.dirty.retain(|&i| i != handle.index);
+        let slot = self.qps[handle.index as usize]
+            .take()
+            .expect("checked above");
+        self.cq_free += 1;
+        Ok(slot.qp)
+    }
+
+    /// Polls the device once into `out`.
+    fn reap_device(&mut self, out: &mut Vec<FixedCompletion>) -> Result<(), Error> {
+        let n = self.cq.poll(&mut self.cqes[..]).inspect_err(|_| {
+            self.failed = Some("its completion queue failed");
+        })?;
+        let table = self.bufs.table();
+        for cqe in &self.cqes[..n] {
+            complete(
+                &mut self.qps,
+                cqe,
+                table,
+                &mut self.cq_free,
+                &mut self.unknown,
+                out,
+            );
+        }
+        Ok(())
+    }
+
+    /// The completion queue, to create queue pairs on
+    /// ([`SoftDevice::create_qp_on`](crate::backend::soft::SoftDevice::create_qp_on),
+    /// say).
+    pub fn cq(&self) -> &Q::Cq {
+        &self.cq
+    }
+
+    /// The slots, to read and write through tokens.
+    #[inline]
+    pub fn bufs(&self) -> &FixedBufs {
+        &self.bufs
+    }
+
+    /// Takes a free slot's token (see [`FixedBufs::take`]).
+    #[inline]
+    pub fn take_buf(&mut self) -> Option<FixedBuf> {
+        self.bufs.take()
+    }
+
+    /// Gives a slot back (see [`FixedBufs::put`]).
+    #[inline]
+    pub fn put_buf(&mut self, buf: FixedBuf) -> Result<(), Rejected<FixedBuf>> {
+        self.bufs.put(buf)
+    }
+
+    /// Completions that named nothing the ring posted (a stale or foreign
+    /// `wr_id`, or a queue pair not attached), ignored.
+    pub fn unknown_completions(&self) -> u64 {
+        self.unknown
+    }
+
+    /// Whether the queue pair is in error (and takes no more work).
+    pub fn qp_error(&self, handle: FixedQp) -> Result<Option<WcStatus>, Error> {
+        match self.qps.get(handle.index as usize) {
+            Some(Some(slot)) if slot.generation == handle.generation => Ok(slot.error),
+            _ => Err(Error::NotAttached("queue pair")),
+        }
+    }
+}
+
+/// Posts a queue pair's pushed work; on a refusal, the posted count and
+/// the error.
+fn post<Q: QueuePair>(
+    slot: &mut QpSlot<Q>,
+    handle: FixedQp,
+    table: u32,
+    ready: &mut Vec<FixedCompletion>,
+    cq_free: &mut usize,
+) -> Result<usize, (usize, Error)> {
+    let mut posted = 0;
+    let mut refused = None;
+    if let Some(last) = slot.send_wrs.last_mut() {
+        last.flags |= SendFlags::SIGNALED;
+        let count = slot.send_wrs.len();
+        // SAFETY: each work request names bytes of one slot of the ring's
+        // table (registered in the queue pair's protection domain, checked
+        // at attach), whose token the ring keeps from push until the
+        // completion is handed back; the table outlives every queue pair,
+        // which is drained (or its memory leaked) before the table goes.
+        // Its `wr_id` is unique among the queue pair's outstanding work.
+        match unsafe { slot.qp.post_send(&slot.send_wrs, &slot.send_sges) } {
+            Ok(()) => {
+                slot.sends.posted += count as u64;
+                slot.last_signaled = true;
+                posted += count;
+            }
+            Err(PostError { accepted, error }) => {
+                let accepted = accepted.min(count);
+                if accepted > 0 {
+                    slot.last_signaled = slot.send_wrs[accepted - 1]
+                        .flags
+                        .contains(SendFlags::SIGNALED);
+                }
+                slot.sends.posted += accepted as u64;
+                posted += accepted;
+                refused = Some(error);
+            }
+        }
+        slot.send_wrs.clear();
+        slot.send_sges.clear();
+    }
+    if refused.is_none() && !slot.recv_wrs.is_empty() {
+        let count = slot.recv_wrs.len();
+        // SAFETY: as for the sends: each receive names one slot of the
+        // table, held by the ring until the completion is handed back.
+        match unsafe { slot.qp.post_recv(&slot.recv_wrs, &slot.recv_sges) } {
+            Ok(()) => {
+                slot.recvs.posted += count as u64;
+                posted += count;
+            }
+            Err(PostError { accepted, error }) => {
+                let accepted = accepted.min(count);
+                slot.recvs.posted += accepted as u64;
+                posted += accepted;
+                refused = Some(error);
+            }
+        }
+        slot.recv_wrs.clear();
+        slot.recv_sges.clear();
+    }
+    match refused {
+        None => Ok(posted),
+        Some(error) => {
+            flush_unposted(slot, handle, table, ready, cq_free);
+            enter_error(slot, handle, WcStatus::WrFlushErr);
+            Err((posted, error))
+        }
+    }
+}
+
+/// Hands back the queue pair's pushed, unposted work as flushed
+/// completions.
+fn flush_unposted<Q>(
+    slot: &mut QpSlot<Q>,
+    handle: FixedQp,
+    table: u32,
+    ready: &mut Vec<FixedCompletion>,
+    cq_free: &mut usize,
+) {
+    for seq in slot.sends.posted..slot.sends.tail {
+        let entry = slot.sends.get(seq);
+        ready.push(flushed(
+            handle,
+            table,
+            entry.index,
+            entry.user_data,
+            entry.kind,
+        ));
+    }
+    for seq in slot.recvs.posted..slot.recvs.tail {
+        let entry = slot.recvs.get(seq);
+        ready.push(flushed(
+            handle,
+            table,
+            entry.index,
+            entry.user_data,
+            OpKind::Recv,
+        ));
+    }
+    *cq_free +=
+        (slot.sends.tail - slot.sends.posted + slot.recvs.tail - slot.recvs.posted) as usize;
+    slot.sends.tail = slot.sends.posted;
+    slot.recvs.tail = slot.recvs.posted;
+    slot.send_wrs.clear();
+    slot.send_sges.clear();
+    slot.recv_wrs.clear();
+    slot.recv_sges.clear();
+}
+
+fn flushed(qp: FixedQp, table: u32, index: u32, user_data: u64, kind: OpKind) -> FixedCompletion {
+    FixedCompletion {
+        user_data,
+        buf: FixedBuf::from_raw(table, index),
+        qp,
+        byte_len: 0,
+        imm: None,
+        kind,
+        status: WcStatus::WrFlushErr,
+        by_write_imm: false,
+    }
+}
+
+/// Moves the queue pair to error, so the device flushes its outstanding
+/// work; if its last posted send asked for no completion, posts a
+/// signaled marker behind it, whose flushed completion releases it.
+fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcStatus) {
+    slot.error.get_or_insert(status);
+    // If the device cannot, the drain waits for what it flushes anyway and
+    // times out on the rest.
+    let _ = slot.qp.set_error();
+    if slot.last_signaled || slot.sends.head == slot.sends.posted {
+        return;
+    }
+    // The send queue keeps one place for this marker (send_depth), and
+    // the completion queue one entry (kept since attach).
+    let seq = slot.sends.push(SendEntry {
+        user_data: 0,
+        index: MARKER,
+        len: 0,
+        kind: OpKind::Send,
+    });
+    let mut wr = SendWr::new(
+        wr_id(handle.index, false, seq),
+        SendOpcode::Send,
+        SgeSpan::default(),
+    );
+    wr.flags = SendFlags::SIGNALED;
+    // SAFETY: the marker names no memory.
+    match unsafe { slot.qp.post_send(&[wr], &[]) } {
+        Ok(()) => {
+            slot.sends.posted += 1;
+            slot.last_signaled = true;
+        }
+        // The drain will time out (and leak the slots' memory rather than
+        // free it under the device).
+        Err(_) => slot.sends.tail -= 1,
+    }
+}
+
+/// Hands out what one completion queue entry completes.
+#[inline(always)]
+fn complete<Q>(
+    qps: &mut [Option<QpSlot<Q>>],
+    cqe: &RawCompletion,
+    table: u32,
+    cq_free: &mut usize,
+    unknown: &mut u64,
+    out: &mut Vec<FixedCompletion>,
+) {
+    let (index, recv, bits) = parse_wr_id(cqe.wr_id);
+    let Some(Some(slot)) = qps.get_mut(index) else {
+        *unknown += 1;
+        return;
+    };
+    if slot.qpn != cqe.qp_num {
+        *unknown += 1;
+        return;
+    }
+    let qp = FixedQp {
+        index: index as u32,
+        generation: slot.generation,
+    };
+    if !cqe.status.is_success() {
+        slot.error.get_or_insert(cqe.status);
+    }
+    if recv {
+        // Each receive has its own entry, so one delivered out of order is
+        // still released, and only once.
+        let Some(seq) = slot.recvs.posted_seq(bits) else {
+            *unknown += 1;
+            return;
+        };
+        let entry = slot.recvs.get(seq);
+        if entry.index == MARKER {
+            *unknown += 1;
+            return;
+        }
+        slot.recvs.set(seq, RecvEntry::TAKEN);
+        while slot.recvs.head < slot.recvs.posted && slot.recvs.get(slot.recvs.head).index == MARKER
+        {
+            slot.recvs.head += 1;
+        }
+        *cq_free += 1;
+        out.push(FixedCompletion {
+            user_data: entry.user_data,
+            buf: FixedBuf::from_raw(table, entry.index),
+            qp,
+            byte_len: cqe.byte_len,
+            imm: cqe.imm,
+            kind: OpKind::Recv,
+            status: cqe.status,
+            by_write_imm: cqe.by_write_imm,
+        });
+        return;
+    }
+    let Some(seq) = slot.sends.posted_seq(bits) else {
+        *unknown += 1;
+        return;
+    };
+    // RC completes a send queue in order: this entry completes every
+    // unsignaled send before it, successfully. (The drain marker is always
+    // the last send posted, so it can only be this entry.)
+    let head = slot.sends.head;
+    let sends = &slot.sends;
+    if head < seq {
+        out.extend(
+            (head..seq).map(|at| send_completion(sends.get(at), qp, table, WcStatus::Success)),
+        );
+    }
+    let entry = slot.sends.get(seq);
+    slot.sends.head = seq + 1;
+    *cq_free += (seq - head) as usize;
+    if entry.index != MARKER {
+        *cq_free += 1;
+        out.push(send_completion(entry, qp, table, cqe.status));
+    }
+}
+
+#[inline(always)]
+fn send_completion(entry: SendEntry, qp: FixedQp, table: u32, status: WcStatus) -> FixedCompletion {
+    FixedCompletion {
+        user_data: entry.user_data,
+        buf: FixedBuf::from_raw(table, entry.index),
+        qp,
+        byte_len: if status.is_success() { entry.len } else { 0 },
+        imm: None,
+        kind: entry.kind,
+        status,
+        by_write_imm: false,
+    }
+}
+
+impl<Q: QueuePair> Drop for FixedRing<Q> {
+    /// Moves every queue pair with work in flight to error and drains it;
+    /// if the device does not flush everything within `drain_timeout`,
+    /// the slots' memory is leaked, never freed under the NIC.
+    fn drop(&mut self) {
+        let table = self.bufs.table();
+        let mut ready = std::mem::take(&mut self.ready);
+        for (index, slot) in self.qps.iter_mut().enumerate() {
+            let Some(slot) = slot else { continue };
+            let handle = FixedQp {
+                index: index as u32,
+                generation: slot.generation,
+            };
+            flush_unposted(slot, handle, table, &mut ready, &mut self.cq_free);
+            if slot.busy() {
+                enter_error(slot, handle, WcStatus::WrFlushErr);
+            }
+        }
+        let deadline = Deadline::after(self.config.drain_timeout);
+        while self.qps.iter().flatten().any(QpSlot::busy) {
+            ready.clear();
+            if self.reap_device(&mut ready).is_err() || deadline.expired() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        if self.qps.iter().flatten().any(QpSlot::busy) {
+            self.bufs.leak();
+        }
+    }
+}
+
+impl<Q: QueuePair> std::fmt::Debug for FixedRing<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixedRing")
+            .field("qps", &self.qps.iter().flatten().count())
+            .field("bufs", &self.bufs)
+            .field("cq_entries", &self.cq_entries)
+            .field("unknown", &self.unknown)
+            .finish()
+    }
+}

@@ -1,0 +1,332 @@
+//! The fixed ring over the same adversarial device, driven by the same
+//! scenarios. Every slot token the ring hands back has its slot poisoned
+//! and is kept out of use; at the end, after every queue pair is detached
+//! and the device has run dry, each of those slots must still hold only
+//! poison. The ring must never panic, never hand an operation back twice,
+//! and every operation must come back, or the slots' memory must have been
+//! leaked.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_ring::backend::soft::{Progress, QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{QpConfig, RawCompletion, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::fixed::{
+    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, ReadFixed,
+    RecvFixed, SendFixed, WriteFixed,
+};
+use rdma_ring::op::Recv;
+use rdma_ring::ring::{Ring, RingConfig};
+
+use super::{AdvCq, AdvQp, Shared, Step, LEN, POISON, QPS};
+
+/// Slots in the table: more than a scenario can push.
+const SLOTS: u32 = 512;
+
+/// The fixed ring (over the adversary), its peers, and the graveyard.
+pub struct FixedAdversary {
+    dev: SoftDevice,
+    pd: SoftPd,
+    ring: FixedRing<AdvQp>,
+    handles: Vec<FixedQp>,
+    controls: Vec<QpControl>,
+    qp_nums: Vec<u32>,
+    peers: Vec<Ring<SoftQp>>,
+    peer_region: ExposedBuf<Vec<u8>>,
+    knobs: Shared,
+    next_id: u64,
+    pushed: HashSet<u64>,
+    returned: HashSet<u64>,
+    /// Tokens handed back, their slots poisoned, never used again.
+    graveyard: Vec<FixedBuf>,
+    regions_leaked_before: u64,
+    /// What happened, for coverage reports.
+    pub partial_posts: usize,
+    pub overclaims: usize,
+    pub forged: usize,
+    pub returned_ops: usize,
+    pub failed_ops: usize,
+}
+
+impl FixedAdversary {
+    pub fn new() -> FixedAdversary {
+        let dev = SoftDevice::with_progress(Progress::Manual);
+        let pd = dev.alloc_pd();
+        let knobs: Shared = Arc::default();
+        let cq = AdvCq {
+            inner: dev.create_cq(256).unwrap(),
+            knobs: Arc::clone(&knobs),
+        };
+        let bufs = FixedBufs::new(&pd, SLOTS, LEN as u32).unwrap();
+        let mut ring: FixedRing<AdvQp> = FixedRing::new(
+            cq,
+            bufs,
+            FixedRingConfig {
+                signal_interval: 4,
+                drain_timeout: Duration::from_millis(200),
+                ..FixedRingConfig::default()
+            },
+        );
+        let config = QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 8,
+            ..QpConfig::default()
+        };
+        let (mut handles, mut controls, mut qp_nums, mut peers) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..QPS {
+            let qp = dev
+                .create_qp_on(&pd, &ring.cq().inner, None, config)
+                .unwrap();
+            let peer = dev.create_qp(&pd, config).unwrap();
+            dev.connect(&qp, &peer).unwrap();
+            controls.push(qp.control());
+            qp_nums.push(qp.qpn());
+            handles.push(
+                ring.attach(AdvQp {
+                    inner: qp,
+                    knobs: Arc::clone(&knobs),
+                })
+                .unwrap_or_else(|_| panic!("attach")),
+            );
+            peers.push(Ring::new(peer, RingConfig::default()));
+        }
+        let peer_region = ExposedBuf::new(&pd, vec![0x11u8; LEN * 4], RemoteAccess::all()).unwrap();
+        FixedAdversary {
+            regions_leaked_before: rdma_ring::leak::leaked().regions,
+            dev,
+            pd,
+            ring,
+            handles,
+            controls,
+            qp_nums,
+            peers,
+            peer_region,
+            knobs,
+            next_id: 1,
+            pushed: HashSet::new(),
+            returned: HashSet::new(),
+            graveyard: Vec::new(),
+            partial_posts: 0,
+            overclaims: 0,
+            forged: 0,
+            returned_ops: 0,
+            failed_ops: 0,
+        }
+    }
+}
+
+impl FixedAdversary {
+    /// Slot tokens handed back and checked for late writes.
+    pub fn buried(&self) -> usize {
+        self.graveyard.len()
+    }
+
+    pub fn run(steps: &[Step]) -> FixedAdversary {
+        let mut adversary = FixedAdversary::new();
+        for step in steps {
+            adversary.apply(step);
+        }
+        adversary.finish();
+        adversary
+    }
+
+    fn target(&self) -> RemoteSlice {
+        self.peer_region.remote().slice(0..LEN as u64).unwrap()
+    }
+
+    fn apply(&mut self, step: &Step) {
+        match *step {
+            Step::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
+            Step::Submit => self.submit(),
+            Step::SubmitTaking(n) => {
+                self.knobs.lock().unwrap().accept = Some(n);
+                self.partial_posts += 1;
+                self.submit();
+            }
+            Step::SubmitOverclaiming(n) => {
+                self.knobs.lock().unwrap().overclaim = Some(n);
+                self.overclaims += 1;
+                self.submit();
+            }
+            Step::Progress => {
+                self.dev.progress();
+            }
+            Step::ExecuteOne(qp) => {
+                self.controls[qp].step();
+            }
+            Step::Poll => self.poll(),
+            Step::Forge { wr_id, qp } => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.posted.contains(&wr_id) {
+                    self.forged += 1;
+                    knobs.forged.push_back(RawCompletion {
+                        wr_id,
+                        qp_num: self.qp_nums[qp],
+                        ..RawCompletion::default()
+                    });
+                }
+            }
+            Step::Repeat(k) => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.history.is_empty() {
+                    let old = knobs.history[k % knobs.history.len()];
+                    knobs.forged.push_back(old);
+                }
+            }
+            Step::Hold(qp) => self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]),
+            Step::Release => self.knobs.lock().unwrap().hold = None,
+            Step::Fail(qp) => self.controls[qp].fail_nth(1, WcStatus::RemOpErr),
+            Step::PeerRecv(qp) => {
+                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
+                let _ = self.peers[qp].submission().push(Recv::new(buf));
+                let _ = self.peers[qp].submit();
+            }
+        }
+    }
+
+    fn push(&mut self, qp: usize, kind: u8, signaled: bool) {
+        let Some(mut buf) = self.ring.take_buf() else {
+            return;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
+        let target = self.target();
+        let handle = self.handles[qp];
+        macro_rules! push {
+            ($op:expr) => {{
+                let op = $op.user_data(id);
+                let op = if signaled { op.signaled() } else { op };
+                self.ring
+                    .push(handle, op)
+                    .map_err(|r| r.into_parts().1.into_buf())
+            }};
+        }
+        let refused = match kind {
+            0 => push!(WriteFixed::new(buf, LEN as u32, target)),
+            1 => push!(ReadFixed::new(buf, LEN as u32, target)),
+            2 => push!(SendFixed::new(buf, LEN as u32)),
+            _ => self
+                .ring
+                .push(handle, RecvFixed::new(buf).user_data(id))
+                .map_err(|r| r.into_parts().1.into_buf()),
+        };
+        match refused {
+            Ok(()) => {
+                self.pushed.insert(id);
+            }
+            Err(buf) => self.bury(buf),
+        }
+    }
+
+    fn submit(&mut self) {
+        // A refused post's work comes back flushed from the next reap.
+        let _ = self.ring.submit();
+        let mut knobs = self.knobs.lock().unwrap();
+        knobs.accept = None;
+        knobs.overclaim = None;
+    }
+
+    fn poll(&mut self) {
+        let mut out = Vec::new();
+        let _ = self.ring.reap(&mut out);
+        self.returned_all(out);
+        for peer in &mut self.peers {
+            let _ = peer.completion().reap(&mut Vec::new());
+        }
+    }
+
+    fn returned_all(&mut self, out: Vec<FixedCompletion>) {
+        for c in out {
+            let id = c.user_data();
+            assert!(
+                self.pushed.contains(&id),
+                "an op that was never pushed came back"
+            );
+            assert!(self.returned.insert(id), "op {id} came back twice");
+            self.returned_ops += 1;
+            if !c.status().is_success() {
+                self.failed_ops += 1;
+            }
+            self.bury(c.into_buf());
+        }
+    }
+
+    /// Poisons a slot the ring handed back and keeps its token.
+    fn bury(&mut self, mut buf: FixedBuf) {
+        self.ring.bufs().bytes_mut(&mut buf).fill(POISON);
+        self.graveyard.push(buf);
+    }
+
+    fn finish(&mut self) {
+        self.knobs.lock().unwrap().hold = None;
+        for _ in 0..4 {
+            self.dev.progress();
+        }
+        self.poll();
+        // Detach every queue pair: to error, drained (or left attached
+        // when the adversary keeps its work); what was never posted and
+        // what the drain brought back come out of the next reap.
+        let mut drained = true;
+        for handle in self.handles.clone() {
+            drained &= self.ring.detach(handle).is_ok();
+        }
+        let mut out = Vec::new();
+        let _ = self.ring.reap(&mut out);
+        self.returned_all(out);
+        // Run the device dry: nothing it still held may touch a buried
+        // slot.
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+        for peer in self.peers.drain(..) {
+            drop(peer.close());
+        }
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+        for (i, buf) in self.graveyard.iter().enumerate() {
+            assert!(
+                self.ring.bufs().bytes(buf).iter().all(|&b| b == POISON),
+                "slot {} (token {i}) was written after the ring handed it back",
+                buf.index()
+            );
+        }
+        let missing = self.pushed.len() - self.returned.len();
+        assert!(
+            drained || missing > 0,
+            "a detach timed out with every operation back"
+        );
+        if missing > 0 {
+            // The ring must keep the memory of what it could not get back.
+            let ring =
+                std::mem::replace(&mut self.ring, blank_ring(&self.dev, &self.pd, &self.knobs));
+            drop(ring);
+            assert!(
+                rdma_ring::leak::leaked().regions > self.regions_leaked_before,
+                "{missing} operations never came back, and the slots were freed"
+            );
+        }
+    }
+}
+
+/// A ring with no queue pairs, to put in the place of one being dropped.
+fn blank_ring(dev: &SoftDevice, pd: &SoftPd, knobs: &Shared) -> FixedRing<AdvQp> {
+    FixedRing::new(
+        AdvCq {
+            inner: dev.create_cq(1).unwrap(),
+            knobs: Arc::clone(knobs),
+        },
+        FixedBufs::new(pd, 1, 8).unwrap(),
+        FixedRingConfig::default(),
+    )
+}
+
+impl Default for FixedAdversary {
+    fn default() -> Self {
+        FixedAdversary::new()
+    }
+}

@@ -1,0 +1,391 @@
+//! The fixed ring's refusals on the soft device: each bad input is refused
+//! with its own error and the operation (and so its slot) handed back; and
+//! what a refused attach hands back.
+
+use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{QpConfig, QueuePair, SrqConfig, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::fixed::{
+    FetchAddFixed, FixedBufs, FixedQp, FixedRing, FixedRingConfig, RecvFixed, SendFixed, WriteFixed,
+};
+use rdma_ring::Error;
+
+struct Setup {
+    _dev: SoftDevice,
+    pd: SoftPd,
+    ring: FixedRing<SoftQp>,
+    qp: FixedQp,
+    control: QpControl,
+    _peer: SoftQp,
+    target: ExposedBuf<Vec<u8>>,
+}
+
+fn setup(config: QpConfig, slots: u32) -> Setup {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut a, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let cq = a.take_cq().unwrap();
+    let control = a.control();
+    let mut ring = FixedRing::new(
+        cq,
+        FixedBufs::new(&pd, slots, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let qp = ring.attach(a).unwrap_or_else(|_| panic!("attach"));
+    let target = ExposedBuf::new(&pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
+    Setup {
+        _dev: dev,
+        pd,
+        ring,
+        qp,
+        control,
+        _peer: peer,
+        target,
+    }
+}
+
+/// Pushes `op`, expecting a refusal; puts the slot back and returns the
+/// error.
+macro_rules! refused {
+    ($ring:expr, $qp:expr, $op:expr) => {{
+        let (error, op) = $ring.push($qp, $op).unwrap_err().into_parts();
+        $ring.put_buf(op.into_buf()).unwrap();
+        error
+    }};
+}
+
+#[test]
+fn bad_operations_are_refused_and_handed_back() {
+    let mut s = setup(QpConfig::default(), 4);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let (ring, qp) = (&mut s.ring, s.qp);
+
+    let slot = ring.take_buf().unwrap();
+    let e = refused!(ring, qp, WriteFixed::new(slot, 65, remote));
+    assert!(
+        matches!(
+            e,
+            Error::OutOfBounds {
+                end: 65,
+                len: 64,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let slot = ring.take_buf().unwrap();
+    let small = s.target.remote().slice(0..32).unwrap();
+    let e = refused!(ring, qp, WriteFixed::new(slot, 64, small));
+    assert!(
+        matches!(
+            e,
+            Error::RemoteTooSmall {
+                local: 64,
+                remote: 32
+            }
+        ),
+        "{e}"
+    );
+
+    let slot = ring.take_buf().unwrap();
+    let read_only = remote.restrict(RemoteAccess::READ);
+    let e = refused!(ring, qp, WriteFixed::new(slot, 8, read_only));
+    assert!(matches!(e, Error::MissingRemoteRights { .. }), "{e}");
+
+    let mut other = FixedBufs::new(&s.pd, 1, 64).unwrap();
+    let foreign = other.take().unwrap();
+    let (e, op) = ring
+        .push(qp, WriteFixed::new(foreign, 8, remote))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::ForeignFixedBuf), "{e}");
+    let foreign = op.into_buf();
+    let (e, foreign) = ring.put_buf(foreign).unwrap_err().into_parts();
+    assert!(matches!(e, Error::ForeignFixedBuf), "{e}");
+    other.put(foreign).unwrap();
+
+    let slot = ring.take_buf().unwrap();
+    let e = refused!(ring, qp, SendFixed::new(slot, 65).inline());
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+
+    assert_eq!(ring.bufs().free(), 4, "every slot back");
+    assert_eq!(
+        s.control.counters().send_wrs,
+        0,
+        "nothing reached the device"
+    );
+}
+
+#[test]
+fn inline_payloads_beyond_the_queue_pairs_limit_are_refused() {
+    let config = QpConfig {
+        max_inline_data: 16,
+        ..QpConfig::default()
+    };
+    let mut s = setup(config, 2);
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, s.qp, SendFixed::new(slot, 17).inline());
+    assert!(
+        matches!(e, Error::InlineTooLarge { len: 17, max: 16 }),
+        "{e}"
+    );
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push(s.qp, SendFixed::new(slot, 16).inline())
+        .unwrap();
+}
+
+#[test]
+fn full_queues_and_a_full_completion_queue_refuse_work() {
+    // Four send places, one kept for the drain marker.
+    let config = QpConfig {
+        max_send_wr: 4,
+        max_recv_wr: 2,
+        ..QpConfig::default()
+    };
+    let mut s = setup(config, 8);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    for _ in 0..3 {
+        let slot = s.ring.take_buf().unwrap();
+        s.ring
+            .push(s.qp, WriteFixed::new(slot, 64, remote))
+            .unwrap();
+    }
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, s.qp, WriteFixed::new(slot, 64, remote));
+    assert!(
+        matches!(
+            e,
+            Error::SendQueueFull {
+                outstanding: 3,
+                depth: 3
+            }
+        ),
+        "{e}"
+    );
+    for _ in 0..2 {
+        let slot = s.ring.take_buf().unwrap();
+        s.ring.push(s.qp, RecvFixed::new(slot)).unwrap();
+    }
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, s.qp, RecvFixed::new(slot));
+    assert!(
+        matches!(
+            e,
+            Error::RecvQueueFull {
+                outstanding: 2,
+                depth: 2
+            }
+        ),
+        "{e}"
+    );
+    // Submitted and reaped, the places are free again.
+    assert_eq!(s.ring.submit().unwrap(), 5);
+    let sent = s.ring.wait(3).unwrap();
+    assert!(sent.iter().all(|c| c.status().is_success()));
+    for c in sent {
+        s.ring.put_buf(c.into_buf()).unwrap();
+    }
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push(s.qp, WriteFixed::new(slot, 64, remote))
+        .unwrap();
+
+    // A completion queue of 4 entries with two queue pairs keeps one for
+    // each drain marker: two operations fit, the third is refused.
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4).unwrap();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        cq,
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let mut handles = Vec::new();
+    let mut peers = Vec::new();
+    for _ in 0..2 {
+        let qp = dev
+            .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        handles.push(ring.attach(qp).unwrap_or_else(|_| panic!("attach")));
+        peers.push(peer);
+    }
+    for &h in &handles {
+        let slot = ring.take_buf().unwrap();
+        ring.push(h, RecvFixed::new(slot)).unwrap();
+    }
+    let slot = ring.take_buf().unwrap();
+    let e = refused!(ring, handles[0], RecvFixed::new(slot));
+    assert!(
+        matches!(e, Error::CompletionQueueFull { entries: 4, .. }),
+        "{e}"
+    );
+    // A third queue pair cannot be attached either: no entry for its marker.
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let (e, _qp) = ring.attach(qp).unwrap_err().into_parts();
+    assert!(matches!(e, Error::CompletionQueueFull { .. }), "{e}");
+}
+
+#[test]
+fn attach_refuses_what_the_ring_cannot_serve_and_hands_it_back() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(64).unwrap();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        cq,
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+
+    let elsewhere = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    let qpn = elsewhere.qpn();
+    let (e, back) = ring.attach(elsewhere).unwrap_err().into_parts();
+    assert!(matches!(e, Error::Incompatible(_)), "{e}");
+    assert_eq!(back.qpn(), qpn, "the same queue pair handed back");
+
+    let other_pd = dev.alloc_pd();
+    let foreign = dev
+        .create_qp_on(&other_pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let (e, _) = ring.attach(foreign).unwrap_err().into_parts();
+    assert!(matches!(e, Error::WrongPd { .. }), "{e}");
+
+    let srq = dev.create_srq(&pd, SrqConfig::default()).unwrap();
+    let on_srq = dev
+        .create_qp_on(&pd, ring.cq(), Some(&srq), QpConfig::default())
+        .unwrap();
+    let (e, _) = ring.attach(on_srq).unwrap_err().into_parts();
+    assert!(matches!(e, Error::Incompatible(_)), "{e}");
+
+    let tiny = QpConfig {
+        max_send_wr: 1,
+        ..QpConfig::default()
+    };
+    let shallow = dev.create_qp_on(&pd, ring.cq(), None, tiny).unwrap();
+    let (e, _) = ring.attach(shallow).unwrap_err().into_parts();
+    assert!(matches!(e, Error::Incompatible(_)), "{e}");
+}
+
+#[test]
+fn handles_of_detached_queue_pairs_and_other_rings_name_nothing() {
+    let mut s = setup(QpConfig::default(), 2);
+    let other = setup(QpConfig::default(), 2);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, other.qp, WriteFixed::new(slot, 8, remote));
+    assert!(matches!(e, Error::NotAttached(_)), "{e}");
+    assert!(matches!(
+        s.ring.qp_error(other.qp),
+        Err(Error::NotAttached(_))
+    ));
+    let qp = s.ring.detach(s.qp).unwrap();
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, s.qp, WriteFixed::new(slot, 8, remote));
+    assert!(matches!(e, Error::NotAttached(_)), "{e}");
+    // Attached again, it has a new handle; the old one still names nothing.
+    let again = s.ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    assert_ne!(again, s.qp);
+    let slot = s.ring.take_buf().unwrap();
+    let e = refused!(s.ring, s.qp, WriteFixed::new(slot, 8, remote));
+    assert!(matches!(e, Error::NotAttached(_)), "{e}");
+}
+
+#[test]
+fn work_pushed_before_a_failure_is_seen_comes_back_flushed_unposted() {
+    let mut s = setup(QpConfig::default(), 4);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    s.control.fail_nth(1, WcStatus::RemOpErr);
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push(s.qp, WriteFixed::new(slot, 64, remote).user_data(1))
+        .unwrap();
+    s.ring.submit().unwrap();
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push(s.qp, WriteFixed::new(slot, 64, remote).user_data(2))
+        .unwrap();
+    let failed = s.ring.wait(1).unwrap();
+    assert_eq!(
+        (failed[0].user_data(), failed[0].status()),
+        (1, WcStatus::RemOpErr)
+    );
+    assert_eq!(s.ring.qp_error(s.qp).unwrap(), Some(WcStatus::RemOpErr));
+    let posted_before = s.control.counters().send_wrs;
+    assert_eq!(
+        s.ring.submit().unwrap(),
+        0,
+        "nothing posted to a failed queue pair"
+    );
+    assert_eq!(s.control.counters().send_wrs, posted_before);
+    let flushed = s.ring.wait(1).unwrap();
+    assert_eq!(
+        (
+            flushed[0].user_data(),
+            flushed[0].status(),
+            flushed[0].byte_len()
+        ),
+        (2, WcStatus::WrFlushErr, 0)
+    );
+}
+
+#[test]
+fn a_zero_length_write_moves_nothing_and_completes() {
+    let mut s = setup(QpConfig::default(), 1);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let slot = s.ring.take_buf().unwrap();
+    s.ring.push(s.qp, WriteFixed::new(slot, 0, remote)).unwrap();
+    s.ring.submit().unwrap();
+    let done = s.ring.wait(1).unwrap();
+    assert_eq!(
+        (done[0].status(), done[0].byte_len()),
+        (WcStatus::Success, 0)
+    );
+    // Nothing more can come: waiting for one fails at once.
+    assert!(matches!(
+        s.ring.wait(1),
+        Err(Error::WaitUnsatisfiable {
+            wanted: 1,
+            possible: 0
+        })
+    ));
+}
+
+#[test]
+fn atomics_need_eight_bytes_of_slot() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut a, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let cq = a.take_cq().unwrap();
+    let mut ring = FixedRing::new(
+        cq,
+        FixedBufs::new(&pd, 1, 4).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let qp = ring.attach(a).unwrap_or_else(|_| panic!("attach"));
+    let word = RemoteSlice::new(0x1000, 64, 7, RemoteAccess::ATOMIC)
+        .word(0)
+        .unwrap();
+    let slot = ring.take_buf().unwrap();
+    let e = refused!(ring, qp, FetchAddFixed::new(slot, word, 1));
+    assert!(
+        matches!(e, Error::OutOfBounds { end: 8, len: 4, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+#[should_panic(expected = "a fixed buffer token of another table")]
+fn a_token_of_another_table_reaches_no_slot() {
+    let pd = SoftDevice::new().alloc_pd();
+    let (mut a, b) = (
+        FixedBufs::new(&pd, 1, 8).unwrap(),
+        FixedBufs::new(&pd, 1, 8).unwrap(),
+    );
+    let token = a.take().unwrap();
+    let _ = b.bytes(&token);
+}
