@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced|raw|model --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|fixed|raw|model --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -14,6 +14,10 @@
 //! `coalesce_doorbells`, one doorbell per round), on the soft device in
 //! no-op mode (the device completes every work request at once and moves
 //! no data).
+//!
+//! `fixed` is the same through the fixed-buffer ring
+//! ([`FixedRing`](rdma_ring::fixed::FixedRing)): slots of one registration
+//! named by tokens, 48-byte completions.
 //!
 //! `raw` is the floor under all of them: no ring, no buffer ownership,
 //! what a C verbs program does — B work requests built by hand into one

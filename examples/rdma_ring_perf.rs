@@ -1,7 +1,8 @@
 //! `rdma-ring-perf`: perftest's bandwidth and latency tests, through the
-//! ring — the sync path (batched posts, moderated completions) or the
+//! ring — the sync path (batched posts, moderated completions), the
 //! awaited one (`--async`: `--tx-depth` tasks awaiting one operation at a
-//! time). Server and client as two processes (endpoints over a TCP
+//! time), or the fixed-buffer ring (`--fixed`: the same loop as the sync
+//! path over slots of one registration). Server and client as two processes (endpoints over a TCP
 //! handshake), or both in one process (`--loopback`, also on the soft
 //! device).
 //!
@@ -25,6 +26,10 @@ use clap::{Parser, ValueEnum};
 use rdma_ring::backend::soft::{Progress, SoftDevice};
 use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
+use rdma_ring::fixed::{
+    FetchAddFixed, FixedBuf, FixedBufs, FixedQp, FixedRing, FixedRingConfig, ReadFixed, RecvFixed,
+    SendFixed, WriteFixed,
+};
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
@@ -110,6 +115,10 @@ struct Args {
     /// one doorbell (`AsyncRing::coalesce_doorbells`).
     #[arg(long, requires = "awaited")]
     coalesce: bool,
+    /// The fixed-buffer ring (`rdma_ring::fixed`): the sync path's loop,
+    /// with buffers that are slots of one registration.
+    #[arg(long, conflicts_with = "awaited")]
+    fixed: bool,
     /// Print the results as JSON too.
     #[arg(long)]
     json: bool,
@@ -417,6 +426,9 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
     let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
     let pool = BufferPool::new(pd, largest, args.tx_depth.max(2) + 1)?;
     let mut rows = Vec::new();
+    if args.fixed {
+        return measure_fixed(args, pd, qp, remote, largest, sync);
+    }
     if args.awaited {
         let ring = AsyncRing::new(Ring::new(qp, ring_config), Wakeup::Busy)?;
         ring.coalesce_doorbells(args.coalesce);
@@ -600,6 +612,167 @@ fn lat_sync<Q: QueuePair>(
     })
 }
 
+fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
+    args: &Args,
+    pd: &P,
+    mut qp: Q,
+    remote: RemoteSlice,
+    largest: usize,
+    sync: &mut dyn Handoff,
+) -> Result<Vec<Row>> {
+    let cq = qp
+        .take_cq()
+        .ok_or("the queue pair has no completion queue of its own")?;
+    let slot_len = u32::try_from(largest).map_err(|_| "--max-size too large")?;
+    let bufs = FixedBufs::new(pd, args.tx_depth as u32 + 2, slot_len)?;
+    let config = FixedRingConfig {
+        signal_interval: args.cq_mod.min(args.tx_depth) as u32,
+        ..FixedRingConfig::default()
+    };
+    let mut ring = FixedRing::new(cq, bufs, config);
+    let handle = ring.attach(qp).map_err(|r| r.error().to_string())?;
+    let mut rows = Vec::new();
+    for size in args.sizes() {
+        sync.begin(size)?;
+        rows.push(match args.mode {
+            Mode::Bw => bw_fixed(args, &mut ring, handle, remote, size)?,
+            Mode::Lat => lat_fixed(args, &mut ring, handle, remote, size)?,
+        });
+        sync.end()?;
+    }
+    Ok(rows)
+}
+
+/// Pushes one operation of `size` from slot `buf` on `slot`.
+fn push_fixed<Q: QueuePair>(
+    args: &Args,
+    ring: &mut FixedRing<Q>,
+    handle: FixedQp,
+    buf: FixedBuf,
+    slot: RemoteSlice,
+    size: usize,
+) -> Result<()> {
+    let inline = size <= args.inline_size;
+    let len = size as u32;
+    fn text<T>(r: rdma_ring::Rejected<T>) -> String {
+        r.to_string()
+    }
+    match args.op {
+        Op::Write if inline => ring
+            .push(handle, WriteFixed::new(buf, len, slot).inline())
+            .map_err(text)?,
+        Op::Write => ring
+            .push(handle, WriteFixed::new(buf, len, slot))
+            .map_err(text)?,
+        Op::Read => ring
+            .push(handle, ReadFixed::new(buf, len, slot))
+            .map_err(text)?,
+        Op::Send if inline => ring
+            .push(handle, SendFixed::new(buf, len).inline())
+            .map_err(text)?,
+        Op::Send => ring.push(handle, SendFixed::new(buf, len)).map_err(text)?,
+        Op::Atomic => ring
+            .push(handle, FetchAddFixed::new(buf, slot.word(0)?, 1))
+            .map_err(text)?,
+    }
+    Ok(())
+}
+
+fn bw_fixed<Q: QueuePair>(
+    args: &Args,
+    ring: &mut FixedRing<Q>,
+    handle: FixedQp,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slots = slots(args, remote, size)?;
+    let mut bufs: Vec<FixedBuf> = (0..args.tx_depth)
+        .map(|_| ring.take_buf().ok_or("the slots are all taken"))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut done = Vec::with_capacity(args.tx_depth);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let start = Instant::now();
+    while completed < iters {
+        while bufs.len() >= args.post_list && posted < iters {
+            let n = args.post_list.min((iters - posted) as usize);
+            for _ in 0..n {
+                let buf = bufs.pop().expect("counted");
+                let slot = slots[posted as usize % slots.len()];
+                push_fixed(args, ring, handle, buf, slot, size)?;
+                posted += 1;
+            }
+            ring.submit()?;
+        }
+        ring.reap(&mut done)?;
+        for c in done.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+            completed += 1;
+            bufs.push(c.into_buf());
+        }
+    }
+    for buf in bufs {
+        ring.put_buf(buf).map_err(|r| r.to_string())?;
+    }
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs: start.elapsed().as_secs_f64(),
+        lat: Vec::new(),
+    })
+}
+
+fn lat_fixed<Q: QueuePair>(
+    args: &Args,
+    ring: &mut FixedRing<Q>,
+    handle: FixedQp,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slot = slots(args, remote, size)?[0];
+    let mut lat = Vec::with_capacity(iters as usize);
+    let mut done = Vec::with_capacity(2);
+    let start = Instant::now();
+    for _ in 0..iters {
+        let t = Instant::now();
+        let mut expect = 1;
+        if args.op == Op::Send {
+            let echo = ring.take_buf().ok_or("the slots are all taken")?;
+            ring.push(handle, RecvFixed::new(echo))
+                .map_err(|r| r.to_string())?;
+            expect = 2;
+        }
+        let buf = ring.take_buf().ok_or("the slots are all taken")?;
+        push_fixed(args, ring, handle, buf, slot, size)?;
+        ring.submit()?;
+        // Busy-poll, as perftest does.
+        let mut seen = 0;
+        while seen < expect {
+            ring.reap(&mut done)?;
+            for c in done.drain(..) {
+                if !c.status().is_success() {
+                    return Err(format!("a completion failed: {}", c.status()).into());
+                }
+                seen += 1;
+                ring.put_buf(c.into_buf()).map_err(|r| r.to_string())?;
+            }
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs,
+        lat,
+    })
+}
+
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
     args: &Args,
     ring: &AsyncRing<Q>,
@@ -666,10 +839,11 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
 }
 
 fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
-    let path = match (args.awaited, args.coalesce) {
-        (false, _) => "sync",
-        (true, false) => "awaited",
-        (true, true) => "awaited, doorbells coalesced",
+    let path = match (args.fixed, args.awaited, args.coalesce) {
+        (true, _, _) => "fixed-buffer",
+        (false, false, _) => "sync",
+        (false, true, false) => "awaited",
+        (false, true, true) => "awaited, doorbells coalesced",
     };
     let line = "-".repeat(86);
     println!("{line}");
@@ -764,7 +938,13 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
         "{{\"tool\":\"rdma-ring-perf\",\"op\":\"{:?}\",\"mode\":\"{:?}\",\"device\":\"{device}\",\"path\":\"{}\",\"tx_depth\":{},\"post_list\":{},\"cq_mod\":{},\"inline\":{},\"results\":[{}]}}",
         args.op,
         args.mode,
-        if args.awaited { "awaited" } else { "sync" },
+        if args.fixed {
+            "fixed"
+        } else if args.awaited {
+            "awaited"
+        } else {
+            "sync"
+        },
         args.tx_depth,
         args.post_list,
         args.cq_mod,

@@ -30,7 +30,7 @@ ours_json() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" /tmp/ours.log | tail -n 1; 
 echo "rxe0 (TCG VM), two processes each; bw: size=$size post list=$batch depth=$depth CQE every $batch, $iters ops;"
 echo "lat: size=$size, $lat_iters ops; WRITE/SEND up to 220 B inline on both sides; $rounds interleaved runs each, medians"
 echo
-printf '%-8s %-4s %-22s %12s %12s %12s %8s %8s\n' op test measure perftest ring ring-async ratio async-ratio
+printf '%-8s %-4s %-22s %12s %12s %12s %12s %8s %8s %8s\n' op test measure perftest ring ring-async ring-fixed ratio async-ratio fixed-ratio
 for op in write read send atomic; do
     case "$op" in
         write | send) pflags=(-s "$size" -I 220) ; oflags=(-s "$size" -I 220) ; bytes="$size" ;;
@@ -41,6 +41,7 @@ for op in write read send atomic; do
         : > /tmp/theirs.txt
         : > /tmp/ours.txt
         : > /tmp/async.txt
+        : > /tmp/fixed.txt
         for _ in $(seq "$rounds"); do
             if [ "$test" = bw ]; then
                 pair /tmp/theirs.log "ib_${op}_bw" -d rxe0 -x 1 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${pflags[@]}" -F
@@ -49,6 +50,8 @@ for op in write read send atomic; do
                 ours_json mpps >> /tmp/ours.txt
                 pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -Q "$batch" "${oflags[@]}" --json --async
                 ours_json mpps >> /tmp/async.txt
+                pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${oflags[@]}" --json --fixed
+                ours_json mpps >> /tmp/fixed.txt
             else
                 pair /tmp/theirs.log "ib_${op}_lat" -d rxe0 -x 1 -n "$lat_iters" "${pflags[@]}" -F
                 perftest_col "$bytes" 5 >> /tmp/theirs.txt
@@ -56,19 +59,21 @@ for op in write read send atomic; do
                 ours_json t_p50_us >> /tmp/ours.txt
                 pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json --async
                 ours_json t_p50_us >> /tmp/async.txt
+                pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json --fixed
+                ours_json t_p50_us >> /tmp/fixed.txt
             fi
         done
-        theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)"
-        if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ]; then
-            echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited')" >&2
+        theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)" fixed="$(median < /tmp/fixed.txt)"
+        if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ] || [ -z "$fixed" ]; then
+            echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited', fixed '$fixed')" >&2
             cat /tmp/theirs.log /tmp/ours.log >&2
             exit 1
         fi
         measure="Mpps (higher better)"
         [ "$test" = lat ] && measure="p50 us (lower better)"
         ratio() { awk -v a="$1" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'; }
-        printf '%-8s %-4s %-22s %12s %12s %12s %8s %8s\n' "$op" "$test" "$measure" "$theirs" "$mine" "$awaited" "$(ratio "$mine")" "$(ratio "$awaited")"
-        echo "         runs: perftest $(runs /tmp/theirs.txt)| ring $(runs /tmp/ours.txt)| async $(runs /tmp/async.txt)"
+        printf '%-8s %-4s %-22s %12s %12s %12s %12s %8s %8s %8s\n' "$op" "$test" "$measure" "$theirs" "$mine" "$awaited" "$fixed" "$(ratio "$mine")" "$(ratio "$awaited")" "$(ratio "$fixed")"
+        echo "         runs: perftest $(runs /tmp/theirs.txt)| ring $(runs /tmp/ours.txt)| async $(runs /tmp/async.txt)| fixed $(runs /tmp/fixed.txt)"
     done
 done
 echo

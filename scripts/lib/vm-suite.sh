@@ -104,6 +104,12 @@ echo "==> [vm] rdma-ring-perf on rxe0, two processes: SEND latency, awaited"
 server_and_client rdma-ring-perf send lat -d rxe0 -p 18516 -n 500 -- \
     rdma-ring-perf send lat -d rxe0 -p 18516 -n 500 --async 127.0.0.1
 
+echo "==> [vm] rdma-ring-perf on rxe0, two processes: READ bandwidth and SEND latency, fixed-buffer ring"
+server_and_client rdma-ring-perf read bw -d rxe0 -p 18517 -s 4096 -n 2000 -- \
+    rdma-ring-perf read bw -d rxe0 -p 18517 -s 4096 -n 2000 --fixed 127.0.0.1
+server_and_client rdma-ring-perf send lat -d rxe0 -p 18518 -n 500 -- \
+    rdma-ring-perf send lat -d rxe0 -p 18518 -n 500 --fixed 127.0.0.1
+
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
     "$examples/$example" --device rxe0

@@ -142,6 +142,16 @@ impl FixedBufs {
     }
 
     /// Takes a free slot's token, or `None` if every slot is out.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let mut bufs = FixedBufs::new(&pd, 1, 64).unwrap();
+    /// let slot = bufs.take().unwrap();
+    /// assert!(bufs.take().is_none());
+    /// # bufs.put(slot).unwrap();
+    /// ```
     #[inline]
     pub fn take(&mut self) -> Option<FixedBuf> {
         let index = self.free.pop()?;
@@ -153,6 +163,16 @@ impl FixedBufs {
 
     /// Gives a slot back to the table. A token of another table is
     /// refused and handed back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let (mut a, mut b) = (FixedBufs::new(&pd, 1, 8).unwrap(), FixedBufs::new(&pd, 1, 8).unwrap());
+    /// let token = a.take().unwrap();
+    /// let token = b.put(token).unwrap_err().into_parts().1; // refused, handed back
+    /// a.put(token).unwrap();
+    /// ```
     pub fn put(&mut self, buf: FixedBuf) -> Result<(), Rejected<FixedBuf>> {
         if buf.table != self.table {
             return Err(Rejected::new(Error::ForeignFixedBuf, buf));
@@ -166,6 +186,15 @@ impl FixedBufs {
     /// # Panics
     ///
     /// If the token belongs to another table.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let mut bufs = FixedBufs::new(&pd, 1, 16).unwrap();
+    /// let slot = bufs.take().unwrap();
+    /// assert_eq!(bufs.bytes(&slot), &[0u8; 16]); // zeroed at registration
+    /// ```
     #[inline]
     pub fn bytes(&self, buf: &FixedBuf) -> &[u8] {
         let start = self.slot_start(buf);
@@ -236,21 +265,52 @@ impl FixedBufs {
     }
 
     /// Bytes per slot.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// assert_eq!(FixedBufs::new(&pd, 2, 100).unwrap().slot_len(), 100);
+    /// ```
     pub fn slot_len(&self) -> u32 {
         self.slot_len
     }
 
     /// Slots in the table.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// assert_eq!(FixedBufs::new(&pd, 2, 100).unwrap().slots(), 2);
+    /// ```
     pub fn slots(&self) -> u32 {
         self.slots
     }
 
     /// Slots whose token is in the table (not taken).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let mut bufs = FixedBufs::new(&pd, 2, 8).unwrap();
+    /// let _slot = bufs.take();
+    /// assert_eq!(bufs.free(), 1);
+    /// ```
     pub fn free(&self) -> u32 {
         self.free.len() as u32
     }
 
     /// The protection domain the slots are registered in.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::fixed::FixedBufs;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// use rdma_ring::backend::ProtectionDomain;
+    /// assert_eq!(FixedBufs::new(&pd, 1, 8).unwrap().pd(), pd.id());
+    /// ```
     pub fn pd(&self) -> PdId {
         self.pd
     }

@@ -14,6 +14,18 @@ mod sealed {
 
 /// An operation a [`FixedRing`](super::FixedRing) can push. Sealed: the
 /// builders of this module are the operations.
+///
+/// ```
+/// use rdma_ring::backend::QueuePair;
+/// use rdma_ring::fixed::{FixedOp, FixedQp, FixedRing};
+///
+/// /// Pushes any fixed operation, and submits it at once.
+/// fn post_now<Q: QueuePair, O: FixedOp>(ring: &mut FixedRing<Q>, qp: FixedQp, op: O) -> Result<(), O> {
+///     ring.push(qp, op).map_err(|r| r.into_parts().1)?;
+///     ring.submit().expect("posted");
+///     Ok(())
+/// }
+/// ```
 pub trait FixedOp: sealed::Sealed {
     /// Checks the operation against the slot size and the queue pair's
     /// limits and describes its work request.

@@ -54,6 +54,17 @@ impl Default for FixedRingConfig {
 /// Names a queue pair attached to a [`FixedRing`]. A handle of a detached
 /// queue pair, or of another ring, names nothing (pushes to it are
 /// refused with [`Error::NotAttached`]).
+///
+/// ```
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+/// # use rdma_ring::fixed::*;
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// let mut ring = FixedRing::new(dev.create_cq(256).unwrap(), FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+/// let a = ring.attach(dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap()).unwrap();
+/// let b = ring.attach(dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap()).unwrap();
+/// assert_ne!(a, b);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedQp {
     index: u32,
@@ -64,6 +75,25 @@ pub struct FixedQp {
 /// [`FixedBufs`] table whose slots every operation names by token. See the
 /// [module docs](super) for what it does and does not do, and how it
 /// differs from [`Ring`](crate::ring::Ring).
+///
+/// ```
+/// use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+/// use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+/// use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, ReadFixed};
+///
+/// let dev = SoftDevice::new();
+/// let pd = dev.alloc_pd();
+/// let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// let source = ExposedBuf::new(&pd, vec![5u8; 64], RemoteAccess::READ).unwrap();
+/// let cq = qp.take_cq().unwrap();
+/// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default());
+/// let conn = ring.attach(qp).unwrap();
+/// let slot = ring.take_buf().unwrap();
+/// ring.push(conn, ReadFixed::new(slot, 64, source.remote())).unwrap();
+/// ring.submit().unwrap();
+/// let done = ring.wait(1).unwrap();
+/// assert_eq!(ring.bufs().bytes(done[0].buf()), &[5u8; 64]);
+/// ```
 pub struct FixedRing<Q: QueuePair> {
     // Dropped in this order: queue pairs before their completion queue,
     // both before the memory they reach.
@@ -132,8 +162,22 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// belongs to the slots' protection domain. Refused (and handed back):
     /// one of another completion queue or domain, one on a shared receive
     /// queue (the fixed ring serves none), one with a send queue under two
-    /// (one place is kept for the drain marker), or when the completion
-    /// queue has no entry left to keep for its drain marker.
+    /// (one place is kept for the drain marker) or without scatter/gather
+    /// elements, or when the completion queue has no entry left to keep for
+    /// its drain marker.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::fixed::*;
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let mut ring = FixedRing::new(dev.create_cq(256).unwrap(), FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let foreign = dev.create_qp(&pd, QpConfig::default()).unwrap(); // its own CQ
+    /// assert!(ring.attach(foreign).is_err());
+    /// # let _ = conn;
+    /// ```
     pub fn attach(&mut self, qp: Q) -> Result<FixedQp, Rejected<Q>> {
         let caps = qp.caps();
         let index = match self.attach_place(&caps) {
@@ -203,6 +247,11 @@ impl<Q: QueuePair> FixedRing<Q> {
                 "its send queue holds fewer than 2 work requests (one place is kept for the drain marker)",
             ));
         }
+        if caps.max_send_sge == 0 || (caps.max_recv_wr > 0 && caps.max_recv_sge == 0) {
+            return Err(Error::Incompatible(
+                "its work requests take no scatter/gather element (a slot needs one)",
+            ));
+        }
         if self.cq_free == 0 {
             return Err(Error::CompletionQueueFull {
                 possible: self.cq_entries,
@@ -225,6 +274,24 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// operation that does not fit its slot, the remote slice, or the queue
     /// pair's limits, a full send or receive queue, or a completion queue
     /// that could overflow.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// let too_long = WriteFixed::new(slot, 65, target.remote()); // the slots hold 64
+    /// let (error, op) = ring.push(conn, too_long).unwrap_err().into_parts();
+    /// assert!(matches!(error, rdma_ring::Error::OutOfBounds { .. }));
+    /// ring.push(conn, WriteFixed::new(op.into_buf(), 64, target.remote())).unwrap();
+    /// ```
     #[inline]
     pub fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<(), Rejected<O>> {
         match self.try_push(qp, &op) {
@@ -319,6 +386,25 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// other queue pairs are posted as usual and the first error is
     /// returned. Work pushed for a queue pair already in error comes back
     /// flushed without being posted.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// for _ in 0..3 {
+    ///     let slot = ring.take_buf().unwrap();
+    ///     ring.push(conn, WriteFixed::new(slot, 8, target.remote())).unwrap();
+    /// }
+    /// assert_eq!(ring.submit().unwrap(), 3); // one doorbell
+    /// assert_eq!(ring.submit().unwrap(), 0); // nothing new
+    /// ```
     pub fn submit(&mut self) -> Result<usize, Error> {
         let table = self.bufs.table();
         let mut posted = 0;
@@ -358,6 +444,28 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ([`unknown_completions`](Self::unknown_completions)) and ignored.
     /// On an error of the completion queue, completions appended so far
     /// stay in `out`, and the ring takes no more work.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let mut done = Vec::new();
+    /// assert_eq!(ring.reap(&mut done).unwrap(), 0);
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, WriteFixed::new(slot, 8, target.remote()).user_data(3)).unwrap();
+    /// ring.submit().unwrap();
+    /// while done.is_empty() {
+    ///     ring.reap(&mut done).unwrap();
+    /// }
+    /// assert_eq!(done[0].user_data(), 3);
+    /// ```
     #[inline]
     pub fn reap(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
         let before = out.len();
@@ -393,6 +501,24 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Fails at once if fewer than `min` can still come (posted work is
     /// all that can); on an error, what was reaped stays for the next
     /// call.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// assert!(ring.wait(1).is_err()); // nothing posted, nothing can come
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, WriteFixed::new(slot, 8, target.remote())).unwrap();
+    /// ring.submit().unwrap();
+    /// assert!(ring.wait(1).unwrap()[0].status().is_success());
+    /// ```
     pub fn wait(&mut self, min: usize) -> Result<Vec<FixedCompletion>, Error> {
         let mut out = Vec::with_capacity(min);
         let deadline = Deadline::after(self.config.wait_timeout);
@@ -436,6 +562,27 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// other queue pairs' completions meanwhile wait for the next reap).
     /// If the device does not flush everything within `drain_timeout`, it
     /// stays attached, in error, and [`Error::Timeout`] is returned.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, RecvFixed::new(slot).user_data(9)).unwrap();
+    /// ring.submit().unwrap();
+    /// let qp = ring.detach(conn).unwrap(); // the receive is flushed first
+    /// let back = ring.wait(1).unwrap();
+    /// assert_eq!((back[0].user_data(), back[0].status()), (9, rdma_ring::backend::WcStatus::WrFlushErr));
+    /// assert!(ring.qp_error(conn).is_err()); // the handle names nothing now
+    /// # drop(qp);
+    /// ```
     pub fn detach(&mut self, handle: FixedQp) -> Result<Q, Error> {
         let table = self.bufs.table();
         let slot = slot_mut(&mut self.qps, handle)?;
@@ -487,23 +634,81 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// The completion queue, to create queue pairs on
     /// ([`SoftDevice::create_qp_on`](crate::backend::soft::SoftDevice::create_qp_on),
     /// say).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, CompletionQueue};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: FixedRing<SoftQp> = FixedRing::new(dev.create_cq(128).unwrap(), FixedBufs::new(&pd, 1, 8).unwrap(), FixedRingConfig::default());
+    /// assert_eq!(ring.cq().entries(), 128);
+    /// ```
     pub fn cq(&self) -> &Q::Cq {
         &self.cq
     }
 
     /// The slots, to read and write through tokens.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let mut slot = ring.take_buf().unwrap();
+    /// ring.bufs().bytes_mut(&mut slot).fill(7);
+    /// assert_eq!(ring.bufs().bytes(&slot), &[7u8; 64]);
+    /// ring.put_buf(slot).unwrap();
+    /// assert_eq!(ring.bufs().free(), 4);
+    /// ```
     #[inline]
     pub fn bufs(&self) -> &FixedBufs {
         &self.bufs
     }
 
     /// Takes a free slot's token (see [`FixedBufs::take`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let all: Vec<_> = std::iter::from_fn(|| ring.take_buf()).collect();
+    /// assert_eq!(all.len(), 4);
+    /// ```
     #[inline]
     pub fn take_buf(&mut self) -> Option<FixedBuf> {
         self.bufs.take()
     }
 
     /// Gives a slot back (see [`FixedBufs::put`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let mut other = FixedBufs::new(&pd, 1, 8).unwrap();
+    /// let foreign = other.take().unwrap();
+    /// assert!(ring.put_buf(foreign).is_err()); // another table's
+    /// ```
     #[inline]
     pub fn put_buf(&mut self, buf: FixedBuf) -> Result<(), Rejected<FixedBuf>> {
         self.bufs.put(buf)
@@ -511,11 +716,39 @@ impl<Q: QueuePair> FixedRing<Q> {
 
     /// Completions that named nothing the ring posted (a stale or foreign
     /// `wr_id`, or a queue pair not attached), ignored.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// assert_eq!(ring.unknown_completions(), 0);
+    /// ```
     pub fn unknown_completions(&self) -> u64 {
         self.unknown
     }
 
     /// Whether the queue pair is in error (and takes no more work).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// assert_eq!(ring.qp_error(conn).unwrap(), None);
+    /// ```
     pub fn qp_error(&self, handle: FixedQp) -> Result<Option<WcStatus>, Error> {
         match self.qps.get(handle.index as usize) {
             Some(Some(slot)) if slot.generation == handle.generation => Ok(slot.error),
