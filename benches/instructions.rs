@@ -17,7 +17,7 @@
 //!
 //! `fixed` is the same through the fixed-buffer ring
 //! ([`FixedRing`](rdma_ring::fixed::FixedRing)): slots of one registration
-//! named by tokens, 48-byte completions.
+//! named by tokens, 56-byte completions.
 //!
 //! `raw` is the floor under all of them: no ring, no buffer ownership,
 //! what a C verbs program does — B work requests built by hand into one

@@ -81,3 +81,8 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0);
     assert!(returned > 1000 && buried >= returned);
 }
+
+#[test]
+fn the_fixed_ring_ignores_a_replayed_completion_after_reattach() {
+    adversary::fixed::replayed_completion_after_reattach();
+}

@@ -389,3 +389,56 @@ fn a_token_of_another_table_reaches_no_slot() {
     let token = a.take().unwrap();
     let _ = b.bytes(&token);
 }
+
+#[test]
+fn a_failed_completion_queue_fails_the_ring_and_waits_end_at_once() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    // No time to wait: a wait that did not see the failure would end in a
+    // timeout, not in `RingFailed`.
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(4).unwrap(),
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        FixedRingConfig {
+            wait_timeout: std::time::Duration::ZERO,
+            ..FixedRingConfig::default()
+        },
+    );
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let conn = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    let slot = ring.take_buf().unwrap();
+    ring.push(conn, RecvFixed::new(slot)).unwrap();
+    ring.submit().unwrap();
+    // A queue pair outside the ring, on its completion queue, overruns it.
+    let mut stranger = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    stranger.set_error().unwrap();
+    for _ in 0..8 {
+        let wr = rdma_ring::backend::RecvWr {
+            wr_id: 0,
+            sges: rdma_ring::backend::SgeSpan::default(),
+        };
+        // SAFETY: no memory is named.
+        let _ = unsafe { stranger.post_recv(&[wr], &[]) };
+    }
+    // The stranger's completions that fit name nothing of the ring's; then
+    // the overrun.
+    let mut out = Vec::new();
+    assert_eq!(ring.reap(&mut out).unwrap(), 0);
+    assert_eq!(ring.unknown_completions(), 4);
+    assert!(matches!(ring.reap(&mut out), Err(Error::CqOverrun)));
+    let started = std::time::Instant::now();
+    assert!(matches!(ring.wait(1), Err(Error::RingFailed(_))));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "at once, not at the timeout"
+    );
+    let slot = ring.take_buf().unwrap();
+    let e = refused!(ring, conn, RecvFixed::new(slot));
+    assert!(matches!(e, Error::RingFailed(_)), "{e}");
+}

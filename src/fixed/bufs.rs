@@ -2,7 +2,7 @@
 //! named by a token.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{PdId, ProtectionDomain};
 use crate::buf::Registration;
@@ -11,8 +11,16 @@ use crate::error::{Error, Rejected};
 /// Slots start on this boundary, so each can hold aligned atomic words.
 const SLOT_ALIGN: usize = 64;
 
-/// Tells tables apart, so a token of one is refused by another.
-static NEXT_TABLE: AtomicU32 = AtomicU32::new(1);
+/// Tells tables apart, so a token of one is refused by another: 64 bits,
+/// never reused (a wrapped counter would give two live tables one
+/// identity, and so two tokens one slot).
+static NEXT_TABLE: AtomicU64 = AtomicU64::new(1);
+
+fn next_table() -> u64 {
+    NEXT_TABLE
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+        .expect("2^64 fixed-buffer tables made in one process")
+}
 
 /// A table of equal-size slots in one registration, the buffers of a
 /// [`FixedRing`](super::FixedRing) (io_uring's fixed buffers): an
@@ -47,7 +55,7 @@ pub struct FixedBufs {
     slots: u32,
     lkey: u32,
     pd: PdId,
-    table: u32,
+    table: u64,
     free: Vec<u32>,
 }
 
@@ -75,7 +83,7 @@ unsafe impl Send for FixedBufs {}
 #[must_use = "a dropped token takes its slot out of use; put it back"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct FixedBuf {
-    pub(super) table: u32,
+    pub(super) table: u64,
     pub(super) index: u32,
 }
 
@@ -95,7 +103,7 @@ impl FixedBuf {
 
     /// The token again, when the ring hands the slot back.
     #[inline]
-    pub(super) fn from_raw(table: u32, index: u32) -> Self {
+    pub(super) fn from_raw(table: u64, index: u32) -> Self {
         FixedBuf { table, index }
     }
 }
@@ -135,7 +143,7 @@ impl FixedBufs {
             stride,
             slot_len,
             slots,
-            table: NEXT_TABLE.fetch_add(1, Ordering::Relaxed),
+            table: next_table(),
             // Popped from the end: slot 0 goes out first.
             free: (0..slots).rev().collect(),
         })
@@ -236,13 +244,18 @@ impl FixedBufs {
             buf.table == self.table,
             "a fixed buffer token of another table"
         );
-        // Tokens are made only by `take`, below `slots`.
+        // Tokens are made only by `take` (and handed back by the ring), so
+        // this holds; it is checked because the slice below relies on it.
+        assert!(buf.index < self.slots, "a slot index out of the table");
         self.base.wrapping_add(buf.index as usize * self.stride)
     }
 
     /// The address and key of a slot, to post it.
     #[inline]
     pub(super) fn sge_of(&self, index: u32, len: u32) -> crate::backend::Sge {
+        // The ring checked the token's table, whose tokens are all below
+        // `slots`.
+        debug_assert!(index < self.slots);
         crate::backend::Sge {
             addr: self.base as u64 + index as u64 * self.stride as u64,
             len,
@@ -252,7 +265,7 @@ impl FixedBufs {
 
     /// The table's identity, which its tokens carry.
     #[inline]
-    pub(super) fn table(&self) -> u32 {
+    pub(super) fn table(&self) -> u64 {
         self.table
     }
 

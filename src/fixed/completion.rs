@@ -5,7 +5,7 @@ use crate::backend::WcStatus;
 use crate::op::OpKind;
 
 /// A finished operation of a [`FixedRing`](super::FixedRing): its slot's
-/// token back, with the outcome. 48 bytes, where the owned-buffer ring's
+/// token back, with the outcome. 56 bytes, where the owned-buffer ring's
 /// [`Completion`](crate::ring::Completion) carries a whole buffer.
 ///
 /// ```
@@ -104,4 +104,4 @@ impl FixedCompletion {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<FixedCompletion>() <= 48);
+const _: () = assert!(std::mem::size_of::<FixedCompletion>() <= 56);

@@ -7,7 +7,7 @@
 //! [`FixedCompletion`], so ownership still keeps the NIC and the program
 //! apart — but nothing of a buffer moves but a 4-byte index. A queue
 //! pair's sends and receives sit in rings indexed by sequence number, which
-//! is also their `wr_id`; a completion is 48 bytes. What that saves is the
+//! is also their `wr_id`; a completion is 56 bytes. What that saves is the
 //! owned-buffer ring's general bookkeeping: buffers of any type, a slab
 //! shared by every queue and owner, futures.
 //!
@@ -17,7 +17,8 @@
 //!   the ring from push until the completion is reaped; a refused push
 //!   hands the operation back whole ([`Rejected`](crate::Rejected)).
 //! * **Identity**: a completion is matched by queue pair slot, QP number
-//!   and sequence number; one that names nothing posted is counted
+//!   and sequence number (which go on, never restart, when a slot is
+//!   reused); one that names nothing posted is counted
 //!   ([`FixedRing::unknown_completions`]) and ignored.
 //! * **Selective signaling**: a send asks for a completion every
 //!   [`FixedRingConfig::signal_interval`] sends and always as the last of a
@@ -31,9 +32,10 @@
 //!   more work ([`Error::QpInError`](crate::Error::QpInError)) and its work
 //!   comes back flushed; the others run on.
 //! * **Teardown**: [`FixedRing::detach`] and dropping the ring move busy
-//!   queue pairs to error and drain them before the memory goes; if the
-//!   device does not flush in time, the memory is leaked, never freed
-//!   under the NIC.
+//!   queue pairs to error and drain them before letting go. A detach the
+//!   device does not flush in time fails with a timeout and keeps the queue
+//!   pair attached; a dropped ring whose queue pairs do not drain in time
+//!   leaks the slots' memory, never frees it under the NIC.
 //!
 //! What it does not do: buffers other than its slots (a slot is one
 //! scatter/gather element), shared receive queues, futures, asynchronous

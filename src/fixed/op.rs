@@ -38,7 +38,7 @@ pub trait FixedOp: sealed::Sealed {
 #[derive(Clone, Copy, Debug)]
 pub struct FixedWork {
     pub(super) kind: OpKind,
-    pub(super) table: u32,
+    pub(super) table: u64,
     pub(super) index: u32,
     /// Bytes of the slot the work request covers.
     pub(super) len: u32,

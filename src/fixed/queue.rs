@@ -69,14 +69,16 @@ pub(super) struct SeqRing<T> {
 }
 
 impl<T: Copy> SeqRing<T> {
-    pub(super) fn new(depth: u32, fill: T) -> Self {
+    /// A ring for `depth` operations whose first has sequence number
+    /// `start`.
+    pub(super) fn new(depth: u32, fill: T, start: u64) -> Self {
         let capacity = (depth.max(1) as usize).next_power_of_two();
         SeqRing {
             entries: vec![fill; capacity].into_boxed_slice(),
             mask: capacity as u64 - 1,
-            head: 0,
-            posted: 0,
-            tail: 0,
+            head: start,
+            posted: start,
+            tail: start,
         }
     }
 
@@ -118,7 +120,7 @@ impl<T: Copy> SeqRing<T> {
 pub(super) struct QpSlot<Q> {
     pub(super) qp: Q,
     pub(super) qpn: u32,
-    pub(super) generation: u32,
+    pub(super) handle: super::FixedQp,
     pub(super) limits: Limits,
     /// Sends the ring lets be outstanding: the send queue's depth less the
     /// drain marker's place.

@@ -1,6 +1,6 @@
 //! The fixed ring itself: attach, push, submit, reap, detach, drain.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::queue::{parse_wr_id, wr_id, QpSlot, RecvEntry, SendEntry, SeqRing, MARKER, MAX_QPS};
@@ -17,8 +17,12 @@ use crate::op::{Limits, OpKind};
 const POLL_BATCH: usize = 32;
 
 /// Handles are never reused, across rings too: a stale or foreign handle
-/// names nothing.
-static NEXT_GENERATION: AtomicU32 = AtomicU32::new(1);
+/// names nothing. (2^48 of them, at a million attaches a second, last
+/// nine years.)
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Bits of a handle that hold its queue pair's slot in the ring.
+const INDEX_BITS: u32 = 16;
 
 /// How a [`FixedRing`] runs.
 ///
@@ -67,8 +71,28 @@ impl Default for FixedRingConfig {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedQp {
-    index: u32,
-    generation: u32,
+    /// A generation unique in the process, above the slot's index.
+    id: u64,
+}
+
+impl FixedQp {
+    fn fresh(index: usize) -> Self {
+        let generation = NEXT_GENERATION
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+            .expect("2^64 queue pairs attached in one process");
+        assert!(
+            generation < 1 << (64 - INDEX_BITS),
+            "2^48 queue pairs attached in one process"
+        );
+        FixedQp {
+            id: generation << INDEX_BITS | index as u64,
+        }
+    }
+
+    #[inline(always)]
+    fn index(self) -> usize {
+        (self.id & ((1 << INDEX_BITS) - 1)) as usize
+    }
 }
 
 /// The lean ring: one completion queue, any number of queue pairs, and one
@@ -114,12 +138,15 @@ pub struct FixedRing<Q: QueuePair> {
     config: FixedRingConfig,
     unknown: u64,
     failed: Option<&'static str>,
+    /// Per queue pair slot, the send and receive sequence numbers its next
+    /// queue pair starts from.
+    resume: Vec<(u64, u64)>,
 }
 
 #[inline(always)]
 fn slot_mut<Q>(qps: &mut [Option<QpSlot<Q>>], handle: FixedQp) -> Result<&mut QpSlot<Q>, Error> {
-    match qps.get_mut(handle.index as usize) {
-        Some(Some(slot)) if slot.generation == handle.generation => Ok(slot),
+    match qps.get_mut(handle.index()) {
+        Some(Some(slot)) if slot.handle == handle => Ok(slot),
         _ => Err(Error::NotAttached("queue pair")),
     }
 }
@@ -155,6 +182,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             config,
             unknown: 0,
             failed: None,
+            resume: Vec::new(),
         }
     }
 
@@ -191,7 +219,10 @@ impl<Q: QueuePair> FixedRing<Q> {
         };
         // Rounded down to a power of two, to test by mask.
         let signal_mask = u64::from(1u32 << signal_every.ilog2()) - 1;
-        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+        let handle = FixedQp::fresh(index);
+        // Sequence numbers go on from the slot's last queue pair, so a
+        // late completion of that one can never match this one's work.
+        let (send_start, recv_start) = self.resume[index];
         let blank_send = SendEntry {
             user_data: 0,
             index: MARKER,
@@ -200,13 +231,13 @@ impl<Q: QueuePair> FixedRing<Q> {
         };
         self.qps[index] = Some(QpSlot {
             qpn: caps.qp_num,
-            generation,
+            handle,
             limits: Limits::send(&caps),
             send_depth: u64::from(send_depth),
             recv_depth: u64::from(caps.max_recv_wr),
             signal_mask,
-            sends: SeqRing::new(caps.max_send_wr, blank_send),
-            recvs: SeqRing::new(caps.max_recv_wr, RecvEntry::TAKEN),
+            sends: SeqRing::new(caps.max_send_wr, blank_send, send_start),
+            recvs: SeqRing::new(caps.max_recv_wr, RecvEntry::TAKEN, recv_start),
             send_wrs: Vec::with_capacity(caps.max_send_wr as usize),
             send_sges: Vec::with_capacity(caps.max_send_wr as usize),
             recv_wrs: Vec::with_capacity(caps.max_recv_wr as usize),
@@ -218,10 +249,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         });
         // The drain marker's entry, kept until detach.
         self.cq_free -= 1;
-        Ok(FixedQp {
-            index: index as u32,
-            generation,
-        })
+        Ok(handle)
     }
 
     /// Checks a queue pair can join and finds it a place.
@@ -262,6 +290,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             Some(free) => Ok(free),
             None if self.qps.len() < MAX_QPS => {
                 self.qps.push(None);
+                self.resume.push((0, 0));
                 Ok(self.qps.len() - 1)
             }
             None => Err(Error::Incompatible("the ring holds 65,536 queue pairs")),
@@ -334,7 +363,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let start = slot.recv_sges.len() as u32;
             slot.recv_sges.push(sge);
             slot.recv_wrs.push(RecvWr {
-                wr_id: wr_id(handle.index, true, seq),
+                wr_id: wr_id(handle.index() as u32, true, seq),
                 sges: SgeSpan { start, len: 1 },
             });
         } else {
@@ -353,7 +382,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let start = slot.send_sges.len() as u32;
             slot.send_sges.push(sge);
             let mut wr = work.wr;
-            wr.wr_id = wr_id(handle.index, false, seq);
+            wr.wr_id = wr_id(handle.index() as u32, false, seq);
             // No element for no bytes: some devices read a zero length as
             // 2^31.
             wr.sges = SgeSpan {
@@ -370,15 +399,16 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.cq_free -= 1;
         if !slot.dirty {
             slot.dirty = true;
-            self.dirty.push(handle.index);
+            self.dirty.push(handle.index() as u32);
         }
         Ok(())
     }
 
     /// Posts everything pushed since the last submit: one doorbell per
-    /// queue pair with sends, one per queue pair with receives. The last
-    /// send of each queue pair asks for a completion, so every send comes
-    /// back. Returns how many work requests were posted.
+    /// queue pair with receives, then one per queue pair with sends (so a
+    /// request's reply finds the receive pushed with it). The last send of
+    /// each queue pair asks for a completion, so every send comes back.
+    /// Returns how many work requests were posted.
     ///
     /// If the device refuses a post, that queue pair goes to error: the
     /// refused work requests and those after them come back flushed from
@@ -414,10 +444,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 continue;
             };
             slot.dirty = false;
-            let handle = FixedQp {
-                index,
-                generation: slot.generation,
-            };
+            let handle = slot.handle;
             if slot.error.is_some() {
                 flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
                 continue;
@@ -530,6 +557,10 @@ impl<Q: QueuePair> FixedRing<Q> {
             if out.len() >= min {
                 return Ok(out);
             }
+            if let Some(why) = self.failed {
+                self.ready.append(&mut out);
+                return Err(Error::RingFailed(why));
+            }
             let possible = out.len() + self.posted_outstanding();
             let timed_out = deadline.expired();
             if possible < min || timed_out {
@@ -547,12 +578,22 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
     }
 
-    /// Posted operations not yet completed, on every queue pair.
+    /// Posted operations not yet completed, on every queue pair (not
+    /// counting drain markers, nor receives already handed back out of
+    /// order).
     fn posted_outstanding(&self) -> usize {
         self.qps
             .iter()
             .flatten()
-            .map(|s| (s.sends.posted - s.sends.head + s.recvs.posted - s.recvs.head) as usize)
+            .map(|s| {
+                let sends = (s.sends.head..s.sends.posted)
+                    .filter(|&q| s.sends.get(q).index != MARKER)
+                    .count();
+                let recvs = (s.recvs.head..s.recvs.posted)
+                    .filter(|&q| s.recvs.get(q).index != MARKER)
+                    .count();
+                sends + recvs
+            })
             .sum()
     }
 
@@ -590,10 +631,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         if slot.busy() {
             enter_error(slot, handle, WcStatus::WrFlushErr);
             let deadline = Deadline::after(self.config.drain_timeout);
-            while self.qps[handle.index as usize]
-                .as_ref()
-                .is_some_and(QpSlot::busy)
-            {
+            while self.qps[handle.index()].as_ref().is_some_and(QpSlot::busy) {
                 let mut ready = std::mem::take(&mut self.ready);
                 let polled = self.reap_device(&mut ready);
                 self.ready = ready;
@@ -604,10 +642,9 @@ impl<Q: QueuePair> FixedRing<Q> {
                 std::thread::yield_now();
             }
         }
-        self.dirty.retain(|&i| i != handle.index);
-        let slot = self.qps[handle.index as usize]
-            .take()
-            .expect("checked above");
+        self.dirty.retain(|&i| i as usize != handle.index());
+        let slot = self.qps[handle.index()].take().expect("checked above");
+        self.resume[handle.index()] = (slot.sends.tail, slot.recvs.tail);
         self.cq_free += 1;
         Ok(slot.qp)
     }
@@ -750,8 +787,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// assert_eq!(ring.qp_error(conn).unwrap(), None);
     /// ```
     pub fn qp_error(&self, handle: FixedQp) -> Result<Option<WcStatus>, Error> {
-        match self.qps.get(handle.index as usize) {
-            Some(Some(slot)) if slot.generation == handle.generation => Ok(slot.error),
+        match self.qps.get(handle.index()) {
+            Some(Some(slot)) if slot.handle == handle => Ok(slot.error),
             _ => Err(Error::NotAttached("queue pair")),
         }
     }
@@ -762,46 +799,22 @@ impl<Q: QueuePair> FixedRing<Q> {
 fn post<Q: QueuePair>(
     slot: &mut QpSlot<Q>,
     handle: FixedQp,
-    table: u32,
+    table: u64,
     ready: &mut Vec<FixedCompletion>,
     cq_free: &mut usize,
 ) -> Result<usize, (usize, Error)> {
     let mut posted = 0;
     let mut refused = None;
-    if let Some(last) = slot.send_wrs.last_mut() {
-        last.flags |= SendFlags::SIGNALED;
-        let count = slot.send_wrs.len();
-        // SAFETY: each work request names bytes of one slot of the ring's
-        // table (registered in the queue pair's protection domain, checked
-        // at attach), whose token the ring keeps from push until the
+    // Receives first: a request and the receive for its reply pushed in
+    // one submit must not let the reply find no receive.
+    if !slot.recv_wrs.is_empty() {
+        let count = slot.recv_wrs.len();
+        // SAFETY: each receive names bytes of one slot of the ring's table
+        // (registered in the queue pair's protection domain, checked at
+        // attach), whose token the ring keeps from push until the
         // completion is handed back; the table outlives every queue pair,
         // which is drained (or its memory leaked) before the table goes.
         // Its `wr_id` is unique among the queue pair's outstanding work.
-        match unsafe { slot.qp.post_send(&slot.send_wrs, &slot.send_sges) } {
-            Ok(()) => {
-                slot.sends.posted += count as u64;
-                slot.last_signaled = true;
-                posted += count;
-            }
-            Err(PostError { accepted, error }) => {
-                let accepted = accepted.min(count);
-                if accepted > 0 {
-                    slot.last_signaled = slot.send_wrs[accepted - 1]
-                        .flags
-                        .contains(SendFlags::SIGNALED);
-                }
-                slot.sends.posted += accepted as u64;
-                posted += accepted;
-                refused = Some(error);
-            }
-        }
-        slot.send_wrs.clear();
-        slot.send_sges.clear();
-    }
-    if refused.is_none() && !slot.recv_wrs.is_empty() {
-        let count = slot.recv_wrs.len();
-        // SAFETY: as for the sends: each receive names one slot of the
-        // table, held by the ring until the completion is handed back.
         match unsafe { slot.qp.post_recv(&slot.recv_wrs, &slot.recv_sges) } {
             Ok(()) => {
                 slot.recvs.posted += count as u64;
@@ -816,6 +829,35 @@ fn post<Q: QueuePair>(
         }
         slot.recv_wrs.clear();
         slot.recv_sges.clear();
+    }
+    if refused.is_none() {
+        if let Some(last) = slot.send_wrs.last_mut() {
+            last.flags |= SendFlags::SIGNALED;
+            let count = slot.send_wrs.len();
+            // SAFETY: as for the receives: each work request names one
+            // slot of the table, held by the ring until the completion is
+            // handed back.
+            match unsafe { slot.qp.post_send(&slot.send_wrs, &slot.send_sges) } {
+                Ok(()) => {
+                    slot.sends.posted += count as u64;
+                    slot.last_signaled = true;
+                    posted += count;
+                }
+                Err(PostError { accepted, error }) => {
+                    let accepted = accepted.min(count);
+                    if accepted > 0 {
+                        slot.last_signaled = slot.send_wrs[accepted - 1]
+                            .flags
+                            .contains(SendFlags::SIGNALED);
+                    }
+                    slot.sends.posted += accepted as u64;
+                    posted += accepted;
+                    refused = Some(error);
+                }
+            }
+            slot.send_wrs.clear();
+            slot.send_sges.clear();
+        }
     }
     match refused {
         None => Ok(posted),
@@ -832,7 +874,7 @@ fn post<Q: QueuePair>(
 fn flush_unposted<Q>(
     slot: &mut QpSlot<Q>,
     handle: FixedQp,
-    table: u32,
+    table: u64,
     ready: &mut Vec<FixedCompletion>,
     cq_free: &mut usize,
 ) {
@@ -866,7 +908,7 @@ fn flush_unposted<Q>(
     slot.recv_sges.clear();
 }
 
-fn flushed(qp: FixedQp, table: u32, index: u32, user_data: u64, kind: OpKind) -> FixedCompletion {
+fn flushed(qp: FixedQp, table: u64, index: u32, user_data: u64, kind: OpKind) -> FixedCompletion {
     FixedCompletion {
         user_data,
         buf: FixedBuf::from_raw(table, index),
@@ -884,10 +926,10 @@ fn flushed(qp: FixedQp, table: u32, index: u32, user_data: u64, kind: OpKind) ->
 /// signaled marker behind it, whose flushed completion releases it.
 fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcStatus) {
     slot.error.get_or_insert(status);
-    // If the device cannot, the drain waits for what it flushes anyway and
-    // times out on the rest.
-    let _ = slot.qp.set_error();
-    if slot.last_signaled || slot.sends.head == slot.sends.posted {
+    // A queue pair the device cannot move to error would run a marker for
+    // real: none is posted, and the drain times out on what is not
+    // flushed (dropping the ring then leaks the slots' memory).
+    if slot.qp.set_error().is_err() || slot.last_signaled || slot.sends.head == slot.sends.posted {
         return;
     }
     // The send queue keeps one place for this marker (send_depth), and
@@ -896,22 +938,24 @@ fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcSt
         user_data: 0,
         index: MARKER,
         len: 0,
-        kind: OpKind::Send,
+        kind: OpKind::Write,
     });
+    // A zero-length WRITE: were it to run, it would touch no memory and
+    // consume no receive of the peer.
     let mut wr = SendWr::new(
-        wr_id(handle.index, false, seq),
-        SendOpcode::Send,
+        wr_id(handle.index() as u32, false, seq),
+        SendOpcode::Write,
         SgeSpan::default(),
     );
     wr.flags = SendFlags::SIGNALED;
     // SAFETY: the marker names no memory.
     match unsafe { slot.qp.post_send(&[wr], &[]) } {
-        Ok(()) => {
+        // A backend that cannot tell reports it taken: it may have been.
+        Ok(()) | Err(PostError { accepted: 1.., .. }) => {
             slot.sends.posted += 1;
             slot.last_signaled = true;
         }
-        // The drain will time out (and leak the slots' memory rather than
-        // free it under the device).
+        // Not posted: the drain times out on what is not flushed.
         Err(_) => slot.sends.tail -= 1,
     }
 }
@@ -921,7 +965,7 @@ fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcSt
 fn complete<Q>(
     qps: &mut [Option<QpSlot<Q>>],
     cqe: &RawCompletion,
-    table: u32,
+    table: u64,
     cq_free: &mut usize,
     unknown: &mut u64,
     out: &mut Vec<FixedCompletion>,
@@ -935,13 +979,7 @@ fn complete<Q>(
         *unknown += 1;
         return;
     }
-    let qp = FixedQp {
-        index: index as u32,
-        generation: slot.generation,
-    };
-    if !cqe.status.is_success() {
-        slot.error.get_or_insert(cqe.status);
-    }
+    let qp = slot.handle;
     if recv {
         // Each receive has its own entry, so one delivered out of order is
         // still released, and only once.
@@ -954,6 +992,9 @@ fn complete<Q>(
             *unknown += 1;
             return;
         }
+        if !cqe.status.is_success() {
+            slot.error.get_or_insert(cqe.status);
+        }
         slot.recvs.set(seq, RecvEntry::TAKEN);
         while slot.recvs.head < slot.recvs.posted && slot.recvs.get(slot.recvs.head).index == MARKER
         {
@@ -964,8 +1005,13 @@ fn complete<Q>(
             user_data: entry.user_data,
             buf: FixedBuf::from_raw(table, entry.index),
             qp,
-            byte_len: cqe.byte_len,
-            imm: cqe.imm,
+            // Undefined on a failure (verbs leaves it so).
+            byte_len: if cqe.status.is_success() {
+                cqe.byte_len
+            } else {
+                0
+            },
+            imm: cqe.imm.filter(|_| cqe.status.is_success()),
             kind: OpKind::Recv,
             status: cqe.status,
             by_write_imm: cqe.by_write_imm,
@@ -976,6 +1022,9 @@ fn complete<Q>(
         *unknown += 1;
         return;
     };
+    if !cqe.status.is_success() {
+        slot.error.get_or_insert(cqe.status);
+    }
     // RC completes a send queue in order: this entry completes every
     // unsignaled send before it, successfully. (The drain marker is always
     // the last send posted, so it can only be this entry.)
@@ -996,7 +1045,7 @@ fn complete<Q>(
 }
 
 #[inline(always)]
-fn send_completion(entry: SendEntry, qp: FixedQp, table: u32, status: WcStatus) -> FixedCompletion {
+fn send_completion(entry: SendEntry, qp: FixedQp, table: u64, status: WcStatus) -> FixedCompletion {
     FixedCompletion {
         user_data: entry.user_data,
         buf: FixedBuf::from_raw(table, entry.index),
@@ -1016,12 +1065,8 @@ impl<Q: QueuePair> Drop for FixedRing<Q> {
     fn drop(&mut self) {
         let table = self.bufs.table();
         let mut ready = std::mem::take(&mut self.ready);
-        for (index, slot) in self.qps.iter_mut().enumerate() {
-            let Some(slot) = slot else { continue };
-            let handle = FixedQp {
-                index: index as u32,
-                generation: slot.generation,
-            };
+        for slot in self.qps.iter_mut().flatten() {
+            let handle = slot.handle;
             flush_unposted(slot, handle, table, &mut ready, &mut self.cq_free);
             if slot.busy() {
                 enter_error(slot, handle, WcStatus::WrFlushErr);

@@ -330,3 +330,67 @@ impl Default for FixedAdversary {
         FixedAdversary::new()
     }
 }
+
+/// A completion of a queue pair's earlier attachment, delivered again
+/// after the same queue pair is detached and attached anew (the slot and
+/// QP number are the same), must not release the new attachment's work;
+/// nor may a forged failed completion naming nothing put it in error.
+pub fn replayed_completion_after_reattach() {
+    let mut a = FixedAdversary::new();
+    let first = a.handles[0];
+    let slot = a.ring.take_buf().unwrap();
+    a.ring
+        .push(
+            first,
+            ReadFixed::new(slot, LEN as u32, a.target()).user_data(1),
+        )
+        .unwrap();
+    a.ring.submit().unwrap();
+    a.dev.progress();
+    let mut out = Vec::new();
+    while out.is_empty() {
+        a.ring.reap(&mut out).unwrap();
+    }
+    assert!(out[0].status().is_success());
+    let old = *a.knobs.lock().unwrap().history.last().expect("reported");
+    for c in out.drain(..) {
+        a.ring.put_buf(c.into_buf()).unwrap();
+    }
+    let qp = a.ring.detach(first).unwrap();
+    let again = a.ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    assert_eq!(again.clone(), again);
+    assert_ne!(again, first);
+    // The new READ sits in the device, not executed (manual progress).
+    let slot = a.ring.take_buf().unwrap();
+    a.ring
+        .push(
+            again,
+            ReadFixed::new(slot, LEN as u32, a.target()).user_data(2),
+        )
+        .unwrap();
+    a.ring.submit().unwrap();
+    let unknown = a.ring.unknown_completions();
+    {
+        let mut knobs = a.knobs.lock().unwrap();
+        knobs.forged.push_back(old);
+        knobs.forged.push_back(RawCompletion {
+            wr_id: u64::MAX,
+            qp_num: a.qp_nums[0],
+            status: WcStatus::RemAccessErr,
+            ..RawCompletion::default()
+        });
+    }
+    a.ring.reap(&mut out).unwrap();
+    assert!(out.is_empty(), "a replayed completion released {out:?}");
+    assert_eq!(a.ring.unknown_completions(), unknown + 2);
+    assert_eq!(a.ring.qp_error(again).unwrap(), None);
+    // The device runs it; now it comes back, once.
+    a.dev.progress();
+    while out.is_empty() {
+        a.ring.reap(&mut out).unwrap();
+    }
+    assert_eq!(
+        (out[0].user_data(), out[0].status()),
+        (2, WcStatus::Success)
+    );
+}
