@@ -62,7 +62,7 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = proptest::collection::vec(any::<u8>(), 100..400);
-    let (mut partial, mut overclaims, mut forged, mut failed) = (0, 0, 0, 0);
+    let (mut partial, mut overclaims, mut forged, mut failed, mut reattached) = (0, 0, 0, 0, 0);
     let (mut returned, mut buried) = (0, 0);
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
@@ -71,14 +71,15 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
         overclaims += a.overclaims;
         forged += a.forged;
         failed += a.failed_ops;
+        reattached += a.reattached;
         returned += a.returned_ops;
         buried += a.buried();
     }
     println!(
         "partial posts {partial} overclaims {overclaims} forged {forged} failed {failed} \
-         ops back {returned} slots checked {buried}"
+         re-attached {reattached} ops back {returned} slots checked {buried}"
     );
-    assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0);
+    assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0 && reattached > 0);
     assert!(returned > 1000 && buried >= returned);
 }
 

@@ -48,6 +48,8 @@ pub struct FixedAdversary {
     pub forged: usize,
     pub returned_ops: usize,
     pub failed_ops: usize,
+    pub reattached: usize,
+    pub reattached_late: usize,
 }
 
 impl FixedAdversary {
@@ -114,6 +116,8 @@ impl FixedAdversary {
             forged: 0,
             returned_ops: 0,
             failed_ops: 0,
+            reattached: 0,
+            reattached_late: 0,
         }
     }
 }
@@ -179,6 +183,21 @@ impl FixedAdversary {
             Step::Hold(qp) => self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]),
             Step::Release => self.knobs.lock().unwrap().hold = None,
             Step::Fail(qp) => self.controls[qp].fail_nth(1, WcStatus::RemOpErr),
+            Step::Reattach(qp) => {
+                // Held completions would only make the drain time out.
+                self.knobs.lock().unwrap().hold = None;
+                self.reattached += 1;
+                match self.ring.detach(self.handles[qp]) {
+                    Ok(back) => {
+                        self.handles[qp] = self
+                            .ring
+                            .attach(back)
+                            .unwrap_or_else(|_| panic!("attach again"));
+                    }
+                    // Still attached, in error: the scenario goes on.
+                    Err(_) => self.reattached_late += 1,
+                }
+            }
             Step::PeerRecv(qp) => {
                 let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
                 let _ = self.peers[qp].submission().push(Recv::new(buf));

@@ -212,6 +212,9 @@ pub enum Step {
     Release,
     Fail(usize),
     PeerRecv(usize),
+    /// Detach a queue pair and attach it again (the fixed ring's harness;
+    /// the ring's takes it as `PeerRecv`).
+    Reattach(usize),
 }
 
 /// Every byte string is a scenario.
@@ -249,6 +252,7 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             22 => Step::Hold(qp),
             23 | 24 => Step::Release,
             25 => Step::Fail(qp),
+            31 => Step::Reattach(qp),
             _ => Step::PeerRecv(qp),
         };
         steps.push(step);
@@ -414,7 +418,7 @@ impl Adversary {
             }
             Step::Release => self.knobs.lock().unwrap().hold = None,
             Step::Fail(qp) => self.controls[qp].fail_nth(1, rdma_ring::backend::WcStatus::RemOpErr),
-            Step::PeerRecv(qp) => {
+            Step::PeerRecv(qp) | Step::Reattach(qp) => {
                 let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
                 let _ = self.peers[qp].submission().push(Recv::new(buf));
                 let _ = self.peers[qp].submit();
