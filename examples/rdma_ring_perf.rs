@@ -424,11 +424,11 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
         ..RingConfig::default()
     };
     let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
-    let pool = BufferPool::new(pd, largest, args.tx_depth.max(2) + 1)?;
-    let mut rows = Vec::new();
     if args.fixed {
         return measure_fixed(args, pd, qp, remote, largest, sync);
     }
+    let pool = BufferPool::new(pd, largest, args.tx_depth.max(2) + 1)?;
+    let mut rows = Vec::new();
     if args.awaited {
         let ring = AsyncRing::new(Ring::new(qp, ring_config), Wakeup::Busy)?;
         ring.coalesce_doorbells(args.coalesce);

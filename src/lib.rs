@@ -86,6 +86,8 @@
 //!   slices.
 //! * [`ring`]: the pure-Rust ring — slab, submission, completion,
 //!   signaling, credits, teardown.
+//! * [`fixed`]: the fixed-buffer ring — slots of one registration named by
+//!   tokens, the lean path.
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
 //! * [`future`]: await any operation on any executor.

@@ -44,12 +44,48 @@ pub struct FixedCompletion {
 
 impl FixedCompletion {
     /// The tag the operation was pushed with.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(c.user_data(), 4);
+    /// ```
     #[inline]
     pub fn user_data(&self) -> u64 {
         self.user_data
     }
 
     /// What the operation was.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(c.kind(), rdma_ring::op::OpKind::Write);
+    /// ```
     #[inline]
     pub fn kind(&self) -> OpKind {
         self.kind
@@ -57,6 +93,24 @@ impl FixedCompletion {
 
     /// How it ended. After a failure the queue pair is in error, and its
     /// later operations come back [`WcStatus::WrFlushErr`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert!(c.status().is_success());
+    /// ```
     #[inline]
     pub fn status(&self) -> WcStatus {
         self.status
@@ -66,12 +120,48 @@ impl FixedCompletion {
     /// a WRITE with immediate, the bytes written to the remote slice); for
     /// the others, the bytes the operation covered if it succeeded, else
     /// zero.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(c.byte_len(), 16);
+    /// ```
     #[inline]
     pub fn byte_len(&self) -> u32 {
         self.byte_len
     }
 
     /// Immediate data that arrived with a receive.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(c.imm(), None); // a WRITE carries none back
+    /// ```
     #[inline]
     pub fn imm(&self) -> Option<u32> {
         self.imm
@@ -79,12 +169,48 @@ impl FixedCompletion {
 
     /// Whether a WRITE with immediate (not a SEND) consumed this receive:
     /// then its slot is untouched.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert!(!c.by_write_imm());
+    /// ```
     #[inline]
     pub fn by_write_imm(&self) -> bool {
         self.by_write_imm
     }
 
     /// The queue pair the operation ran on.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(c.qp(), conn);
+    /// ```
     #[inline]
     pub fn qp(&self) -> FixedQp {
         self.qp
@@ -92,12 +218,48 @@ impl FixedCompletion {
 
     /// The slot's token, to read the slot through
     /// [`FixedBufs::bytes`](super::FixedBufs::bytes).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// assert_eq!(ring.bufs().bytes(c.buf()).len(), 64);
+    /// ```
     #[inline]
     pub fn buf(&self) -> &FixedBuf {
         &self.buf
     }
 
     /// The slot's token, to reuse or put back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// # let slot = ring.take_buf().unwrap();
+    /// # ring.push(conn, WriteFixed::new(slot, 16, target.remote()).user_data(4)).unwrap();
+    /// # ring.submit().unwrap();
+    /// # let c = ring.wait(1).unwrap().pop().unwrap();
+    /// ring.put_buf(c.into_buf()).unwrap();
+    /// ```
     #[inline]
     pub fn into_buf(self) -> FixedBuf {
         self.buf

@@ -5,7 +5,8 @@
 //! and one [`FixedBufs`] table. An operation names its buffer by a
 //! [`FixedBuf`] token, moved into the ring at push and handed back by its
 //! [`FixedCompletion`], so ownership still keeps the NIC and the program
-//! apart — but nothing of a buffer moves but a 4-byte index. A queue
+//! apart — but no buffer moves: the ring keeps a 4-byte slot index per
+//! operation. A queue
 //! pair's sends and receives sit in rings indexed by sequence number, which
 //! is also their `wr_id`; a completion is 56 bytes. What that saves is the
 //! owned-buffer ring's general bookkeeping: buffers of any type, a slab

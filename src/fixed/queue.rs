@@ -11,9 +11,9 @@ const RECV_BIT: u64 = 1 << 47;
 pub(super) const SEQ_MASK: u64 = RECV_BIT - 1;
 /// Queue pairs one fixed ring holds at most: the index bits of a `wr_id`.
 pub(super) const MAX_QPS: usize = 1 << (64 - INDEX_SHIFT);
-/// The slot index of the drain marker, which has no slot (and of a
-/// receive already completed).
-pub(super) const MARKER: u32 = u32::MAX;
+/// The buffer index of what names no slot of the table: the drain marker,
+/// and a receive already handed back.
+pub(super) const NO_SLOT: u32 = u32::MAX;
 
 #[inline(always)]
 pub(super) fn wr_id(index: u32, recv: bool, seq: u64) -> u64 {
@@ -35,7 +35,7 @@ pub(super) fn parse_wr_id(wr_id: u64) -> (usize, bool, u64) {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SendEntry {
     pub(super) user_data: u64,
-    /// Its slot, or [`MARKER`].
+    /// Its slot, or [`NO_SLOT`].
     pub(super) index: u32,
     pub(super) len: u32,
     pub(super) kind: OpKind,
@@ -45,7 +45,7 @@ pub(super) struct SendEntry {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RecvEntry {
     pub(super) user_data: u64,
-    /// Its slot, or [`MARKER`] once completed.
+    /// Its slot, or [`NO_SLOT`] once completed.
     pub(super) index: u32,
 }
 
@@ -53,7 +53,7 @@ impl RecvEntry {
     /// What a completed receive leaves behind.
     pub(super) const TAKEN: RecvEntry = RecvEntry {
         user_data: 0,
-        index: MARKER,
+        index: NO_SLOT,
     };
 }
 
@@ -116,8 +116,8 @@ impl<T: Copy> SeqRing<T> {
     }
 }
 
-/// One attached queue pair.
-pub(super) struct QpSlot<Q> {
+/// What the ring keeps of one attached queue pair.
+pub(super) struct AttachedQp<Q> {
     pub(super) qp: Q,
     pub(super) qpn: u32,
     pub(super) handle: super::FixedQp,
@@ -138,6 +138,11 @@ pub(super) struct QpSlot<Q> {
     /// Whether the last posted send asked for a completion: if not, a
     /// drain needs a marker behind it.
     pub(super) last_signaled: bool,
+    /// Whether the drain marker is posted and not yet completed.
+    pub(super) marker_posted: bool,
+    /// Receives already handed back (out of order) whose entries `head`
+    /// has not passed yet.
+    pub(super) recvs_taken_ahead: u64,
     /// In the ring's list of queue pairs with work to post.
     pub(super) dirty: bool,
     /// Set by the first failed completion or post; the queue pair then
@@ -145,7 +150,7 @@ pub(super) struct QpSlot<Q> {
     pub(super) error: Option<WcStatus>,
 }
 
-impl<Q: QueuePair> QpSlot<Q> {
+impl<Q: QueuePair> AttachedQp<Q> {
     /// Whether anything posted has not come back.
     pub(super) fn busy(&self) -> bool {
         self.sends.head < self.sends.posted || self.recvs.head < self.recvs.posted

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::queue::{parse_wr_id, wr_id, QpSlot, RecvEntry, SendEntry, SeqRing, MARKER, MAX_QPS};
+use super::queue::{
+    parse_wr_id, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_QPS, NO_SLOT,
+};
 use super::{FixedBuf, FixedBufs, FixedCompletion, FixedOp};
 use crate::backend::{
     CompletionQueue as DeviceCq, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr,
@@ -121,7 +123,7 @@ impl FixedQp {
 pub struct FixedRing<Q: QueuePair> {
     // Dropped in this order: queue pairs before their completion queue,
     // both before the memory they reach.
-    qps: Vec<Option<QpSlot<Q>>>,
+    qps: Vec<Option<AttachedQp<Q>>>,
     cq: Q::Cq,
     bufs: FixedBufs,
     cq_id: CqId,
@@ -141,10 +143,15 @@ pub struct FixedRing<Q: QueuePair> {
     /// Per queue pair slot, the send and receive sequence numbers its next
     /// queue pair starts from.
     resume: Vec<(u64, u64)>,
+    /// Shut down (by `close`); `Drop` has nothing left to do.
+    closed: bool,
 }
 
 #[inline(always)]
-fn slot_mut<Q>(qps: &mut [Option<QpSlot<Q>>], handle: FixedQp) -> Result<&mut QpSlot<Q>, Error> {
+fn attached_mut<Q>(
+    qps: &mut [Option<AttachedQp<Q>>],
+    handle: FixedQp,
+) -> Result<&mut AttachedQp<Q>, Error> {
     match qps.get_mut(handle.index()) {
         Some(Some(slot)) if slot.handle == handle => Ok(slot),
         _ => Err(Error::NotAttached("queue pair")),
@@ -183,6 +190,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             unknown: 0,
             failed: None,
             resume: Vec::new(),
+            closed: false,
         }
     }
 
@@ -225,11 +233,11 @@ impl<Q: QueuePair> FixedRing<Q> {
         let (send_start, recv_start) = self.resume[index];
         let blank_send = SendEntry {
             user_data: 0,
-            index: MARKER,
+            index: NO_SLOT,
             len: 0,
             kind: OpKind::Send,
         };
-        self.qps[index] = Some(QpSlot {
+        self.qps[index] = Some(AttachedQp {
             qpn: caps.qp_num,
             handle,
             limits: Limits::send(&caps),
@@ -243,6 +251,8 @@ impl<Q: QueuePair> FixedRing<Q> {
             recv_wrs: Vec::with_capacity(caps.max_recv_wr as usize),
             recv_sges: Vec::with_capacity(caps.max_recv_wr as usize),
             last_signaled: true,
+            marker_posted: false,
+            recvs_taken_ahead: 0,
             dirty: false,
             error: None,
             qp,
@@ -334,7 +344,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(why) = self.failed {
             return Err(Error::RingFailed(why));
         }
-        let slot = slot_mut(&mut self.qps, handle)?;
+        let slot = attached_mut(&mut self.qps, handle)?;
         if let Some(status) = slot.error {
             return Err(Error::QpInError(status));
         }
@@ -586,13 +596,9 @@ impl<Q: QueuePair> FixedRing<Q> {
             .iter()
             .flatten()
             .map(|s| {
-                let sends = (s.sends.head..s.sends.posted)
-                    .filter(|&q| s.sends.get(q).index != MARKER)
-                    .count();
-                let recvs = (s.recvs.head..s.recvs.posted)
-                    .filter(|&q| s.recvs.get(q).index != MARKER)
-                    .count();
-                sends + recvs
+                let sends = s.sends.posted - s.sends.head - u64::from(s.marker_posted);
+                let recvs = s.recvs.posted - s.recvs.head - s.recvs_taken_ahead;
+                (sends + recvs) as usize
             })
             .sum()
     }
@@ -626,17 +632,23 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     pub fn detach(&mut self, handle: FixedQp) -> Result<Q, Error> {
         let table = self.bufs.table();
-        let slot = slot_mut(&mut self.qps, handle)?;
+        let slot = attached_mut(&mut self.qps, handle)?;
         flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         if slot.busy() {
             enter_error(slot, handle, WcStatus::WrFlushErr);
             let deadline = Deadline::after(self.config.drain_timeout);
-            while self.qps[handle.index()].as_ref().is_some_and(QpSlot::busy) {
+            let busy = |ring: &Self| {
+                ring.qps[handle.index()]
+                    .as_ref()
+                    .is_some_and(AttachedQp::busy)
+            };
+            while busy(self) {
                 let mut ready = std::mem::take(&mut self.ready);
                 let polled = self.reap_device(&mut ready);
                 self.ready = ready;
                 polled?;
-                if deadline.expired() {
+                // What that poll brought in counts, even at the deadline.
+                if deadline.expired() && busy(self) {
                     return Err(Error::Timeout(self.config.drain_timeout));
                 }
                 std::thread::yield_now();
@@ -797,7 +809,7 @@ impl<Q: QueuePair> FixedRing<Q> {
 /// Posts a queue pair's pushed work; on a refusal, the posted count and
 /// the error.
 fn post<Q: QueuePair>(
-    slot: &mut QpSlot<Q>,
+    slot: &mut AttachedQp<Q>,
     handle: FixedQp,
     table: u64,
     ready: &mut Vec<FixedCompletion>,
@@ -872,7 +884,7 @@ fn post<Q: QueuePair>(
 /// Hands back the queue pair's pushed, unposted work as flushed
 /// completions.
 fn flush_unposted<Q>(
-    slot: &mut QpSlot<Q>,
+    slot: &mut AttachedQp<Q>,
     handle: FixedQp,
     table: u64,
     ready: &mut Vec<FixedCompletion>,
@@ -924,7 +936,7 @@ fn flushed(qp: FixedQp, table: u64, index: u32, user_data: u64, kind: OpKind) ->
 /// Moves the queue pair to error, so the device flushes its outstanding
 /// work; if its last posted send asked for no completion, posts a
 /// signaled marker behind it, whose flushed completion releases it.
-fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcStatus) {
+fn enter_error<Q: QueuePair>(slot: &mut AttachedQp<Q>, handle: FixedQp, status: WcStatus) {
     slot.error.get_or_insert(status);
     // A queue pair the device cannot move to error would run a marker for
     // real: none is posted, and the drain times out on what is not
@@ -936,7 +948,7 @@ fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcSt
     // the completion queue one entry (kept since attach).
     let seq = slot.sends.push(SendEntry {
         user_data: 0,
-        index: MARKER,
+        index: NO_SLOT,
         len: 0,
         kind: OpKind::Write,
     });
@@ -954,6 +966,7 @@ fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcSt
         Ok(()) | Err(PostError { accepted: 1.., .. }) => {
             slot.sends.posted += 1;
             slot.last_signaled = true;
+            slot.marker_posted = true;
         }
         // Not posted: the drain times out on what is not flushed.
         Err(_) => slot.sends.tail -= 1,
@@ -963,7 +976,7 @@ fn enter_error<Q: QueuePair>(slot: &mut QpSlot<Q>, handle: FixedQp, status: WcSt
 /// Hands out what one completion queue entry completes.
 #[inline(always)]
 fn complete<Q>(
-    qps: &mut [Option<QpSlot<Q>>],
+    qps: &mut [Option<AttachedQp<Q>>],
     cqe: &RawCompletion,
     table: u64,
     cq_free: &mut usize,
@@ -988,7 +1001,7 @@ fn complete<Q>(
             return;
         };
         let entry = slot.recvs.get(seq);
-        if entry.index == MARKER {
+        if entry.index == NO_SLOT {
             *unknown += 1;
             return;
         }
@@ -996,9 +1009,12 @@ fn complete<Q>(
             slot.error.get_or_insert(cqe.status);
         }
         slot.recvs.set(seq, RecvEntry::TAKEN);
-        while slot.recvs.head < slot.recvs.posted && slot.recvs.get(slot.recvs.head).index == MARKER
+        slot.recvs_taken_ahead += 1;
+        while slot.recvs.head < slot.recvs.posted
+            && slot.recvs.get(slot.recvs.head).index == NO_SLOT
         {
             slot.recvs.head += 1;
+            slot.recvs_taken_ahead -= 1;
         }
         *cq_free += 1;
         out.push(FixedCompletion {
@@ -1014,7 +1030,7 @@ fn complete<Q>(
             imm: cqe.imm.filter(|_| cqe.status.is_success()),
             kind: OpKind::Recv,
             status: cqe.status,
-            by_write_imm: cqe.by_write_imm,
+            by_write_imm: cqe.by_write_imm && cqe.status.is_success(),
         });
         return;
     }
@@ -1038,7 +1054,9 @@ fn complete<Q>(
     let entry = slot.sends.get(seq);
     slot.sends.head = seq + 1;
     *cq_free += (seq - head) as usize;
-    if entry.index != MARKER {
+    if entry.index == NO_SLOT {
+        slot.marker_posted = false;
+    } else {
         *cq_free += 1;
         out.push(send_completion(entry, qp, table, cqe.status));
     }
@@ -1058,11 +1076,42 @@ fn send_completion(entry: SendEntry, qp: FixedQp, table: u64, status: WcStatus) 
     }
 }
 
-impl<Q: QueuePair> Drop for FixedRing<Q> {
-    /// Moves every queue pair with work in flight to error and drains it;
-    /// if the device does not flush everything within `drain_timeout`,
-    /// the slots' memory is leaked, never freed under the NIC.
-    fn drop(&mut self) {
+impl<Q: QueuePair> FixedRing<Q> {
+    /// Closes the ring, as dropping it does, and says whether it let go of
+    /// everything: every queue pair with work in flight goes to error and
+    /// is drained. If the device does not flush everything within
+    /// `drain_timeout`, the slots' memory is leaked (counted in
+    /// [`leak`](crate::leak)), never freed under the NIC, and
+    /// [`Error::Timeout`] is returned.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let conn = ring.attach(qp).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, RecvFixed::new(slot)).unwrap();
+    /// ring.submit().unwrap();
+    /// ring.close().unwrap(); // the receive was flushed and drained
+    /// ```
+    pub fn close(mut self) -> Result<(), Error> {
+        if self.shutdown() {
+            Ok(())
+        } else {
+            Err(Error::Timeout(self.config.drain_timeout))
+        }
+    }
+
+    /// Error, drain, and leak the memory if the drain fell short. Returns
+    /// whether everything came back; once only.
+    fn shutdown(&mut self) -> bool {
+        if std::mem::replace(&mut self.closed, true) {
+            return true;
+        }
         let table = self.bufs.table();
         let mut ready = std::mem::take(&mut self.ready);
         for slot in self.qps.iter_mut().flatten() {
@@ -1073,16 +1122,25 @@ impl<Q: QueuePair> Drop for FixedRing<Q> {
             }
         }
         let deadline = Deadline::after(self.config.drain_timeout);
-        while self.qps.iter().flatten().any(QpSlot::busy) {
+        while self.qps.iter().flatten().any(AttachedQp::busy) {
             ready.clear();
             if self.reap_device(&mut ready).is_err() || deadline.expired() {
                 break;
             }
             std::thread::yield_now();
         }
-        if self.qps.iter().flatten().any(QpSlot::busy) {
+        let drained = !self.qps.iter().flatten().any(AttachedQp::busy);
+        if !drained {
             self.bufs.leak();
         }
+        drained
+    }
+}
+
+impl<Q: QueuePair> Drop for FixedRing<Q> {
+    /// [`close`](FixedRing::close), without the answer.
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
