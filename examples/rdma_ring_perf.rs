@@ -27,8 +27,8 @@ use rdma_ring::backend::soft::{Progress, SoftDevice};
 use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
-    FetchAddFixed, FixedBuf, FixedBufs, FixedQp, FixedRing, FixedRingConfig, ReadFixed, RecvFixed,
-    SendFixed, WriteFixed,
+    FetchAddFixed, FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig,
+    ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
 use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
@@ -439,11 +439,16 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
         }
     } else {
         let mut ring = Ring::new(qp, ring_config);
+        let mut perf = SyncRing {
+            ring: &mut ring,
+            pool: &pool,
+            done: Vec::with_capacity(args.tx_depth),
+        };
         for size in args.sizes() {
             sync.begin(size)?;
             rows.push(match args.mode {
-                Mode::Bw => bw_sync(args, &mut ring, &pool, remote, size)?,
-                Mode::Lat => lat_sync(args, &mut ring, &pool, remote, size)?,
+                Mode::Bw => bw(args, &mut perf, remote, size)?,
+                Mode::Lat => lat(args, &mut perf, remote, size)?,
             });
             sync.end()?;
         }
@@ -460,47 +465,96 @@ fn slots(args: &Args, remote: RemoteSlice, size: usize) -> Result<Vec<RemoteSlic
         .collect()
 }
 
-/// Pushes one operation of `size` on `slot`.
-fn push_one<Q: QueuePair>(
-    args: &Args,
-    sq: &mut rdma_ring::ring::SubmissionQueue<'_, Q>,
-    buf: PoolChunk,
-    slot: RemoteSlice,
-    size: usize,
-) -> Result<()> {
-    let inline = size <= args.inline_size;
-    fn text<T>(r: rdma_ring::Rejected<T>) -> String {
-        r.to_string()
+/// What the bandwidth and latency loops need of a ring: buffers to take,
+/// operations and receives to push, submit, and reaping that hands the
+/// completed operations' buffers back.
+trait PerfRing {
+    type Buf;
+    fn take(&mut self) -> Result<Self::Buf>;
+    fn push(&mut self, args: &Args, buf: Self::Buf, slot: RemoteSlice, size: usize) -> Result<()>;
+    fn push_recv(&mut self, buf: Self::Buf) -> Result<()>;
+    fn submit(&mut self) -> Result<()>;
+    /// Reaps what is ready into `bufs`, failing on a failed completion;
+    /// returns how many.
+    fn reap(&mut self, bufs: &mut Vec<Self::Buf>) -> Result<usize>;
+    /// A buffer the loop is done with.
+    fn give_back(&mut self, buf: Self::Buf) -> Result<()>;
+}
+
+fn text<T>(r: rdma_ring::Rejected<T>) -> String {
+    r.to_string()
+}
+
+/// The sync ring over pool chunks.
+struct SyncRing<'a, Q: QueuePair> {
+    ring: &'a mut Ring<Q>,
+    pool: &'a BufferPool,
+    done: Vec<Completion>,
+}
+
+impl<Q: QueuePair> PerfRing for SyncRing<'_, Q> {
+    type Buf = PoolChunk;
+    fn take(&mut self) -> Result<PoolChunk> {
+        Ok(self.pool.take()?)
     }
-    let pushed = match args.op {
-        Op::Write if inline => sq
-            .push(Write::new(buf.slice(..size), slot).inline())
-            .map(|_| ())
-            .map_err(text),
-        Op::Write => sq
-            .push(Write::new(buf.slice(..size), slot))
-            .map(|_| ())
-            .map_err(text),
-        Op::Read => sq
-            .push(Read::new(buf.slice(..size), slot))
-            .map(|_| ())
-            .map_err(text),
-        Op::Send if inline => sq
-            .push(Send::new(buf.slice(..size)).inline())
-            .map(|_| ())
-            .map_err(text),
-        Op::Send => sq
-            .push(Send::new(buf.slice(..size)))
-            .map(|_| ())
-            .map_err(text),
-        Op::Atomic => {
-            let word = buf.word(0).map_err(|r| r.to_string())?;
-            sq.push(FetchAdd::new(word, slot.word(0)?, 1))
+    fn push(&mut self, args: &Args, buf: PoolChunk, slot: RemoteSlice, size: usize) -> Result<()> {
+        let inline = size <= args.inline_size;
+        let mut sq = self.ring.submission();
+        let pushed = match args.op {
+            Op::Write if inline => sq
+                .push(Write::new(buf.slice(..size), slot).inline())
                 .map(|_| ())
-                .map_err(text)
+                .map_err(text),
+            Op::Write => sq
+                .push(Write::new(buf.slice(..size), slot))
+                .map(|_| ())
+                .map_err(text),
+            Op::Read => sq
+                .push(Read::new(buf.slice(..size), slot))
+                .map(|_| ())
+                .map_err(text),
+            Op::Send if inline => sq
+                .push(Send::new(buf.slice(..size)).inline())
+                .map(|_| ())
+                .map_err(text),
+            Op::Send => sq
+                .push(Send::new(buf.slice(..size)))
+                .map(|_| ())
+                .map_err(text),
+            Op::Atomic => {
+                let word = buf.word(0).map_err(|r| r.to_string())?;
+                sq.push(FetchAdd::new(word, slot.word(0)?, 1))
+                    .map(|_| ())
+                    .map_err(text)
+            }
+        };
+        Ok(pushed?)
+    }
+    fn push_recv(&mut self, buf: PoolChunk) -> Result<()> {
+        self.ring
+            .submission()
+            .push(Recv::new(buf))
+            .map_err(|r| r.to_string())?;
+        Ok(())
+    }
+    fn submit(&mut self) -> Result<()> {
+        self.ring.submission().submit().map_err(|e| e.error)?;
+        Ok(())
+    }
+    fn reap(&mut self, bufs: &mut Vec<PoolChunk>) -> Result<usize> {
+        let n = self.ring.completion().reap(&mut self.done)?;
+        for c in self.done.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+            bufs.push(chunk_of(c)?);
         }
-    };
-    Ok(pushed?)
+        Ok(n)
+    }
+    fn give_back(&mut self, _buf: PoolChunk) -> Result<()> {
+        // Dropped, a chunk goes back to its pool.
+        Ok(())
+    }
 }
 
 /// The pool chunk inside a completed operation's buffer.
@@ -516,88 +570,124 @@ fn chunk_of(c: Completion) -> Result<PoolChunk> {
     Ok(chunk)
 }
 
-fn bw_sync<Q: QueuePair>(
-    args: &Args,
-    ring: &mut Ring<Q>,
-    pool: &BufferPool,
-    remote: RemoteSlice,
-    size: usize,
-) -> Result<Row> {
+/// The fixed-buffer ring over its slots.
+struct FixedPerf<'a, Q: QueuePair> {
+    ring: &'a mut FixedRing<Q>,
+    qp: FixedQp,
+    done: Vec<FixedCompletion>,
+}
+
+impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
+    type Buf = FixedBuf;
+    fn take(&mut self) -> Result<FixedBuf> {
+        Ok(self.ring.take_buf().ok_or("the slots are all taken")?)
+    }
+    fn push(&mut self, args: &Args, buf: FixedBuf, slot: RemoteSlice, size: usize) -> Result<()> {
+        let inline = size <= args.inline_size;
+        let (ring, qp, len) = (&mut *self.ring, self.qp, size as u32);
+        match args.op {
+            Op::Write if inline => ring
+                .push(qp, WriteFixed::new(buf, len, slot).inline())
+                .map_err(text)?,
+            Op::Write => ring
+                .push(qp, WriteFixed::new(buf, len, slot))
+                .map_err(text)?,
+            Op::Read => ring
+                .push(qp, ReadFixed::new(buf, len, slot))
+                .map_err(text)?,
+            Op::Send if inline => ring
+                .push(qp, SendFixed::new(buf, len).inline())
+                .map_err(text)?,
+            Op::Send => ring.push(qp, SendFixed::new(buf, len)).map_err(text)?,
+            Op::Atomic => ring
+                .push(qp, FetchAddFixed::new(buf, slot.word(0)?, 1))
+                .map_err(text)?,
+        }
+        Ok(())
+    }
+    fn push_recv(&mut self, buf: FixedBuf) -> Result<()> {
+        self.ring.push(self.qp, RecvFixed::new(buf)).map_err(text)?;
+        Ok(())
+    }
+    fn submit(&mut self) -> Result<()> {
+        self.ring.submit()?;
+        Ok(())
+    }
+    fn reap(&mut self, bufs: &mut Vec<FixedBuf>) -> Result<usize> {
+        let n = self.ring.reap(&mut self.done)?;
+        for c in self.done.drain(..) {
+            if !c.status().is_success() {
+                return Err(format!("a completion failed: {}", c.status()).into());
+            }
+            bufs.push(c.into_buf());
+        }
+        Ok(n)
+    }
+    fn give_back(&mut self, buf: FixedBuf) -> Result<()> {
+        self.ring.put_buf(buf).map_err(text)?;
+        Ok(())
+    }
+}
+
+/// Bandwidth: `--tx-depth` operations outstanding, pushed `--post-list`
+/// to a doorbell.
+fn bw<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize) -> Result<Row> {
     let iters = args.iters();
     let slots = slots(args, remote, size)?;
-    let mut bufs: Vec<PoolChunk> = (0..args.tx_depth)
-        .map(|_| pool.take())
-        .collect::<std::result::Result<_, _>>()?;
-    let mut done = Vec::with_capacity(args.tx_depth);
+    let mut bufs = (0..args.tx_depth)
+        .map(|_| ring.take())
+        .collect::<Result<Vec<_>>>()?;
     let (mut posted, mut completed) = (0u64, 0u64);
     let start = Instant::now();
     while completed < iters {
         while bufs.len() >= args.post_list && posted < iters {
             let n = args.post_list.min((iters - posted) as usize);
-            let mut sq = ring.submission();
             for _ in 0..n {
                 let buf = bufs.pop().expect("counted");
-                push_one(
-                    args,
-                    &mut sq,
-                    buf,
-                    slots[posted as usize % slots.len()],
-                    size,
-                )?;
+                ring.push(args, buf, slots[posted as usize % slots.len()], size)?;
                 posted += 1;
             }
-            sq.submit().map_err(|e| e.error)?;
+            ring.submit()?;
         }
-        ring.completion().reap(&mut done)?;
-        for c in done.drain(..) {
-            if !c.status().is_success() {
-                return Err(format!("a completion failed: {}", c.status()).into());
-            }
-            completed += 1;
-            bufs.push(chunk_of(c)?);
-        }
+        completed += ring.reap(&mut bufs)? as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    for buf in bufs {
+        ring.give_back(buf)?;
     }
     Ok(Row {
         bytes: size,
         iters,
-        secs: start.elapsed().as_secs_f64(),
+        secs,
         lat: Vec::new(),
     })
 }
 
-fn lat_sync<Q: QueuePair>(
-    args: &Args,
-    ring: &mut Ring<Q>,
-    pool: &BufferPool,
-    remote: RemoteSlice,
-    size: usize,
-) -> Result<Row> {
+/// Latency: one operation at a time (a SEND with the receive for its
+/// echo), busy polling, as perftest does.
+fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize) -> Result<Row> {
     let iters = args.iters();
     let slot = slots(args, remote, size)?[0];
     let mut lat = Vec::with_capacity(iters as usize);
-    let mut done = Vec::with_capacity(2);
+    let mut back = Vec::with_capacity(2);
     let start = Instant::now();
     for _ in 0..iters {
         let t = Instant::now();
-        let mut sq = ring.submission();
         let mut expect = 1;
         if args.op == Op::Send {
-            sq.push(Recv::new(pool.take()?))
-                .map_err(|r| r.to_string())?;
+            let echo = ring.take()?;
+            ring.push_recv(echo)?;
             expect = 2;
         }
-        push_one(args, &mut sq, pool.take()?, slot, size)?;
-        sq.submit().map_err(|e| e.error)?;
-        // Busy-poll, as perftest does: no completion channel in the way.
+        let buf = ring.take()?;
+        ring.push(args, buf, slot, size)?;
+        ring.submit()?;
         let mut seen = 0;
         while seen < expect {
-            ring.completion().reap(&mut done)?;
-            for c in done.drain(..) {
-                if !c.status().is_success() {
-                    return Err(format!("a completion failed: {}", c.status()).into());
-                }
-                seen += 1;
-            }
+            seen += ring.reap(&mut back)?;
+        }
+        for buf in back.drain(..) {
+            ring.give_back(buf)?;
         }
         let us = t.elapsed().as_secs_f64() * 1e6;
         lat.push(if args.op == Op::Send { us / 2.0 } else { us });
@@ -630,147 +720,22 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
         ..FixedRingConfig::default()
     };
     let mut ring = FixedRing::new(cq, bufs, config);
-    let handle = ring.attach(qp).map_err(|r| r.error().to_string())?;
+    let qp = ring.attach(qp).map_err(|r| r.error().to_string())?;
+    let mut perf = FixedPerf {
+        ring: &mut ring,
+        qp,
+        done: Vec::with_capacity(args.tx_depth),
+    };
     let mut rows = Vec::new();
     for size in args.sizes() {
         sync.begin(size)?;
         rows.push(match args.mode {
-            Mode::Bw => bw_fixed(args, &mut ring, handle, remote, size)?,
-            Mode::Lat => lat_fixed(args, &mut ring, handle, remote, size)?,
+            Mode::Bw => bw(args, &mut perf, remote, size)?,
+            Mode::Lat => lat(args, &mut perf, remote, size)?,
         });
         sync.end()?;
     }
     Ok(rows)
-}
-
-/// Pushes one operation of `size` from slot `buf` on `slot`.
-fn push_fixed<Q: QueuePair>(
-    args: &Args,
-    ring: &mut FixedRing<Q>,
-    handle: FixedQp,
-    buf: FixedBuf,
-    slot: RemoteSlice,
-    size: usize,
-) -> Result<()> {
-    let inline = size <= args.inline_size;
-    let len = size as u32;
-    fn text<T>(r: rdma_ring::Rejected<T>) -> String {
-        r.to_string()
-    }
-    match args.op {
-        Op::Write if inline => ring
-            .push(handle, WriteFixed::new(buf, len, slot).inline())
-            .map_err(text)?,
-        Op::Write => ring
-            .push(handle, WriteFixed::new(buf, len, slot))
-            .map_err(text)?,
-        Op::Read => ring
-            .push(handle, ReadFixed::new(buf, len, slot))
-            .map_err(text)?,
-        Op::Send if inline => ring
-            .push(handle, SendFixed::new(buf, len).inline())
-            .map_err(text)?,
-        Op::Send => ring.push(handle, SendFixed::new(buf, len)).map_err(text)?,
-        Op::Atomic => ring
-            .push(handle, FetchAddFixed::new(buf, slot.word(0)?, 1))
-            .map_err(text)?,
-    }
-    Ok(())
-}
-
-fn bw_fixed<Q: QueuePair>(
-    args: &Args,
-    ring: &mut FixedRing<Q>,
-    handle: FixedQp,
-    remote: RemoteSlice,
-    size: usize,
-) -> Result<Row> {
-    let iters = args.iters();
-    let slots = slots(args, remote, size)?;
-    let mut bufs: Vec<FixedBuf> = (0..args.tx_depth)
-        .map(|_| ring.take_buf().ok_or("the slots are all taken"))
-        .collect::<std::result::Result<_, _>>()?;
-    let mut done = Vec::with_capacity(args.tx_depth);
-    let (mut posted, mut completed) = (0u64, 0u64);
-    let start = Instant::now();
-    while completed < iters {
-        while bufs.len() >= args.post_list && posted < iters {
-            let n = args.post_list.min((iters - posted) as usize);
-            for _ in 0..n {
-                let buf = bufs.pop().expect("counted");
-                let slot = slots[posted as usize % slots.len()];
-                push_fixed(args, ring, handle, buf, slot, size)?;
-                posted += 1;
-            }
-            ring.submit()?;
-        }
-        ring.reap(&mut done)?;
-        for c in done.drain(..) {
-            if !c.status().is_success() {
-                return Err(format!("a completion failed: {}", c.status()).into());
-            }
-            completed += 1;
-            bufs.push(c.into_buf());
-        }
-    }
-    for buf in bufs {
-        ring.put_buf(buf).map_err(|r| r.to_string())?;
-    }
-    Ok(Row {
-        bytes: size,
-        iters,
-        secs: start.elapsed().as_secs_f64(),
-        lat: Vec::new(),
-    })
-}
-
-fn lat_fixed<Q: QueuePair>(
-    args: &Args,
-    ring: &mut FixedRing<Q>,
-    handle: FixedQp,
-    remote: RemoteSlice,
-    size: usize,
-) -> Result<Row> {
-    let iters = args.iters();
-    let slot = slots(args, remote, size)?[0];
-    let mut lat = Vec::with_capacity(iters as usize);
-    let mut done = Vec::with_capacity(2);
-    let start = Instant::now();
-    for _ in 0..iters {
-        let t = Instant::now();
-        let mut expect = 1;
-        if args.op == Op::Send {
-            let echo = ring.take_buf().ok_or("the slots are all taken")?;
-            ring.push(handle, RecvFixed::new(echo))
-                .map_err(|r| r.to_string())?;
-            expect = 2;
-        }
-        let buf = ring.take_buf().ok_or("the slots are all taken")?;
-        push_fixed(args, ring, handle, buf, slot, size)?;
-        ring.submit()?;
-        // Busy-poll, as perftest does.
-        let mut seen = 0;
-        while seen < expect {
-            ring.reap(&mut done)?;
-            for c in done.drain(..) {
-                if !c.status().is_success() {
-                    return Err(format!("a completion failed: {}", c.status()).into());
-                }
-                seen += 1;
-                ring.put_buf(c.into_buf()).map_err(|r| r.to_string())?;
-            }
-        }
-        let us = t.elapsed().as_secs_f64() * 1e6;
-        lat.push(if args.op == Op::Send { us / 2.0 } else { us });
-    }
-    let secs = start.elapsed().as_secs_f64();
-    lat.sort_by(f64::total_cmp);
-    Ok(Row {
-        bytes: size,
-        iters,
-        secs,
-        lat,
-    })
 }
 
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(

@@ -39,11 +39,11 @@ fn adversarial_scenarios_cover_every_misbehaviour() {
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = Adversary::run(&decode(&bytes));
-        partial += a.partial_posts;
-        overclaims += a.overclaims;
-        forged += a.forged;
-        repeated += a.repeated;
-        held += a.held;
+        partial += a.device.partial_posts;
+        overclaims += a.device.overclaims;
+        forged += a.device.forged;
+        repeated += a.device.repeated;
+        held += a.device.held;
         returned += a.returned_ops;
         buried += a.buried();
     }
@@ -68,9 +68,9 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = FixedAdversary::run(&decode(&bytes));
-        partial += a.partial_posts;
-        overclaims += a.overclaims;
-        forged += a.forged;
+        partial += a.device.partial_posts;
+        overclaims += a.device.overclaims;
+        forged += a.device.forged;
         failed += a.failed_ops;
         reattached += a.reattached;
         reattached_late += a.reattached_late;

@@ -3,48 +3,38 @@
 //! and is kept out of use; at the end, after every queue pair is detached
 //! and the device has run dry, each of those slots must still hold only
 //! poison. The ring must never panic, never hand an operation back twice,
-//! and every operation must come back, or the slots' memory must have been
-//! leaked.
+//! and every operation must come back, or closing the ring must say it
+//! kept the slots' memory.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_ring::backend::soft::{Progress, QpControl, SoftDevice, SoftPd, SoftQp};
-use rdma_ring::backend::{QpConfig, RawCompletion, WcStatus};
-use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::backend::soft::{SoftDevice, SoftPd};
+use rdma_ring::backend::{RawCompletion, WcStatus};
 use rdma_ring::fixed::{
     FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, ReadFixed,
     RecvFixed, SendFixed, WriteFixed,
 };
-use rdma_ring::op::Recv;
-use rdma_ring::ring::{Ring, RingConfig};
 
-use super::{AdvCq, AdvQp, Shared, Step, LEN, POISON, QPS};
+use super::device::{Device, RingStep};
+use super::{AdvCq, AdvQp, Shared, Step, LEN, POISON};
 
 /// Slots in the table: more than a scenario can push.
 const SLOTS: u32 = 512;
 
-/// The fixed ring (over the adversary), its peers, and the graveyard.
+/// The fixed ring (over the adversary), the device side, and the
+/// graveyard.
 pub struct FixedAdversary {
-    dev: SoftDevice,
-    pd: SoftPd,
+    pub device: Device,
     ring: FixedRing<AdvQp>,
     handles: Vec<FixedQp>,
-    controls: Vec<QpControl>,
-    qp_nums: Vec<u32>,
-    peers: Vec<Ring<SoftQp>>,
-    peer_region: ExposedBuf<Vec<u8>>,
-    knobs: Shared,
     next_id: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
     /// Tokens handed back, their slots poisoned, never used again.
     graveyard: Vec<FixedBuf>,
     /// What happened, for coverage reports.
-    pub partial_posts: usize,
-    pub overclaims: usize,
-    pub forged: usize,
     pub returned_ops: usize,
     pub failed_ops: usize,
     pub reattached: usize,
@@ -53,14 +43,8 @@ pub struct FixedAdversary {
 
 impl FixedAdversary {
     pub fn new() -> FixedAdversary {
-        let dev = SoftDevice::with_progress(Progress::Manual);
-        let pd = dev.alloc_pd();
-        let knobs: Shared = Arc::default();
-        let cq = AdvCq {
-            inner: dev.create_cq(256).unwrap(),
-            knobs: Arc::clone(&knobs),
-        };
-        let bufs = FixedBufs::new(&pd, SLOTS, LEN as u32).unwrap();
+        let (mut device, cq) = Device::new();
+        let bufs = FixedBufs::new(&device.pd, SLOTS, LEN as u32).unwrap();
         let mut ring: FixedRing<AdvQp> = FixedRing::new(
             cq,
             bufs,
@@ -70,57 +54,26 @@ impl FixedAdversary {
                 ..FixedRingConfig::default()
             },
         );
-        let config = QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 8,
-            ..QpConfig::default()
-        };
-        let (mut handles, mut controls, mut qp_nums, mut peers) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..QPS {
-            let qp = dev
-                .create_qp_on(&pd, &ring.cq().inner, None, config)
-                .unwrap();
-            let peer = dev.create_qp(&pd, config).unwrap();
-            dev.connect(&qp, &peer).unwrap();
-            controls.push(qp.control());
-            qp_nums.push(qp.qpn());
-            handles.push(
-                ring.attach(AdvQp {
-                    inner: qp,
-                    knobs: Arc::clone(&knobs),
-                })
-                .unwrap_or_else(|_| panic!("attach")),
-            );
-            peers.push(Ring::new(peer, RingConfig::default()));
-        }
-        let peer_region = ExposedBuf::new(&pd, vec![0x11u8; LEN * 4], RemoteAccess::all()).unwrap();
+        let handles = device
+            .queue_pairs(&ring.cq().inner)
+            .into_iter()
+            .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
+            .collect();
         FixedAdversary {
-            dev,
-            pd,
+            device,
             ring,
             handles,
-            controls,
-            qp_nums,
-            peers,
-            peer_region,
-            knobs,
             next_id: 1,
             pushed: HashSet::new(),
             returned: HashSet::new(),
             graveyard: Vec::new(),
-            partial_posts: 0,
-            overclaims: 0,
-            forged: 0,
             returned_ops: 0,
             failed_ops: 0,
             reattached: 0,
             reattached_late: 0,
         }
     }
-}
 
-impl FixedAdversary {
     /// Slot tokens handed back and checked for late writes.
     pub fn buried(&self) -> usize {
         self.graveyard.len()
@@ -135,55 +88,20 @@ impl FixedAdversary {
         adversary
     }
 
-    fn target(&self) -> RemoteSlice {
-        self.peer_region.remote().slice(0..LEN as u64).unwrap()
-    }
-
     fn apply(&mut self, step: &Step) {
-        match *step {
-            Step::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
-            Step::Submit => self.submit(),
-            Step::SubmitTaking(n) => {
-                self.knobs.lock().unwrap().accept = Some(n);
-                self.partial_posts += 1;
-                self.submit();
+        match self.device.apply(step) {
+            RingStep::None => {}
+            RingStep::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
+            RingStep::Submit => {
+                // A refused post's work comes back flushed from the next
+                // reap.
+                let _ = self.ring.submit();
+                self.device.after_submit();
             }
-            Step::SubmitOverclaiming(n) => {
-                self.knobs.lock().unwrap().overclaim = Some(n);
-                self.overclaims += 1;
-                self.submit();
-            }
-            Step::Progress => {
-                self.dev.progress();
-            }
-            Step::ExecuteOne(qp) => {
-                self.controls[qp].step();
-            }
-            Step::Poll => self.poll(),
-            Step::Forge { wr_id, qp } => {
-                let mut knobs = self.knobs.lock().unwrap();
-                if !knobs.posted.contains(&wr_id) {
-                    self.forged += 1;
-                    knobs.forged.push_back(RawCompletion {
-                        wr_id,
-                        qp_num: self.qp_nums[qp],
-                        ..RawCompletion::default()
-                    });
-                }
-            }
-            Step::Repeat(k) => {
-                let mut knobs = self.knobs.lock().unwrap();
-                if !knobs.history.is_empty() {
-                    let old = knobs.history[k % knobs.history.len()];
-                    knobs.forged.push_back(old);
-                }
-            }
-            Step::Hold(qp) => self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]),
-            Step::Release => self.knobs.lock().unwrap().hold = None,
-            Step::Fail(qp) => self.controls[qp].fail_nth(1, WcStatus::RemOpErr),
-            Step::Reattach(qp) => {
+            RingStep::Poll => self.poll(),
+            RingStep::Reattach(qp) => {
                 // Held completions would only make the drain time out.
-                self.knobs.lock().unwrap().hold = None;
+                self.device.knobs.lock().unwrap().hold = None;
                 self.reattached += 1;
                 match self.ring.detach(self.handles[qp]) {
                     Ok(back) => {
@@ -196,11 +114,6 @@ impl FixedAdversary {
                     Err(_) => self.reattached_late += 1,
                 }
             }
-            Step::PeerRecv(qp) => {
-                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
-                let _ = self.peers[qp].submission().push(Recv::new(buf));
-                let _ = self.peers[qp].submit();
-            }
         }
     }
 
@@ -211,7 +124,7 @@ impl FixedAdversary {
         let id = self.next_id;
         self.next_id += 1;
         self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
-        let target = self.target();
+        let target = self.device.target();
         let handle = self.handles[qp];
         macro_rules! push {
             ($op:expr) => {{
@@ -239,21 +152,11 @@ impl FixedAdversary {
         }
     }
 
-    fn submit(&mut self) {
-        // A refused post's work comes back flushed from the next reap.
-        let _ = self.ring.submit();
-        let mut knobs = self.knobs.lock().unwrap();
-        knobs.accept = None;
-        knobs.overclaim = None;
-    }
-
     fn poll(&mut self) {
         let mut out = Vec::new();
         let _ = self.ring.reap(&mut out);
         self.returned_all(out);
-        for peer in &mut self.peers {
-            let _ = peer.completion().reap(&mut Vec::new());
-        }
+        self.device.peers_reap();
     }
 
     fn returned_all(&mut self, out: Vec<FixedCompletion>) {
@@ -279,10 +182,7 @@ impl FixedAdversary {
     }
 
     fn finish(&mut self) {
-        self.knobs.lock().unwrap().hold = None;
-        for _ in 0..4 {
-            self.dev.progress();
-        }
+        self.device.settle();
         self.poll();
         // Detach every queue pair: to error, drained (or left attached
         // when the adversary keeps its work); what was never posted and
@@ -296,15 +196,7 @@ impl FixedAdversary {
         self.returned_all(out);
         // Run the device dry: nothing it still held may touch a buried
         // slot.
-        for _ in 0..8 {
-            self.dev.progress();
-        }
-        for peer in self.peers.drain(..) {
-            drop(peer.close());
-        }
-        for _ in 0..8 {
-            self.dev.progress();
-        }
+        self.device.run_dry();
         for (i, buf) in self.graveyard.iter().enumerate() {
             assert!(
                 self.ring.bufs().bytes(buf).iter().all(|&b| b == POISON),
@@ -319,7 +211,8 @@ impl FixedAdversary {
         );
         // Closing says whether the ring let go of everything: it must not
         // have, if operations are missing (it keeps their memory then).
-        let ring = std::mem::replace(&mut self.ring, blank_ring(&self.dev, &self.pd, &self.knobs));
+        let blank = blank_ring(&self.device.dev, &self.device.pd, &self.device.knobs);
+        let ring = std::mem::replace(&mut self.ring, blank);
         let closed = ring.close();
         assert_eq!(
             closed.is_ok(),
@@ -358,14 +251,21 @@ pub fn replayed_completion_after_reattach() {
     a.ring
         .push(
             first,
-            ReadFixed::new(slot, LEN as u32, a.target()).user_data(1),
+            ReadFixed::new(slot, LEN as u32, a.device.target()).user_data(1),
         )
         .unwrap();
     a.ring.submit().unwrap();
-    a.dev.progress();
+    a.device.dev.progress();
     let mut out = a.ring.wait(1).unwrap();
     assert!(out[0].status().is_success());
-    let old = *a.knobs.lock().unwrap().history.last().expect("reported");
+    let old = *a
+        .device
+        .knobs
+        .lock()
+        .unwrap()
+        .history
+        .last()
+        .expect("reported");
     for c in out.drain(..) {
         a.ring.put_buf(c.into_buf()).unwrap();
     }
@@ -377,18 +277,18 @@ pub fn replayed_completion_after_reattach() {
     a.ring
         .push(
             again,
-            ReadFixed::new(slot, LEN as u32, a.target()).user_data(2),
+            ReadFixed::new(slot, LEN as u32, a.device.target()).user_data(2),
         )
         .unwrap();
     a.ring.submit().unwrap();
     let unknown = a.ring.unknown_completions();
     {
-        let mut knobs = a.knobs.lock().unwrap();
+        let mut knobs = a.device.knobs.lock().unwrap();
         knobs.forged.push_back(old);
         // Slot 0's first receive, never posted, failed.
         knobs.forged.push_back(RawCompletion {
             wr_id: 1 << 47,
-            qp_num: a.qp_nums[0],
+            qp_num: a.device.qp_nums[0],
             status: WcStatus::RemAccessErr,
             ..RawCompletion::default()
         });
@@ -398,10 +298,9 @@ pub fn replayed_completion_after_reattach() {
     assert_eq!(a.ring.unknown_completions(), unknown + 2);
     assert_eq!(a.ring.qp_error(again).unwrap(), None);
     // The device runs it; now it comes back, once.
-    a.dev.progress();
-    while out.is_empty() {
-        a.ring.reap(&mut out).unwrap();
-    }
+    a.device.dev.progress();
+    let out = a.ring.wait(1).unwrap();
+    assert_eq!(out.len(), 1);
     assert_eq!(
         (out[0].user_data(), out[0].status()),
         (2, WcStatus::Success)

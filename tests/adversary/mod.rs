@@ -21,17 +21,19 @@
 
 #![allow(dead_code)]
 
+pub mod device;
 pub mod fixed;
+
+use device::{Device, RingStep};
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
+use rdma_ring::backend::soft::{SoftCq, SoftQp, SoftSrq};
 use rdma_ring::backend::{
-    CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
-    Sge,
+    CompletionQueue, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendWr, Sge,
 };
-use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::buf::RegisteredBuf;
 use rdma_ring::op::{Read, Recv, Send, Write};
 use rdma_ring::ring::{Completion, QpHandle, Ring, RingConfig};
 use rdma_ring::Error;
@@ -42,7 +44,7 @@ const POISON: u8 = 0xde;
 
 /// What the adversary does next; shared by its queue pairs and queue.
 #[derive(Default)]
-struct Knobs {
+pub struct Knobs {
     /// Take at most this many work requests of the next post.
     accept: Option<usize>,
     /// Refuse the next post after taking it all, claiming this many more.
@@ -67,14 +69,14 @@ impl Knobs {
     }
 }
 
-type Shared = Arc<Mutex<Knobs>>;
+pub type Shared = Arc<Mutex<Knobs>>;
 
-struct AdvQp {
+pub struct AdvQp {
     inner: SoftQp,
     knobs: Shared,
 }
 
-struct AdvCq {
+pub struct AdvCq {
     inner: SoftCq,
     knobs: Shared,
 }
@@ -260,17 +262,12 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
     steps
 }
 
-/// The server ring (over the adversary), its peers, and the graveyard.
+/// The server ring (over the adversary), the device side, and the
+/// graveyard.
 pub struct Adversary {
-    dev: SoftDevice,
-    pd: SoftPd,
+    pub device: Device,
     ring: Ring<AdvQp>,
     handles: Vec<QpHandle>,
-    controls: Vec<QpControl>,
-    qp_nums: Vec<u32>,
-    peers: Vec<Ring<SoftQp>>,
-    peer_region: ExposedBuf<Vec<u8>>,
-    knobs: Shared,
     next_id: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
@@ -278,11 +275,6 @@ pub struct Adversary {
     graveyard: Vec<RegisteredBuf>,
     leaked_before: u64,
     /// What happened, for coverage reports.
-    pub partial_posts: usize,
-    pub overclaims: usize,
-    pub forged: usize,
-    pub repeated: usize,
-    pub held: usize,
     pub returned_ops: usize,
 }
 
@@ -293,13 +285,7 @@ impl Adversary {
     }
 
     pub fn new() -> Adversary {
-        let dev = SoftDevice::with_progress(Progress::Manual);
-        let pd = dev.alloc_pd();
-        let knobs: Shared = Arc::default();
-        let cq = AdvCq {
-            inner: dev.create_cq(256).unwrap(),
-            knobs: Arc::clone(&knobs),
-        };
+        let (mut device, cq) = Device::new();
         let mut ring: Ring<AdvQp> = Ring::with_cq(
             cq,
             RingConfig {
@@ -308,53 +294,20 @@ impl Adversary {
                 ..RingConfig::default()
             },
         );
-        let config = QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 8,
-            ..QpConfig::default()
-        };
-        let mut handles = Vec::new();
-        let mut controls = Vec::new();
-        let mut qp_nums = Vec::new();
-        let mut peers = Vec::new();
-        for _ in 0..QPS {
-            let qp = dev
-                .create_qp_on(&pd, &ring.cq().inner, None, config)
-                .unwrap();
-            let peer = dev.create_qp(&pd, config).unwrap();
-            dev.connect(&qp, &peer).unwrap();
-            controls.push(qp.control());
-            qp_nums.push(qp.qpn());
-            handles.push(
-                ring.attach(AdvQp {
-                    inner: qp,
-                    knobs: Arc::clone(&knobs),
-                })
-                .unwrap_or_else(|_| panic!("attach")),
-            );
-            peers.push(Ring::new(peer, RingConfig::default()));
-        }
-        let peer_region = ExposedBuf::new(&pd, vec![0x11u8; LEN * 4], RemoteAccess::all()).unwrap();
+        let handles = device
+            .queue_pairs(&ring.cq().inner)
+            .into_iter()
+            .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
+            .collect();
         Adversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
-            dev,
-            pd,
+            device,
             ring,
             handles,
-            controls,
-            qp_nums,
-            peers,
-            peer_region,
-            knobs,
             next_id: 1,
             pushed: HashSet::new(),
             returned: HashSet::new(),
             graveyard: Vec::new(),
-            partial_posts: 0,
-            overclaims: 0,
-            forged: 0,
-            repeated: 0,
-            held: 0,
             returned_ops: 0,
         }
     }
@@ -368,60 +321,16 @@ impl Adversary {
         adversary
     }
 
-    fn target(&self) -> RemoteSlice {
-        self.peer_region.remote().slice(0..LEN as u64).unwrap()
-    }
-
     fn apply(&mut self, step: &Step) {
-        match *step {
-            Step::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
-            Step::Submit => self.submit(),
-            Step::SubmitTaking(n) => {
-                self.knobs.lock().unwrap().accept = Some(n);
-                self.partial_posts += 1;
-                self.submit();
-            }
-            Step::SubmitOverclaiming(n) => {
-                self.knobs.lock().unwrap().overclaim = Some(n);
-                self.overclaims += 1;
-                self.submit();
-            }
-            Step::Progress => {
-                self.dev.progress();
-            }
-            Step::ExecuteOne(qp) => {
-                self.controls[qp].step();
-            }
-            Step::Poll => self.poll(),
-            Step::Forge { wr_id, qp } => {
-                let mut knobs = self.knobs.lock().unwrap();
-                if !knobs.posted.contains(&wr_id) {
-                    self.forged += 1;
-                    knobs.forged.push_back(RawCompletion {
-                        wr_id,
-                        qp_num: self.qp_nums[qp],
-                        ..RawCompletion::default()
-                    });
-                }
-            }
-            Step::Repeat(k) => {
-                let mut knobs = self.knobs.lock().unwrap();
-                if !knobs.history.is_empty() {
-                    let old = knobs.history[k % knobs.history.len()];
-                    knobs.forged.push_back(old);
-                    self.repeated += 1;
-                }
-            }
-            Step::Hold(qp) => {
-                self.held += 1;
-                self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]);
-            }
-            Step::Release => self.knobs.lock().unwrap().hold = None,
-            Step::Fail(qp) => self.controls[qp].fail_nth(1, rdma_ring::backend::WcStatus::RemOpErr),
-            Step::PeerRecv(qp) | Step::Reattach(qp) => {
-                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
-                let _ = self.peers[qp].submission().push(Recv::new(buf));
-                let _ = self.peers[qp].submit();
+        match self.device.apply(step) {
+            RingStep::None => {}
+            RingStep::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
+            RingStep::Submit => self.submit(),
+            RingStep::Poll => self.poll(),
+            // This ring's scenarios keep their queue pairs; the step reads
+            // as a peer's receive, as before it existed.
+            RingStep::Reattach(qp) => {
+                self.device.apply(&Step::PeerRecv(qp));
             }
         }
     }
@@ -429,8 +338,8 @@ impl Adversary {
     fn push(&mut self, qp: usize, kind: u8, signaled: bool) {
         let id = self.next_id;
         self.next_id += 1;
-        let target = self.target();
-        let buf = RegisteredBuf::new(&self.pd, vec![(id as u8) | 1; LEN]).unwrap();
+        let target = self.device.target();
+        let buf = RegisteredBuf::new(&self.device.pd, vec![(id as u8) | 1; LEN]).unwrap();
         let mut sq = self.ring.submission_on(self.handles[qp]);
         macro_rules! push {
             ($op:expr) => {{
@@ -464,10 +373,7 @@ impl Adversary {
                 }
             }
         }
-        // Knobs a post did not use do not linger.
-        let mut knobs = self.knobs.lock().unwrap();
-        knobs.accept = None;
-        knobs.overclaim = None;
+        self.device.after_submit();
     }
 
     fn poll(&mut self) {
@@ -478,9 +384,7 @@ impl Adversary {
         for c in out {
             self.returned_op(c);
         }
-        for peer in &mut self.peers {
-            let _ = peer.completion().reap(&mut Vec::new());
-        }
+        self.device.peers_reap();
     }
 
     fn returned_op(&mut self, c: Completion) {
@@ -503,10 +407,7 @@ impl Adversary {
     }
 
     fn finish(&mut self) {
-        self.knobs.lock().unwrap().hold = None;
-        for _ in 0..4 {
-            self.dev.progress();
-        }
+        self.device.settle();
         self.poll();
         // Close: every queue pair to error, drained (or leaked); whatever
         // the adversary still holds comes out too.
@@ -514,8 +415,8 @@ impl Adversary {
             &mut self.ring,
             Ring::with_cq(
                 AdvCq {
-                    inner: self.dev.create_cq(1).unwrap(),
-                    knobs: Arc::clone(&self.knobs),
+                    inner: self.device.dev.create_cq(1).unwrap(),
+                    knobs: Arc::clone(&self.device.knobs),
                 },
                 RingConfig::default(),
             ),
@@ -525,15 +426,7 @@ impl Adversary {
         }
         // Run the device dry: nothing it still held may touch a buried
         // buffer.
-        for _ in 0..8 {
-            self.dev.progress();
-        }
-        for peer in self.peers.drain(..) {
-            drop(peer.close());
-        }
-        for _ in 0..8 {
-            self.dev.progress();
-        }
+        self.device.run_dry();
         for (i, buf) in self.graveyard.iter().enumerate() {
             assert!(
                 buf.iter().all(|&b| b == POISON),

@@ -1,0 +1,196 @@
+//! The device side of an adversarial scenario, shared by the harness of
+//! each ring: the soft device in manual progress, its misbehaving queue
+//! pairs and completion queue (through the knobs), and the honest peers.
+
+use std::sync::Arc;
+
+use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{QpConfig, RawCompletion, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::op::Recv;
+use rdma_ring::ring::{Ring, RingConfig};
+
+use super::{AdvCq, AdvQp, Shared, Step, LEN, QPS};
+
+/// What a step leaves to the ring's harness once the device side has
+/// done its part.
+pub enum RingStep {
+    None,
+    Push {
+        qp: usize,
+        kind: u8,
+        signaled: bool,
+    },
+    /// Submit, then call [`Device::after_submit`].
+    Submit,
+    Poll,
+    Reattach(usize),
+}
+
+/// The adversarial device and the peers of the ring's queue pairs.
+pub struct Device {
+    pub dev: SoftDevice,
+    pub pd: SoftPd,
+    pub controls: Vec<QpControl>,
+    pub qp_nums: Vec<u32>,
+    pub peers: Vec<Ring<SoftQp>>,
+    pub peer_region: ExposedBuf<Vec<u8>>,
+    pub knobs: Shared,
+    /// What happened, for coverage reports.
+    pub partial_posts: usize,
+    pub overclaims: usize,
+    pub forged: usize,
+    pub repeated: usize,
+    pub held: usize,
+}
+
+impl Device {
+    /// The device and the completion queue for the ring.
+    pub fn new() -> (Device, AdvCq) {
+        let dev = SoftDevice::with_progress(Progress::Manual);
+        let pd = dev.alloc_pd();
+        let knobs: Shared = Arc::default();
+        let cq = AdvCq {
+            inner: dev.create_cq(256).unwrap(),
+            knobs: Arc::clone(&knobs),
+        };
+        let peer_region = ExposedBuf::new(&pd, vec![0x11u8; LEN * 4], RemoteAccess::all()).unwrap();
+        let device = Device {
+            dev,
+            pd,
+            controls: Vec::new(),
+            qp_nums: Vec::new(),
+            peers: Vec::new(),
+            peer_region,
+            knobs,
+            partial_posts: 0,
+            overclaims: 0,
+            forged: 0,
+            repeated: 0,
+            held: 0,
+        };
+        (device, cq)
+    }
+
+    /// The ring's queue pairs on `cq`, each connected to a peer.
+    pub fn queue_pairs(&mut self, cq: &SoftCq) -> Vec<AdvQp> {
+        let config = QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 8,
+            ..QpConfig::default()
+        };
+        (0..QPS)
+            .map(|_| {
+                let qp = self.dev.create_qp_on(&self.pd, cq, None, config).unwrap();
+                let peer = self.dev.create_qp(&self.pd, config).unwrap();
+                self.dev.connect(&qp, &peer).unwrap();
+                self.controls.push(qp.control());
+                self.qp_nums.push(qp.qpn());
+                self.peers.push(Ring::new(peer, RingConfig::default()));
+                AdvQp {
+                    inner: qp,
+                    knobs: Arc::clone(&self.knobs),
+                }
+            })
+            .collect()
+    }
+
+    /// Where the ring's READs and WRITEs go.
+    pub fn target(&self) -> RemoteSlice {
+        self.peer_region.remote().slice(0..LEN as u64).unwrap()
+    }
+
+    /// Does the device's part of `step`.
+    pub fn apply(&mut self, step: &Step) -> RingStep {
+        match *step {
+            Step::Push { qp, kind, signaled } => return RingStep::Push { qp, kind, signaled },
+            Step::Submit => return RingStep::Submit,
+            Step::SubmitTaking(n) => {
+                self.knobs.lock().unwrap().accept = Some(n);
+                self.partial_posts += 1;
+                return RingStep::Submit;
+            }
+            Step::SubmitOverclaiming(n) => {
+                self.knobs.lock().unwrap().overclaim = Some(n);
+                self.overclaims += 1;
+                return RingStep::Submit;
+            }
+            Step::Poll => return RingStep::Poll,
+            Step::Reattach(qp) => return RingStep::Reattach(qp),
+            Step::Progress => {
+                self.dev.progress();
+            }
+            Step::ExecuteOne(qp) => {
+                self.controls[qp].step();
+            }
+            Step::Forge { wr_id, qp } => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.posted.contains(&wr_id) {
+                    self.forged += 1;
+                    knobs.forged.push_back(RawCompletion {
+                        wr_id,
+                        qp_num: self.qp_nums[qp],
+                        ..RawCompletion::default()
+                    });
+                }
+            }
+            Step::Repeat(k) => {
+                let mut knobs = self.knobs.lock().unwrap();
+                if !knobs.history.is_empty() {
+                    let old = knobs.history[k % knobs.history.len()];
+                    knobs.forged.push_back(old);
+                    self.repeated += 1;
+                }
+            }
+            Step::Hold(qp) => {
+                self.held += 1;
+                self.knobs.lock().unwrap().hold = Some(self.qp_nums[qp]);
+            }
+            Step::Release => self.knobs.lock().unwrap().hold = None,
+            Step::Fail(qp) => self.controls[qp].fail_nth(1, WcStatus::RemOpErr),
+            Step::PeerRecv(qp) => {
+                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
+                let _ = self.peers[qp].submission().push(Recv::new(buf));
+                let _ = self.peers[qp].submit();
+            }
+        }
+        RingStep::None
+    }
+
+    /// Knobs a post did not use do not linger.
+    pub fn after_submit(&self) {
+        let mut knobs = self.knobs.lock().unwrap();
+        knobs.accept = None;
+        knobs.overclaim = None;
+    }
+
+    /// The peers reap what they can (their completions do not matter).
+    pub fn peers_reap(&mut self) {
+        for peer in &mut self.peers {
+            let _ = peer.completion().reap(&mut Vec::new());
+        }
+    }
+
+    /// Lets go of every held completion and runs the device a while: what
+    /// it will report, it reports.
+    pub fn settle(&mut self) {
+        self.knobs.lock().unwrap().hold = None;
+        for _ in 0..4 {
+            self.dev.progress();
+        }
+    }
+
+    /// Runs the device dry, the peers closed: after this, nothing the
+    /// device still held can be written.
+    pub fn run_dry(&mut self) {
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+        for peer in self.peers.drain(..) {
+            drop(peer.close());
+        }
+        for _ in 0..8 {
+            self.dev.progress();
+        }
+    }
+}
