@@ -444,14 +444,26 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
             pool: &pool,
             done: Vec::with_capacity(args.tx_depth),
         };
-        for size in args.sizes() {
-            sync.begin(size)?;
-            rows.push(match args.mode {
-                Mode::Bw => bw(args, &mut perf, remote, size)?,
-                Mode::Lat => lat(args, &mut perf, remote, size)?,
-            });
-            sync.end()?;
-        }
+        rows = measure_sizes(args, &mut perf, remote, sync)?;
+    }
+    Ok(rows)
+}
+
+/// Every size of the run through `ring`, in step with the peer.
+fn measure_sizes<R: PerfRing>(
+    args: &Args,
+    ring: &mut R,
+    remote: RemoteSlice,
+    sync: &mut dyn Handoff,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for size in args.sizes() {
+        sync.begin(size)?;
+        rows.push(match args.mode {
+            Mode::Bw => bw(args, ring, remote, size)?,
+            Mode::Lat => lat(args, ring, remote, size)?,
+        });
+        sync.end()?;
     }
     Ok(rows)
 }
@@ -726,16 +738,7 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
         qp,
         done: Vec::with_capacity(args.tx_depth),
     };
-    let mut rows = Vec::new();
-    for size in args.sizes() {
-        sync.begin(size)?;
-        rows.push(match args.mode {
-            Mode::Bw => bw(args, &mut perf, remote, size)?,
-            Mode::Lat => lat(args, &mut perf, remote, size)?,
-        });
-        sync.end()?;
-    }
-    Ok(rows)
+    measure_sizes(args, &mut perf, remote, sync)
 }
 
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
