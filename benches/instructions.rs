@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced|fixed|raw|model --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|fixed|fixed-awaited|raw|model --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -17,7 +17,10 @@
 //!
 //! `fixed` is the same through the fixed-buffer ring
 //! ([`FixedRing`](rdma_ring::fixed::FixedRing)): slots of one registration
-//! named by tokens, 56-byte completions.
+//! named by tokens, 56-byte completions; `fixed-awaited` awaits its
+//! operations through an
+//! [`AsyncFixedRing`](rdma_ring::future::AsyncFixedRing) in busy-poll
+//! mode, pushed before they are awaited (one doorbell per round).
 //!
 //! `raw` is the floor under all of them: no ring, no buffer ownership,
 //! what a C verbs program does — B work requests built by hand into one
@@ -75,7 +78,7 @@ use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAcc
 use rdma_ring::fixed::{
     FixedBuf, FixedBufs, FixedCompletion, FixedRing, FixedRingConfig, WriteFixed,
 };
-use rdma_ring::future::{AsyncRing, Wakeup};
+use rdma_ring::future::{AsyncFixedRing, AsyncRing, Wakeup};
 use rdma_ring::op::Write;
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 
@@ -227,11 +230,40 @@ fn main() {
             }
             black_box(&free);
         }
+        "fixed-awaited" => {
+            let mut qp = qp;
+            let cq = qp.take_cq().expect("a queue pair made with its own CQ");
+            let slots = FixedBufs::new(&pd, batch as u32, 64).unwrap();
+            let ring = FixedRing::new(cq, slots, FixedRingConfig::default());
+            let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap();
+            let handle = ring.attach(qp).unwrap();
+            let mut free: Vec<FixedBuf> = (0..batch).map(|_| ring.take_buf().unwrap()).collect();
+            let mut ops = Vec::with_capacity(batch);
+            futures::executor::block_on(async {
+                for _ in 0..rounds {
+                    let mut i = 0;
+                    while let Some(buf) = free.pop() {
+                        let write = WriteFixed::new(buf, 64, targets[i]).user_data(i as u64);
+                        ops.push(ring.push(handle, write).unwrap());
+                        i += 1;
+                    }
+                    // The first await posts the round's writes: one doorbell.
+                    for op in ops.drain(..) {
+                        let c = op.await.unwrap();
+                        assert!(c.status().is_success());
+                        free.push(c.into_buf());
+                    }
+                }
+            });
+            black_box(&free);
+        }
         "model" => {
             let local = RegisteredBuf::new(&pd, vec![0u8; 64 * batch]).unwrap();
             lean_model::run(qp, &local, &targets, rounds);
         }
-        other => panic!("unknown mode {other:?} (sync, awaited, coalesced, fixed, raw or model)"),
+        other => panic!(
+            "unknown mode {other:?} (sync, awaited, coalesced, fixed, fixed-awaited, raw or model)"
+        ),
     }
     black_box(&bufs);
     drop(peer);

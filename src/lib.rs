@@ -77,7 +77,8 @@
 //! (or [`connect::tcp::handshake`], once its ring has receives posted), a
 //! manual [`connect::Endpoint`], or [`connect::cm`] (rdma_cm), and hand it
 //! to [`ring::Ring::new`]. To await operations on any executor, wrap the
-//! ring in a [`future::AsyncRing`].
+//! ring in a [`future::AsyncRing`] (the fixed-buffer ring in a
+//! [`future::AsyncFixedRing`]).
 //!
 //! ## Layout
 //!
@@ -90,7 +91,7 @@
 //!   tokens, the lean path.
 //! * [`backend`]: the device boundary, the [soft device], and libibverbs
 //!   (feature `verbs`).
-//! * [`future`]: await any operation on any executor.
+//! * [`future`]: await any operation on any executor, on either ring.
 //! * [`stream`]: a byte stream (std and async `Read`/`Write`) over RDMA.
 //! * [`rpc`]: remote procedure calls — one poller thread serving many
 //!   clients over a shared completion queue and receive queue, pipelined

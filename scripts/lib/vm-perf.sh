@@ -8,15 +8,27 @@ ours=target/release/examples/rdma-ring-perf
 rounds=3
 
 # pair LOG COMMAND...: COMMAND as the server, then as the client of
-# 127.0.0.1; the client's output goes to LOG.
+# 127.0.0.1; the client's output goes to LOG. Fails if either side does
+# (a server left waiting for a failed client is stopped first, so the
+# next pair finds its port free).
 pair() {
     local log="$1"
     shift
     "$@" > /tmp/server.log 2>&1 &
     local server=$!
     sleep 1
-    "$@" 127.0.0.1 > "$log" 2>&1 || { cat "$log" /tmp/server.log; return 1; }
-    wait "$server" || true
+    if ! "$@" 127.0.0.1 > "$log" 2>&1; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        cat "$log" /tmp/server.log
+        echo "the client side of '$*' failed" >&2
+        return 1
+    fi
+    if ! wait "$server"; then
+        cat /tmp/server.log
+        echo "the server side of '$*' failed" >&2
+        return 1
+    fi
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }

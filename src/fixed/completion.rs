@@ -43,6 +43,12 @@ pub struct FixedCompletion {
 }
 
 impl FixedCompletion {
+    /// Puts the operation's own tag back where an adapter's routing tag
+    /// stood.
+    pub(crate) fn set_user_data(&mut self, user_data: u64) {
+        self.user_data = user_data;
+    }
+
     /// The tag the operation was pushed with.
     ///
     /// ```

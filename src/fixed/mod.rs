@@ -38,9 +38,12 @@
 //!   pair attached; a dropped ring whose queue pairs do not drain in time
 //!   leaks the slots' memory, never frees it under the NIC.
 //!
+//! To await its operations from tasks, share it as an
+//! [`AsyncFixedRing`](crate::future::AsyncFixedRing).
+//!
 //! What it does not do: buffers other than its slots (a slot is one
-//! scatter/gather element), shared receive queues, futures, asynchronous
-//! events. For those, use [`Ring`](crate::ring::Ring).
+//! scatter/gather element), shared receive queues, asynchronous events.
+//! For those, use [`Ring`](crate::ring::Ring).
 //!
 //! ```
 //! use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

@@ -333,14 +333,38 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     #[inline]
     pub fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<(), Rejected<O>> {
-        match self.try_push(qp, &op) {
-            Ok(()) => Ok(()),
+        match self.try_push(qp, &op, None) {
+            Ok(_) => Ok(()),
             Err(error) => Err(Rejected::new(error, op)),
         }
     }
 
+    /// [`push`](Self::push) with `tag` as the work's `user_data` in place
+    /// of the operation's own, which is returned: for an adapter that
+    /// routes completions by tag and gives the owner its own back.
+    #[inline]
+    pub(crate) fn push_tagged<O: FixedOp>(
+        &mut self,
+        qp: FixedQp,
+        op: O,
+        tag: u64,
+    ) -> Result<u64, Rejected<O>> {
+        self.try_push(qp, &op, Some(tag))
+            .map_err(|error| Rejected::new(error, op))
+    }
+
+    /// Handles of the attached queue pairs.
+    pub(crate) fn attached(&self) -> impl Iterator<Item = FixedQp> + '_ {
+        self.qps.iter().flatten().map(|slot| slot.handle)
+    }
+
     #[inline(always)]
-    fn try_push<O: FixedOp>(&mut self, handle: FixedQp, op: &O) -> Result<(), Error> {
+    fn try_push<O: FixedOp>(
+        &mut self,
+        handle: FixedQp,
+        op: &O,
+        tag: Option<u64>,
+    ) -> Result<u64, Error> {
         if let Some(why) = self.failed {
             return Err(Error::RingFailed(why));
         }
@@ -348,7 +372,11 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(status) = slot.error {
             return Err(Error::QpInError(status));
         }
-        let work = op.prepare(self.bufs.slot_len(), &slot.limits)?;
+        let mut work = op.prepare(self.bufs.slot_len(), &slot.limits)?;
+        let own_user_data = work.user_data;
+        if let Some(tag) = tag {
+            work.user_data = tag;
+        }
         if work.table != self.bufs.table() {
             return Err(Error::ForeignFixedBuf);
         }
@@ -411,7 +439,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             slot.dirty = true;
             self.dirty.push(handle.index() as u32);
         }
-        Ok(())
+        Ok(own_user_data)
     }
 
     /// Posts everything pushed since the last submit: one doorbell per

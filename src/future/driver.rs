@@ -3,8 +3,9 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Shared;
@@ -76,27 +77,62 @@ impl fmt::Debug for CompletionFd {
 /// stream's keep-alive probe) get to run it.
 const TICK: Duration = Duration::from_millis(250);
 
-/// The notifier thread of [`Wakeup::Thread`](super::Wakeup::Thread): drives the
-/// ring whenever its completion channel fires, and wakes the completion
-/// stream's task every [`TICK`] of quiet.
-pub(super) fn notifier_loop<Q: QueuePair>(shared: &Shared<Q>) {
-    let Some(events) = shared.events.clone() else {
+/// The notifier thread of [`Wakeup::Thread`](super::Wakeup::Thread): runs
+/// `drive` whenever the completion channel `events` fires, and `tick`
+/// every [`TICK`] of quiet, until `stop` is set.
+pub(super) fn notifier_loop(
+    events: Option<Arc<dyn CompletionEvents>>,
+    stop: &AtomicBool,
+    drive: impl Fn(),
+    tick: impl Fn(),
+) {
+    let Some(events) = events else {
         return;
     };
     let mut quiet_since = std::time::Instant::now();
-    while !shared.stop.load(Ordering::Acquire) {
+    while !stop.load(Ordering::Acquire) {
         match events.wait(Duration::from_millis(50)) {
             Ok(true) => {
-                let _ = shared.drive();
+                drive();
                 quiet_since = std::time::Instant::now();
             }
             Ok(false) => {
                 if quiet_since.elapsed() >= TICK {
-                    shared.with(|ring| ring.wake_completion_stream());
+                    tick();
                     quiet_since = std::time::Instant::now();
                 }
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// A running notifier thread, shared by the handles of one adapter.
+pub(super) struct NotifierThread {
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl NotifierThread {
+    /// Starts `run` on a thread of its own.
+    pub(super) fn spawn(run: impl FnOnce() + Send + 'static) -> Arc<Self> {
+        let handle = std::thread::Builder::new()
+            .name("rdma-ring-notifier".into())
+            .spawn(run)
+            .expect("spawning the notifier thread");
+        Arc::new(NotifierThread {
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Waits for the thread to end (its stop flag is set), unless this
+    /// is that thread: a last handle can be dropped by a task the thread
+    /// itself wakes.
+    pub(super) fn join(&self) {
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
         }
     }
 }

@@ -11,6 +11,14 @@
 //! an [`AsyncQp`] with the same operation methods for one queue pair, and
 //! [`AsyncRing::srq_recv`] awaits a receive of a shared receive queue.
 //!
+//! [`AsyncFixedRing`] does the same for the fixed-buffer ring
+//! ([`FixedRing`](crate::fixed::FixedRing)), the lean path: an operation
+//! names its slot by token, and its [`FixedOpFuture`] resolves to the
+//! [`FixedCompletion`](crate::fixed::FixedCompletion) that hands the token
+//! back. Operations pushed before they are awaited go out with one
+//! doorbell, posted by the first poll of any of them. The wake-up sources
+//! below work the same way for it ([`FixedDriver`] is its driver).
+//!
 //! # Ownership and cancel safety
 //!
 //! The buffer moves into the ring when the operation is pushed. Dropping
@@ -218,6 +226,7 @@ macro_rules! awaitable_ops {
 }
 
 mod driver;
+mod fixed;
 mod locked;
 mod op_future;
 mod qp;
@@ -228,6 +237,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use driver::{CompletionFd, Driver};
+pub use fixed::{AsyncFixedRing, FixedDriver, FixedOpFuture};
 pub use locked::LockedRing;
 pub use op_future::{OpFuture, OpOutput, Received};
 pub use qp::AsyncQp;

@@ -3,9 +3,8 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
-use super::driver::notifier_loop;
+use super::driver::{notifier_loop, NotifierThread};
 use super::{
     AsyncQp, CompletionFd, CompletionStream, Driver, LockedRing, OpFuture, Received, Shared, Wakeup,
 };
@@ -20,10 +19,6 @@ use crate::ring::{QpHandle, Ring, SrqHandle, SubmitError};
 pub struct AsyncRing<Q: QueuePair + Send + 'static> {
     shared: Arc<Shared<Q>>,
     notifier: Option<Arc<NotifierThread>>,
-}
-
-struct NotifierThread {
-    handle: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
@@ -50,12 +45,15 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
         });
         let notifier = (wakeup == Wakeup::Thread).then(|| {
             let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new()
-                .name("rdma-ring-notifier".into())
-                .spawn(move || notifier_loop(&shared))
-                .expect("spawning the notifier thread");
-            Arc::new(NotifierThread {
-                handle: Mutex::new(Some(handle)),
+            NotifierThread::spawn(move || {
+                notifier_loop(
+                    shared.events.clone(),
+                    &shared.stop,
+                    || {
+                        let _ = shared.drive();
+                    },
+                    || shared.with(|ring| ring.wake_completion_stream()),
+                )
             })
         });
         Ok(AsyncRing { shared, notifier })
@@ -249,16 +247,7 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRing<Q> {
         });
         self.shared.stop.store(true, Ordering::Release);
         if let Some(notifier) = &self.notifier {
-            let handle = notifier
-                .handle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            if let Some(handle) = handle {
-                if handle.thread().id() != std::thread::current().id() {
-                    let _ = handle.join();
-                }
-            }
+            notifier.join();
         }
     }
 }

@@ -10,6 +10,7 @@ use rdma_ring::fixed::{
     CompareSwapFixed, FetchAddFixed, FixedBufs, FixedCompletion, FixedQp, FixedRing,
     FixedRingConfig, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
+use rdma_ring::future::{AsyncFixedRing, Wakeup};
 use rdma_ring::op::{OpKind, Send};
 use rdma_ring::ring::Ring;
 use rdma_ring::Error;
@@ -372,4 +373,83 @@ pub fn fixed_detach_and_drop_with_work_in_flight<F: Fabric>(f: &F) {
     }
     ring.submit().unwrap();
     ring.close().expect("drained, not leaked");
+}
+
+/// Awaited operations on the fixed-buffer ring, woken by the notifier
+/// thread on the completion channel: a batch of writes pushed before they
+/// are awaited goes out with one doorbell, a read brings the bytes back,
+/// a send meets an awaited receive with its immediate, and a receive
+/// whose future is dropped comes back to the free slots when closing
+/// flushes it.
+pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
+    let (qa, qb) = f.pair(config());
+    let (a, ha) = fixed_ring(f, qa, 16);
+    let (b, hb) = fixed_ring(f, qb, 16);
+    let a = AsyncFixedRing::new(a, Wakeup::Thread).unwrap();
+    let b = AsyncFixedRing::new(b, Wakeup::Thread).unwrap();
+    let target = exposed(f, 8 * 512, RemoteAccess::READ | RemoteAccess::WRITE);
+    futures::executor::block_on(async {
+        let mut writes = Vec::new();
+        for i in 0..8u64 {
+            let mut slot = a.take_buf().unwrap();
+            a.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..512].fill(0x10 + i as u8));
+            let remote = target.remote().slice(i * 512..(i + 1) * 512).unwrap();
+            let write = WriteFixed::new(slot, 512, remote).user_data(100 + i);
+            writes.push(a.push(ha, write).unwrap());
+        }
+        for (i, write) in writes.into_iter().enumerate() {
+            let done = write.await.unwrap();
+            assert_eq!(
+                (done.status(), done.user_data(), done.byte_len()),
+                (WcStatus::Success, 100 + i as u64, 512)
+            );
+            a.put_buf(done.into_buf()).unwrap();
+        }
+        let back = a.take_buf().unwrap();
+        let read = ReadFixed::new(back, 1024, target.remote().slice(3 * 512..5 * 512).unwrap());
+        let done = a.push(ha, read).unwrap().await.unwrap();
+        assert!(done.status().is_success());
+        a.with_bufs(|bufs| {
+            let bytes = bufs.bytes(done.buf());
+            assert!(bytes[..512].iter().all(|&x| x == 0x13));
+            assert!(bytes[512..1024].iter().all(|&x| x == 0x14));
+        });
+        a.put_buf(done.into_buf()).unwrap();
+
+        let recv = b.push(hb, RecvFixed::new(b.take_buf().unwrap())).unwrap();
+        let mut msg = a.take_buf().unwrap();
+        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..4].copy_from_slice(b"ping"));
+        let send = a.push(ha, SendFixed::new(msg, 4).imm(9)).unwrap();
+        let (sent, got) = futures::join!(send, recv);
+        a.put_buf(sent.unwrap().into_buf()).unwrap();
+        let got = got.unwrap();
+        assert_eq!(
+            (got.status(), got.byte_len(), got.imm()),
+            (WcStatus::Success, 4, Some(9))
+        );
+        assert_eq!(
+            b.with_bufs(|bufs| bufs.bytes(got.buf())[..4].to_vec()),
+            b"ping"
+        );
+        b.put_buf(got.into_buf()).unwrap();
+
+        // A receive nobody answers, its future dropped.
+        drop(b.push(hb, RecvFixed::new(b.take_buf().unwrap())).unwrap());
+        b.submit().unwrap();
+    });
+    assert_eq!(a.with_bufs(|bufs| bufs.free()), 16, "every slot of a back");
+    assert_eq!(
+        b.with_bufs(|bufs| bufs.free()),
+        15,
+        "the dropped receive's slot is still in flight"
+    );
+    // Detaching flushes the receive: its slot comes back though nobody
+    // awaits it.
+    let qp = b.detach(hb).unwrap();
+    assert_eq!(b.with_bufs(|bufs| bufs.free()), 16);
+    drop(qp);
+    let driver = b.driver();
+    b.close();
+    assert!(b.take_buf().is_none(), "closed");
+    assert_eq!(driver.drive().unwrap(), 0);
 }

@@ -458,5 +458,6 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn fixed_many_qps_on_one_cq() { conformance::fixed::fixed_many_qps_on_one_cq(&$make) }
         $(#[$attr])* #[test] fn fixed_wrong_rkey_fails_and_flushes() { conformance::fixed::fixed_wrong_rkey_fails_and_flushes(&$make) }
         $(#[$attr])* #[test] fn fixed_detach_and_drop_with_work_in_flight() { conformance::fixed::fixed_detach_and_drop_with_work_in_flight(&$make) }
+        $(#[$attr])* #[test] fn fixed_awaited_ops() { conformance::fixed::fixed_awaited_ops(&$make) }
     };
 }

@@ -70,9 +70,11 @@ pub enum Progress {
     /// Execute only in [`SoftDevice::progress`] and [`QpControl::step`].
     Manual,
     /// Complete every work request at once, successfully, with no data
-    /// effect: the device costs next to nothing, for benchmarks. Only
-    /// behind an empty queue: work queued in another mode runs first (in
-    /// order) when the device progresses.
+    /// effect, for benchmarks: what the device still costs is its lock,
+    /// the checks a NIC makes when work is posted, and the completion
+    /// queue (`scripts/instructions` shows that share beside each figure).
+    /// Only behind an empty queue: work queued in another mode runs first
+    /// (in order) when the device progresses.
     NoOp,
 }
 

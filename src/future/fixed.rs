@@ -1,0 +1,854 @@
+//! [`AsyncFixedRing`]: the fixed-buffer ring shared between tasks, with
+//! awaitable operations.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use super::driver::{notifier_loop, NotifierThread};
+use super::{CompletionFd, Wakeup, WAKES};
+use crate::backend::{CompletionEvents, CompletionQueue, QueuePair};
+use crate::error::{Error, Rejected};
+use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing};
+
+/// A [`FixedRing`] shared between tasks: every operation pushed through
+/// it is a [`FixedOpFuture`] that resolves to the operation's
+/// [`FixedCompletion`] (the slot's token back, with the outcome).
+/// Cloning gives another handle; dropping the last handle closes the
+/// ring.
+///
+/// Pushes are batched as the ring batches them: [`push`](Self::push)
+/// only queues, and the first poll of a future whose operation is still
+/// unposted posts everything pushed (one doorbell per queue pair), so
+/// operations pushed before they are awaited share a doorbell — or post
+/// them yourself with [`submit`](Self::submit). Tasks are woken as
+/// [`Wakeup`] says, as for [`AsyncRing`](super::AsyncRing); a pending
+/// future also polls the completion queue itself whenever it is polled.
+///
+/// The adapter tags each operation with its own `user_data` to route the
+/// completion; the completion a future resolves to carries the tag the
+/// operation was built with.
+///
+/// Dropping a future before it resolves does not cancel the operation: its
+/// slot comes back to the ring's free slots ([`take_buf`](Self::take_buf))
+/// when its completion is reaped, never while the device may still use
+/// it. Closing the ring ([`close`](Self::close), or dropping the last
+/// handle) detaches every queue pair, so pending futures resolve with
+/// their flushed completions; a future whose completion the device never
+/// gives back (the drain timed out, and the slots' memory is leaked
+/// rather than freed under the NIC) resolves with [`Error::Closed`].
+///
+/// ```
+/// use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+/// use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+/// use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+/// use rdma_ring::future::{AsyncFixedRing, Wakeup};
+///
+/// let dev = SoftDevice::new();
+/// let pd = dev.alloc_pd();
+/// let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// let target = ExposedBuf::new(&pd, vec![0u8; 4 * 64], RemoteAccess::WRITE).unwrap();
+/// let cq = qp.take_cq().unwrap();
+/// let ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+/// let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap();
+/// let conn = ring.attach(qp).unwrap();
+///
+/// futures::executor::block_on(async {
+///     // Four writes pushed, then awaited: one doorbell for the four.
+///     let mut writes = Vec::new();
+///     for i in 0..4u64 {
+///         let mut slot = ring.take_buf().unwrap();
+///         ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8 + 1));
+///         let target = target.remote().slice(i * 64..(i + 1) * 64).unwrap();
+///         writes.push(ring.push(conn, WriteFixed::new(slot, 64, target).user_data(i)).unwrap());
+///     }
+///     for (i, write) in writes.into_iter().enumerate() {
+///         let done = write.await.unwrap();
+///         assert!(done.status().is_success());
+///         assert_eq!(done.user_data(), i as u64); // the operation's own tag
+///         ring.put_buf(done.into_buf()).unwrap();
+///     }
+/// });
+/// drop(ring);
+/// let bytes = target.into_inner().unwrap();
+/// assert!(bytes[..64].iter().all(|&b| b == 1) && bytes[192..].iter().all(|&b| b == 4));
+/// ```
+pub struct AsyncFixedRing<Q: QueuePair + Send + 'static> {
+    shared: Arc<FixedShared<Q>>,
+    notifier: Option<Arc<NotifierThread>>,
+}
+
+struct FixedShared<Q: QueuePair> {
+    inner: Mutex<Inner<Q>>,
+    wakeup: Wakeup,
+    events: Option<Arc<dyn CompletionEvents>>,
+    handles: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// Where one pushed operation stands, by its tag.
+enum OpState {
+    /// The tag is free.
+    Free,
+    /// In the ring; its future waits (with the operation's own tag).
+    Waiting {
+        waker: Option<Waker>,
+        user_data: u64,
+    },
+    /// Completed; its future has not taken the completion yet.
+    Done(FixedCompletion),
+    /// In the ring; its future was dropped, so the slot goes back to the
+    /// free slots when the completion comes.
+    Orphaned,
+}
+
+/// Why no completion comes any more.
+#[derive(Clone, Copy, Debug)]
+enum Ended {
+    Closed,
+    Failed(&'static str),
+}
+
+impl Ended {
+    fn error(self) -> Error {
+        match self {
+            Ended::Closed => Error::Closed,
+            Ended::Failed(why) => Error::RingFailed(why),
+        }
+    }
+}
+
+struct Inner<Q: QueuePair> {
+    /// `None` once closed.
+    ring: Option<FixedRing<Q>>,
+    ops: Vec<OpState>,
+    free: Vec<u32>,
+    /// Pushed since the last submit.
+    unposted: bool,
+    ended: Option<Ended>,
+    reaped: Vec<FixedCompletion>,
+    /// Wakers to wake once the lock is released.
+    wakes: Vec<Waker>,
+}
+
+impl<Q: QueuePair> Inner<Q> {
+    fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<u32, Rejected<O>> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(Rejected::new(Error::Closed, op));
+        };
+        let key = match self.free.pop() {
+            Some(key) => key,
+            None => {
+                self.ops.push(OpState::Free);
+                (self.ops.len() - 1) as u32
+            }
+        };
+        match ring.push_tagged(qp, op, u64::from(key)) {
+            Ok(user_data) => {
+                self.ops[key as usize] = OpState::Waiting {
+                    waker: None,
+                    user_data,
+                };
+                self.unposted = true;
+                Ok(key)
+            }
+            Err(rejected) => {
+                self.free.push(key);
+                Err(rejected)
+            }
+        }
+    }
+
+    fn submit(&mut self) -> Result<usize, Error> {
+        let ring = self.ring.as_mut().ok_or(Error::Closed)?;
+        self.unposted = false;
+        // What the device refuses comes back flushed from the next reap.
+        ring.submit()
+    }
+
+    /// Moves every completion ready in the ring to its future.
+    fn reap(&mut self) -> Result<usize, Error> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(0);
+        };
+        let result = ring.reap(&mut self.reaped);
+        let n = self.reaped.len();
+        for completion in self.reaped.drain(..) {
+            settle(
+                &mut self.ops,
+                &mut self.free,
+                &mut self.wakes,
+                ring,
+                completion,
+            );
+        }
+        if let Err(error) = result {
+            // The completion queue failed: nothing more will complete.
+            self.end(Ended::Failed("its completion queue failed"));
+            return Err(error);
+        }
+        Ok(n)
+    }
+
+    /// Takes `key`'s completion if it has one, else posts what waits to
+    /// be, polls the device, and looks again; then notes who waits.
+    fn poll_op(&mut self, key: u32, waker: &Waker) -> Poll<Result<FixedCompletion, Error>> {
+        // Another future's poll may have reaped this one's completion: no
+        // device poll then.
+        if !matches!(self.ops[key as usize], OpState::Done(_)) {
+            if self.unposted {
+                let _ = self.submit();
+            }
+            let _ = self.reap();
+        }
+        let state = &mut self.ops[key as usize];
+        match state {
+            OpState::Done(_) => {
+                let OpState::Done(completion) = std::mem::replace(state, OpState::Free) else {
+                    unreachable!("matched above");
+                };
+                self.free.push(key);
+                Poll::Ready(Ok(completion))
+            }
+            OpState::Waiting { .. } if self.ended.is_some() => {
+                *state = OpState::Free;
+                self.free.push(key);
+                Poll::Ready(Err(self.ended.expect("checked").error()))
+            }
+            OpState::Waiting { waker: slot, .. } => {
+                if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    *slot = Some(waker.clone());
+                }
+                Poll::Pending
+            }
+            OpState::Free | OpState::Orphaned => {
+                unreachable!("a future's tag is its own until it resolves or drops")
+            }
+        }
+    }
+
+    /// A future dropped before it resolved: its slot goes back to the free
+    /// slots now if it completed, else when it does.
+    fn forget(&mut self, key: u32) {
+        let state = std::mem::replace(&mut self.ops[key as usize], OpState::Free);
+        match state {
+            OpState::Done(completion) => {
+                if let Some(ring) = self.ring.as_mut() {
+                    let _ = ring.put_buf(completion.into_buf());
+                }
+                self.free.push(key);
+            }
+            OpState::Waiting { .. } if self.ring.is_some() => {
+                self.ops[key as usize] = OpState::Orphaned;
+            }
+            _ => self.free.push(key),
+        }
+    }
+
+    /// Nothing more completes from the device: every waiting future is
+    /// woken to resolve with `why`. Once the ring is gone, the tags of
+    /// dropped futures are free too; while it stays (failed), their
+    /// flushed work may still come back through it.
+    fn end(&mut self, why: Ended) {
+        self.ended.get_or_insert(why);
+        let ring_gone = self.ring.is_none();
+        for (key, state) in self.ops.iter_mut().enumerate() {
+            match state {
+                OpState::Waiting { waker, .. } => self.wakes.extend(waker.take()),
+                OpState::Orphaned if ring_gone => {
+                    *state = OpState::Free;
+                    self.free.push(key as u32);
+                }
+                OpState::Orphaned | OpState::Free | OpState::Done(_) => {}
+            }
+        }
+    }
+
+    /// Detaches every queue pair (so their work comes back flushed), hands
+    /// out what came back, and lets the ring go.
+    fn close(&mut self) -> Option<FixedRing<Q>> {
+        let mut ring = self.ring.take()?;
+        let attached: Vec<FixedQp> = ring.attached().collect();
+        for qp in attached {
+            // A queue pair that does not drain in time stays attached, and
+            // the ring's drop leaks the slots' memory rather than free it
+            // under the NIC.
+            let _ = ring.detach(qp);
+        }
+        let _ = ring.reap(&mut self.reaped);
+        for completion in self.reaped.drain(..) {
+            settle(
+                &mut self.ops,
+                &mut self.free,
+                &mut self.wakes,
+                &mut ring,
+                completion,
+            );
+        }
+        self.end(Ended::Closed);
+        Some(ring)
+    }
+}
+
+/// Hands a completion to its future, or its slot back to the ring if the
+/// future is gone.
+fn settle<Q: QueuePair>(
+    ops: &mut [OpState],
+    free: &mut Vec<u32>,
+    wakes: &mut Vec<Waker>,
+    ring: &mut FixedRing<Q>,
+    mut completion: FixedCompletion,
+) {
+    let key = completion.user_data() as usize;
+    match ops.get_mut(key) {
+        Some(state @ OpState::Waiting { .. }) => {
+            let OpState::Waiting { waker, user_data } = std::mem::replace(state, OpState::Free)
+            else {
+                unreachable!("matched above");
+            };
+            completion.set_user_data(user_data);
+            *state = OpState::Done(completion);
+            wakes.extend(waker);
+        }
+        Some(state @ OpState::Orphaned) => {
+            *state = OpState::Free;
+            free.push(key as u32);
+            let _ = ring.put_buf(completion.into_buf());
+        }
+        // An operation whose future already resolved with the ring's
+        // failure (no push succeeds after it, so the tag was not reused):
+        // its slot goes back.
+        _ => {
+            let _ = ring.put_buf(completion.into_buf());
+        }
+    }
+}
+
+impl<Q: QueuePair> FixedShared<Q> {
+    fn lock(&self) -> MutexGuard<'_, Inner<Q>> {
+        // The state stays consistent across a panicking waker.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the locked state, then wakes what it woke with the lock
+    /// released.
+    fn with<R>(&self, f: impl FnOnce(&mut Inner<Q>) -> R) -> R {
+        let mut inner = self.lock();
+        let result = f(&mut inner);
+        if inner.wakes.is_empty() {
+            return result;
+        }
+        // The list changes places with the thread's spare one, so the
+        // steady state allocates nothing.
+        let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
+        std::mem::swap(&mut wakes, &mut inner.wakes);
+        drop(inner);
+        for waker in wakes.drain(..) {
+            waker.wake();
+        }
+        let _ = WAKES.try_with(|cell| cell.replace(wakes));
+        result
+    }
+
+    /// Takes the channel's events and re-arms it before polling, so a
+    /// completion landing in between still raises an event; under the
+    /// lock, so a close cannot take the completion queue away meanwhile.
+    fn drive(&self) -> Result<usize, Error> {
+        self.with(|inner| {
+            if inner.ring.is_none() {
+                return Ok(0);
+            }
+            if let Some(events) = &self.events {
+                events.take()?;
+                events.arm()?;
+            }
+            if inner.unposted {
+                let _ = inner.submit();
+            }
+            inner.reap()
+        })
+    }
+
+    fn close(&self) {
+        // The ring drains (up to its drain timeout) under the lock, so no
+        // operation is pushed meanwhile; it is dropped after, unlocked.
+        let ring = self.with(Inner::close);
+        drop(ring);
+        // Nothing is left for a notifier thread to drive.
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
+    /// Shares `ring`, woken as `wakeup` says. [`Wakeup::Reactor`] and
+    /// [`Wakeup::Thread`] need a completion queue with a completion
+    /// channel.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: FixedRing<SoftQp> = FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default());
+    /// let ring = AsyncFixedRing::new(ring, Wakeup::Thread).unwrap();
+    /// assert!(ring.completion_fd().is_some());
+    /// ```
+    pub fn new(ring: FixedRing<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+        let events = match wakeup {
+            Wakeup::Busy => None,
+            Wakeup::Reactor | Wakeup::Thread => Some(ring.cq().completion_events().ok_or(
+                Error::Soft("this completion queue has no completion channel; use Wakeup::Busy"),
+            )?),
+        };
+        if let Some(events) = &events {
+            events.arm()?;
+        }
+        let shared = Arc::new(FixedShared {
+            inner: Mutex::new(Inner {
+                ring: Some(ring),
+                ops: Vec::new(),
+                free: Vec::new(),
+                unposted: false,
+                ended: None,
+                reaped: Vec::new(),
+                wakes: Vec::new(),
+            }),
+            wakeup,
+            events,
+            handles: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+        });
+        let notifier = (wakeup == Wakeup::Thread).then(|| {
+            let shared = Arc::clone(&shared);
+            NotifierThread::spawn(move || {
+                notifier_loop(
+                    shared.events.clone(),
+                    &shared.stop,
+                    || {
+                        let _ = shared.drive();
+                    },
+                    || {},
+                )
+            })
+        });
+        Ok(AsyncFixedRing { shared, notifier })
+    }
+
+    /// Attaches a queue pair created on the ring's completion queue (see
+    /// [`FixedRing::attach`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let qp = dev.create_qp_on(&pd, &dev.create_cq(8).unwrap(), None, QpConfig::default()).unwrap();
+    /// assert!(ring.attach(qp).is_err()); // another completion queue
+    /// ```
+    pub fn attach(&self, qp: Q) -> Result<FixedQp, Rejected<Q>> {
+        self.shared.with(|inner| match inner.ring.as_mut() {
+            Some(ring) => ring.attach(qp),
+            None => Err(Rejected::new(Error::Closed, qp)),
+        })
+    }
+
+    /// Detaches a queue pair (see [`FixedRing::detach`]): its work comes
+    /// back flushed, to its futures, before it is handed back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let recv = ring.push(conn, RecvFixed::new(ring.take_buf().unwrap())).unwrap();
+    /// ring.submit().unwrap();
+    /// let _qp = ring.detach(conn).unwrap();
+    /// let done = futures::executor::block_on(recv).unwrap();
+    /// assert_eq!(done.status(), WcStatus::WrFlushErr);
+    /// ```
+    pub fn detach(&self, qp: FixedQp) -> Result<Q, Error> {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
+            let detached = ring.detach(qp)?;
+            // What the drain brought back goes to its futures now; a failed
+            // completion queue ends them all, but the queue pair is out.
+            let _ = inner.reap();
+            Ok(detached)
+        })
+    }
+
+    /// Pushes `op` for `qp` and returns its future; refused, and handed
+    /// back whole, as [`FixedRing::push`] refuses (or once the ring is
+    /// closed). The operation is posted by the next [`submit`](Self::submit)
+    /// or by the first poll of a future whose operation waits to be.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, ReadFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let source = ExposedBuf::new(&pd, vec![7u8; 64], RemoteAccess::READ).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let read = ring.push(conn, ReadFixed::new(ring.take_buf().unwrap(), 64, source.remote())).unwrap();
+    /// let done = futures::executor::block_on(read).unwrap();
+    /// assert!(ring.with_bufs(|bufs| bufs.bytes(done.buf()).iter().all(|&b| b == 7)));
+    ///
+    /// let too_long = ReadFixed::new(done.into_buf(), 65, source.remote()); // the slots hold 64
+    /// let (error, op) = ring.push(conn, too_long).unwrap_err().into_parts();
+    /// assert!(matches!(error, rdma_ring::Error::OutOfBounds { .. }));
+    /// ring.put_buf(op.into_buf()).unwrap();
+    /// ```
+    pub fn push<O: FixedOp>(&self, qp: FixedQp, op: O) -> Result<FixedOpFuture<Q>, Rejected<O>> {
+        let key = self.shared.with(|inner| inner.push(qp, op))?;
+        Ok(FixedOpFuture {
+            shared: Arc::clone(&self.shared),
+            key,
+            resolved: false,
+        })
+    }
+
+    /// Posts everything pushed since the last submit: one doorbell per
+    /// queue pair with work (see [`FixedRing::submit`]). Returns how many
+    /// work requests were posted.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let recvs: Vec<_> = (0..4).map(|_| ring.push(conn, RecvFixed::new(ring.take_buf().unwrap())).unwrap()).collect();
+    /// assert_eq!(ring.submit().unwrap(), 4); // one doorbell
+    /// # drop(recvs);
+    /// ```
+    pub fn submit(&self) -> Result<usize, Error> {
+        self.shared.with(Inner::submit)
+    }
+
+    /// A free slot's token (see [`FixedRing::take_buf`]); `None` when all
+    /// are taken or the ring is closed.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// assert!(ring.take_buf().is_none());
+    /// ring.put_buf(slot).unwrap();
+    /// ```
+    pub fn take_buf(&self) -> Option<FixedBuf> {
+        self.shared.with(|inner| inner.ring.as_mut()?.take_buf())
+    }
+
+    /// Gives a slot's token back to the free slots (see
+    /// [`FixedRing::put_buf`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.put_buf(slot).unwrap();
+    /// ```
+    pub fn put_buf(&self, buf: FixedBuf) -> Result<(), Rejected<FixedBuf>> {
+        self.shared.with(|inner| match inner.ring.as_mut() {
+            Some(ring) => ring.put_buf(buf),
+            None => Err(Rejected::new(Error::Closed, buf)),
+        })
+    }
+
+    /// Runs `f` on the slots, to read and write them through tokens (see
+    /// [`FixedBufs::bytes`] and [`FixedBufs::bytes_mut`]). `f` runs with
+    /// the ring locked: it must not call back into the ring (that would
+    /// wait for ever).
+    ///
+    /// # Panics
+    ///
+    /// Once the ring is closed (its slots are gone).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let mut slot = ring.take_buf().unwrap();
+    /// ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..2].copy_from_slice(b"hi"));
+    /// assert_eq!(ring.with_bufs(|bufs| bufs.bytes(&slot)[..2].to_vec()), b"hi");
+    /// ```
+    pub fn with_bufs<R>(&self, f: impl FnOnce(&FixedBufs) -> R) -> R {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_ref().expect("the ring is closed");
+            f(ring.bufs())
+        })
+    }
+
+    /// The completion channel's descriptor, for your reactor
+    /// ([`Wakeup::Reactor`]); `None` without a channel.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// assert!(ring.completion_fd().is_none()); // busy polling arms no channel
+    /// ```
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+
+    /// Takes pending completion events, re-arms the channel, posts what
+    /// waits to be, then moves every completion to its future (waking
+    /// it). Call it whenever the completion descriptor is readable.
+    /// Returns how many completions it handed out.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// assert_eq!(ring.drive().unwrap(), 0);
+    /// ```
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// A handle that can [`drive`](FixedDriver::drive) the ring (from a
+    /// reactor task) without keeping it open: the ring still closes when
+    /// the last [`AsyncFixedRing`] handle drops.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// let driver = ring.driver();
+    /// drop(ring);
+    /// assert_eq!(driver.drive().unwrap(), 0); // closed: nothing to hand out
+    /// ```
+    pub fn driver(&self) -> FixedDriver<Q> {
+        FixedDriver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Closes the ring now, as dropping the last handle does: every queue
+    /// pair is detached, so pending futures resolve with their flushed
+    /// completions, and further pushes are refused with
+    /// [`Error::Closed`]. This waits, with the ring locked, up to the
+    /// ring's `drain_timeout` for the device to flush.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let recv = ring.push(conn, RecvFixed::new(ring.take_buf().unwrap())).unwrap();
+    /// ring.close();
+    /// let done = futures::executor::block_on(recv).unwrap();
+    /// assert_eq!(done.status(), WcStatus::WrFlushErr); // never posted: flushed
+    /// assert!(ring.take_buf().is_none());
+    /// ```
+    pub fn close(&self) {
+        self.shared.close();
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Clone for AsyncFixedRing<Q> {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::AcqRel);
+        AsyncFixedRing {
+            shared: Arc::clone(&self.shared),
+            notifier: self.notifier.clone(),
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for AsyncFixedRing<Q> {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.shared.close();
+        if let Some(notifier) = &self.notifier {
+            notifier.join();
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncFixedRing<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.shared.lock();
+        f.debug_struct("AsyncFixedRing")
+            .field("wakeup", &self.shared.wakeup)
+            .field("ring", &inner.ring)
+            .field("ended", &inner.ended)
+            .finish()
+    }
+}
+
+/// Drives an [`AsyncFixedRing`] from a reactor task; see
+/// [`AsyncFixedRing::driver`].
+pub struct FixedDriver<Q: QueuePair> {
+    shared: Arc<FixedShared<Q>>,
+}
+
+impl<Q: QueuePair> FixedDriver<Q> {
+    /// See [`AsyncFixedRing::drive`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// assert_eq!(ring.driver().drive().unwrap(), 0);
+    /// ```
+    pub fn drive(&self) -> Result<usize, Error> {
+        self.shared.drive()
+    }
+
+    /// See [`AsyncFixedRing::completion_fd`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// assert!(ring.driver().completion_fd().is_some());
+    /// ```
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.events.clone().map(CompletionFd)
+    }
+}
+
+impl<Q: QueuePair> Clone for FixedDriver<Q> {
+    fn clone(&self) -> Self {
+        FixedDriver {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for FixedDriver<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FixedDriver")
+            .field("wakeup", &self.shared.wakeup)
+            .finish()
+    }
+}
+
+/// One operation pushed through an [`AsyncFixedRing`]: resolves to its
+/// [`FixedCompletion`], or to [`Error::Closed`] (or
+/// [`Error::RingFailed`]) if the ring can no longer give it back. Dropping
+/// it does not cancel the operation (see [`AsyncFixedRing`]).
+///
+/// ```
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+/// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+/// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+/// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+/// # let cq = qp.take_cq().unwrap();
+/// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+/// let conn = ring.attach(qp).unwrap();
+/// let write = ring.push(conn, WriteFixed::new(ring.take_buf().unwrap(), 64, target.remote())).unwrap();
+/// drop(write); // the write still runs; its slot comes back when it completes
+/// ring.submit().unwrap();
+/// futures::executor::block_on(async {
+///     while ring.take_buf().is_none() {
+///         ring.drive().unwrap();
+///     }
+/// });
+/// ```
+#[must_use = "an operation runs whether or not its future is awaited; await it for the outcome and the slot"]
+pub struct FixedOpFuture<Q: QueuePair> {
+    shared: Arc<FixedShared<Q>>,
+    key: u32,
+    resolved: bool,
+}
+
+impl<Q: QueuePair> Future for FixedOpFuture<Q> {
+    type Output = Result<FixedCompletion, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        assert!(!this.resolved, "a FixedOpFuture polled after it resolved");
+        let key = this.key;
+        let poll = this.shared.with(|inner| inner.poll_op(key, cx.waker()));
+        match poll {
+            Poll::Ready(output) => {
+                this.resolved = true;
+                Poll::Ready(output)
+            }
+            Poll::Pending => {
+                if this.shared.wakeup == Wakeup::Busy {
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<Q: QueuePair> Drop for FixedOpFuture<Q> {
+    fn drop(&mut self) {
+        if !self.resolved {
+            let key = self.key;
+            self.shared.with(|inner| inner.forget(key));
+        }
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for FixedOpFuture<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FixedOpFuture")
+            .field("key", &self.key)
+            .field("resolved", &self.resolved)
+            .finish()
+    }
+}

@@ -1,0 +1,271 @@
+//! The fixed-buffer ring awaited ([`AsyncFixedRing`]) on the soft device:
+//! batching by push-then-await, slots of dropped futures coming back,
+//! closing with work pending, many tasks at once, and each way of being
+//! woken (busy polling, a notifier thread, a tokio reactor).
+
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::task::LocalSpawnExt;
+use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{QpConfig, QueuePair, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+use rdma_ring::fixed::{
+    FixedBufs, FixedQp, FixedRing, FixedRingConfig, ReadFixed, RecvFixed, SendFixed, WriteFixed,
+};
+use rdma_ring::future::{AsyncFixedRing, FixedOpFuture, Wakeup};
+use rdma_ring::Error;
+
+const SLOTS: u32 = 32;
+
+struct Pair {
+    _dev: SoftDevice,
+    pd: SoftPd,
+    a: AsyncFixedRing<SoftQp>,
+    ha: FixedQp,
+    control: QpControl,
+    b: AsyncFixedRing<SoftQp>,
+    hb: FixedQp,
+}
+
+fn pair(wakeup: Wakeup) -> Pair {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut qa, mut qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let control = qa.control();
+    let ring = |cq| {
+        let bufs = FixedBufs::new(&pd, SLOTS, 256).unwrap();
+        AsyncFixedRing::new(FixedRing::new(cq, bufs, FixedRingConfig::default()), wakeup).unwrap()
+    };
+    let a = ring(qa.take_cq().unwrap());
+    let b = ring(qb.take_cq().unwrap());
+    let ha = a.attach(qa).unwrap();
+    let hb = b.attach(qb).unwrap();
+    Pair {
+        _dev: dev,
+        pd,
+        a,
+        ha,
+        control,
+        b,
+        hb,
+    }
+}
+
+#[test]
+fn writes_pushed_before_they_are_awaited_share_one_doorbell() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 16 * 256], RemoteAccess::WRITE).unwrap();
+    let writes: Vec<FixedOpFuture<SoftQp>> = (0..16u64)
+        .map(|i| {
+            let mut slot = p.a.take_buf().unwrap();
+            p.a.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8));
+            let remote = target.remote().slice(i * 256..(i + 1) * 256).unwrap();
+            p.a.push(p.ha, WriteFixed::new(slot, 256, remote).user_data(i))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(p.control.counters().send_posts, 0, "pushing posts nothing");
+    let done = futures::executor::block_on(futures::future::join_all(writes));
+    assert_eq!(p.control.counters().send_posts, 1, "one doorbell for 16");
+    for (i, c) in done.into_iter().enumerate() {
+        let c = c.unwrap();
+        assert_eq!((c.status(), c.user_data()), (WcStatus::Success, i as u64));
+        p.a.put_buf(c.into_buf()).unwrap();
+    }
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+    drop(p.a);
+    let bytes = target.into_inner().unwrap();
+    for (i, chunk) in bytes.chunks(256).enumerate() {
+        assert!(chunk.iter().all(|&b| b == i as u8), "chunk {i}");
+    }
+}
+
+#[test]
+fn a_dropped_future_gives_its_slot_back_when_the_operation_completes() {
+    let p = pair(Wakeup::Busy);
+    let source = ExposedBuf::new(&p.pd, vec![3u8; 256], RemoteAccess::READ).unwrap();
+    let read =
+        p.a.push(
+            p.ha,
+            ReadFixed::new(p.a.take_buf().unwrap(), 256, source.remote()),
+        )
+        .unwrap();
+    drop(read); // pushed, never posted yet
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS - 1);
+    assert_eq!(p.a.submit().unwrap(), 1);
+    let mut polls = 0;
+    while p.a.with_bufs(|bufs| bufs.free()) < SLOTS {
+        p.a.drive().unwrap();
+        polls += 1;
+        assert!(polls < 10_000, "the read's slot never came back");
+    }
+    // The tag the dropped future held is reused, and routes correctly.
+    let again =
+        p.a.push(
+            p.ha,
+            ReadFixed::new(p.a.take_buf().unwrap(), 256, source.remote()).user_data(8),
+        )
+        .unwrap();
+    let c = futures::executor::block_on(again).unwrap();
+    assert_eq!((c.status(), c.user_data()), (WcStatus::Success, 8));
+    assert!(p
+        .a
+        .with_bufs(|bufs| bufs.bytes(c.buf()).iter().all(|&b| b == 3)));
+}
+
+#[test]
+fn a_refused_push_hands_the_operation_back() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 64], RemoteAccess::READ).unwrap();
+    let slot = p.a.take_buf().unwrap();
+    // The target grants READ only.
+    let refused =
+        p.a.push(p.ha, WriteFixed::new(slot, 64, target.remote()))
+            .unwrap_err();
+    assert!(matches!(refused.error(), Error::MissingRemoteRights { .. }));
+    p.a.put_buf(refused.into_parts().1.into_buf()).unwrap();
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+}
+
+#[test]
+fn closing_resolves_pending_futures_and_refuses_what_comes_after() {
+    let p = pair(Wakeup::Busy);
+    let posted: Vec<_> = (0..4u64)
+        .map(|i| {
+            p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()).user_data(i))
+                .unwrap()
+        })
+        .collect();
+    p.b.submit().unwrap();
+    let unposted =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()).user_data(9))
+            .unwrap();
+    let dropped =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()))
+            .unwrap();
+    drop(dropped);
+    let other = p.b.clone();
+    drop(p.b); // another handle keeps the ring open
+    assert!(other.take_buf().is_some());
+    other.close();
+    for (i, recv) in posted.into_iter().enumerate() {
+        let c = futures::executor::block_on(recv).unwrap();
+        assert_eq!(
+            (c.status(), c.user_data()),
+            (WcStatus::WrFlushErr, i as u64)
+        );
+    }
+    let c = futures::executor::block_on(unposted).unwrap();
+    assert_eq!((c.status(), c.user_data()), (WcStatus::WrFlushErr, 9));
+    let slot = p.a.take_buf().unwrap();
+    let refused = other.push(p.hb, SendFixed::new(slot, 1)).unwrap_err();
+    assert!(matches!(refused.error(), Error::Closed));
+    assert!(other.take_buf().is_none());
+    assert!(matches!(other.detach(p.hb), Err(Error::Closed)));
+    other.close(); // twice is harmless
+}
+
+#[test]
+fn many_tasks_share_the_ring() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 8 * 256], RemoteAccess::WRITE).unwrap();
+    let mut pool = LocalPool::new();
+    for task in 0..8u64 {
+        let ring = p.a.clone();
+        let qp = p.ha;
+        let remote = target.remote().slice(task * 256..(task + 1) * 256).unwrap();
+        pool.spawner()
+            .spawn_local(async move {
+                for round in 0..50u64 {
+                    let mut slot = ring.take_buf().expect("a slot per task");
+                    ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill((task + round) as u8));
+                    let write = WriteFixed::new(slot, 256, remote).user_data(task << 32 | round);
+                    let c = ring.push(qp, write).unwrap().await.unwrap();
+                    assert_eq!(
+                        (c.status(), c.user_data()),
+                        (WcStatus::Success, task << 32 | round)
+                    );
+                    ring.put_buf(c.into_buf()).unwrap();
+                }
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+    assert_eq!(p.control.counters().send_wrs, 400);
+    drop(p.a);
+    let bytes = target.into_inner().unwrap();
+    for (task, chunk) in bytes.chunks(256).enumerate() {
+        assert!(chunk.iter().all(|&b| b == task as u8 + 49), "task {task}");
+    }
+}
+
+#[test]
+fn the_notifier_thread_wakes_a_receive_answered_from_another_thread() {
+    let p = pair(Wakeup::Thread);
+    let recv =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()))
+            .unwrap();
+    p.b.submit().unwrap();
+    let (a, ha) = (p.a.clone(), p.ha);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut msg = a.take_buf().unwrap();
+        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..3].copy_from_slice(b"hey"));
+        let sent = futures::executor::block_on(a.push(ha, SendFixed::new(msg, 3).imm(4)).unwrap());
+        assert!(sent.unwrap().status().is_success());
+    });
+    let got = futures::executor::block_on(recv).unwrap();
+    sender.join().unwrap();
+    assert_eq!((got.byte_len(), got.imm()), (3, Some(4)));
+    assert_eq!(
+        p.b.with_bufs(|bufs| bufs.bytes(got.buf())[..3].to_vec()),
+        b"hey"
+    );
+}
+
+#[tokio::test]
+async fn a_tokio_reactor_drives_the_ring() {
+    use tokio::io::unix::AsyncFd;
+    use tokio::io::Interest;
+
+    let p = pair(Wakeup::Reactor);
+    let mut drivers = Vec::new();
+    for ring in [&p.a, &p.b] {
+        let driver = ring.driver();
+        let channel = driver.completion_fd().unwrap();
+        // SAFETY: a `CompletionFd` keeps its descriptor open while it lives.
+        let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }.unwrap();
+        drivers.push(tokio::spawn(async move {
+            while let Ok(mut ready) = fd.readable().await {
+                driver.drive().unwrap();
+                ready.clear_ready();
+            }
+        }));
+    }
+    let recv =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()))
+            .unwrap();
+    p.b.submit().unwrap();
+    let mut msg = p.a.take_buf().unwrap();
+    p.a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..2].copy_from_slice(b"ok"));
+    let send = p.a.push(p.ha, SendFixed::new(msg, 2)).unwrap();
+    let (sent, got) =
+        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(send, recv) })
+            .await
+            .expect("the reactor woke both");
+    assert!(sent.unwrap().status().is_success());
+    assert_eq!(got.unwrap().byte_len(), 2);
+    for driver in drivers {
+        driver.abort();
+    }
+}
+
+#[test]
+fn the_adapter_and_its_futures_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<AsyncFixedRing<SoftQp>>();
+    send::<FixedOpFuture<SoftQp>>();
+}
