@@ -2,7 +2,8 @@
 //! ring — the sync path (batched posts, moderated completions), the
 //! awaited one (`--async`: `--tx-depth` tasks awaiting one operation at a
 //! time), or the fixed-buffer ring (`--fixed`: the same loop as the sync
-//! path over slots of one registration). Server and client as two processes (endpoints over a TCP
+//! path over slots of one registration; with `--async`, awaited through
+//! `AsyncFixedRing`). Server and client as two processes (endpoints over a TCP
 //! handshake), or both in one process (`--loopback`, also on the soft
 //! device).
 //!
@@ -30,7 +31,7 @@ use rdma_ring::fixed::{
     FetchAddFixed, FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig,
     ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
-use rdma_ring::future::{AsyncRing, Wakeup};
+use rdma_ring::future::{AsyncFixedRing, AsyncRing, FixedOpFuture, Wakeup};
 use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 
@@ -108,16 +109,18 @@ struct Args {
     #[arg(long)]
     loopback: bool,
     /// The awaited path: --tx-depth tasks, each awaiting one operation at
-    /// a time (futures adapter, busy polling).
+    /// a time (futures adapter, busy polling; with --fixed, the
+    /// fixed-buffer ring's adapter).
     #[arg(long = "async")]
     awaited: bool,
     /// With --async: operations the tasks push before anyone awaits share
     /// one doorbell (`AsyncRing::coalesce_doorbells`).
-    #[arg(long, requires = "awaited")]
+    #[arg(long, requires = "awaited", conflicts_with = "fixed")]
     coalesce: bool,
     /// The fixed-buffer ring (`rdma_ring::fixed`): the sync path's loop,
-    /// with buffers that are slots of one registration.
-    #[arg(long, conflicts_with = "awaited")]
+    /// with buffers that are slots of one registration (with --async:
+    /// awaited, `AsyncFixedRing`).
+    #[arg(long)]
     fixed: bool,
     /// Print the results as JSON too.
     #[arg(long)]
@@ -714,7 +717,7 @@ fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize)
     })
 }
 
-fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
+fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
     args: &Args,
     pd: &P,
     mut qp: Q,
@@ -732,6 +735,17 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
         ..FixedRingConfig::default()
     };
     let mut ring = FixedRing::new(cq, bufs, config);
+    if args.awaited {
+        let ring = AsyncFixedRing::new(ring, Wakeup::Busy)?;
+        let qp = ring.attach(qp).map_err(|r| r.error().to_string())?;
+        let mut rows = Vec::new();
+        for size in args.sizes() {
+            sync.begin(size)?;
+            rows.push(measure_fixed_async(args, &ring, qp, remote, size)?);
+            sync.end()?;
+        }
+        return Ok(rows);
+    }
     let qp = ring.attach(qp).map_err(|r| r.error().to_string())?;
     let mut perf = FixedPerf {
         ring: &mut ring,
@@ -739,6 +753,114 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair>(
         done: Vec::with_capacity(args.tx_depth),
     };
     measure_sizes(args, &mut perf, remote, sync)
+}
+
+/// Pushes the run's operation on `buf` through the awaited fixed-buffer
+/// ring.
+fn push_fixed<Q: QueuePair + std::marker::Send + 'static>(
+    args: &Args,
+    ring: &AsyncFixedRing<Q>,
+    qp: FixedQp,
+    buf: FixedBuf,
+    slot: RemoteSlice,
+    size: usize,
+) -> Result<FixedOpFuture<Q>> {
+    let inline = size <= args.inline_size;
+    let len = size as u32;
+    Ok(match args.op {
+        Op::Write if inline => ring
+            .push(qp, WriteFixed::new(buf, len, slot).inline())
+            .map_err(text)?,
+        Op::Write => ring
+            .push(qp, WriteFixed::new(buf, len, slot))
+            .map_err(text)?,
+        Op::Read => ring
+            .push(qp, ReadFixed::new(buf, len, slot))
+            .map_err(text)?,
+        Op::Send if inline => ring
+            .push(qp, SendFixed::new(buf, len).inline())
+            .map_err(text)?,
+        Op::Send => ring.push(qp, SendFixed::new(buf, len)).map_err(text)?,
+        Op::Atomic => ring
+            .push(qp, FetchAddFixed::new(buf, slot.word(0)?, 1))
+            .map_err(text)?,
+    })
+}
+
+/// A completion's slot, if it succeeded.
+fn succeeded(c: FixedCompletion) -> Result<FixedBuf> {
+    if !c.status().is_success() {
+        return Err(format!("a completion failed: {}", c.status()).into());
+    }
+    Ok(c.into_buf())
+}
+
+/// The awaited path over the fixed-buffer ring: `--tx-depth` tasks, each
+/// with its own slot, awaiting one operation at a time.
+fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
+    args: &Args,
+    ring: &AsyncFixedRing<Q>,
+    qp: FixedQp,
+    remote: RemoteSlice,
+    size: usize,
+) -> Result<Row> {
+    let iters = args.iters();
+    let slots = slots(args, remote, size)?;
+    let tasks = args.depth() as u64;
+    let start = Instant::now();
+    let one_task = |task: u64| {
+        let slots = &slots;
+        async move {
+            let mut lat = Vec::new();
+            let mine = iters / tasks + u64::from(task < iters % tasks);
+            let slot = slots[task as usize % slots.len()];
+            let mut buf = ring.take_buf().ok_or("the slots are all taken")?;
+            let ping_pong = args.op == Op::Send && args.mode == Mode::Lat;
+            let mut echo_buf = if ping_pong {
+                Some(ring.take_buf().ok_or("the slots are all taken")?)
+            } else {
+                None
+            };
+            for _ in 0..mine {
+                let t = (args.mode == Mode::Lat).then(Instant::now);
+                // The echo's receive goes first.
+                let echo = match echo_buf.take() {
+                    Some(b) => Some(ring.push(qp, RecvFixed::new(b)).map_err(text)?),
+                    None => None,
+                };
+                buf = succeeded(push_fixed(args, ring, qp, buf, slot, size)?.await?)?;
+                if let Some(echo) = echo {
+                    echo_buf = Some(succeeded(echo.await?)?);
+                }
+                if let Some(t) = t {
+                    let us = t.elapsed().as_secs_f64() * 1e6;
+                    lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+                }
+            }
+            ring.put_buf(buf).map_err(text)?;
+            if let Some(b) = echo_buf {
+                ring.put_buf(b).map_err(text)?;
+            }
+            Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>(lat)
+        }
+    };
+    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(one_task)));
+    let secs = start.elapsed().as_secs_f64();
+    let mut lat = Vec::new();
+    for task in all {
+        lat.extend(task?);
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(Row {
+        bytes: size,
+        iters,
+        secs,
+        lat: if args.mode == Mode::Lat {
+            lat
+        } else {
+            Vec::new()
+        },
+    })
 }
 
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
@@ -808,7 +930,8 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
 
 fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
     let path = match (args.fixed, args.awaited, args.coalesce) {
-        (true, _, _) => "fixed-buffer",
+        (true, false, _) => "fixed-buffer",
+        (true, true, _) => "fixed-buffer, awaited",
         (false, false, _) => "sync",
         (false, true, false) => "awaited",
         (false, true, true) => "awaited, doorbells coalesced",
@@ -906,7 +1029,9 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
         "{{\"tool\":\"rdma-ring-perf\",\"op\":\"{:?}\",\"mode\":\"{:?}\",\"device\":\"{device}\",\"path\":\"{}\",\"tx_depth\":{},\"post_list\":{},\"cq_mod\":{},\"inline\":{},\"results\":[{}]}}",
         args.op,
         args.mode,
-        if args.fixed {
+        if args.fixed && args.awaited {
+            "fixed-awaited"
+        } else if args.fixed {
             "fixed"
         } else if args.awaited {
             "awaited"

@@ -130,6 +130,10 @@ pub enum Error {
     /// A fixed-buffer token of another table than the ring's.
     #[error("the fixed buffer token belongs to another table than this one")]
     ForeignFixedBuf,
+    /// A ring that already has work was handed to an adapter that must
+    /// see all of it from the start.
+    #[error("the ring has work pushed, in flight or not yet reaped; share it while it is idle")]
+    RingNotIdle,
     /// Memory of zero bytes cannot be registered.
     #[error("cannot register an empty buffer")]
     EmptyBuffer,

@@ -59,7 +59,8 @@ fn writes_pushed_before_they_are_awaited_share_one_doorbell() {
     let writes: Vec<FixedOpFuture<SoftQp>> = (0..16u64)
         .map(|i| {
             let mut slot = p.a.take_buf().unwrap();
-            p.a.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8));
+            p.a.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8))
+                .unwrap();
             let remote = target.remote().slice(i * 256..(i + 1) * 256).unwrap();
             p.a.push(p.ha, WriteFixed::new(slot, 256, remote).user_data(i))
                 .unwrap()
@@ -73,7 +74,7 @@ fn writes_pushed_before_they_are_awaited_share_one_doorbell() {
         assert_eq!((c.status(), c.user_data()), (WcStatus::Success, i as u64));
         p.a.put_buf(c.into_buf()).unwrap();
     }
-    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
     drop(p.a);
     let bytes = target.into_inner().unwrap();
     for (i, chunk) in bytes.chunks(256).enumerate() {
@@ -91,11 +92,11 @@ fn a_dropped_future_gives_its_slot_back_when_the_operation_completes() {
             ReadFixed::new(p.a.take_buf().unwrap(), 256, source.remote()),
         )
         .unwrap();
-    drop(read); // pushed, never posted yet
-    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS - 1);
-    assert_eq!(p.a.submit().unwrap(), 1);
+    drop(read); // pushed, so posted now: dropping does not cancel
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS - 1);
+    assert_eq!(p.a.submit().unwrap(), 0, "nothing left to post");
     let mut polls = 0;
-    while p.a.with_bufs(|bufs| bufs.free()) < SLOTS {
+    while p.a.with_bufs(|bufs| bufs.free()).unwrap() < SLOTS {
         p.a.drive().unwrap();
         polls += 1;
         assert!(polls < 10_000, "the read's slot never came back");
@@ -111,7 +112,8 @@ fn a_dropped_future_gives_its_slot_back_when_the_operation_completes() {
     assert_eq!((c.status(), c.user_data()), (WcStatus::Success, 8));
     assert!(p
         .a
-        .with_bufs(|bufs| bufs.bytes(c.buf()).iter().all(|&b| b == 3)));
+        .with_bufs(|bufs| bufs.bytes(c.buf()).iter().all(|&b| b == 3))
+        .unwrap());
 }
 
 #[test]
@@ -125,7 +127,7 @@ fn a_refused_push_hands_the_operation_back() {
             .unwrap_err();
     assert!(matches!(refused.error(), Error::MissingRemoteRights { .. }));
     p.a.put_buf(refused.into_parts().1.into_buf()).unwrap();
-    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
 }
 
 #[test]
@@ -179,7 +181,8 @@ fn many_tasks_share_the_ring() {
             .spawn_local(async move {
                 for round in 0..50u64 {
                     let mut slot = ring.take_buf().expect("a slot per task");
-                    ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill((task + round) as u8));
+                    ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill((task + round) as u8))
+                        .unwrap();
                     let write = WriteFixed::new(slot, 256, remote).user_data(task << 32 | round);
                     let c = ring.push(qp, write).unwrap().await.unwrap();
                     assert_eq!(
@@ -192,7 +195,7 @@ fn many_tasks_share_the_ring() {
             .unwrap();
     }
     pool.run();
-    assert_eq!(p.a.with_bufs(|bufs| bufs.free()), SLOTS);
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
     assert_eq!(p.control.counters().send_wrs, 400);
     drop(p.a);
     let bytes = target.into_inner().unwrap();
@@ -212,7 +215,8 @@ fn the_notifier_thread_wakes_a_receive_answered_from_another_thread() {
     let sender = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
         let mut msg = a.take_buf().unwrap();
-        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..3].copy_from_slice(b"hey"));
+        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..3].copy_from_slice(b"hey"))
+            .unwrap();
         let sent = futures::executor::block_on(a.push(ha, SendFixed::new(msg, 3).imm(4)).unwrap());
         assert!(sent.unwrap().status().is_success());
     });
@@ -220,7 +224,8 @@ fn the_notifier_thread_wakes_a_receive_answered_from_another_thread() {
     sender.join().unwrap();
     assert_eq!((got.byte_len(), got.imm()), (3, Some(4)));
     assert_eq!(
-        p.b.with_bufs(|bufs| bufs.bytes(got.buf())[..3].to_vec()),
+        p.b.with_bufs(|bufs| bufs.bytes(got.buf())[..3].to_vec())
+            .unwrap(),
         b"hey"
     );
 }
@@ -249,7 +254,8 @@ async fn a_tokio_reactor_drives_the_ring() {
             .unwrap();
     p.b.submit().unwrap();
     let mut msg = p.a.take_buf().unwrap();
-    p.a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..2].copy_from_slice(b"ok"));
+    p.a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..2].copy_from_slice(b"ok"))
+        .unwrap();
     let send = p.a.push(p.ha, SendFixed::new(msg, 2)).unwrap();
     let (sent, got) =
         tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(send, recv) })
@@ -268,4 +274,225 @@ fn the_adapter_and_its_futures_cross_threads() {
     fn send<T: Send>() {}
     send_sync::<AsyncFixedRing<SoftQp>>();
     send::<FixedOpFuture<SoftQp>>();
+}
+
+/// Runs `f` on a thread of its own and fails if it takes longer than
+/// `limit` (a lost wake-up would otherwise hang the test run).
+fn within<T: std::marker::Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + std::marker::Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .expect("finished in time (a future was never woken)")
+}
+
+#[test]
+fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_send_wr: 128,
+        max_recv_wr: 128,
+        ..QpConfig::default()
+    };
+    let (mut qa, mut qb) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let ring = |cq| {
+        let bufs = FixedBufs::new(&pd, 128, 64).unwrap();
+        AsyncFixedRing::new(
+            FixedRing::new(cq, bufs, FixedRingConfig::default()),
+            Wakeup::Thread,
+        )
+        .unwrap()
+    };
+    let a = ring(qa.take_cq().unwrap());
+    let b = ring(qb.take_cq().unwrap());
+    let (ha, hb) = (a.attach(qa).unwrap(), b.attach(qb).unwrap());
+    const N: usize = 100;
+    let recvs: Vec<_> = (0..N)
+        .map(|i| {
+            b.push(
+                hb,
+                RecvFixed::new(b.take_buf().unwrap()).user_data(i as u64),
+            )
+            .unwrap()
+        })
+        .collect();
+    b.submit().unwrap();
+    let b2 = b.clone();
+    // Every receive awaited by a task of its own: only woken tasks are
+    // polled again, and nobody polls the device for them.
+    let receiving = std::thread::spawn(move || {
+        within(Duration::from_secs(20), move || {
+            let mut pool = LocalPool::new();
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            for recv in recvs {
+                let done_tx = done_tx.clone();
+                pool.spawner()
+                    .spawn_local(async move {
+                        let c = recv.await.unwrap();
+                        done_tx.send(c.user_data()).unwrap();
+                    })
+                    .unwrap();
+            }
+            pool.run_until_stalled();
+            // The burst lands while every task waits.
+            let mut got: Vec<u64> = Vec::new();
+            while got.len() < N {
+                pool.run_until_stalled();
+                got.extend(done_rx.try_iter());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            got.sort_unstable();
+            drop(b2);
+            got
+        })
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let sends: Vec<_> = (0..N)
+        .map(|_| {
+            a.push(ha, SendFixed::new(a.take_buf().unwrap(), 8))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(a.submit().unwrap(), N, "one burst");
+    for c in futures::executor::block_on(futures::future::join_all(sends)) {
+        assert!(c.unwrap().status().is_success());
+    }
+    let got = receiving.join().unwrap();
+    assert_eq!(got, (0..N as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_failed_completion_queue_ends_pending_futures() {
+    // The ring's queue pair shares its completion queue with a stranger
+    // whose receives overrun it.
+    let dev = SoftDevice::with_progress(rdma_ring::backend::soft::Progress::NoOp);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4).unwrap();
+    let config = QpConfig::default();
+    let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+    let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
+    let ring = AsyncFixedRing::new(
+        FixedRing::new(cq, bufs, FixedRingConfig::default()),
+        Wakeup::Busy,
+    )
+    .unwrap();
+    let h = ring.attach(mine).unwrap();
+    let first = ring
+        .push(h, RecvFixed::new(ring.take_buf().unwrap()).user_data(1))
+        .unwrap();
+    ring.submit().unwrap(); // completes at once (no-op mode)
+    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    let sge = rdma_ring::backend::Sge {
+        addr: scratch.as_ptr() as u64,
+        len: 64,
+        lkey: scratch.lkey(),
+    };
+    let wrs: Vec<_> = (0..4)
+        .map(|i| rdma_ring::backend::RecvWr {
+            wr_id: 1000 + i,
+            sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
+        })
+        .collect();
+    // SAFETY: `scratch` is registered and outlives the queue pair's
+    // receives (the queue pair is dropped first, below).
+    unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
+    // Posted after the overrun: flushed into a queue that takes no more.
+    let second = ring
+        .push(h, RecvFixed::new(ring.take_buf().unwrap()).user_data(2))
+        .unwrap();
+    ring.submit().unwrap();
+    let c = futures::executor::block_on(first).unwrap();
+    assert_eq!((c.user_data(), c.status()), (1, WcStatus::Success));
+    let second = within(Duration::from_secs(10), move || {
+        futures::executor::block_on(second)
+    });
+    assert!(matches!(second, Err(Error::RingFailed(_))), "{second:?}");
+    drop(stranger);
+    drop(scratch);
+}
+
+#[test]
+fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
+    let dev = SoftDevice::with_progress(rdma_ring::backend::soft::Progress::Manual);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4).unwrap();
+    let config = QpConfig::default();
+    let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+    let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
+    let ring = AsyncFixedRing::new(
+        FixedRing::new(cq, bufs, FixedRingConfig::default()),
+        Wakeup::Busy,
+    )
+    .unwrap();
+    let h = ring.attach(mine).unwrap();
+    let pending = ring
+        .push(h, RecvFixed::new(ring.take_buf().unwrap()))
+        .unwrap();
+    ring.submit().unwrap(); // waits: nobody sends
+                            // The stranger's flushed receives overrun the queue.
+    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    let sge = rdma_ring::backend::Sge {
+        addr: scratch.as_ptr() as u64,
+        len: 64,
+        lkey: scratch.lkey(),
+    };
+    let wrs: Vec<_> = (0..8)
+        .map(|i| rdma_ring::backend::RecvWr {
+            wr_id: 1000 + i,
+            sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
+        })
+        .collect();
+    // SAFETY: `scratch` is registered and outlives the queue pair's
+    // receives (the queue pair is dropped first, below).
+    unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
+    stranger.set_error().unwrap();
+    assert!(ring.detach(h).is_err(), "the drain meets the failed queue");
+    let result = within(Duration::from_secs(10), move || {
+        futures::executor::block_on(pending)
+    });
+    assert!(matches!(result, Err(Error::RingFailed(_))), "{result:?}");
+    drop(stranger);
+    drop(scratch);
+}
+
+#[test]
+fn dropping_an_unposted_future_still_posts_its_operation() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
+    let write =
+        p.a.push(
+            p.ha,
+            WriteFixed::new(p.a.take_buf().unwrap(), 256, target.remote()),
+        )
+        .unwrap();
+    assert_eq!(p.control.counters().send_wrs, 0);
+    drop(write);
+    assert_eq!(p.control.counters().send_wrs, 1, "posted when dropped");
+    while p.a.with_bufs(|bufs| bufs.free()).unwrap() < SLOTS {
+        p.a.drive().unwrap();
+    }
+}
+
+#[test]
+fn a_ring_with_work_is_refused() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut qa, _qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let mut ring = FixedRing::new(
+        qa.take_cq().unwrap(),
+        FixedBufs::new(&pd, 2, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let h = ring.attach(qa).unwrap();
+    let slot = ring.take_buf().unwrap();
+    ring.push(h, RecvFixed::new(slot)).unwrap();
+    let refused = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_err();
+    assert!(matches!(refused, Error::RingNotIdle), "{refused}");
 }

@@ -109,6 +109,9 @@ server_and_client rdma-ring-perf read bw -d rxe0 -p 18517 -s 4096 -n 2000 -- \
     rdma-ring-perf read bw -d rxe0 -p 18517 -s 4096 -n 2000 --fixed 127.0.0.1
 server_and_client rdma-ring-perf send lat -d rxe0 -p 18518 -n 500 -- \
     rdma-ring-perf send lat -d rxe0 -p 18518 -n 500 --fixed 127.0.0.1
+echo "==> [vm] rdma-ring-perf on rxe0, two processes: WRITE bandwidth, fixed-buffer ring awaited"
+server_and_client rdma-ring-perf write bw -d rxe0 -p 18519 -s 4096 -n 2000 -- \
+    rdma-ring-perf write bw -d rxe0 -p 18519 -s 4096 -n 2000 --fixed --async 127.0.0.1
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"

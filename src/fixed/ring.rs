@@ -353,9 +353,33 @@ impl<Q: QueuePair> FixedRing<Q> {
             .map_err(|error| Rejected::new(error, op))
     }
 
-    /// Handles of the attached queue pairs.
-    pub(crate) fn attached(&self) -> impl Iterator<Item = FixedQp> + '_ {
-        self.qps.iter().flatten().map(|slot| slot.handle)
+    /// [`reap`](Self::reap), polling the device until a poll comes back
+    /// short of a full batch: nothing a completion channel has already
+    /// signaled is left behind for an event that will not come.
+    pub(crate) fn reap_all(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
+        let before = out.len();
+        out.append(&mut self.ready);
+        while self.failed.is_none() {
+            if self.reap_device(out)? < POLL_BATCH {
+                break;
+            }
+        }
+        Ok(out.len() - before)
+    }
+
+    /// Why the ring takes no more work, if its completion queue failed.
+    pub(crate) fn failure(&self) -> Option<&'static str> {
+        self.failed
+    }
+
+    /// Whether nothing is pushed, posted or waiting to be handed out.
+    pub(crate) fn idle(&self) -> bool {
+        self.ready.is_empty()
+            && self.qps.iter().flatten().all(|slot| {
+                !slot.busy()
+                    && slot.sends.tail == slot.sends.posted
+                    && slot.recvs.tail == slot.recvs.posted
+            })
     }
 
     #[inline(always)]
@@ -689,8 +713,9 @@ impl<Q: QueuePair> FixedRing<Q> {
         Ok(slot.qp)
     }
 
-    /// Polls the device once into `out`.
-    fn reap_device(&mut self, out: &mut Vec<FixedCompletion>) -> Result<(), Error> {
+    /// Polls the device once into `out`; returns how many entries the
+    /// poll took.
+    fn reap_device(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
         let n = self.cq.poll(&mut self.cqes[..]).inspect_err(|_| {
             self.failed = Some("its completion queue failed");
         })?;
@@ -705,7 +730,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 out,
             );
         }
-        Ok(())
+        Ok(n)
     }
 
     /// The completion queue, to create queue pairs on
@@ -1137,22 +1162,30 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Error, drain, and leak the memory if the drain fell short. Returns
     /// whether everything came back; once only.
     fn shutdown(&mut self) -> bool {
+        let mut discarded = Vec::new();
+        self.shutdown_into(&mut discarded)
+    }
+
+    /// [`shutdown`](Self::shutdown), handing what comes back (flushed
+    /// unposted work, drained completions, what was ready) to `out`, for
+    /// an adapter whose owners wait for it. Every queue pair drains under
+    /// one deadline.
+    pub(crate) fn shutdown_into(&mut self, out: &mut Vec<FixedCompletion>) -> bool {
         if std::mem::replace(&mut self.closed, true) {
             return true;
         }
         let table = self.bufs.table();
-        let mut ready = std::mem::take(&mut self.ready);
+        out.append(&mut self.ready);
         for slot in self.qps.iter_mut().flatten() {
             let handle = slot.handle;
-            flush_unposted(slot, handle, table, &mut ready, &mut self.cq_free);
+            flush_unposted(slot, handle, table, out, &mut self.cq_free);
             if slot.busy() {
                 enter_error(slot, handle, WcStatus::WrFlushErr);
             }
         }
         let deadline = Deadline::after(self.config.drain_timeout);
         while self.qps.iter().flatten().any(AttachedQp::busy) {
-            ready.clear();
-            if self.reap_device(&mut ready).is_err() || deadline.expired() {
+            if self.reap_device(out).is_err() || deadline.expired() {
                 break;
             }
             std::thread::yield_now();

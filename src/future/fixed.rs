@@ -61,7 +61,7 @@ use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, Fixed
 ///     let mut writes = Vec::new();
 ///     for i in 0..4u64 {
 ///         let mut slot = ring.take_buf().unwrap();
-///         ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8 + 1));
+///         ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot).fill(i as u8 + 1)).unwrap();
 ///         let target = target.remote().slice(i * 64..(i + 1) * 64).unwrap();
 ///         writes.push(ring.push(conn, WriteFixed::new(slot, 64, target).user_data(i)).unwrap());
 ///     }
@@ -169,12 +169,13 @@ impl<Q: QueuePair> Inner<Q> {
         ring.submit()
     }
 
-    /// Moves every completion ready in the ring to its future.
+    /// Moves every completion ready in the ring, and every one the device
+    /// holds, to its future.
     fn reap(&mut self) -> Result<usize, Error> {
         let Some(ring) = self.ring.as_mut() else {
             return Ok(0);
         };
-        let result = ring.reap(&mut self.reaped);
+        let result = ring.reap_all(&mut self.reaped);
         let n = self.reaped.len();
         for completion in self.reaped.drain(..) {
             settle(
@@ -185,12 +186,19 @@ impl<Q: QueuePair> Inner<Q> {
                 completion,
             );
         }
-        if let Err(error) = result {
-            // The completion queue failed: nothing more will complete.
-            self.end(Ended::Failed("its completion queue failed"));
-            return Err(error);
+        // However the failure was met (this poll, or a detach's drain),
+        // nothing more will complete.
+        if let Some(why) = ring.failure() {
+            self.end(Ended::Failed(why));
         }
-        Ok(n)
+        result.map(|_| n)
+    }
+
+    /// Posts what was pushed, unless nothing can complete any more.
+    fn submit_pushed(&mut self) {
+        if self.unposted && self.ended.is_none() {
+            let _ = self.submit();
+        }
     }
 
     /// Takes `key`'s completion if it has one, else posts what waits to
@@ -199,9 +207,7 @@ impl<Q: QueuePair> Inner<Q> {
         // Another future's poll may have reaped this one's completion: no
         // device poll then.
         if !matches!(self.ops[key as usize], OpState::Done(_)) {
-            if self.unposted {
-                let _ = self.submit();
-            }
+            self.submit_pushed();
             let _ = self.reap();
         }
         let state = &mut self.ops[key as usize];
@@ -231,7 +237,8 @@ impl<Q: QueuePair> Inner<Q> {
     }
 
     /// A future dropped before it resolved: its slot goes back to the free
-    /// slots now if it completed, else when it does.
+    /// slots now if it completed, else when it does. Dropping does not
+    /// cancel: an operation still waiting to be posted is posted now.
     fn forget(&mut self, key: u32) {
         let state = std::mem::replace(&mut self.ops[key as usize], OpState::Free);
         match state {
@@ -243,6 +250,7 @@ impl<Q: QueuePair> Inner<Q> {
             }
             OpState::Waiting { .. } if self.ring.is_some() => {
                 self.ops[key as usize] = OpState::Orphaned;
+                self.submit_pushed();
             }
             _ => self.free.push(key),
         }
@@ -267,18 +275,14 @@ impl<Q: QueuePair> Inner<Q> {
         }
     }
 
-    /// Detaches every queue pair (so their work comes back flushed), hands
-    /// out what came back, and lets the ring go.
+    /// Moves every queue pair to error and drains them all under one
+    /// deadline (work never posted comes back flushed), hands out what
+    /// came back, and lets the ring go. What the device does not give
+    /// back in time stays with the ring, whose memory is then leaked
+    /// rather than freed under the NIC.
     fn close(&mut self) -> Option<FixedRing<Q>> {
         let mut ring = self.ring.take()?;
-        let attached: Vec<FixedQp> = ring.attached().collect();
-        for qp in attached {
-            // A queue pair that does not drain in time stays attached, and
-            // the ring's drop leaks the slots' memory rather than free it
-            // under the NIC.
-            let _ = ring.detach(qp);
-        }
-        let _ = ring.reap(&mut self.reaped);
+        ring.shutdown_into(&mut self.reaped);
         for completion in self.reaped.drain(..) {
             settle(
                 &mut self.ops,
@@ -288,7 +292,9 @@ impl<Q: QueuePair> Inner<Q> {
                 completion,
             );
         }
-        self.end(Ended::Closed);
+        let why = ring.failure().map_or(Ended::Closed, Ended::Failed);
+        // The ring is out of `self`: dropped futures' tags are free too.
+        self.end(why);
         Some(ring)
     }
 }
@@ -359,15 +365,19 @@ impl<Q: QueuePair> FixedShared<Q> {
     fn drive(&self) -> Result<usize, Error> {
         self.with(|inner| {
             if inner.ring.is_none() {
+                // Closed: the events still pending are taken (so a
+                // reactor's readiness clears), and the channel is not
+                // armed again.
+                if let Some(events) = &self.events {
+                    let _ = events.take();
+                }
                 return Ok(0);
             }
             if let Some(events) = &self.events {
                 events.take()?;
                 events.arm()?;
             }
-            if inner.unposted {
-                let _ = inner.submit();
-            }
+            inner.submit_pushed();
             inner.reap()
         })
     }
@@ -375,17 +385,19 @@ impl<Q: QueuePair> FixedShared<Q> {
     fn close(&self) {
         // The ring drains (up to its drain timeout) under the lock, so no
         // operation is pushed meanwhile; it is dropped after, unlocked.
-        let ring = self.with(Inner::close);
-        drop(ring);
         // Nothing is left for a notifier thread to drive.
         self.stop.store(true, Ordering::Release);
+        let ring = self.with(Inner::close);
+        drop(ring);
     }
 }
 
 impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
-    /// Shares `ring`, woken as `wakeup` says. [`Wakeup::Reactor`] and
-    /// [`Wakeup::Thread`] need a completion queue with a completion
-    /// channel.
+    /// Shares `ring`, woken as `wakeup` says. The ring must be idle —
+    /// nothing pushed, in flight or left to reap — or
+    /// [`Error::RingNotIdle`] is returned (and the ring dropped, which
+    /// drains it). [`Wakeup::Reactor`] and [`Wakeup::Thread`] need a
+    /// completion queue with a completion channel.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
@@ -398,6 +410,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// assert!(ring.completion_fd().is_some());
     /// ```
     pub fn new(ring: FixedRing<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+        // Completions of work pushed before would carry their owners'
+        // tags where the adapter expects its own.
+        if !ring.idle() {
+            return Err(Error::RingNotIdle);
+        }
         let events = match wakeup {
             Wakeup::Busy => None,
             Wakeup::Reactor | Wakeup::Thread => Some(ring.cq().completion_events().ok_or(
@@ -459,7 +476,10 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     }
 
     /// Detaches a queue pair (see [`FixedRing::detach`]): its work comes
-    /// back flushed, to its futures, before it is handed back.
+    /// back flushed, to its futures, before it is handed back. If the
+    /// device does not flush it all within the ring's `drain_timeout`,
+    /// the queue pair stays attached, in error, [`Error::Timeout`] is
+    /// returned, and its futures wait for the rest (or for the close).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
@@ -480,18 +500,21 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     pub fn detach(&self, qp: FixedQp) -> Result<Q, Error> {
         self.shared.with(|inner| {
             let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
-            let detached = ring.detach(qp)?;
-            // What the drain brought back goes to its futures now; a failed
-            // completion queue ends them all, but the queue pair is out.
+            let detached = ring.detach(qp);
+            // What the drain brought back goes to its futures now, whether
+            // or not it finished; a completion queue that failed during it
+            // ends them all.
             let _ = inner.reap();
-            Ok(detached)
+            detached
         })
     }
 
     /// Pushes `op` for `qp` and returns its future; refused, and handed
     /// back whole, as [`FixedRing::push`] refuses (or once the ring is
-    /// closed). The operation is posted by the next [`submit`](Self::submit)
-    /// or by the first poll of a future whose operation waits to be.
+    /// closed). The operation is posted, with everything else pushed, by
+    /// the next [`submit`](Self::submit), [`drive`](Self::drive), or poll of
+    /// any pending future of the ring — at the latest when its own future
+    /// is first polled, or dropped.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -507,7 +530,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// let conn = ring.attach(qp).unwrap();
     /// let read = ring.push(conn, ReadFixed::new(ring.take_buf().unwrap(), 64, source.remote())).unwrap();
     /// let done = futures::executor::block_on(read).unwrap();
-    /// assert!(ring.with_bufs(|bufs| bufs.bytes(done.buf()).iter().all(|&b| b == 7)));
+    /// assert!(ring.with_bufs(|bufs| bufs.bytes(done.buf()).iter().all(|&b| b == 7)).unwrap());
     ///
     /// let too_long = ReadFixed::new(done.into_buf(), 65, source.remote()); // the slots hold 64
     /// let (error, op) = ring.push(conn, too_long).unwrap_err().into_parts();
@@ -584,13 +607,10 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     }
 
     /// Runs `f` on the slots, to read and write them through tokens (see
-    /// [`FixedBufs::bytes`] and [`FixedBufs::bytes_mut`]). `f` runs with
-    /// the ring locked: it must not call back into the ring (that would
-    /// wait for ever).
-    ///
-    /// # Panics
-    ///
-    /// Once the ring is closed (its slots are gone).
+    /// [`FixedBufs::bytes`] and [`FixedBufs::bytes_mut`]); [`Error::Closed`]
+    /// once the ring is closed (its slots are gone). `f` runs with the
+    /// ring locked: it must not call back into the ring (that would wait
+    /// for ever).
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
@@ -600,13 +620,13 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// # let pd = dev.alloc_pd();
     /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
     /// let mut slot = ring.take_buf().unwrap();
-    /// ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..2].copy_from_slice(b"hi"));
-    /// assert_eq!(ring.with_bufs(|bufs| bufs.bytes(&slot)[..2].to_vec()), b"hi");
+    /// ring.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..2].copy_from_slice(b"hi")).unwrap();
+    /// assert_eq!(ring.with_bufs(|bufs| bufs.bytes(&slot)[..2].to_vec()).unwrap(), b"hi");
     /// ```
-    pub fn with_bufs<R>(&self, f: impl FnOnce(&FixedBufs) -> R) -> R {
+    pub fn with_bufs<R>(&self, f: impl FnOnce(&FixedBufs) -> R) -> Result<R, Error> {
         self.shared.with(|inner| {
-            let ring = inner.ring.as_ref().expect("the ring is closed");
-            f(ring.bufs())
+            let ring = inner.ring.as_ref().ok_or(Error::Closed)?;
+            Ok(f(ring.bufs()))
         })
     }
 
@@ -726,7 +746,19 @@ impl<Q: QueuePair + Send + 'static> fmt::Debug for AsyncFixedRing<Q> {
 }
 
 /// Drives an [`AsyncFixedRing`] from a reactor task; see
-/// [`AsyncFixedRing::driver`].
+/// [`AsyncFixedRing::driver`]. The [module docs](crate::future) show
+/// driver tasks for tokio and smol.
+///
+/// ```
+/// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+/// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+/// use rdma_ring::future::{AsyncFixedRing, FixedDriver, Wakeup};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+/// let driver: FixedDriver<SoftQp> = ring.driver();
+/// std::thread::spawn(move || driver.drive().unwrap()).join().unwrap();
+/// ```
 pub struct FixedDriver<Q: QueuePair> {
     shared: Arc<FixedShared<Q>>,
 }

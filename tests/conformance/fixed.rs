@@ -392,7 +392,8 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
         let mut writes = Vec::new();
         for i in 0..8u64 {
             let mut slot = a.take_buf().unwrap();
-            a.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..512].fill(0x10 + i as u8));
+            a.with_bufs(|bufs| bufs.bytes_mut(&mut slot)[..512].fill(0x10 + i as u8))
+                .unwrap();
             let remote = target.remote().slice(i * 512..(i + 1) * 512).unwrap();
             let write = WriteFixed::new(slot, 512, remote).user_data(100 + i);
             writes.push(a.push(ha, write).unwrap());
@@ -413,12 +414,14 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
             let bytes = bufs.bytes(done.buf());
             assert!(bytes[..512].iter().all(|&x| x == 0x13));
             assert!(bytes[512..1024].iter().all(|&x| x == 0x14));
-        });
+        })
+        .unwrap();
         a.put_buf(done.into_buf()).unwrap();
 
         let recv = b.push(hb, RecvFixed::new(b.take_buf().unwrap())).unwrap();
         let mut msg = a.take_buf().unwrap();
-        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..4].copy_from_slice(b"ping"));
+        a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..4].copy_from_slice(b"ping"))
+            .unwrap();
         let send = a.push(ha, SendFixed::new(msg, 4).imm(9)).unwrap();
         let (sent, got) = futures::join!(send, recv);
         a.put_buf(sent.unwrap().into_buf()).unwrap();
@@ -428,7 +431,8 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
             (WcStatus::Success, 4, Some(9))
         );
         assert_eq!(
-            b.with_bufs(|bufs| bufs.bytes(got.buf())[..4].to_vec()),
+            b.with_bufs(|bufs| bufs.bytes(got.buf())[..4].to_vec())
+                .unwrap(),
             b"ping"
         );
         b.put_buf(got.into_buf()).unwrap();
@@ -437,16 +441,20 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
         drop(b.push(hb, RecvFixed::new(b.take_buf().unwrap())).unwrap());
         b.submit().unwrap();
     });
-    assert_eq!(a.with_bufs(|bufs| bufs.free()), 16, "every slot of a back");
     assert_eq!(
-        b.with_bufs(|bufs| bufs.free()),
+        a.with_bufs(|bufs| bufs.free()).unwrap(),
+        16,
+        "every slot of a back"
+    );
+    assert_eq!(
+        b.with_bufs(|bufs| bufs.free()).unwrap(),
         15,
         "the dropped receive's slot is still in flight"
     );
     // Detaching flushes the receive: its slot comes back though nobody
     // awaits it.
     let qp = b.detach(hb).unwrap();
-    assert_eq!(b.with_bufs(|bufs| bufs.free()), 16);
+    assert_eq!(b.with_bufs(|bufs| bufs.free()).unwrap(), 16);
     drop(qp);
     let driver = b.driver();
     b.close();
