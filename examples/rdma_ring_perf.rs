@@ -736,7 +736,7 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     };
     let mut ring = FixedRing::new(cq, bufs, config);
     if args.awaited {
-        let ring = AsyncFixedRing::new(ring, Wakeup::Busy)?;
+        let ring = AsyncFixedRing::new(ring, Wakeup::Busy).map_err(rdma_ring::Error::from)?;
         let qp = ring.attach(qp).map_err(|r| r.error().to_string())?;
         let mut rows = Vec::new();
         for size in args.sizes() {

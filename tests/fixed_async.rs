@@ -26,6 +26,7 @@ struct Pair {
     a: AsyncFixedRing<SoftQp>,
     ha: FixedQp,
     control: QpControl,
+    control_b: QpControl,
     b: AsyncFixedRing<SoftQp>,
     hb: FixedQp,
 }
@@ -35,6 +36,7 @@ fn pair(wakeup: Wakeup) -> Pair {
     let pd = dev.alloc_pd();
     let (mut qa, mut qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
     let control = qa.control();
+    let control_b = qb.control();
     let ring = |cq| {
         let bufs = FixedBufs::new(&pd, SLOTS, 256).unwrap();
         AsyncFixedRing::new(FixedRing::new(cq, bufs, FixedRingConfig::default()), wakeup).unwrap()
@@ -49,6 +51,7 @@ fn pair(wakeup: Wakeup) -> Pair {
         a,
         ha,
         control,
+        control_b,
         b,
         hb,
     }
@@ -142,13 +145,20 @@ fn closing_resolves_pending_futures_and_refuses_what_comes_after() {
         })
         .collect();
     p.b.submit().unwrap();
-    let unposted =
-        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()).user_data(9))
-            .unwrap();
+    // A future dropped before it is polled: its receive is posted then.
     let dropped =
         p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()))
             .unwrap();
     drop(dropped);
+    // Pushed after: never posted, it comes back flushed from the close.
+    let unposted =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()).user_data(9))
+            .unwrap();
+    assert_eq!(
+        p.control_b.counters().recv_wrs,
+        5,
+        "four posted, and the dropped one"
+    );
     let other = p.b.clone();
     drop(p.b); // another handle keeps the ring open
     assert!(other.take_buf().is_some());
@@ -278,18 +288,26 @@ fn the_adapter_and_its_futures_cross_threads() {
     send::<FixedOpFuture<SoftQp>>();
 }
 
-/// Runs `f` on a thread of its own and fails if it takes longer than
-/// `limit` (a lost wake-up would otherwise hang the test run).
-fn within<T: std::marker::Send + 'static>(
+/// Polls `future` until it resolves, failing after `limit` (a future
+/// that never resolves would otherwise hang the test run).
+fn resolve_within(
     limit: Duration,
-    f: impl FnOnce() -> T + std::marker::Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit)
-        .expect("finished in time (a future was never woken)")
+    mut future: FixedOpFuture<SoftQp>,
+) -> Result<rdma_ring::fixed::FixedCompletion, Error> {
+    let deadline = std::time::Instant::now() + limit;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(done) =
+            std::future::Future::poll(std::pin::Pin::new(&mut future), &mut cx)
+        {
+            return done;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the future never resolved"
+        );
+        std::thread::yield_now();
+    }
 }
 
 #[test]
@@ -314,44 +332,47 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
     let b = ring(qb.take_cq().unwrap());
     let (ha, hb) = (a.attach(qa).unwrap(), b.attach(qb).unwrap());
     const N: usize = 100;
-    let recvs: Vec<_> = (0..N)
+    let recvs: Vec<(FixedOpFuture<SoftQp>, u32)> = (0..N)
         .map(|i| {
-            b.push(
-                hb,
-                RecvFixed::new(b.take_buf().unwrap()).user_data(i as u64),
-            )
-            .unwrap()
+            let slot = b.take_buf().unwrap();
+            let index = slot.index();
+            let recv = b.push(hb, RecvFixed::new(slot).user_data(i as u64));
+            (recv.unwrap(), index)
         })
         .collect();
     b.submit().unwrap();
-    let b2 = b.clone();
+    let slots: Vec<u32> = recvs.iter().map(|(_, slot)| *slot).collect();
+    let recvs: Vec<FixedOpFuture<SoftQp>> = recvs.into_iter().map(|(f, _)| f).collect();
     // Every receive awaited by a task of its own: only woken tasks are
-    // polled again, and nobody polls the device for them.
+    // polled again, and nobody polls the device for them. The tasks run
+    // on a thread of their own, which gives up (failing the test) rather
+    // than wait for ever.
     let receiving = std::thread::spawn(move || {
-        within(Duration::from_secs(20), move || {
-            let mut pool = LocalPool::new();
-            let (done_tx, done_rx) = std::sync::mpsc::channel();
-            for recv in recvs {
-                let done_tx = done_tx.clone();
-                pool.spawner()
-                    .spawn_local(async move {
-                        let c = recv.await.unwrap();
-                        done_tx.send(c.user_data()).unwrap();
-                    })
-                    .unwrap();
-            }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut pool = LocalPool::new();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for (i, recv) in recvs.into_iter().enumerate() {
+            let done_tx = done_tx.clone();
+            pool.spawner()
+                .spawn_local(async move {
+                    let c = recv.await.unwrap();
+                    done_tx.send((i, c.user_data(), c.buf().index())).unwrap();
+                })
+                .unwrap();
+        }
+        // The burst lands while every task waits.
+        let mut got = Vec::new();
+        while got.len() < N {
             pool.run_until_stalled();
-            // The burst lands while every task waits.
-            let mut got: Vec<u64> = Vec::new();
-            while got.len() < N {
-                pool.run_until_stalled();
-                got.extend(done_rx.try_iter());
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            got.sort_unstable();
-            drop(b2);
-            got
-        })
+            got.extend(done_rx.try_iter());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {N} receives were never woken",
+                N - got.len()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        got
     });
     std::thread::sleep(Duration::from_millis(50));
     let sends: Vec<_> = (0..N)
@@ -364,8 +385,12 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
     for c in futures::executor::block_on(futures::future::join_all(sends)) {
         assert!(c.unwrap().status().is_success());
     }
-    let got = receiving.join().unwrap();
-    assert_eq!(got, (0..N as u64).collect::<Vec<_>>());
+    let got = receiving.join().expect("every receive was woken");
+    assert_eq!(got.len(), N);
+    for (i, user_data, index) in got {
+        // Its own completion: its tag and its own slot.
+        assert_eq!((user_data, index), (i as u64, slots[i]));
+    }
 }
 
 #[test]
@@ -376,6 +401,9 @@ fn a_failed_completion_queue_ends_pending_futures() {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4).unwrap();
     let config = QpConfig::default();
+    // Declared before the queue pair whose receives name it, so it is
+    // dropped after it on every path.
+    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
     let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
     let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
     let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
@@ -389,7 +417,6 @@ fn a_failed_completion_queue_ends_pending_futures() {
         .push(h, RecvFixed::new(ring.take_buf().unwrap()).user_data(1))
         .unwrap();
     ring.submit().unwrap(); // completes at once (no-op mode)
-    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
     let sge = rdma_ring::backend::Sge {
         addr: scratch.as_ptr() as u64,
         len: 64,
@@ -401,8 +428,8 @@ fn a_failed_completion_queue_ends_pending_futures() {
             sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
         })
         .collect();
-    // SAFETY: `scratch` is registered and outlives the queue pair's
-    // receives (the queue pair is dropped first, below).
+    // SAFETY: `scratch` is registered and outlives `stranger` (declared
+    // before it); no-op mode completes the receives without writing.
     unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
     // Posted after the overrun: flushed into a queue that takes no more.
     let second = ring
@@ -411,9 +438,7 @@ fn a_failed_completion_queue_ends_pending_futures() {
     ring.submit().unwrap();
     let c = futures::executor::block_on(first).unwrap();
     assert_eq!((c.user_data(), c.status()), (1, WcStatus::Success));
-    let second = within(Duration::from_secs(10), move || {
-        futures::executor::block_on(second)
-    });
+    let second = resolve_within(Duration::from_secs(10), second);
     assert!(matches!(second, Err(Error::RingFailed(_))), "{second:?}");
     drop(stranger);
     drop(scratch);
@@ -425,6 +450,9 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4).unwrap();
     let config = QpConfig::default();
+    // Declared before the queue pair whose receives name it, so it is
+    // dropped after it on every path.
+    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
     let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
     let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
     let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
@@ -439,7 +467,6 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
         .unwrap();
     ring.submit().unwrap(); // waits: nobody sends
                             // The stranger's flushed receives overrun the queue.
-    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
     let sge = rdma_ring::backend::Sge {
         addr: scratch.as_ptr() as u64,
         len: 64,
@@ -451,14 +478,13 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
             sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
         })
         .collect();
-    // SAFETY: `scratch` is registered and outlives the queue pair's
-    // receives (the queue pair is dropped first, below).
+    // SAFETY: `scratch` is registered and outlives `stranger` (declared
+    // before it); manual mode runs nothing, and the receives are flushed
+    // (written never) just below.
     unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
     stranger.set_error().unwrap();
     assert!(ring.detach(h).is_err(), "the drain meets the failed queue");
-    let result = within(Duration::from_secs(10), move || {
-        futures::executor::block_on(pending)
-    });
+    let result = resolve_within(Duration::from_secs(10), pending);
     assert!(matches!(result, Err(Error::RingFailed(_))), "{result:?}");
     drop(stranger);
     drop(scratch);
@@ -495,8 +521,20 @@ fn a_ring_with_work_is_refused() {
     let h = ring.attach(qa).unwrap();
     let slot = ring.take_buf().unwrap();
     ring.push(h, RecvFixed::new(slot)).unwrap();
-    let refused = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_err();
-    assert!(matches!(refused, Error::RingNotIdle), "{refused}");
+    let (error, mut ring) = AsyncFixedRing::new(ring, Wakeup::Busy)
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(error, Error::RingNotIdle), "{error}");
+    // The ring comes back whole: its work is still there.
+    assert_eq!(ring.submit().unwrap(), 1);
+    ring.close().unwrap();
+}
+
+#[test]
+fn forty_receives_flushed_at_once_are_all_handed_out_by_one_drive() {
+    // Byte 3 decodes to a receive pushed: forty of them, more than one
+    // poll of the ring takes.
+    interleavings::run(&[3; 40]);
 }
 
 proptest::proptest! {

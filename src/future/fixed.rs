@@ -36,10 +36,11 @@ use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, Fixed
 /// slot comes back to the ring's free slots ([`take_buf`](Self::take_buf))
 /// when its completion is reaped, never while the device may still use
 /// it. Closing the ring ([`close`](Self::close), or dropping the last
-/// handle) detaches every queue pair, so pending futures resolve with
-/// their flushed completions; a future whose completion the device never
-/// gives back (the drain timed out, and the slots' memory is leaked
-/// rather than freed under the NIC) resolves with [`Error::Closed`].
+/// handle) moves every queue pair to error and drains it, so pending
+/// futures resolve with their flushed completions; a future whose
+/// completion the device never gives back (the drain timed out, and the
+/// slots' memory is leaked rather than freed under the NIC) resolves with
+/// [`Error::Closed`].
 ///
 /// ```
 /// use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -132,6 +133,9 @@ struct Inner<Q: QueuePair> {
     reaped: Vec<FixedCompletion>,
     /// Wakers to wake once the lock is released.
     wakes: Vec<Waker>,
+    /// Wakers replaced or let go, dropped once the lock is released (a
+    /// waker's drop may run anything, this ring included).
+    dropped: Vec<Waker>,
 }
 
 impl<Q: QueuePair> Inner<Q> {
@@ -164,6 +168,11 @@ impl<Q: QueuePair> Inner<Q> {
 
     fn submit(&mut self) -> Result<usize, Error> {
         let ring = self.ring.as_mut().ok_or(Error::Closed)?;
+        // Work pushed before a failure stays unposted: its futures have
+        // resolved with the failure, and it comes back flushed at close.
+        if let Some(why) = self.ended {
+            return Err(why.error());
+        }
         self.unposted = false;
         // What the device refuses comes back flushed from the next reap.
         ring.submit()
@@ -226,7 +235,7 @@ impl<Q: QueuePair> Inner<Q> {
             }
             OpState::Waiting { waker: slot, .. } => {
                 if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                    *slot = Some(waker.clone());
+                    self.dropped.extend(slot.replace(waker.clone()));
                 }
                 Poll::Pending
             }
@@ -248,9 +257,14 @@ impl<Q: QueuePair> Inner<Q> {
                 }
                 self.free.push(key);
             }
-            OpState::Waiting { .. } if self.ring.is_some() => {
+            OpState::Waiting { waker, .. } if self.ring.is_some() => {
+                self.dropped.extend(waker);
                 self.ops[key as usize] = OpState::Orphaned;
                 self.submit_pushed();
+            }
+            OpState::Waiting { waker, .. } => {
+                self.dropped.extend(waker);
+                self.free.push(key);
             }
             _ => self.free.push(key),
         }
@@ -344,9 +358,10 @@ impl<Q: QueuePair> FixedShared<Q> {
     fn with<R>(&self, f: impl FnOnce(&mut Inner<Q>) -> R) -> R {
         let mut inner = self.lock();
         let result = f(&mut inner);
-        if inner.wakes.is_empty() {
+        if inner.wakes.is_empty() && inner.dropped.is_empty() {
             return result;
         }
+        let dropped = std::mem::take(&mut inner.dropped);
         // The list changes places with the thread's spare one, so the
         // steady state allocates nothing.
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
@@ -356,6 +371,7 @@ impl<Q: QueuePair> FixedShared<Q> {
             waker.wake();
         }
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
+        drop(dropped);
         result
     }
 
@@ -393,11 +409,11 @@ impl<Q: QueuePair> FixedShared<Q> {
 }
 
 impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
-    /// Shares `ring`, woken as `wakeup` says. The ring must be idle —
-    /// nothing pushed, in flight or left to reap — or
-    /// [`Error::RingNotIdle`] is returned (and the ring dropped, which
-    /// drains it). [`Wakeup::Reactor`] and [`Wakeup::Thread`] need a
-    /// completion queue with a completion channel.
+    /// Shares `ring`, woken as `wakeup` says. Refused, with the ring handed
+    /// back: a ring that is not idle — something pushed, in flight or left
+    /// to reap — with [`Error::RingNotIdle`]; and for [`Wakeup::Reactor`]
+    /// and [`Wakeup::Thread`], a completion queue without a completion
+    /// channel.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
@@ -409,20 +425,28 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// let ring = AsyncFixedRing::new(ring, Wakeup::Thread).unwrap();
     /// assert!(ring.completion_fd().is_some());
     /// ```
-    pub fn new(ring: FixedRing<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+    pub fn new(ring: FixedRing<Q>, wakeup: Wakeup) -> Result<Self, Rejected<FixedRing<Q>>> {
         // Completions of work pushed before would carry their owners'
         // tags where the adapter expects its own.
         if !ring.idle() {
-            return Err(Error::RingNotIdle);
+            return Err(Rejected::new(Error::RingNotIdle, ring));
         }
         let events = match wakeup {
             Wakeup::Busy => None,
-            Wakeup::Reactor | Wakeup::Thread => Some(ring.cq().completion_events().ok_or(
-                Error::Soft("this completion queue has no completion channel; use Wakeup::Busy"),
-            )?),
+            Wakeup::Reactor | Wakeup::Thread => match ring.cq().completion_events() {
+                Some(events) => Some(events),
+                None => {
+                    let error = Error::Soft(
+                        "this completion queue has no completion channel; use Wakeup::Busy",
+                    );
+                    return Err(Rejected::new(error, ring));
+                }
+            },
         };
         if let Some(events) = &events {
-            events.arm()?;
+            if let Err(error) = events.arm() {
+                return Err(Rejected::new(error, ring));
+            }
         }
         let shared = Arc::new(FixedShared {
             inner: Mutex::new(Inner {
@@ -433,6 +457,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 ended: None,
                 reaped: Vec::new(),
                 wakes: Vec::new(),
+                dropped: Vec::new(),
             }),
             wakeup,
             events,
@@ -686,10 +711,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     }
 
     /// Closes the ring now, as dropping the last handle does: every queue
-    /// pair is detached, so pending futures resolve with their flushed
-    /// completions, and further pushes are refused with
+    /// pair moves to error and is drained, so pending futures resolve with
+    /// their flushed completions, and further pushes are refused with
     /// [`Error::Closed`]. This waits, with the ring locked, up to the
-    /// ring's `drain_timeout` for the device to flush.
+    /// ring's `drain_timeout` (once, for all queue pairs) for the device
+    /// to flush.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};

@@ -379,7 +379,7 @@ pub fn fixed_detach_and_drop_with_work_in_flight<F: Fabric>(f: &F) {
 /// thread on the completion channel: a batch of writes pushed before they
 /// are awaited goes out with one doorbell, a read brings the bytes back,
 /// a send meets an awaited receive with its immediate, and a receive
-/// whose future is dropped comes back to the free slots when closing
+/// whose future is dropped comes back to the free slots when a detach
 /// flushes it.
 pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
     let (qa, qb) = f.pair(config());
