@@ -425,6 +425,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// let ring = AsyncFixedRing::new(ring, Wakeup::Thread).unwrap();
     /// assert!(ring.completion_fd().is_some());
     /// ```
+    // Refusing hands the whole ring back, as large as it is: this runs
+    // once per ring, never on a hot path.
+    #[allow(clippy::result_large_err)]
     pub fn new(ring: FixedRing<Q>, wakeup: Wakeup) -> Result<Self, Rejected<FixedRing<Q>>> {
         // Completions of work pushed before would carry their owners'
         // tags where the adapter expects its own.
