@@ -216,6 +216,46 @@ fn many_tasks_share_the_ring() {
     }
 }
 
+/// `tasks` tasks each awaiting `each` writes in a row, one at a time;
+/// returns the doorbells they rang.
+fn tasks_writing(coalesce: bool, tasks: u64, each: u64) -> u64 {
+    let p = pair(Wakeup::Busy);
+    p.a.coalesce_doorbells(coalesce);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
+    let mut pool = LocalPool::new();
+    for _ in 0..tasks {
+        let (ring, qp, remote) = (p.a.clone(), p.ha, target.remote());
+        pool.spawner()
+            .spawn_local(async move {
+                let mut slot = ring.take_buf().expect("a slot per task");
+                for _ in 0..each {
+                    let write = WriteFixed::new(slot, 256, remote);
+                    let done = ring.push(qp, write).unwrap().await.unwrap();
+                    assert!(done.status().is_success());
+                    slot = done.into_buf();
+                }
+                ring.put_buf(slot).unwrap();
+            })
+            .unwrap();
+    }
+    pool.run();
+    assert_eq!(p.control.counters().send_wrs, tasks * each);
+    p.control.counters().send_posts
+}
+
+#[test]
+fn coalesced_doorbells_are_shared_by_tasks_awaiting_one_write_each() {
+    let alone = tasks_writing(false, 16, 8);
+    assert_eq!(alone, 16 * 8, "without coalescing, a doorbell per write");
+    let shared = tasks_writing(true, 16, 8);
+    // The sixteen tasks push in one round of the executor: about one
+    // doorbell per round of writes.
+    assert!(
+        shared <= 2 * 8,
+        "coalesced: {shared} doorbells for 128 writes in 8 rounds"
+    );
+}
+
 #[test]
 fn the_notifier_thread_wakes_a_receive_answered_from_another_thread() {
     let p = pair(Wakeup::Thread);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use super::driver::{notifier_loop, NotifierThread};
-use super::{CompletionFd, Wakeup, WAKES};
+use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
 use crate::backend::{CompletionEvents, CompletionQueue, QueuePair};
 use crate::error::{Error, Rejected};
 use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing};
@@ -24,7 +24,9 @@ use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, Fixed
 /// only queues, and the first poll of a future whose operation is still
 /// unposted posts everything pushed (one doorbell per queue pair), so
 /// operations pushed before they are awaited share a doorbell — or post
-/// them yourself with [`submit`](Self::submit). Tasks are woken as
+/// them yourself with [`submit`](Self::submit). Tasks that each push an
+/// operation and await it share doorbells with
+/// [`coalesce_doorbells`](Self::coalesce_doorbells). Tasks are woken as
 /// [`Wakeup`] says, as for [`AsyncRing`](super::AsyncRing); a pending
 /// future also polls the completion queue itself whenever it is polled.
 ///
@@ -94,10 +96,12 @@ struct FixedShared<Q: QueuePair> {
 enum OpState {
     /// The tag is free.
     Free,
-    /// In the ring; its future waits (with the operation's own tag).
+    /// In the ring, pushed before submit number `batch`; its future waits
+    /// (with the operation's own tag).
     Waiting {
         waker: Option<Waker>,
         user_data: u64,
+        batch: u64,
     },
     /// Completed; its future has not taken the completion yet.
     Done(FixedCompletion),
@@ -129,6 +133,14 @@ struct Inner<Q: QueuePair> {
     free: Vec<u32>,
     /// Pushed since the last submit.
     unposted: bool,
+    /// Operations pushed since the last submit.
+    unposted_ops: usize,
+    /// Submits so far: an operation pushed before submit `batch` went out
+    /// with it.
+    submits: u64,
+    /// Whether a future's first poll leaves its operation for a shared
+    /// doorbell (see [`AsyncFixedRing::coalesce_doorbells`]).
+    coalesce: bool,
     ended: Option<Ended>,
     reaped: Vec<FixedCompletion>,
     /// Wakers to wake once the lock is released.
@@ -155,8 +167,10 @@ impl<Q: QueuePair> Inner<Q> {
                 self.ops[key as usize] = OpState::Waiting {
                     waker: None,
                     user_data,
+                    batch: self.submits,
                 };
                 self.unposted = true;
+                self.unposted_ops += 1;
                 Ok(key)
             }
             Err(rejected) => {
@@ -174,6 +188,8 @@ impl<Q: QueuePair> Inner<Q> {
             return Err(why.error());
         }
         self.unposted = false;
+        self.unposted_ops = 0;
+        self.submits += 1;
         // What the device refuses comes back flushed from the next reap.
         ring.submit()
     }
@@ -211,11 +227,23 @@ impl<Q: QueuePair> Inner<Q> {
     }
 
     /// Takes `key`'s completion if it has one, else posts what waits to
-    /// be, polls the device, and looks again; then notes who waits.
-    fn poll_op(&mut self, key: u32, waker: &Waker) -> Poll<Result<FixedCompletion, Error>> {
+    /// be, polls the device, and looks again; then notes who waits. On a
+    /// future's `first` poll with doorbells coalesced, an operation still
+    /// waiting for its doorbell is left for it (up to
+    /// [`DEFERRED_MAX`] waiting).
+    fn poll_op(
+        &mut self,
+        key: u32,
+        waker: &Waker,
+        first: bool,
+    ) -> Poll<Result<FixedCompletion, Error>> {
+        let state = &self.ops[key as usize];
+        let unposted = self.unposted
+            && matches!(state, OpState::Waiting { batch, .. } if *batch == self.submits);
+        let defer = first && self.coalesce && unposted && self.unposted_ops < DEFERRED_MAX;
         // Another future's poll may have reaped this one's completion: no
         // device poll then.
-        if !matches!(self.ops[key as usize], OpState::Done(_)) {
+        if !defer && !matches!(state, OpState::Done(_)) {
             self.submit_pushed();
             let _ = self.reap();
         }
@@ -325,7 +353,9 @@ fn settle<Q: QueuePair>(
     let key = completion.user_data() as usize;
     match ops.get_mut(key) {
         Some(state @ OpState::Waiting { .. }) => {
-            let OpState::Waiting { waker, user_data } = std::mem::replace(state, OpState::Free)
+            let OpState::Waiting {
+                waker, user_data, ..
+            } = std::mem::replace(state, OpState::Free)
             else {
                 unreachable!("matched above");
             };
@@ -457,6 +487,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 ops: Vec::new(),
                 free: Vec::new(),
                 unposted: false,
+                unposted_ops: 0,
+                submits: 0,
+                coalesce: false,
                 ended: None,
                 reaped: Vec::new(),
                 wakes: Vec::new(),
@@ -542,7 +575,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// closed). The operation is posted, with everything else pushed, by
     /// the next [`submit`](Self::submit), [`drive`](Self::drive), or poll of
     /// any pending future of the ring — at the latest when its own future
-    /// is first polled, or dropped.
+    /// is first polled (second, with
+    /// [`coalesce_doorbells`](Self::coalesce_doorbells)), or dropped. So
+    /// await it, or submit, before waiting on anything that needs it to
+    /// have run: in `let w = ring.push(..)?; answer.await; w.await`, where
+    /// `answer` is the peer's reply to `w`'s message, nothing posts it.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -570,8 +607,49 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         Ok(FixedOpFuture {
             shared: Arc::clone(&self.shared),
             key,
+            polled: false,
             resolved: false,
         })
+    }
+
+    /// With `on`, a future's first poll no longer posts its operation: it
+    /// yields once (waking its own task), so the tasks polled in that
+    /// round of the executor add theirs, and its second poll posts them
+    /// all — one doorbell per queue pair — as does any drive, submit, or
+    /// drop of a future, or as soon as 32 wait. Tasks that each push one
+    /// operation and await it then share doorbells. Off by default: each
+    /// first poll posts at once, which is what a lone task wants.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let control = qp.control();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// ring.coalesce_doorbells(true);
+    /// // Eight tasks, each pushing a write and awaiting it.
+    /// let tasks = (0..8).map(|_| async {
+    ///     let slot = ring.take_buf().unwrap();
+    ///     let done = ring.push(conn, WriteFixed::new(slot, 64, target.remote())).unwrap().await.unwrap();
+    ///     ring.put_buf(done.into_buf()).unwrap();
+    /// });
+    /// futures::executor::block_on(futures::future::join_all(tasks));
+    /// assert_eq!(control.counters().send_posts, 1); // one doorbell for the eight
+    /// ```
+    pub fn coalesce_doorbells(&self, on: bool) {
+        self.shared.with(|inner| {
+            inner.coalesce = on;
+            if !on {
+                inner.submit_pushed();
+            }
+        });
     }
 
     /// Posts everything pushed since the last submit: one doorbell per
@@ -870,6 +948,7 @@ impl<Q: QueuePair> fmt::Debug for FixedDriver<Q> {
 pub struct FixedOpFuture<Q: QueuePair> {
     shared: Arc<FixedShared<Q>>,
     key: u32,
+    polled: bool,
     resolved: bool,
 }
 
@@ -880,14 +959,20 @@ impl<Q: QueuePair> Future for FixedOpFuture<Q> {
         let this = self.get_mut();
         assert!(!this.resolved, "a FixedOpFuture polled after it resolved");
         let key = this.key;
-        let poll = this.shared.with(|inner| inner.poll_op(key, cx.waker()));
+        let first = !std::mem::replace(&mut this.polled, true);
+        let (poll, coalesce) = this
+            .shared
+            .with(|inner| (inner.poll_op(key, cx.waker(), first), inner.coalesce));
         match poll {
             Poll::Ready(output) => {
                 this.resolved = true;
                 Poll::Ready(output)
             }
             Poll::Pending => {
-                if this.shared.wakeup == Wakeup::Busy {
+                // Busy polling reschedules at once; so does a first poll
+                // that left its operation for a shared doorbell (its second
+                // poll, next round, posts it).
+                if this.shared.wakeup == Wakeup::Busy || (first && coalesce) {
                     cx.waker().wake_by_ref();
                 }
                 Poll::Pending

@@ -1,6 +1,7 @@
 //! The fixed-buffer ring awaited, in any interleaving: pushes, polls and
-//! drops of futures, submits, drives, device steps, a failing work request
-//! and a close, decoded from bytes (a property test's, or a fuzzer's).
+//! drops of futures, submits, drives, device steps, a failing work
+//! request, doorbell coalescing turned on and off, and a close, decoded
+//! from bytes (a property test's, or a fuzzer's).
 //! Checked: a future resolves with its own operation's completion (its
 //! slot, its kind, a status its operation can have); a future that was
 //! left pending is woken before it can resolve (the adapter runs under
@@ -39,6 +40,7 @@ enum Step {
     Progress,
     Drive,
     Fail,
+    Coalesce(bool),
     Close,
 }
 
@@ -53,6 +55,7 @@ fn step(byte: u8) -> Step {
         10 | 11 | 15 => Step::Progress,
         12 => Step::Drive,
         13 => Step::Fail,
+        _ if byte < 0x80 => Step::Coalesce(byte & 0x10 != 0),
         _ => Step::Close,
     }
 }
@@ -209,6 +212,7 @@ pub fn run(bytes: &[u8]) {
                 ring.drive().unwrap();
             }
             Step::Fail => control.fail_nth(1, INJECTED),
+            Step::Coalesce(on) => ring.coalesce_doorbells(on),
             Step::Close => {
                 ring.close();
                 closed = true;
