@@ -114,8 +114,8 @@ struct Args {
     #[arg(long = "async")]
     awaited: bool,
     /// With --async: operations the tasks push before anyone awaits share
-    /// one doorbell (`AsyncRing::coalesce_doorbells`).
-    #[arg(long, requires = "awaited", conflicts_with = "fixed")]
+    /// one doorbell (`coalesce_doorbells`, of either ring's adapter).
+    #[arg(long, requires = "awaited")]
     coalesce: bool,
     /// The fixed-buffer ring (`rdma_ring::fixed`): the sync path's loop,
     /// with buffers that are slots of one registration (with --async:
@@ -737,6 +737,7 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     let mut ring = FixedRing::new(cq, bufs, config);
     if args.awaited {
         let ring = AsyncFixedRing::new(ring, Wakeup::Busy).map_err(rdma_ring::Error::from)?;
+        ring.coalesce_doorbells(args.coalesce);
         let qp = ring.attach(qp).map_err(|r| r.error().to_string())?;
         let mut rows = Vec::new();
         for size in args.sizes() {
@@ -931,7 +932,8 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
 fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
     let path = match (args.fixed, args.awaited, args.coalesce) {
         (true, false, _) => "fixed-buffer",
-        (true, true, _) => "fixed-buffer, awaited",
+        (true, true, false) => "fixed-buffer, awaited",
+        (true, true, true) => "fixed-buffer, awaited, doorbells coalesced",
         (false, false, _) => "sync",
         (false, true, false) => "awaited",
         (false, true, true) => "awaited, doorbells coalesced",

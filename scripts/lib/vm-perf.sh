@@ -42,7 +42,7 @@ ours_json() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p" /tmp/ours.log | tail -n 1; 
 echo "rxe0 (TCG VM), two processes each; bw: size=$size post list=$batch depth=$depth CQE every $batch, $iters ops;"
 echo "lat: size=$size, $lat_iters ops; WRITE/SEND up to 220 B inline on both sides; $rounds interleaved runs each, medians"
 echo
-printf '%-8s %-4s %-22s %12s %12s %12s %12s %8s %8s %8s\n' op test measure perftest ring ring-async ring-fixed ratio async-ratio fixed-ratio
+printf '%-8s %-4s %-22s %12s %12s %12s %12s %12s %8s %8s %8s %8s\n' op test measure perftest ring ring-async ring-fixed fixed-async ratio async-ratio fixed-ratio fa-ratio
 for op in write read send atomic; do
     case "$op" in
         write | send) pflags=(-s "$size" -I 220) ; oflags=(-s "$size" -I 220) ; bytes="$size" ;;
@@ -54,6 +54,7 @@ for op in write read send atomic; do
         : > /tmp/ours.txt
         : > /tmp/async.txt
         : > /tmp/fixed.txt
+        : > /tmp/fixed-async.txt
         for _ in $(seq "$rounds"); do
             if [ "$test" = bw ]; then
                 pair /tmp/theirs.log "ib_${op}_bw" -d rxe0 -x 1 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${pflags[@]}" -F
@@ -64,6 +65,8 @@ for op in write read send atomic; do
                 ours_json mpps >> /tmp/async.txt
                 pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -l "$batch" -Q "$batch" "${oflags[@]}" --json --fixed
                 ours_json mpps >> /tmp/fixed.txt
+                pair /tmp/ours.log "$ours" "$op" bw -d rxe0 -x 1 -p 18600 -n "$iters" -t "$depth" -Q "$batch" "${oflags[@]}" --json --fixed --async
+                ours_json mpps >> /tmp/fixed-async.txt
             else
                 pair /tmp/theirs.log "ib_${op}_lat" -d rxe0 -x 1 -n "$lat_iters" "${pflags[@]}" -F
                 perftest_col "$bytes" 5 >> /tmp/theirs.txt
@@ -73,19 +76,21 @@ for op in write read send atomic; do
                 ours_json t_p50_us >> /tmp/async.txt
                 pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json --fixed
                 ours_json t_p50_us >> /tmp/fixed.txt
+                pair /tmp/ours.log "$ours" "$op" lat -d rxe0 -x 1 -p 18600 -n "$lat_iters" "${oflags[@]}" --json --fixed --async
+                ours_json t_p50_us >> /tmp/fixed-async.txt
             fi
         done
-        theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)" fixed="$(median < /tmp/fixed.txt)"
-        if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ] || [ -z "$fixed" ]; then
-            echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited', fixed '$fixed')" >&2
+        theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)" fixed="$(median < /tmp/fixed.txt)" fixed_awaited="$(median < /tmp/fixed-async.txt)"
+        if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ] || [ -z "$fixed" ] || [ -z "$fixed_awaited" ]; then
+            echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited', fixed '$fixed', fixed async '$fixed_awaited')" >&2
             cat /tmp/theirs.log /tmp/ours.log >&2
             exit 1
         fi
         measure="Mpps (higher better)"
         [ "$test" = lat ] && measure="p50 us (lower better)"
         ratio() { awk -v a="$1" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'; }
-        printf '%-8s %-4s %-22s %12s %12s %12s %12s %8s %8s %8s\n' "$op" "$test" "$measure" "$theirs" "$mine" "$awaited" "$fixed" "$(ratio "$mine")" "$(ratio "$awaited")" "$(ratio "$fixed")"
-        echo "         runs: perftest $(runs /tmp/theirs.txt)| ring $(runs /tmp/ours.txt)| async $(runs /tmp/async.txt)| fixed $(runs /tmp/fixed.txt)"
+        printf '%-8s %-4s %-22s %12s %12s %12s %12s %12s %8s %8s %8s %8s\n' "$op" "$test" "$measure" "$theirs" "$mine" "$awaited" "$fixed" "$fixed_awaited" "$(ratio "$mine")" "$(ratio "$awaited")" "$(ratio "$fixed")" "$(ratio "$fixed_awaited")"
+        echo "         runs: perftest $(runs /tmp/theirs.txt)| ring $(runs /tmp/ours.txt)| async $(runs /tmp/async.txt)| fixed $(runs /tmp/fixed.txt)| fixed async $(runs /tmp/fixed-async.txt)"
     done
 done
 echo
@@ -95,14 +100,19 @@ echo "responder's ACK), so its ratio reads about 2x by construction. READ, atomi
 
 echo
 echo "Awaited beside sync at depth 16, WRITE $size B, two processes on rxe0: the sync ring with one doorbell"
-echo "per op (post list 1) against 16 tasks awaiting one WRITE at a time, doorbells coalesced."
+echo "per op (post list 1) against 16 tasks awaiting one WRITE at a time, doorbells coalesced (AsyncRing,"
+echo "and the fixed-buffer ring's AsyncFixedRing)."
 : > /tmp/ours.txt
 : > /tmp/async.txt
+: > /tmp/fixed-async.txt
 for _ in $(seq "$rounds"); do
     pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -l 1 -Q 16 -s "$size" -I 220 --json
     ours_json mpps >> /tmp/ours.txt
     pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -Q 16 -s "$size" -I 220 --json --async --coalesce
     ours_json mpps >> /tmp/async.txt
+    pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -Q 16 -s "$size" -I 220 --json --fixed --async --coalesce
+    ours_json mpps >> /tmp/fixed-async.txt
 done
-sync1="$(median < /tmp/ours.txt)" coalesced="$(median < /tmp/async.txt)"
+sync1="$(median < /tmp/ours.txt)" coalesced="$(median < /tmp/async.txt)" fixed_coalesced="$(median < /tmp/fixed-async.txt)"
 echo "sync, post list 1: $sync1 Mpps (runs: $(runs /tmp/ours.txt)); awaited, coalesced: $coalesced Mpps (runs: $(runs /tmp/async.txt)); ratio $(awk -v a="$coalesced" -v b="$sync1" 'BEGIN { printf "%.2f", a / b }')"
+echo "fixed-buffer ring awaited, coalesced: $fixed_coalesced Mpps (runs: $(runs /tmp/fixed-async.txt)); ratio to sync $(awk -v a="$fixed_coalesced" -v b="$sync1" 'BEGIN { printf "%.2f", a / b }')"
