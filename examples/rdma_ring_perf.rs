@@ -842,26 +842,10 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
             if let Some(b) = echo_buf {
                 ring.put_buf(b).map_err(text)?;
             }
-            Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>(lat)
+            Ok(lat)
         }
     };
-    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(one_task)));
-    let secs = start.elapsed().as_secs_f64();
-    let mut lat = Vec::new();
-    for task in all {
-        lat.extend(task?);
-    }
-    lat.sort_by(f64::total_cmp);
-    Ok(Row {
-        bytes: size,
-        iters,
-        secs,
-        lat: if args.mode == Mode::Lat {
-            lat
-        } else {
-            Vec::new()
-        },
-    })
+    run_tasks(args, size, start, tasks, one_task)
 }
 
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
@@ -907,9 +891,21 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
                     lat.push(if args.op == Op::Send { us / 2.0 } else { us });
                 }
             }
-            Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>(lat)
+            Ok(lat)
         }
     };
+    run_tasks(args, size, start, tasks, one_task)
+}
+
+/// Runs `tasks` tasks of `one_task` (each returning its latencies) on
+/// one executor thread, and makes the size's row, timed from `start`.
+fn run_tasks<F: std::future::Future<Output = Result<Vec<f64>>>>(
+    args: &Args,
+    size: usize,
+    start: Instant,
+    tasks: u64,
+    one_task: impl FnMut(u64) -> F,
+) -> Result<Row> {
     let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(one_task)));
     let secs = start.elapsed().as_secs_f64();
     let mut lat = Vec::new();
@@ -919,7 +915,7 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
     lat.sort_by(f64::total_cmp);
     Ok(Row {
         bytes: size,
-        iters,
+        iters: args.iters(),
         secs,
         lat: if args.mode == Mode::Lat {
             lat

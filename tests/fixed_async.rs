@@ -433,101 +433,99 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
     }
 }
 
+/// A ring whose queue pair shares a four-entry completion queue with a
+/// stranger, whose receives can overrun it. Fields drop in order: the
+/// stranger before the memory its receives name.
+struct SharedCq {
+    ring: AsyncFixedRing<SoftQp>,
+    qp: FixedQp,
+    stranger: SoftQp,
+    scratch: rdma_ring::buf::RegisteredBuf,
+    _dev: SoftDevice,
+}
+
+impl SharedCq {
+    fn new(progress: rdma_ring::backend::soft::Progress) -> Self {
+        let dev = SoftDevice::with_progress(progress);
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(4).unwrap();
+        let config = QpConfig::default();
+        let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+        let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+        let stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+        let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
+        let ring = AsyncFixedRing::new(
+            FixedRing::new(cq, bufs, FixedRingConfig::default()),
+            Wakeup::Busy,
+        )
+        .unwrap();
+        let qp = ring.attach(mine).unwrap();
+        SharedCq {
+            ring,
+            qp,
+            stranger,
+            scratch,
+            _dev: dev,
+        }
+    }
+
+    /// Posts `n` receives on the stranger, into the scratch memory.
+    fn stranger_receives(&mut self, n: u64) {
+        let sge = rdma_ring::backend::Sge {
+            addr: self.scratch.as_ptr() as u64,
+            len: 64,
+            lkey: self.scratch.lkey(),
+        };
+        let wrs: Vec<_> = (0..n)
+            .map(|i| rdma_ring::backend::RecvWr {
+                wr_id: 1000 + i,
+                sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
+            })
+            .collect();
+        // SAFETY: `scratch` is registered and dropped after `stranger`
+        // (field order); the tests complete the receives without writing
+        // (no-op mode) or flush them (an error), and nobody sends to them.
+        unsafe { self.stranger.post_recv(&wrs, &[sge]) }.unwrap();
+    }
+
+    fn push_recv(&self, user_data: u64) -> FixedOpFuture<SoftQp> {
+        let slot = self.ring.take_buf().unwrap();
+        self.ring
+            .push(self.qp, RecvFixed::new(slot).user_data(user_data))
+            .unwrap()
+    }
+}
+
 #[test]
 fn a_failed_completion_queue_ends_pending_futures() {
-    // The ring's queue pair shares its completion queue with a stranger
-    // whose receives overrun it.
-    let dev = SoftDevice::with_progress(rdma_ring::backend::soft::Progress::NoOp);
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(4).unwrap();
-    let config = QpConfig::default();
-    // Declared before the queue pair whose receives name it, so it is
-    // dropped after it on every path.
-    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
-    let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
-    let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
-    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
-    let ring = AsyncFixedRing::new(
-        FixedRing::new(cq, bufs, FixedRingConfig::default()),
-        Wakeup::Busy,
-    )
-    .unwrap();
-    let h = ring.attach(mine).unwrap();
-    let first = ring
-        .push(h, RecvFixed::new(ring.take_buf().unwrap()).user_data(1))
-        .unwrap();
-    ring.submit().unwrap(); // completes at once (no-op mode)
-    let sge = rdma_ring::backend::Sge {
-        addr: scratch.as_ptr() as u64,
-        len: 64,
-        lkey: scratch.lkey(),
-    };
-    let wrs: Vec<_> = (0..4)
-        .map(|i| rdma_ring::backend::RecvWr {
-            wr_id: 1000 + i,
-            sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
-        })
-        .collect();
-    // SAFETY: `scratch` is registered and outlives `stranger` (declared
-    // before it); no-op mode completes the receives without writing.
-    unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
-    // Posted after the overrun: flushed into a queue that takes no more.
-    let second = ring
-        .push(h, RecvFixed::new(ring.take_buf().unwrap()).user_data(2))
-        .unwrap();
-    ring.submit().unwrap();
+    let mut shared = SharedCq::new(rdma_ring::backend::soft::Progress::NoOp);
+    let first = shared.push_recv(1);
+    shared.ring.submit().unwrap(); // completes at once (no-op mode)
+    shared.stranger_receives(4); // the fourth overruns the queue
+                                 // Posted after the overrun: flushed into a queue that takes no more.
+    let second = shared.push_recv(2);
+    shared.ring.submit().unwrap();
     let c = futures::executor::block_on(first).unwrap();
     assert_eq!((c.user_data(), c.status()), (1, WcStatus::Success));
     let second = resolve_within(Duration::from_secs(10), second);
     assert!(matches!(second, Err(Error::RingFailed(_))), "{second:?}");
-    drop(stranger);
-    drop(scratch);
 }
 
 #[test]
 fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
-    let dev = SoftDevice::with_progress(rdma_ring::backend::soft::Progress::Manual);
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(4).unwrap();
-    let config = QpConfig::default();
-    // Declared before the queue pair whose receives name it, so it is
-    // dropped after it on every path.
-    let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
-    let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
-    let mut stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
-    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
-    let ring = AsyncFixedRing::new(
-        FixedRing::new(cq, bufs, FixedRingConfig::default()),
-        Wakeup::Busy,
-    )
-    .unwrap();
-    let h = ring.attach(mine).unwrap();
-    let pending = ring
-        .push(h, RecvFixed::new(ring.take_buf().unwrap()))
-        .unwrap();
-    ring.submit().unwrap(); // waits: nobody sends
-                            // The stranger's flushed receives overrun the queue.
-    let sge = rdma_ring::backend::Sge {
-        addr: scratch.as_ptr() as u64,
-        len: 64,
-        lkey: scratch.lkey(),
-    };
-    let wrs: Vec<_> = (0..8)
-        .map(|i| rdma_ring::backend::RecvWr {
-            wr_id: 1000 + i,
-            sges: rdma_ring::backend::SgeSpan { start: 0, len: 1 },
-        })
-        .collect();
-    // SAFETY: `scratch` is registered and outlives `stranger` (declared
-    // before it); manual mode runs nothing, and the receives are flushed
-    // (written never) just below.
-    unsafe { stranger.post_recv(&wrs, &[sge]) }.unwrap();
-    stranger.set_error().unwrap();
-    assert!(ring.detach(h).is_err(), "the drain meets the failed queue");
+    let mut shared = SharedCq::new(rdma_ring::backend::soft::Progress::Manual);
+    let pending = shared.push_recv(0);
+    shared.ring.submit().unwrap(); // waits: nobody sends
+                                   // The stranger's receives, flushed, overrun the queue.
+    shared.stranger_receives(8);
+    shared.stranger.set_error().unwrap();
+    let qp = shared.qp;
+    assert!(
+        shared.ring.detach(qp).is_err(),
+        "the drain meets the failed queue"
+    );
     let result = resolve_within(Duration::from_secs(10), pending);
     assert!(matches!(result, Err(Error::RingFailed(_))), "{result:?}");
-    drop(stranger);
-    drop(scratch);
 }
 
 #[test]
