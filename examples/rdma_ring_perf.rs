@@ -113,8 +113,8 @@ struct Args {
     /// fixed-buffer ring's adapter).
     #[arg(long = "async")]
     awaited: bool,
-    /// With --async: operations the tasks push before anyone awaits share
-    /// one doorbell (`coalesce_doorbells`, of either ring's adapter).
+    /// With --async: tasks that each push an operation and await it share
+    /// doorbells (`coalesce_doorbells`, of either ring's adapter).
     #[arg(long, requires = "awaited")]
     coalesce: bool,
     /// The fixed-buffer ring (`rdma_ring::fixed`): the sync path's loop,

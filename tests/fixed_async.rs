@@ -218,8 +218,8 @@ fn many_tasks_share_the_ring() {
 
 /// `tasks` tasks each awaiting `each` writes in a row, one at a time;
 /// returns the doorbells they rang.
-fn tasks_writing(coalesce: bool, tasks: u64, each: u64) -> u64 {
-    let p = pair(Wakeup::Busy);
+fn tasks_writing(wakeup: Wakeup, coalesce: bool, tasks: u64, each: u64) -> u64 {
+    let p = pair(wakeup);
     p.a.coalesce_doorbells(coalesce);
     let target = ExposedBuf::new(&p.pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
     let mut pool = LocalPool::new();
@@ -245,14 +245,96 @@ fn tasks_writing(coalesce: bool, tasks: u64, each: u64) -> u64 {
 
 #[test]
 fn coalesced_doorbells_are_shared_by_tasks_awaiting_one_write_each() {
-    let alone = tasks_writing(false, 16, 8);
+    let alone = tasks_writing(Wakeup::Busy, false, 16, 8);
     assert_eq!(alone, 16 * 8, "without coalescing, a doorbell per write");
-    let shared = tasks_writing(true, 16, 8);
+    let shared = tasks_writing(Wakeup::Busy, true, 16, 8);
     // The sixteen tasks push in one round of the executor: about one
     // doorbell per round of writes.
     assert!(
         shared <= 2 * 8,
         "coalesced: {shared} doorbells for 128 writes in 8 rounds"
+    );
+}
+
+#[test]
+fn coalesced_doorbells_under_the_notifier_thread() {
+    // Only the futures' own wake-ups bring their second polls here.
+    let shared = tasks_writing(Wakeup::Thread, true, 16, 8);
+    assert!(
+        shared <= 2 * 8,
+        "{shared} doorbells for 128 writes in 8 rounds"
+    );
+}
+
+/// Polls `future` once, with a waker that does nothing.
+fn poll_once(future: &mut FixedOpFuture<SoftQp>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::future::Future::poll(std::pin::Pin::new(future), &mut cx).is_ready()
+}
+
+#[test]
+fn what_posts_an_operation_left_for_a_shared_doorbell() {
+    let p = pair(Wakeup::Reactor);
+    p.a.coalesce_doorbells(true);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
+    let posts = || p.control.counters().send_posts;
+    let write = || {
+        let slot = p.a.take_buf().unwrap();
+        p.a.push(p.ha, WriteFixed::new(slot, 256, target.remote()))
+            .unwrap()
+    };
+    /// What is done with a future whose first poll left its write waiting.
+    type Trigger<'a> = Box<dyn Fn(FixedOpFuture<SoftQp>) + 'a>;
+    let mut triggers: Vec<(&str, Trigger)> = vec![
+        (
+            "a second poll",
+            Box::new(|mut f| {
+                let _ = poll_once(&mut f);
+            }),
+        ),
+        ("a drop", Box::new(drop)),
+        (
+            "a drive",
+            Box::new(|f| {
+                p.a.drive().unwrap();
+                drop(f);
+            }),
+        ),
+        (
+            "a submit",
+            Box::new(|f| {
+                p.a.submit().unwrap();
+                drop(f);
+            }),
+        ),
+        (
+            "coalescing turned off",
+            Box::new(|f| {
+                p.a.coalesce_doorbells(false);
+                p.a.coalesce_doorbells(true);
+                drop(f);
+            }),
+        ),
+    ];
+    for (what, trigger) in triggers.drain(..) {
+        let before = posts();
+        let mut f = write();
+        assert!(!poll_once(&mut f), "{what}: the first poll yields");
+        assert_eq!(posts(), before, "{what}: nothing posted by the first poll");
+        trigger(f);
+        assert_eq!(posts(), before + 1, "{what} posts it");
+    }
+    // A receive is never left waiting.
+    let recvs = p.control_b.counters().recv_posts;
+    p.b.coalesce_doorbells(true);
+    let mut recv =
+        p.b.push(p.hb, RecvFixed::new(p.b.take_buf().unwrap()))
+            .unwrap();
+    assert!(!poll_once(&mut recv));
+    assert_eq!(
+        p.control_b.counters().recv_posts,
+        recvs + 1,
+        "posted at its first poll"
     );
 }
 

@@ -1,7 +1,8 @@
 //! Drives the fixed-buffer ring awaited (`AsyncFixedRing`) through the
 //! interleavings of `tests/interleavings`: pushes, polls and drops of
-//! futures, submits, drives and device steps, decoded from the fuzzer's
-//! bytes.
+//! futures, submits, drives, device steps, failing work requests,
+//! doorbell coalescing turned on and off, and a close, decoded from the
+//! fuzzer's bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -340,15 +340,16 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// [`push`](Self::push) with `tag` as the work's `user_data` in place
-    /// of the operation's own, which is returned: for an adapter that
-    /// routes completions by tag and gives the owner its own back.
+    /// of the operation's own, which is returned (with whether the
+    /// operation is a receive): for an adapter that routes completions by
+    /// tag and gives the owner its own back.
     #[inline]
     pub(crate) fn push_tagged<O: FixedOp>(
         &mut self,
         qp: FixedQp,
         op: O,
         tag: u64,
-    ) -> Result<u64, Rejected<O>> {
+    ) -> Result<(u64, bool), Rejected<O>> {
         self.try_push(qp, &op, Some(tag))
             .map_err(|error| Rejected::new(error, op))
     }
@@ -391,7 +392,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         handle: FixedQp,
         op: &O,
         tag: Option<u64>,
-    ) -> Result<u64, Error> {
+    ) -> Result<(u64, bool), Error> {
         if let Some(why) = self.failed {
             return Err(Error::RingFailed(why));
         }
@@ -466,7 +467,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             slot.dirty = true;
             self.dirty.push(handle.index() as u32);
         }
-        Ok(own_user_data)
+        Ok((own_user_data, work.kind == OpKind::Recv))
     }
 
     /// Posts everything pushed since the last submit: one doorbell per

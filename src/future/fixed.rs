@@ -97,11 +97,13 @@ enum OpState {
     /// The tag is free.
     Free,
     /// In the ring, pushed before submit number `batch`; its future waits
-    /// (with the operation's own tag).
+    /// (with the operation's own tag). A receive is never left for a
+    /// shared doorbell (a peer may be about to send).
     Waiting {
         waker: Option<Waker>,
         user_data: u64,
         batch: u64,
+        recv: bool,
     },
     /// Completed; its future has not taken the completion yet.
     Done(FixedCompletion),
@@ -163,11 +165,12 @@ impl<Q: QueuePair> Inner<Q> {
             }
         };
         match ring.push_tagged(qp, op, u64::from(key)) {
-            Ok(user_data) => {
+            Ok((user_data, recv)) => {
                 self.ops[key as usize] = OpState::Waiting {
                     waker: None,
                     user_data,
                     batch: self.submits,
+                    recv,
                 };
                 self.unposted = true;
                 self.unposted_ops += 1;
@@ -228,18 +231,19 @@ impl<Q: QueuePair> Inner<Q> {
 
     /// Takes `key`'s completion if it has one, else posts what waits to
     /// be, polls the device, and looks again; then notes who waits. On a
-    /// future's `first` poll with doorbells coalesced, an operation still
-    /// waiting for its doorbell is left for it (up to
-    /// [`DEFERRED_MAX`] waiting).
+    /// future's `first` poll with doorbells coalesced, a send-queue
+    /// operation still waiting for its doorbell is left for it (up to
+    /// [`DEFERRED_MAX`] waiting): then the second value is true, and the
+    /// future must be polled again for it to go out.
     fn poll_op(
         &mut self,
         key: u32,
         waker: &Waker,
         first: bool,
-    ) -> Poll<Result<FixedCompletion, Error>> {
+    ) -> (Poll<Result<FixedCompletion, Error>>, bool) {
         let state = &self.ops[key as usize];
         let unposted = self.unposted
-            && matches!(state, OpState::Waiting { batch, .. } if *batch == self.submits);
+            && matches!(state, OpState::Waiting { batch, recv: false, .. } if *batch == self.submits);
         let defer = first && self.coalesce && unposted && self.unposted_ops < DEFERRED_MAX;
         // Another future's poll may have reaped this one's completion: no
         // device poll then.
@@ -248,7 +252,7 @@ impl<Q: QueuePair> Inner<Q> {
             let _ = self.reap();
         }
         let state = &mut self.ops[key as usize];
-        match state {
+        let poll = match state {
             OpState::Done(_) => {
                 let OpState::Done(completion) = std::mem::replace(state, OpState::Free) else {
                     unreachable!("matched above");
@@ -270,7 +274,9 @@ impl<Q: QueuePair> Inner<Q> {
             OpState::Free | OpState::Orphaned => {
                 unreachable!("a future's tag is its own until it resolves or drops")
             }
-        }
+        };
+        let deferred = defer && poll.is_pending();
+        (poll, deferred)
     }
 
     /// A future dropped before it resolved: its slot goes back to the free
@@ -612,13 +618,19 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         })
     }
 
-    /// With `on`, a future's first poll no longer posts its operation: it
-    /// yields once (waking its own task), so the tasks polled in that
-    /// round of the executor add theirs, and its second poll posts them
-    /// all — one doorbell per queue pair — as does any drive, submit, or
-    /// drop of a future, or as soon as 32 wait. Tasks that each push one
-    /// operation and await it then share doorbells. Off by default: each
-    /// first poll posts at once, which is what a lone task wants.
+    /// With `on`, a future's first poll no longer posts its send, write,
+    /// read or atomic: it yields once (waking its own task), so the tasks
+    /// polled in that round of the executor add theirs, and its second
+    /// poll posts them all — one doorbell per queue pair — as does a
+    /// drive, a submit, turning coalescing off, or dropping a future whose
+    /// operation has not completed; and a first poll while 32 or more
+    /// wait posts at once. Receives are never left waiting (a peer may be
+    /// about to send). Tasks that each push one operation and await it
+    /// then share doorbells. Off by default: each first poll posts at
+    /// once, which is what a lone task wants — and with it on, a future
+    /// polled only once (`now_or_never`, a `select!` that drops it) leaves
+    /// its operation unposted until something above posts it. Closing
+    /// does not post what waits: it comes back flushed, never run.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -960,9 +972,9 @@ impl<Q: QueuePair> Future for FixedOpFuture<Q> {
         assert!(!this.resolved, "a FixedOpFuture polled after it resolved");
         let key = this.key;
         let first = !std::mem::replace(&mut this.polled, true);
-        let (poll, coalesce) = this
+        let (poll, deferred) = this
             .shared
-            .with(|inner| (inner.poll_op(key, cx.waker(), first), inner.coalesce));
+            .with(|inner| inner.poll_op(key, cx.waker(), first));
         match poll {
             Poll::Ready(output) => {
                 this.resolved = true;
@@ -972,7 +984,7 @@ impl<Q: QueuePair> Future for FixedOpFuture<Q> {
                 // Busy polling reschedules at once; so does a first poll
                 // that left its operation for a shared doorbell (its second
                 // poll, next round, posts it).
-                if this.shared.wakeup == Wakeup::Busy || (first && coalesce) {
+                if this.shared.wakeup == Wakeup::Busy || deferred {
                     cx.waker().wake_by_ref();
                 }
                 Poll::Pending

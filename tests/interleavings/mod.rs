@@ -5,7 +5,9 @@
 //! Checked: a future resolves with its own operation's completion (its
 //! slot, its kind, a status its operation can have); a future that was
 //! left pending is woken before it can resolve (the adapter runs under
-//! `Wakeup::Reactor`, so nothing else wakes it); and once the queue pair
+//! `Wakeup::Reactor`, so only the ring wakes it — or, once, the future
+//! itself when it leaves its operation for a shared doorbell, which the
+//! harness does not count); and once the queue pair
 //! is detached, every future has resolved and every slot — dropped
 //! futures' too — is back.
 
@@ -96,6 +98,9 @@ impl Pending {
             assert!(woken, "operation {} resolved without a wake-up", self.tag);
         }
         self.waiting = poll.is_pending();
+        // A first poll that leaves its operation for a shared doorbell
+        // wakes its own task: that wake-up is not one the ring owes later.
+        self.flag.0.store(false, Ordering::SeqCst);
         poll
     }
 
