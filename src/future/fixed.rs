@@ -233,18 +233,20 @@ impl<Q: QueuePair> Inner<Q> {
     /// be, polls the device, and looks again; then notes who waits. On a
     /// future's `first` poll with doorbells coalesced, a send-queue
     /// operation still waiting for its doorbell is left for it (up to
-    /// [`DEFERRED_MAX`] waiting): then the second value is true, and the
-    /// future must be polled again for it to go out.
+    /// [`DEFERRED_MAX`] waiting), and the future's task is woken (once the
+    /// lock is released) to poll it again, which posts it.
     fn poll_op(
         &mut self,
         key: u32,
         waker: &Waker,
         first: bool,
-    ) -> (Poll<Result<FixedCompletion, Error>>, bool) {
+    ) -> Poll<Result<FixedCompletion, Error>> {
         let state = &self.ops[key as usize];
-        let unposted = self.unposted
+        let defer = first
+            && self.coalesce
+            && self.unposted
+            && self.unposted_ops < DEFERRED_MAX
             && matches!(state, OpState::Waiting { batch, recv: false, .. } if *batch == self.submits);
-        let defer = first && self.coalesce && unposted && self.unposted_ops < DEFERRED_MAX;
         // Another future's poll may have reaped this one's completion: no
         // device poll then.
         if !defer && !matches!(state, OpState::Done(_)) {
@@ -275,8 +277,10 @@ impl<Q: QueuePair> Inner<Q> {
                 unreachable!("a future's tag is its own until it resolves or drops")
             }
         };
-        let deferred = defer && poll.is_pending();
-        (poll, deferred)
+        if defer && poll.is_pending() {
+            self.wakes.push(waker.clone());
+        }
+        poll
     }
 
     /// A future dropped before it resolved: its slot goes back to the free
@@ -972,7 +976,7 @@ impl<Q: QueuePair> Future for FixedOpFuture<Q> {
         assert!(!this.resolved, "a FixedOpFuture polled after it resolved");
         let key = this.key;
         let first = !std::mem::replace(&mut this.polled, true);
-        let (poll, deferred) = this
+        let poll = this
             .shared
             .with(|inner| inner.poll_op(key, cx.waker(), first));
         match poll {
@@ -981,10 +985,8 @@ impl<Q: QueuePair> Future for FixedOpFuture<Q> {
                 Poll::Ready(output)
             }
             Poll::Pending => {
-                // Busy polling reschedules at once; so does a first poll
-                // that left its operation for a shared doorbell (its second
-                // poll, next round, posts it).
-                if this.shared.wakeup == Wakeup::Busy || deferred {
+                // Busy polling reschedules at once.
+                if this.shared.wakeup == Wakeup::Busy {
                     cx.waker().wake_by_ref();
                 }
                 Poll::Pending
