@@ -28,8 +28,8 @@ use rdma_ring::backend::soft::{Progress, SoftDevice};
 use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
-    FetchAddFixed, FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig,
-    ReadFixed, RecvFixed, SendFixed, WriteFixed,
+    FetchAddFixed, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing,
+    FixedRingConfig, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
 use rdma_ring::future::{AsyncFixedRing, AsyncRing, FixedOpFuture, Wakeup};
 use rdma_ring::op::{FetchAdd, Read, Recv, Send, Write};
@@ -598,27 +598,7 @@ impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
         Ok(self.ring.take_buf().ok_or("the slots are all taken")?)
     }
     fn push(&mut self, args: &Args, buf: FixedBuf, slot: RemoteSlice, size: usize) -> Result<()> {
-        let inline = size <= args.inline_size;
-        let (ring, qp, len) = (&mut *self.ring, self.qp, size as u32);
-        match args.op {
-            Op::Write if inline => ring
-                .push(qp, WriteFixed::new(buf, len, slot).inline())
-                .map_err(text)?,
-            Op::Write => ring
-                .push(qp, WriteFixed::new(buf, len, slot))
-                .map_err(text)?,
-            Op::Read => ring
-                .push(qp, ReadFixed::new(buf, len, slot))
-                .map_err(text)?,
-            Op::Send if inline => ring
-                .push(qp, SendFixed::new(buf, len).inline())
-                .map_err(text)?,
-            Op::Send => ring.push(qp, SendFixed::new(buf, len)).map_err(text)?,
-            Op::Atomic => ring
-                .push(qp, FetchAddFixed::new(buf, slot.word(0)?, 1))
-                .map_err(text)?,
-        }
-        Ok(())
+        push_fixed(args, &mut *self.ring, self.qp, buf, slot, size)
     }
     fn push_recv(&mut self, buf: FixedBuf) -> Result<()> {
         self.ring.push(self.qp, RecvFixed::new(buf)).map_err(text)?;
@@ -756,36 +736,46 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     measure_sizes(args, &mut perf, remote, sync)
 }
 
-/// Pushes the run's operation on `buf` through the awaited fixed-buffer
-/// ring.
-fn push_fixed<Q: QueuePair + std::marker::Send + 'static>(
+/// Either fixed-buffer ring, to push to: the sync one (nothing comes
+/// back) or the awaited one (the operation's future).
+trait PushFixed {
+    type Pushed;
+    fn push_op<O: FixedOp>(self, qp: FixedQp, op: O) -> Result<Self::Pushed>;
+}
+
+impl<Q: QueuePair> PushFixed for &mut FixedRing<Q> {
+    type Pushed = ();
+    fn push_op<O: FixedOp>(self, qp: FixedQp, op: O) -> Result<()> {
+        Ok(self.push(qp, op).map_err(text)?)
+    }
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> PushFixed for &AsyncFixedRing<Q> {
+    type Pushed = FixedOpFuture<Q>;
+    fn push_op<O: FixedOp>(self, qp: FixedQp, op: O) -> Result<FixedOpFuture<Q>> {
+        Ok(self.push(qp, op).map_err(text)?)
+    }
+}
+
+/// Pushes the run's operation on `buf` through either fixed-buffer ring.
+fn push_fixed<P: PushFixed>(
     args: &Args,
-    ring: &AsyncFixedRing<Q>,
+    ring: P,
     qp: FixedQp,
     buf: FixedBuf,
     slot: RemoteSlice,
     size: usize,
-) -> Result<FixedOpFuture<Q>> {
+) -> Result<P::Pushed> {
     let inline = size <= args.inline_size;
     let len = size as u32;
-    Ok(match args.op {
-        Op::Write if inline => ring
-            .push(qp, WriteFixed::new(buf, len, slot).inline())
-            .map_err(text)?,
-        Op::Write => ring
-            .push(qp, WriteFixed::new(buf, len, slot))
-            .map_err(text)?,
-        Op::Read => ring
-            .push(qp, ReadFixed::new(buf, len, slot))
-            .map_err(text)?,
-        Op::Send if inline => ring
-            .push(qp, SendFixed::new(buf, len).inline())
-            .map_err(text)?,
-        Op::Send => ring.push(qp, SendFixed::new(buf, len)).map_err(text)?,
-        Op::Atomic => ring
-            .push(qp, FetchAddFixed::new(buf, slot.word(0)?, 1))
-            .map_err(text)?,
-    })
+    match args.op {
+        Op::Write if inline => ring.push_op(qp, WriteFixed::new(buf, len, slot).inline()),
+        Op::Write => ring.push_op(qp, WriteFixed::new(buf, len, slot)),
+        Op::Read => ring.push_op(qp, ReadFixed::new(buf, len, slot)),
+        Op::Send if inline => ring.push_op(qp, SendFixed::new(buf, len).inline()),
+        Op::Send => ring.push_op(qp, SendFixed::new(buf, len)),
+        Op::Atomic => ring.push_op(qp, FetchAddFixed::new(buf, slot.word(0)?, 1)),
+    }
 }
 
 /// A completion's slot, if it succeeded.
@@ -805,47 +795,37 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
     remote: RemoteSlice,
     size: usize,
 ) -> Result<Row> {
-    let iters = args.iters();
-    let slots = slots(args, remote, size)?;
-    let tasks = args.depth() as u64;
-    let start = Instant::now();
-    let one_task = |task: u64| {
-        let slots = &slots;
-        async move {
-            let mut lat = Vec::new();
-            let mine = iters / tasks + u64::from(task < iters % tasks);
-            let slot = slots[task as usize % slots.len()];
-            let mut buf = ring.take_buf().ok_or("the slots are all taken")?;
-            let ping_pong = args.op == Op::Send && args.mode == Mode::Lat;
-            let mut echo_buf = if ping_pong {
-                Some(ring.take_buf().ok_or("the slots are all taken")?)
-            } else {
-                None
+    run_tasks(args, remote, size, |slot, mine| async move {
+        let mut lat = Vec::new();
+        let mut buf = ring.take_buf().ok_or("the slots are all taken")?;
+        let ping_pong = args.op == Op::Send && args.mode == Mode::Lat;
+        let mut echo_buf = if ping_pong {
+            Some(ring.take_buf().ok_or("the slots are all taken")?)
+        } else {
+            None
+        };
+        for _ in 0..mine {
+            let t = (args.mode == Mode::Lat).then(Instant::now);
+            // The echo's receive goes first.
+            let echo = match echo_buf.take() {
+                Some(b) => Some(ring.push(qp, RecvFixed::new(b)).map_err(text)?),
+                None => None,
             };
-            for _ in 0..mine {
-                let t = (args.mode == Mode::Lat).then(Instant::now);
-                // The echo's receive goes first.
-                let echo = match echo_buf.take() {
-                    Some(b) => Some(ring.push(qp, RecvFixed::new(b)).map_err(text)?),
-                    None => None,
-                };
-                buf = succeeded(push_fixed(args, ring, qp, buf, slot, size)?.await?)?;
-                if let Some(echo) = echo {
-                    echo_buf = Some(succeeded(echo.await?)?);
-                }
-                if let Some(t) = t {
-                    let us = t.elapsed().as_secs_f64() * 1e6;
-                    lat.push(if args.op == Op::Send { us / 2.0 } else { us });
-                }
+            buf = succeeded(push_fixed(args, ring, qp, buf, slot, size)?.await?)?;
+            if let Some(echo) = echo {
+                echo_buf = Some(succeeded(echo.await?)?);
             }
-            ring.put_buf(buf).map_err(text)?;
-            if let Some(b) = echo_buf {
-                ring.put_buf(b).map_err(text)?;
+            if let Some(t) = t {
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
             }
-            Ok(lat)
         }
-    };
-    run_tasks(args, size, start, tasks, one_task)
+        ring.put_buf(buf).map_err(text)?;
+        if let Some(b) = echo_buf {
+            ring.put_buf(b).map_err(text)?;
+        }
+        Ok(lat)
+    })
 }
 
 fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
@@ -855,58 +835,55 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
     remote: RemoteSlice,
     size: usize,
 ) -> Result<Row> {
+    run_tasks(args, remote, size, |slot, mine| async move {
+        let mut lat = Vec::new();
+        for _ in 0..mine {
+            // Timed only for latency: bandwidth runs read no clock per
+            // operation (the sync path reads none either).
+            let t = (args.mode == Mode::Lat).then(Instant::now);
+            let buf = pool.take()?;
+            let result = match args.op {
+                Op::Write => ring.write(buf.slice(..size), slot).await.0,
+                Op::Read => ring.read(buf.slice(..size), slot).await.0,
+                Op::Send if args.mode == Mode::Lat => {
+                    // The echo's receive goes first.
+                    let echo = ring.recv(pool.take()?);
+                    let sent = ring.send(buf.slice(..size)).await.0;
+                    echo.await.0.map(|r| r.len).and(sent)
+                }
+                Op::Send => ring.send(buf.slice(..size)).await.0,
+                Op::Atomic => {
+                    let word = buf.word(0).map_err(|r| r.to_string())?;
+                    ring.fetch_add(word, slot.word(0)?, 1).await.0
+                }
+            };
+            result?;
+            if let Some(t) = t {
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+            }
+        }
+        Ok(lat)
+    })
+}
+
+/// Runs `--tx-depth` tasks (one at a time for latency) on one executor
+/// thread, each `one_task(slot, operations)` returning its latencies, with
+/// the run's operations shared out, and makes the size's row.
+fn run_tasks<F: std::future::Future<Output = Result<Vec<f64>>>>(
+    args: &Args,
+    remote: RemoteSlice,
+    size: usize,
+    one_task: impl Fn(RemoteSlice, u64) -> F,
+) -> Result<Row> {
     let iters = args.iters();
     let slots = slots(args, remote, size)?;
     let tasks = args.depth() as u64;
     let start = Instant::now();
-    let one_task = |task: u64| {
-        let slots = &slots;
-        async move {
-            let mut lat = Vec::new();
-            let mine = iters / tasks + u64::from(task < iters % tasks);
-            let slot = slots[task as usize % slots.len()];
-            for _ in 0..mine {
-                // Timed only for latency: bandwidth runs read no clock per
-                // operation (the sync path reads none either).
-                let t = (args.mode == Mode::Lat).then(Instant::now);
-                let buf = pool.take()?;
-                let result = match args.op {
-                    Op::Write => ring.write(buf.slice(..size), slot).await.0,
-                    Op::Read => ring.read(buf.slice(..size), slot).await.0,
-                    Op::Send if args.mode == Mode::Lat => {
-                        // The echo's receive goes first.
-                        let echo = ring.recv(pool.take()?);
-                        let sent = ring.send(buf.slice(..size)).await.0;
-                        echo.await.0.map(|r| r.len).and(sent)
-                    }
-                    Op::Send => ring.send(buf.slice(..size)).await.0,
-                    Op::Atomic => {
-                        let word = buf.word(0).map_err(|r| r.to_string())?;
-                        ring.fetch_add(word, slot.word(0)?, 1).await.0
-                    }
-                };
-                result?;
-                if let Some(t) = t {
-                    let us = t.elapsed().as_secs_f64() * 1e6;
-                    lat.push(if args.op == Op::Send { us / 2.0 } else { us });
-                }
-            }
-            Ok(lat)
-        }
-    };
-    run_tasks(args, size, start, tasks, one_task)
-}
-
-/// Runs `tasks` tasks of `one_task` (each returning its latencies) on
-/// one executor thread, and makes the size's row, timed from `start`.
-fn run_tasks<F: std::future::Future<Output = Result<Vec<f64>>>>(
-    args: &Args,
-    size: usize,
-    start: Instant,
-    tasks: u64,
-    one_task: impl FnMut(u64) -> F,
-) -> Result<Row> {
-    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(one_task)));
+    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(|task| {
+        let mine = iters / tasks + u64::from(task < iters % tasks);
+        one_task(slots[task as usize % slots.len()], mine)
+    })));
     let secs = start.elapsed().as_secs_f64();
     let mut lat = Vec::new();
     for task in all {
