@@ -133,8 +133,6 @@ struct Inner<Q: QueuePair> {
     ring: Option<FixedRing<Q>>,
     ops: Vec<OpState>,
     free: Vec<u32>,
-    /// Pushed since the last submit.
-    unposted: bool,
     /// Operations pushed since the last submit.
     unposted_ops: usize,
     /// Submits so far: an operation pushed before submit `batch` went out
@@ -172,7 +170,6 @@ impl<Q: QueuePair> Inner<Q> {
                     batch: self.submits,
                     recv,
                 };
-                self.unposted = true;
                 self.unposted_ops += 1;
                 Ok(key)
             }
@@ -190,7 +187,6 @@ impl<Q: QueuePair> Inner<Q> {
         if let Some(why) = self.ended {
             return Err(why.error());
         }
-        self.unposted = false;
         self.unposted_ops = 0;
         self.submits += 1;
         // What the device refuses comes back flushed from the next reap.
@@ -224,7 +220,7 @@ impl<Q: QueuePair> Inner<Q> {
 
     /// Posts what was pushed, unless nothing can complete any more.
     fn submit_pushed(&mut self) {
-        if self.unposted && self.ended.is_none() {
+        if self.unposted_ops > 0 && self.ended.is_none() {
             let _ = self.submit();
         }
     }
@@ -244,7 +240,6 @@ impl<Q: QueuePair> Inner<Q> {
         let state = &self.ops[key as usize];
         let defer = first
             && self.coalesce
-            && self.unposted
             && self.unposted_ops < DEFERRED_MAX
             && matches!(state, OpState::Waiting { batch, recv: false, .. } if *batch == self.submits);
         // Another future's poll may have reaped this one's completion: no
@@ -496,7 +491,6 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 ring: Some(ring),
                 ops: Vec::new(),
                 free: Vec::new(),
-                unposted: false,
                 unposted_ops: 0,
                 submits: 0,
                 coalesce: false,
