@@ -273,3 +273,30 @@ impl FixedCompletion {
 }
 
 const _: () = assert!(std::mem::size_of::<FixedCompletion>() <= 56);
+
+/// Where the ring hands reaped completions: a list, or an adapter that
+/// gives each to its owner at once (no list to fill and drain again).
+pub(crate) trait CompletionSink {
+    /// Takes one completion.
+    fn put(&mut self, completion: FixedCompletion);
+
+    /// Takes a run of them (a signaled send and the unsignaled before it).
+    #[inline]
+    fn put_all(&mut self, completions: impl Iterator<Item = FixedCompletion>) {
+        for completion in completions {
+            self.put(completion);
+        }
+    }
+}
+
+impl CompletionSink for Vec<FixedCompletion> {
+    #[inline(always)]
+    fn put(&mut self, completion: FixedCompletion) {
+        self.push(completion);
+    }
+
+    #[inline(always)]
+    fn put_all(&mut self, completions: impl Iterator<Item = FixedCompletion>) {
+        self.extend(completions);
+    }
+}

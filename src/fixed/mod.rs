@@ -80,6 +80,7 @@ mod queue;
 mod ring;
 
 pub use bufs::{FixedBuf, FixedBufs};
+pub(crate) use completion::CompletionSink;
 pub use completion::FixedCompletion;
 pub use op::{
     CompareSwapFixed, FetchAddFixed, FixedOp, FixedWork, ReadFixed, RecvFixed, SendFixed,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::queue::{
     parse_wr_id, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_QPS, NO_SLOT,
 };
-use super::{FixedBuf, FixedBufs, FixedCompletion, FixedOp};
+use super::{CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp};
 use crate::backend::{
     CompletionQueue as DeviceCq, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr,
     SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
@@ -358,9 +358,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// short of a full batch (or the queue's depth is polled): nothing a
     /// completion channel has already signaled is left behind for an
     /// event that will not come.
-    pub(crate) fn reap_all(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
-        let before = out.len();
-        out.append(&mut self.ready);
+    pub(crate) fn reap_all(&mut self, out: &mut impl CompletionSink) -> Result<(), Error> {
+        if !self.ready.is_empty() {
+            out.put_all(self.ready.drain(..));
+        }
         // The queue holds `cq_entries` at most: that many polls empty it,
         // whatever arrives meanwhile (which raises an event of its own).
         for _ in 0..=self.cq_entries / POLL_BATCH {
@@ -368,7 +369,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 break;
             }
         }
-        Ok(out.len() - before)
+        Ok(())
     }
 
     /// Why the ring takes no more work, if its completion queue failed.
@@ -719,7 +720,7 @@ impl<Q: QueuePair> FixedRing<Q> {
 
     /// Polls the device once into `out`; returns how many entries the
     /// poll took.
-    fn reap_device(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
+    fn reap_device(&mut self, out: &mut impl CompletionSink) -> Result<usize, Error> {
         let n = self.cq.poll(&mut self.cqes[..]).inspect_err(|_| {
             self.failed = Some("its completion queue failed");
         })?;
@@ -1038,7 +1039,7 @@ fn complete<Q>(
     table: u64,
     cq_free: &mut usize,
     unknown: &mut u64,
-    out: &mut Vec<FixedCompletion>,
+    out: &mut impl CompletionSink,
 ) {
     let (index, recv, bits) = parse_wr_id(cqe.wr_id);
     let Some(Some(slot)) = qps.get_mut(index) else {
@@ -1074,7 +1075,7 @@ fn complete<Q>(
             slot.recvs_taken_ahead -= 1;
         }
         *cq_free += 1;
-        out.push(FixedCompletion {
+        out.put(FixedCompletion {
             user_data: entry.user_data,
             buf: FixedBuf::from_raw(table, entry.index),
             qp,
@@ -1104,7 +1105,7 @@ fn complete<Q>(
     let head = slot.sends.head;
     let sends = &slot.sends;
     if head < seq {
-        out.extend(
+        out.put_all(
             (head..seq).map(|at| send_completion(sends.get(at), qp, table, WcStatus::Success)),
         );
     }
@@ -1115,7 +1116,7 @@ fn complete<Q>(
         slot.marker_posted = false;
     } else {
         *cq_free += 1;
-        out.push(send_completion(entry, qp, table, cqe.status));
+        out.put(send_completion(entry, qp, table, cqe.status));
     }
 }
 

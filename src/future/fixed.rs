@@ -12,7 +12,9 @@ use super::driver::{notifier_loop, NotifierThread};
 use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
 use crate::backend::{CompletionEvents, CompletionQueue, QueuePair};
 use crate::error::{Error, Rejected};
-use crate::fixed::{FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing};
+use crate::fixed::{
+    CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing,
+};
 
 /// A [`FixedRing`] shared between tasks: every operation pushed through
 /// it is a [`FixedOpFuture`] that resolves to the operation's
@@ -142,7 +144,9 @@ struct Inner<Q: QueuePair> {
     /// doorbell (see [`AsyncFixedRing::coalesce_doorbells`]).
     coalesce: bool,
     ended: Option<Ended>,
-    reaped: Vec<FixedCompletion>,
+    /// Slots of completions whose futures are gone, for the ring once a
+    /// reap is over.
+    unowned: Vec<FixedBuf>,
     /// Wakers to wake once the lock is released.
     wakes: Vec<Waker>,
     /// Wakers replaced or let go, dropped once the lock is released (a
@@ -199,23 +203,24 @@ impl<Q: QueuePair> Inner<Q> {
         let Some(ring) = self.ring.as_mut() else {
             return Ok(0);
         };
-        let result = ring.reap_all(&mut self.reaped);
-        let n = self.reaped.len();
-        for completion in self.reaped.drain(..) {
-            settle(
-                &mut self.ops,
-                &mut self.free,
-                &mut self.wakes,
-                ring,
-                completion,
-            );
+        let mut settle = Settle {
+            ops: &mut self.ops,
+            free: &mut self.free,
+            wakes: &mut self.wakes,
+            unowned: &mut self.unowned,
+            settled: 0,
+        };
+        let result = ring.reap_all(&mut settle);
+        let n = settle.settled;
+        for buf in self.unowned.drain(..) {
+            let _ = ring.put_buf(buf);
         }
         // However the failure was met (this poll, or a detach's drain),
         // nothing more will complete.
         if let Some(why) = ring.failure() {
             self.end(Ended::Failed(why));
         }
-        result.map(|_| n)
+        result.map(|()| n)
     }
 
     /// Posts what was pushed, unless nothing can complete any more.
@@ -329,15 +334,18 @@ impl<Q: QueuePair> Inner<Q> {
     /// rather than freed under the NIC.
     fn close(&mut self) -> Option<FixedRing<Q>> {
         let mut ring = self.ring.take()?;
-        ring.shutdown_into(&mut self.reaped);
-        for completion in self.reaped.drain(..) {
-            settle(
-                &mut self.ops,
-                &mut self.free,
-                &mut self.wakes,
-                &mut ring,
-                completion,
-            );
+        let mut reaped = Vec::new();
+        ring.shutdown_into(&mut reaped);
+        let mut settle = Settle {
+            ops: &mut self.ops,
+            free: &mut self.free,
+            wakes: &mut self.wakes,
+            unowned: &mut self.unowned,
+            settled: 0,
+        };
+        settle.put_all(reaped.into_iter());
+        for buf in self.unowned.drain(..) {
+            let _ = ring.put_buf(buf);
         }
         let why = ring.failure().map_or(Ended::Closed, Ended::Failed);
         // The ring is out of `self`: dropped futures' tags are free too.
@@ -346,38 +354,45 @@ impl<Q: QueuePair> Inner<Q> {
     }
 }
 
-/// Hands a completion to its future, or its slot back to the ring if the
-/// future is gone.
-fn settle<Q: QueuePair>(
-    ops: &mut [OpState],
-    free: &mut Vec<u32>,
-    wakes: &mut Vec<Waker>,
-    ring: &mut FixedRing<Q>,
-    mut completion: FixedCompletion,
-) {
-    let key = completion.user_data() as usize;
-    match ops.get_mut(key) {
-        Some(state @ OpState::Waiting { .. }) => {
-            let OpState::Waiting {
-                waker, user_data, ..
-            } = std::mem::replace(state, OpState::Free)
-            else {
-                unreachable!("matched above");
-            };
-            completion.set_user_data(user_data);
-            *state = OpState::Done(completion);
-            wakes.extend(waker);
-        }
-        Some(state @ OpState::Orphaned) => {
-            *state = OpState::Free;
-            free.push(key as u32);
-            let _ = ring.put_buf(completion.into_buf());
-        }
-        // An operation whose future already resolved with the ring's
-        // failure (no push succeeds after it, so the tag was not reused):
-        // its slot goes back.
-        _ => {
-            let _ = ring.put_buf(completion.into_buf());
+/// Hands each completion to its future as the ring reaps it, or, if the
+/// future is gone, its slot to `unowned`, for the ring once it is no
+/// longer reaping.
+struct Settle<'a> {
+    ops: &'a mut [OpState],
+    free: &'a mut Vec<u32>,
+    wakes: &'a mut Vec<Waker>,
+    unowned: &'a mut Vec<FixedBuf>,
+    settled: usize,
+}
+
+impl CompletionSink for Settle<'_> {
+    #[inline(always)]
+    fn put(&mut self, mut completion: FixedCompletion) {
+        self.settled += 1;
+        let key = completion.user_data() as usize;
+        match self.ops.get_mut(key) {
+            Some(state @ OpState::Waiting { .. }) => {
+                let OpState::Waiting {
+                    waker, user_data, ..
+                } = std::mem::replace(state, OpState::Free)
+                else {
+                    unreachable!("matched above");
+                };
+                completion.set_user_data(user_data);
+                *state = OpState::Done(completion);
+                if let Some(waker) = waker {
+                    self.wakes.push(waker);
+                }
+            }
+            Some(state @ OpState::Orphaned) => {
+                *state = OpState::Free;
+                self.free.push(key as u32);
+                self.unowned.push(completion.into_buf());
+            }
+            // An operation whose future already resolved with the ring's
+            // failure (no push succeeds after it, so the tag was not
+            // reused): its slot goes back.
+            _ => self.unowned.push(completion.into_buf()),
         }
     }
 }
@@ -390,12 +405,20 @@ impl<Q: QueuePair> FixedShared<Q> {
 
     /// Runs `f` on the locked state, then wakes what it woke with the lock
     /// released.
+    #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut Inner<Q>) -> R) -> R {
         let mut inner = self.lock();
         let result = f(&mut inner);
-        if inner.wakes.is_empty() && inner.dropped.is_empty() {
-            return result;
+        if !inner.wakes.is_empty() || !inner.dropped.is_empty() {
+            Self::release_and_wake(inner);
         }
+        result
+    }
+
+    /// Releases the lock, then wakes the wakers `inner` collected and
+    /// drops those it let go.
+    #[inline(never)]
+    fn release_and_wake(mut inner: MutexGuard<'_, Inner<Q>>) {
         let dropped = std::mem::take(&mut inner.dropped);
         // The list changes places with the thread's spare one, so the
         // steady state allocates nothing.
@@ -407,7 +430,6 @@ impl<Q: QueuePair> FixedShared<Q> {
         }
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
         drop(dropped);
-        result
     }
 
     /// Takes the channel's events and re-arms it before polling, so a
@@ -495,7 +517,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 submits: 0,
                 coalesce: false,
                 ended: None,
-                reaped: Vec::new(),
+                unowned: Vec::new(),
                 wakes: Vec::new(),
                 dropped: Vec::new(),
             }),
@@ -607,7 +629,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// ring.put_buf(op.into_buf()).unwrap();
     /// ```
     pub fn push<O: FixedOp>(&self, qp: FixedQp, op: O) -> Result<FixedOpFuture<Q>, Rejected<O>> {
-        let key = self.shared.with(|inner| inner.push(qp, op))?;
+        // A push wakes nothing and lets no waker go: no `with`.
+        let key = self.shared.lock().push(qp, op)?;
         Ok(FixedOpFuture {
             shared: Arc::clone(&self.shared),
             key,
