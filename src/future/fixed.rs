@@ -185,7 +185,11 @@ impl<Q: QueuePair> Inner<Q> {
     }
 
     fn submit(&mut self) -> Result<usize, Error> {
-        let ring = self.ring.as_mut().ok_or(Error::Closed)?;
+        // Not `ok_or`: its error, built eagerly, would be dropped on every
+        // submit.
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(Error::Closed);
+        };
         // Work pushed before a failure stays unposted: its futures have
         // resolved with the failure, and it comes back flushed at close.
         if let Some(why) = self.ended {
@@ -212,8 +216,10 @@ impl<Q: QueuePair> Inner<Q> {
         };
         let result = ring.reap_all(&mut settle);
         let n = settle.settled;
-        for buf in self.unowned.drain(..) {
-            let _ = ring.put_buf(buf);
+        if !self.unowned.is_empty() {
+            for buf in self.unowned.drain(..) {
+                let _ = ring.put_buf(buf);
+            }
         }
         // However the failure was met (this poll, or a detach's drain),
         // nothing more will complete.
