@@ -56,18 +56,20 @@ fn adversarial_scenarios_cover_every_misbehaviour() {
 }
 
 /// The same for the fixed ring: its scenarios post in part, overclaim,
-/// forge, fail operations, and hand slots back that are then checked.
+/// forge, fail operations and queue pairs, and hand slots back that are
+/// then checked.
 #[test]
 fn fixed_ring_scenarios_cover_every_misbehaviour() {
     use proptest::strategy::ValueTree;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = proptest::collection::vec(any::<u8>(), 100..400);
     let (mut partial, mut overclaims, mut forged, mut failed) = (0, 0, 0, 0);
-    let (mut reattached, mut reattached_late) = (0, 0);
+    let (mut reattached, mut reattached_late, mut fatal) = (0, 0, 0);
     let (mut returned, mut buried) = (0, 0);
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = FixedAdversary::run(&decode(&bytes));
+        fatal += a.fatal;
         partial += a.device.partial_posts;
         overclaims += a.device.overclaims;
         forged += a.device.forged;
@@ -79,9 +81,10 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     }
     println!(
         "partial posts {partial} overclaims {overclaims} forged {forged} failed {failed} \
-         re-attached {reattached} ops back {returned} slots checked {buried}"
+         re-attached {reattached} queue pairs failed {fatal} ops back {returned} \
+         slots checked {buried}"
     );
-    assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0);
+    assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0 && fatal > 0);
     assert!(reattached > reattached_late, "no detach drained in time");
     assert!(returned > 1000 && buried >= returned);
 }

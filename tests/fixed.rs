@@ -443,3 +443,189 @@ fn a_failed_completion_queue_fails_the_ring_and_waits_end_at_once() {
     let e = refused!(ring, conn, RecvFixed::new(slot));
     assert!(matches!(e, Error::RingFailed(_)), "{e}");
 }
+
+/// Two queue pairs on one ring, the device progressing by hand, its event
+/// channel open: (ring, handles, controls, event channel, target, device).
+#[allow(clippy::type_complexity)]
+fn two_on_one_ring() -> (
+    FixedRing<SoftQp>,
+    [FixedQp; 2],
+    [QpControl; 2],
+    rdma_ring::backend::soft::SoftAsyncEvents,
+    ExposedBuf<Vec<u8>>,
+    Vec<SoftQp>,
+    SoftDevice,
+) {
+    let dev = SoftDevice::new();
+    dev.set_progress(rdma_ring::backend::soft::Progress::Manual);
+    let events = dev.async_events().unwrap();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(64).unwrap(),
+        FixedBufs::new(&pd, 8, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let mut peers = Vec::new();
+    let mut handles = Vec::new();
+    let mut controls = Vec::new();
+    for _ in 0..2 {
+        let qp = dev
+            .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        controls.push(qp.control());
+        handles.push(ring.attach(qp).unwrap_or_else(|_| panic!("attach")));
+        peers.push(peer);
+    }
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    (
+        ring,
+        [handles[0], handles[1]],
+        [controls[0].clone(), controls[1].clone()],
+        events,
+        target,
+        peers,
+        dev,
+    )
+}
+
+#[test]
+fn a_fatal_event_fails_its_queue_pair_alone_and_everything_it_held_comes_back() {
+    use rdma_ring::backend::{AsyncEvent, AsyncEventSource, CompletionQueue};
+    let (mut ring, [a, b], [control_a, _], events, target, _peers, dev) = two_on_one_ring();
+    let write = |ring: &mut FixedRing<SoftQp>, qp, user_data| {
+        let slot = ring.take_buf().unwrap();
+        ring.push(
+            qp,
+            WriteFixed::new(slot, 64, target.remote()).user_data(user_data),
+        )
+        .unwrap();
+    };
+    write(&mut ring, a, 1);
+    write(&mut ring, b, 2);
+    ring.submit().unwrap(); // both in flight: the device waits to be stepped
+    write(&mut ring, a, 3); // pushed, never posted
+    control_a.inject_fatal();
+    let event = events.next_event().unwrap().expect("the device raised it");
+    assert!(matches!(event, AsyncEvent::QpFatal { .. }), "{event:?}");
+    assert!(ring.apply_event(event));
+    assert_eq!(ring.qp_error(a).unwrap(), Some(WcStatus::FatalErr));
+    assert_eq!(ring.qp_error(b).unwrap(), None);
+    let slot = ring.take_buf().unwrap();
+    let refused = refused!(ring, a, WriteFixed::new(slot, 64, target.remote()));
+    assert!(
+        matches!(refused, Error::QpInError(WcStatus::FatalErr)),
+        "{refused:?}"
+    );
+    // Events about queues the ring does not hold change nothing.
+    let foreign = dev.create_cq(4).unwrap();
+    for other in [
+        AsyncEvent::QpFatal { qp_num: 9_999 },
+        AsyncEvent::CqError { cq: foreign.id() },
+        AsyncEvent::PortError { port: 1 },
+    ] {
+        assert!(!ring.apply_event(other), "{other:?}");
+    }
+    dev.progress();
+    let mut back = ring.wait(3).unwrap();
+    back.sort_by_key(|c| c.user_data());
+    let seen: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(
+        seen,
+        [
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::Success),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    // The other queue pair goes on.
+    for c in back {
+        ring.put_buf(c.into_buf()).unwrap();
+    }
+    write(&mut ring, b, 4);
+    ring.submit().unwrap();
+    dev.progress();
+    let done = ring.wait(1).unwrap().pop().unwrap();
+    assert_eq!((done.user_data(), done.status()), (4, WcStatus::Success));
+    ring.put_buf(done.into_buf()).unwrap();
+    assert_eq!(ring.bufs().free(), 8, "every slot is back");
+}
+
+#[test]
+fn a_device_fatal_event_fails_the_ring_at_once() {
+    use rdma_ring::backend::{AsyncEvent, AsyncEventSource};
+    let (mut ring, [a, b], _, events, target, _peers, dev) = two_on_one_ring();
+    let slot = ring.take_buf().unwrap();
+    ring.push(a, WriteFixed::new(slot, 64, target.remote()))
+        .unwrap();
+    ring.submit().unwrap();
+    dev.inject_device_fatal();
+    let fatal = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| *e == AsyncEvent::DeviceFatal)
+        .expect("the device raised it");
+    assert!(ring.apply_event(fatal));
+    for qp in [a, b] {
+        assert_eq!(ring.qp_error(qp).unwrap(), Some(WcStatus::FatalErr));
+    }
+    let slot = ring.take_buf().unwrap();
+    let refused = refused!(ring, b, WriteFixed::new(slot, 64, target.remote()));
+    assert!(matches!(refused, Error::RingFailed(_)), "{refused:?}");
+    // No wait for what a failed device may never give back.
+    let started = std::time::Instant::now();
+    assert!(matches!(ring.wait(1), Err(Error::RingFailed(_))));
+    assert!(started.elapsed() < FixedRingConfig::default().wait_timeout);
+}
+
+#[test]
+fn a_completion_queue_error_event_fails_the_ring() {
+    use rdma_ring::backend::{AsyncEvent, CompletionQueue};
+    let (mut ring, [a, _], _, _events, target, _peers, _dev) = two_on_one_ring();
+    let cq = ring.cq().id();
+    assert!(ring.apply_event(AsyncEvent::CqError { cq }));
+    let slot = ring.take_buf().unwrap();
+    let refused = refused!(ring, a, WriteFixed::new(slot, 64, target.remote()));
+    assert!(matches!(refused, Error::RingFailed(_)), "{refused:?}");
+}
+
+#[test]
+fn a_failed_queue_pair_flushes_what_it_held_and_takes_no_more() {
+    let (mut ring, [a, b], [control_a, _], _events, target, _peers, dev) = two_on_one_ring();
+    let slot = ring.take_buf().unwrap();
+    ring.push(a, WriteFixed::new(slot, 64, target.remote()).user_data(1))
+        .unwrap();
+    ring.submit().unwrap();
+    let slot = ring.take_buf().unwrap();
+    ring.push(a, RecvFixed::new(slot).user_data(2)).unwrap();
+    let posted = control_a.counters().send_wrs;
+    ring.fail_qp(a).unwrap();
+    assert_eq!(ring.qp_error(a).unwrap(), Some(WcStatus::WrFlushErr));
+    dev.progress();
+    let mut back = ring.wait(2).unwrap();
+    back.sort_by_key(|c| c.user_data());
+    let seen: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(seen, [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(
+        control_a.counters().recv_wrs,
+        0,
+        "the receive pushed before the failure was never posted"
+    );
+    for c in back {
+        ring.put_buf(c.into_buf()).unwrap();
+    }
+    let slot = ring.take_buf().unwrap();
+    let refused = refused!(ring, a, WriteFixed::new(slot, 64, target.remote()));
+    assert!(
+        matches!(refused, Error::QpInError(WcStatus::WrFlushErr)),
+        "{refused:?}"
+    );
+    assert_eq!(ring.submit().unwrap(), 0);
+    assert!(
+        control_a.counters().send_wrs <= posted + 1,
+        "at most a drain marker"
+    );
+    let qp = ring.detach(a).unwrap();
+    drop(qp);
+    assert!(matches!(ring.fail_qp(a), Err(Error::NotAttached(_))));
+    assert_eq!(ring.qp_error(b).unwrap(), None);
+}

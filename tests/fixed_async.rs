@@ -669,3 +669,92 @@ proptest::proptest! {
         interleavings::run(&bytes);
     }
 }
+
+#[test]
+fn a_device_fatal_event_ends_pending_futures_and_hands_back_unposted_work() {
+    use rdma_ring::backend::{AsyncEvent, AsyncEventSource};
+    let p = pair(Wakeup::Busy);
+    p._dev
+        .set_progress(rdma_ring::backend::soft::Progress::Manual);
+    let events = p._dev.async_events().unwrap();
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let write = |user_data| {
+        let slot = p.a.take_buf().unwrap();
+        p.a.push(
+            p.ha,
+            WriteFixed::new(slot, 64, target.remote()).user_data(user_data),
+        )
+        .unwrap()
+    };
+    let posted = write(1);
+    p.a.submit().unwrap(); // in flight: the device waits to be stepped
+    let unposted = write(2);
+    p._dev.inject_device_fatal();
+    let fatal = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| *e == AsyncEvent::DeviceFatal)
+        .expect("the device raised it");
+    assert!(p.a.apply_event(fatal));
+    let posted = resolve_within(Duration::from_secs(10), posted);
+    assert!(matches!(posted, Err(Error::RingFailed(_))), "{posted:?}");
+    let unposted = resolve_within(Duration::from_secs(10), unposted).unwrap();
+    assert_eq!(
+        (unposted.user_data(), unposted.status()),
+        (2, WcStatus::WrFlushErr)
+    );
+    let slot = p.a.take_buf().unwrap();
+    let refused = p.a.push(p.ha, WriteFixed::new(slot, 64, target.remote()));
+    let (error, _) = refused.unwrap_err().into_parts();
+    assert!(matches!(error, Error::RingFailed(_)), "{error:?}");
+    assert!(!p.b.apply_event(AsyncEvent::PortError { port: 1 }));
+}
+
+#[test]
+fn a_queue_pair_failed_by_an_event_wakes_its_waiting_futures() {
+    use rdma_ring::backend::AsyncEvent;
+    let dev = SoftDevice::new();
+    dev.set_progress(rdma_ring::backend::soft::Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let qp_num = qp.qpn();
+    let bufs = FixedBufs::new(&pd, 4, 64).unwrap();
+    let ring = FixedRing::new(qp.take_cq().unwrap(), bufs, FixedRingConfig::default());
+    let ring = AsyncFixedRing::new(ring, Wakeup::Thread).unwrap();
+    let conn = ring.attach(qp).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let slot = ring.take_buf().unwrap();
+    let write = ring
+        .push(
+            conn,
+            WriteFixed::new(slot, 64, target.remote()).user_data(7),
+        )
+        .unwrap();
+    ring.submit().unwrap(); // in flight: the device waits to be stepped
+                            // Awaited on a thread of its own: only a wake-up resolves it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(write));
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "nothing ran it"
+    );
+    // As a device that reports the queue pair's failure before flushing it
+    // would: the ring moves it to error, so the device flushes its work.
+    assert!(ring.apply_event(AsyncEvent::QpAccessError { qp_num }));
+    let done = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiting future was woken")
+        .unwrap();
+    waiter.join().unwrap();
+    assert_eq!((done.user_data(), done.status()), (7, WcStatus::WrFlushErr));
+    ring.put_buf(done.into_buf()).unwrap();
+    let slot = ring.take_buf().unwrap();
+    let (error, _) = ring
+        .push(conn, WriteFixed::new(slot, 64, target.remote()))
+        .unwrap_err()
+        .into_parts();
+    assert!(
+        matches!(error, Error::QpInError(WcStatus::FatalErr)),
+        "{error:?}"
+    );
+}

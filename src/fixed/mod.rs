@@ -31,7 +31,11 @@
 //!   per queue pair are kept for the drain marker.
 //! * **Errors**: after a failed completion or post the queue pair takes no
 //!   more work ([`Error::QpInError`](crate::Error::QpInError)) and its work
-//!   comes back flushed; the others run on.
+//!   comes back flushed; the others run on. The device's asynchronous
+//!   events, read by the caller from its one event channel, are applied
+//!   with [`FixedRing::apply_event`] (a queue pair's fatal error fails it,
+//!   a failed completion queue or device fails the ring), and
+//!   [`FixedRing::fail_qp`] fails a queue pair on request.
 //! * **Teardown**: [`FixedRing::detach`] and dropping the ring move busy
 //!   queue pairs to error and drain them before letting go. A detach the
 //!   device does not flush in time fails with a timeout and keeps the queue
@@ -42,8 +46,8 @@
 //! [`AsyncFixedRing`](crate::future::AsyncFixedRing).
 //!
 //! What it does not do: buffers other than its slots (a slot is one
-//! scatter/gather element), shared receive queues, asynchronous events.
-//! For those, use [`Ring`](crate::ring::Ring).
+//! scatter/gather element), shared receive queues, reading the device's
+//! event channel itself. For those, use [`Ring`](crate::ring::Ring).
 //!
 //! ```
 //! use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -75,6 +79,7 @@
 
 mod bufs;
 mod completion;
+mod events;
 mod op;
 mod queue;
 mod ring;

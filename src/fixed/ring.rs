@@ -123,23 +123,23 @@ impl FixedQp {
 pub struct FixedRing<Q: QueuePair> {
     // Dropped in this order: queue pairs before their completion queue,
     // both before the memory they reach.
-    qps: Vec<Option<AttachedQp<Q>>>,
+    pub(super) qps: Vec<Option<AttachedQp<Q>>>,
     cq: Q::Cq,
-    bufs: FixedBufs,
-    cq_id: CqId,
+    pub(super) bufs: FixedBufs,
+    pub(super) cq_id: CqId,
     cq_entries: usize,
     /// Completion queue entries that no pushed or outstanding work, and no
     /// queue pair's drain marker, may need.
-    cq_free: usize,
+    pub(super) cq_free: usize,
     /// Queue pairs with pushed work, to post at the next submit.
     dirty: Vec<u32>,
     cqes: Box<[RawCompletion; POLL_BATCH]>,
     /// Completions made outside a poll (work never posted, drains), handed
     /// out first by the next reap.
-    ready: Vec<FixedCompletion>,
+    pub(super) ready: Vec<FixedCompletion>,
     config: FixedRingConfig,
     unknown: u64,
-    failed: Option<&'static str>,
+    pub(super) failed: Option<&'static str>,
     /// Per queue pair slot, the send and receive sequence numbers its next
     /// queue pair starts from.
     resume: Vec<(u64, u64)>,
@@ -148,7 +148,7 @@ pub struct FixedRing<Q: QueuePair> {
 }
 
 #[inline(always)]
-fn attached_mut<Q>(
+pub(super) fn attached_mut<Q>(
     qps: &mut [Option<AttachedQp<Q>>],
     handle: FixedQp,
 ) -> Result<&mut AttachedQp<Q>, Error> {
@@ -941,7 +941,7 @@ fn post<Q: QueuePair>(
 
 /// Hands back the queue pair's pushed, unposted work as flushed
 /// completions.
-fn flush_unposted<Q>(
+pub(super) fn flush_unposted<Q>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,
     table: u64,
@@ -994,7 +994,11 @@ fn flushed(qp: FixedQp, table: u64, index: u32, user_data: u64, kind: OpKind) ->
 /// Moves the queue pair to error, so the device flushes its outstanding
 /// work; if its last posted send asked for no completion, posts a
 /// signaled marker behind it, whose flushed completion releases it.
-fn enter_error<Q: QueuePair>(slot: &mut AttachedQp<Q>, handle: FixedQp, status: WcStatus) {
+pub(super) fn enter_error<Q: QueuePair>(
+    slot: &mut AttachedQp<Q>,
+    handle: FixedQp,
+    status: WcStatus,
+) {
     slot.error.get_or_insert(status);
     // A queue pair the device cannot move to error would run a marker for
     // real: none is posted, and the drain times out on what is not

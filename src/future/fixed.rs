@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::driver::{notifier_loop, NotifierThread};
 use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
-use crate::backend::{CompletionEvents, CompletionQueue, QueuePair};
+use crate::backend::{AsyncEvent, CompletionEvents, CompletionQueue, QueuePair};
 use crate::error::{Error, Rejected};
 use crate::fixed::{
     CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing,
@@ -599,6 +599,71 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
             // ends them all.
             let _ = inner.reap();
             detached
+        })
+    }
+
+    /// Applies one of the device's asynchronous events as
+    /// [`FixedRing::apply_event`] does, and returns whether it concerned
+    /// the ring. What it brings back (work of a queue pair now in error
+    /// that was never posted) goes to its futures at once; after a failure
+    /// of the completion queue or the device, every pending future
+    /// resolves with [`Error::RingFailed`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, AsyncEventSource, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let events = dev.async_events().unwrap();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let write = ring.push(conn, WriteFixed::new(ring.take_buf().unwrap(), 64, target.remote())).unwrap();
+    /// ring.submit().unwrap();
+    /// dev.inject_device_fatal();
+    /// assert!(ring.apply_event(events.next_event().unwrap().unwrap()));
+    /// assert!(matches!(futures::executor::block_on(write), Err(rdma_ring::Error::RingFailed(_))));
+    /// ```
+    pub fn apply_event(&self, event: AsyncEvent) -> bool {
+        self.shared.with(|inner| {
+            let Some(ring) = inner.ring.as_mut() else {
+                return false;
+            };
+            let concerned = ring.apply_event(event);
+            if concerned {
+                let _ = inner.reap();
+            }
+            concerned
+        })
+    }
+
+    /// Moves queue pair `qp` to error, as [`FixedRing::fail_qp`] does; what
+    /// it brings back goes to its futures (flushed).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let recv = ring.push(conn, RecvFixed::new(ring.take_buf().unwrap())).unwrap();
+    /// ring.fail_qp(conn).unwrap();
+    /// assert_eq!(futures::executor::block_on(recv).unwrap().status(), WcStatus::WrFlushErr);
+    /// ```
+    pub fn fail_qp(&self, qp: FixedQp) -> Result<(), Error> {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
+            ring.fail_qp(qp)?;
+            let _ = inner.reap();
+            Ok(())
         })
     }
 

@@ -25,6 +25,9 @@ pub enum RingStep {
     Submit,
     Poll,
     Reattach(usize),
+    /// The device already failed the queue pair: hand the ring the event.
+    Fatal(usize),
+    FailQp(usize),
 }
 
 /// The adversarial device and the peers of the ring's queue pairs.
@@ -117,6 +120,8 @@ impl Device {
             }
             Step::Poll => return RingStep::Poll,
             Step::Reattach(qp) => return RingStep::Reattach(qp),
+            Step::Fatal(qp) => return RingStep::Fatal(qp),
+            Step::FailQp(qp) => return RingStep::FailQp(qp),
             Step::Progress => {
                 self.dev.progress();
             }

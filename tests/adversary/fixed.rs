@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_ring::backend::soft::{SoftDevice, SoftPd};
-use rdma_ring::backend::{RawCompletion, WcStatus};
+use rdma_ring::backend::{AsyncEvent, RawCompletion, WcStatus};
 use rdma_ring::fixed::{
     FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, ReadFixed,
     RecvFixed, SendFixed, WriteFixed,
@@ -39,6 +39,8 @@ pub struct FixedAdversary {
     pub failed_ops: usize,
     pub reattached: usize,
     pub reattached_late: usize,
+    /// Queue pairs failed by an event or on request.
+    pub fatal: usize,
 }
 
 impl FixedAdversary {
@@ -71,6 +73,7 @@ impl FixedAdversary {
             failed_ops: 0,
             reattached: 0,
             reattached_late: 0,
+            fatal: 0,
         }
     }
 
@@ -113,6 +116,21 @@ impl FixedAdversary {
                     // Still attached, in error: the scenario goes on.
                     Err(_) => self.reattached_late += 1,
                 }
+            }
+            RingStep::Fatal(qp) => {
+                self.fatal += 1;
+                // The main ring's harness takes this step as a peer's
+                // receive: the device fails the queue pair only here.
+                self.device.controls[qp].inject_fatal();
+                let qp_num = self.device.qp_nums[qp];
+                assert!(
+                    self.ring.apply_event(AsyncEvent::QpFatal { qp_num }),
+                    "an attached queue pair's event concerns the ring"
+                );
+            }
+            RingStep::FailQp(qp) => {
+                self.fatal += 1;
+                self.ring.fail_qp(self.handles[qp]).unwrap();
             }
         }
     }

@@ -217,6 +217,13 @@ pub enum Step {
     /// Detach a queue pair and attach it again (the fixed ring's harness;
     /// the ring's takes it as `PeerRecv`).
     Reattach(usize),
+    /// The device fails a queue pair (`QP_FATAL`: to error, flushed) and
+    /// the ring is handed the event (the fixed ring's harness; the ring's
+    /// takes it as `PeerRecv`, its model test covers fatal events).
+    Fatal(usize),
+    /// The ring fails a queue pair on request (as the previous step, for
+    /// the fixed ring's harness only).
+    FailQp(usize),
 }
 
 /// Every byte string is a scenario.
@@ -254,6 +261,8 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             22 => Step::Hold(qp),
             23 | 24 => Step::Release,
             25 => Step::Fail(qp),
+            26 => Step::Fatal(qp),
+            27 => Step::FailQp(qp),
             31 => Step::Reattach(qp),
             _ => Step::PeerRecv(qp),
         };
@@ -327,9 +336,9 @@ impl Adversary {
             RingStep::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
             RingStep::Submit => self.submit(),
             RingStep::Poll => self.poll(),
-            // This ring's scenarios keep their queue pairs; the step reads
-            // as a peer's receive, as before it existed.
-            RingStep::Reattach(qp) => {
+            // This ring's scenarios keep their queue pairs whole; these
+            // steps read as a peer's receive, as before they existed.
+            RingStep::Reattach(qp) | RingStep::Fatal(qp) | RingStep::FailQp(qp) => {
                 self.device.apply(&Step::PeerRecv(qp));
             }
         }

@@ -1,6 +1,7 @@
 //! The fixed-buffer ring awaited, in any interleaving: pushes, polls and
 //! drops of futures, submits, drives, device steps, a failing work
-//! request, doorbell coalescing turned on and off, and a close, decoded
+//! request, a queue pair failed on request, doorbell coalescing turned on
+//! and off, and a close, decoded
 //! from bytes (a property test's, or a fuzzer's).
 //! Checked: a future resolves with its own operation's completion (its
 //! slot, its kind, a status its operation can have); a future that was
@@ -43,6 +44,7 @@ enum Step {
     Drive,
     Fail,
     Coalesce(bool),
+    FailQp,
     Close,
 }
 
@@ -54,7 +56,9 @@ fn step(byte: u8) -> Step {
         6 | 7 => Step::Poll(which),
         8 => Step::Drop(which),
         9 => Step::Submit,
-        10 | 11 | 15 => Step::Progress,
+        10 | 11 => Step::Progress,
+        15 if byte < 0x80 => Step::Progress,
+        15 => Step::FailQp,
         12 => Step::Drive,
         13 => Step::Fail,
         _ if byte < 0x80 => Step::Coalesce(byte & 0x10 != 0),
@@ -218,6 +222,10 @@ pub fn run(bytes: &[u8]) {
             }
             Step::Fail => control.fail_nth(1, INJECTED),
             Step::Coalesce(on) => ring.coalesce_doorbells(on),
+            // Everything it held comes back flushed, waking its futures;
+            // it takes no more work.
+            Step::FailQp if closed => assert!(matches!(ring.fail_qp(h), Err(Error::Closed))),
+            Step::FailQp => ring.fail_qp(h).unwrap(),
             Step::Close => {
                 ring.close();
                 closed = true;

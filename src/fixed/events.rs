@@ -1,0 +1,117 @@
+//! The device's asynchronous events, and failing a queue pair on request,
+//! as the fixed ring applies them.
+
+use super::ring::{attached_mut, enter_error, flush_unposted};
+use super::FixedQp;
+use super::FixedRing;
+use crate::backend::{AsyncEvent, QueuePair, WcStatus};
+use crate::error::Error;
+
+impl<Q: QueuePair> FixedRing<Q> {
+    /// Applies one of the device's asynchronous events, read by the caller
+    /// from the device's event channel (one reader per device, so several
+    /// rings on one device are each handed the events). Returns whether
+    /// the event concerned this ring.
+    ///
+    /// * `QpFatal`, `QpRequestError`, `QpAccessError` of an attached queue
+    ///   pair: it is in error with `FatalErr` (moved there if the device
+    ///   did not), its work comes back flushed (what was never posted
+    ///   from the next reap), and it takes no more work;
+    /// * `CqError` of the ring's completion queue: the ring takes no more
+    ///   work and polls the queue no more (its completions were lost), as
+    ///   when a poll fails;
+    /// * `DeviceFatal`: the same, and every queue pair is moved to error.
+    ///
+    /// Other events change nothing here.
+    ///
+    /// ```
+    /// use rdma_ring::backend::{soft::SoftDevice, AsyncEventSource, QpConfig, QueuePair, WcStatus};
+    /// use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let events = dev.async_events().unwrap();
+    /// let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let control = qp.control();
+    /// let cq = qp.take_cq().unwrap();
+    /// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let conn = ring.attach(qp).unwrap();
+    /// control.inject_fatal();
+    /// let event = events.next_event().unwrap().unwrap();
+    /// assert!(ring.apply_event(event));
+    /// assert_eq!(ring.qp_error(conn).unwrap(), Some(WcStatus::FatalErr));
+    /// ```
+    pub fn apply_event(&mut self, event: AsyncEvent) -> bool {
+        match event {
+            AsyncEvent::QpFatal { qp_num }
+            | AsyncEvent::QpRequestError { qp_num }
+            | AsyncEvent::QpAccessError { qp_num } => {
+                let Some(slot) = self.qps.iter_mut().flatten().find(|s| s.qpn == qp_num) else {
+                    return false;
+                };
+                let handle = slot.handle;
+                // Unposted work first: a drain marker goes behind what was
+                // posted.
+                flush_unposted(
+                    slot,
+                    handle,
+                    self.bufs.table(),
+                    &mut self.ready,
+                    &mut self.cq_free,
+                );
+                enter_error(slot, handle, WcStatus::FatalErr);
+                true
+            }
+            AsyncEvent::CqError { cq } if cq == self.cq_id => {
+                self.failed.get_or_insert("its completion queue failed");
+                true
+            }
+            AsyncEvent::DeviceFatal => {
+                self.failed.get_or_insert("the device failed");
+                let table = self.bufs.table();
+                for slot in self.qps.iter_mut().flatten() {
+                    let handle = slot.handle;
+                    flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+                    enter_error(slot, handle, WcStatus::FatalErr);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves queue pair `qp` to error, as for a peer a connection manager
+    /// reported gone: its work comes back flushed (`WrFlushErr`; what was
+    /// never posted from the next reap), and it takes no more work (detach
+    /// it to release it).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, RecvFixed::new(slot).user_data(1)).unwrap();
+    /// ring.submit().unwrap();
+    /// ring.fail_qp(conn).unwrap();
+    /// let back = ring.wait(1).unwrap();
+    /// assert_eq!((back[0].user_data(), back[0].status()), (1, WcStatus::WrFlushErr));
+    /// assert_eq!(ring.qp_error(conn).unwrap(), Some(WcStatus::WrFlushErr));
+    /// ```
+    pub fn fail_qp(&mut self, qp: FixedQp) -> Result<(), Error> {
+        let slot = attached_mut(&mut self.qps, qp)?;
+        flush_unposted(
+            slot,
+            qp,
+            self.bufs.table(),
+            &mut self.ready,
+            &mut self.cq_free,
+        );
+        enter_error(slot, qp, WcStatus::WrFlushErr);
+        Ok(())
+    }
+}
