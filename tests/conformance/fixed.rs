@@ -1,6 +1,7 @@
 //! The fixed-buffer ring on every backend: each operation moving real
 //! bytes, many queue pairs on one completion queue, a failing operation
-//! and its flushed successors, detach and drop with work in flight.
+//! and its flushed successors, detach and drop with work in flight, queue
+//! pairs failed on request and by their fatal event.
 
 use std::time::Duration;
 
@@ -460,4 +461,48 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
     b.close();
     assert!(b.take_buf().is_none(), "closed");
     assert_eq!(driver.drive().unwrap(), 0);
+}
+
+/// A queue pair failed on request, and one failed by its fatal event:
+/// everything each held comes back flushed (what the device held, and
+/// what was never posted), it takes no more work, and it detaches at once.
+pub fn fixed_failed_queue_pairs_flush_what_they_held<F: Fabric>(f: &F) {
+    use rdma_ring::backend::AsyncEvent;
+    for by_event in [false, true] {
+        let (a, _peer) = f.pair(config());
+        let qp_num = a.caps().qp_num;
+        let (mut ring, h) = fixed_ring(f, a, 8);
+        for i in 0..4 {
+            let slot = ring.take_buf().unwrap();
+            ring.push(h, RecvFixed::new(slot).user_data(i)).unwrap();
+        }
+        ring.submit().unwrap(); // held by the device: nobody sends
+        let slot = ring.take_buf().unwrap();
+        ring.push(h, RecvFixed::new(slot).user_data(4)).unwrap(); // never posted
+        let status = if by_event {
+            assert!(ring.apply_event(AsyncEvent::QpFatal { qp_num }));
+            WcStatus::FatalErr
+        } else {
+            ring.fail_qp(h).unwrap();
+            WcStatus::WrFlushErr
+        };
+        assert_eq!(ring.qp_error(h).unwrap(), Some(status));
+        let back = fixed_wait(&mut ring, 5);
+        let mut ids: Vec<u64> = back.iter().map(|c| c.user_data()).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1, 2, 3, 4], "by event: {by_event}");
+        assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+        give_back(&mut ring, back);
+        let slot = ring.take_buf().unwrap();
+        let refused = ring.push(h, RecvFixed::new(slot)).unwrap_err();
+        assert!(
+            matches!(refused.error(), Error::QpInError(s) if *s == status),
+            "{}",
+            refused.error()
+        );
+        ring.put_buf(refused.into_parts().1.into_buf()).unwrap();
+        let qp = ring.detach(h).expect("nothing left to drain");
+        assert_eq!(ring.bufs().free(), 8, "every slot back");
+        drop(qp);
+    }
 }

@@ -459,5 +459,6 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn fixed_wrong_rkey_fails_and_flushes() { conformance::fixed::fixed_wrong_rkey_fails_and_flushes(&$make) }
         $(#[$attr])* #[test] fn fixed_detach_and_drop_with_work_in_flight() { conformance::fixed::fixed_detach_and_drop_with_work_in_flight(&$make) }
         $(#[$attr])* #[test] fn fixed_awaited_ops() { conformance::fixed::fixed_awaited_ops(&$make) }
+        $(#[$attr])* #[test] fn fixed_failed_queue_pairs_flush_what_they_held() { conformance::fixed::fixed_failed_queue_pairs_flush_what_they_held(&$make) }
     };
 }
