@@ -437,7 +437,18 @@ fn a_failed_completion_queue_fails_the_ring_and_waits_end_at_once() {
     let mut out = Vec::new();
     assert_eq!(ring.reap(&mut out).unwrap(), 0);
     assert_eq!(ring.unknown_completions(), 4);
+    let slot = ring.take_buf().unwrap();
+    ring.push(conn, RecvFixed::new(slot).user_data(9)).unwrap(); // never posted
     assert!(matches!(ring.reap(&mut out), Err(Error::CqOverrun)));
+    // Nothing more goes to the failed queue: what the failure found
+    // pushed comes back flushed; then nothing more can come.
+    assert_eq!(ring.submit().unwrap(), 0);
+    let flushed = ring.wait(1).unwrap();
+    let seen: Vec<_> = flushed
+        .iter()
+        .map(|c| (c.user_data(), c.status()))
+        .collect();
+    assert_eq!(seen, [(9, WcStatus::WrFlushErr)]);
     assert!(matches!(ring.wait(1), Err(Error::RingFailed(_))));
     let slot = ring.take_buf().unwrap();
     let e = refused!(ring, conn, RecvFixed::new(slot));
@@ -580,12 +591,23 @@ fn a_device_fatal_event_fails_the_ring_at_once() {
 #[test]
 fn a_completion_queue_error_event_fails_the_ring() {
     use rdma_ring::backend::{AsyncEvent, CompletionQueue};
-    let (mut ring, [a, _], _, _events, target, _peers, _dev) = two_on_one_ring();
+    let (mut ring, [a, _], [control_a, _], _events, target, _peers, _dev) = two_on_one_ring();
+    let slot = ring.take_buf().unwrap();
+    ring.push(a, WriteFixed::new(slot, 64, target.remote()).user_data(5))
+        .unwrap();
     let cq = ring.cq().id();
     assert!(ring.apply_event(AsyncEvent::CqError { cq }));
     let slot = ring.take_buf().unwrap();
     let refused = refused!(ring, a, WriteFixed::new(slot, 64, target.remote()));
     assert!(matches!(refused, Error::RingFailed(_)), "{refused:?}");
+    // Nothing goes to a failed completion queue: what was pushed comes
+    // back flushed, never posted.
+    assert_eq!(ring.submit().unwrap(), 0);
+    assert_eq!(control_a.counters().send_wrs, 0);
+    let mut back = Vec::new();
+    ring.reap(&mut back).unwrap();
+    let seen: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(seen, [(5, WcStatus::WrFlushErr)]);
 }
 
 #[test]

@@ -598,7 +598,8 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
     let mut shared = SharedCq::new(rdma_ring::backend::soft::Progress::Manual);
     let pending = shared.push_recv(0);
     shared.ring.submit().unwrap(); // waits: nobody sends
-                                   // The stranger's receives, flushed, overrun the queue.
+    let unposted = shared.push_recv(1);
+    // The stranger's receives, flushed, overrun the queue.
     shared.stranger_receives(8);
     shared.stranger.set_error().unwrap();
     let qp = shared.qp;
@@ -608,6 +609,12 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
     );
     let result = resolve_within(Duration::from_secs(10), pending);
     assert!(matches!(result, Err(Error::RingFailed(_))), "{result:?}");
+    // What the failure found never posted comes back flushed, slot and all.
+    let unposted = resolve_within(Duration::from_secs(10), unposted).unwrap();
+    assert_eq!(
+        (unposted.user_data(), unposted.status()),
+        (1, WcStatus::WrFlushErr)
+    );
 }
 
 #[test]

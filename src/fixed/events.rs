@@ -14,12 +14,15 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// the event concerned this ring.
     ///
     /// * `QpFatal`, `QpRequestError`, `QpAccessError` of an attached queue
-    ///   pair: it is in error with `FatalErr` (moved there if the device
-    ///   did not), its work comes back flushed (what was never posted
-    ///   from the next reap), and it takes no more work;
+    ///   pair: it is in error with `FatalErr` (unless it already was: the
+    ///   first status stays), moved there if the device did not; its work
+    ///   comes back flushed (what was never posted from the next reap),
+    ///   and it takes no more work;
     /// * `CqError` of the ring's completion queue: the ring takes no more
     ///   work and polls the queue no more (its completions were lost), as
-    ///   when a poll fails;
+    ///   when a poll fails; work pushed and never posted comes back
+    ///   flushed from the next reap, what was posted only from a detach
+    ///   or close, if the device gives it back in time;
     /// * `DeviceFatal`: the same, and every queue pair is moved to error.
     ///
     /// Other events change nothing here.
@@ -58,20 +61,19 @@ impl<Q: QueuePair> FixedRing<Q> {
                     &mut self.ready,
                     &mut self.cq_free,
                 );
-                enter_error(slot, handle, WcStatus::FatalErr);
+                // A device that refuses leaves the drain to time out.
+                let _ = enter_error(slot, handle, WcStatus::FatalErr);
                 true
             }
             AsyncEvent::CqError { cq } if cq == self.cq_id => {
-                self.failed.get_or_insert("its completion queue failed");
+                self.fail("its completion queue failed");
                 true
             }
             AsyncEvent::DeviceFatal => {
-                self.failed.get_or_insert("the device failed");
-                let table = self.bufs.table();
+                self.fail("the device failed");
                 for slot in self.qps.iter_mut().flatten() {
                     let handle = slot.handle;
-                    flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
-                    enter_error(slot, handle, WcStatus::FatalErr);
+                    let _ = enter_error(slot, handle, WcStatus::FatalErr);
                 }
                 true
             }
@@ -82,7 +84,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Moves queue pair `qp` to error, as for a peer a connection manager
     /// reported gone: its work comes back flushed (`WrFlushErr`; what was
     /// never posted from the next reap), and it takes no more work (detach
-    /// it to release it).
+    /// it to release it). Fails if the device refuses to move it: the ring
+    /// still gives it no more work, but what it posted comes back only as
+    /// the device completes it.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
@@ -111,7 +115,6 @@ impl<Q: QueuePair> FixedRing<Q> {
             &mut self.ready,
             &mut self.cq_free,
         );
-        enter_error(slot, qp, WcStatus::WrFlushErr);
-        Ok(())
+        enter_error(slot, qp, WcStatus::WrFlushErr)
     }
 }

@@ -377,6 +377,18 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.failed
     }
 
+    /// The ring takes no more work (the first reason stays): what was
+    /// pushed and never posted comes back flushed from the next reap.
+    #[cold]
+    pub(super) fn fail(&mut self, why: &'static str) {
+        self.failed.get_or_insert(why);
+        let table = self.bufs.table();
+        for slot in self.qps.iter_mut().flatten() {
+            let handle = slot.handle;
+            flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+        }
+    }
+
     /// Whether nothing is pushed, posted or waiting to be handed out.
     pub(crate) fn idle(&self) -> bool {
         self.ready.is_empty()
@@ -572,7 +584,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         let n = match self.cq.poll(&mut self.cqes[..]) {
             Ok(n) => n,
             Err(error) => {
-                self.failed = Some("its completion queue failed");
+                self.fail("its completion queue failed");
                 return Err(error);
             }
         };
@@ -692,7 +704,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         let slot = attached_mut(&mut self.qps, handle)?;
         flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         if slot.busy() {
-            enter_error(slot, handle, WcStatus::WrFlushErr);
+            let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
             let deadline = Deadline::after(self.config.drain_timeout);
             let busy = |ring: &Self| {
                 ring.qps[handle.index()]
@@ -721,9 +733,13 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Polls the device once into `out`; returns how many entries the
     /// poll took.
     fn reap_device(&mut self, out: &mut impl CompletionSink) -> Result<usize, Error> {
-        let n = self.cq.poll(&mut self.cqes[..]).inspect_err(|_| {
-            self.failed = Some("its completion queue failed");
-        })?;
+        let n = match self.cq.poll(&mut self.cqes[..]) {
+            Ok(n) => n,
+            Err(error) => {
+                self.fail("its completion queue failed");
+                return Err(error);
+            }
+        };
         let table = self.bufs.table();
         for cqe in &self.cqes[..n] {
             complete(
@@ -933,7 +949,7 @@ fn post<Q: QueuePair>(
         None => Ok(posted),
         Some(error) => {
             flush_unposted(slot, handle, table, ready, cq_free);
-            enter_error(slot, handle, WcStatus::WrFlushErr);
+            let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
             Err((posted, error))
         }
     }
@@ -998,13 +1014,14 @@ pub(super) fn enter_error<Q: QueuePair>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,
     status: WcStatus,
-) {
+) -> Result<(), Error> {
     slot.error.get_or_insert(status);
     // A queue pair the device cannot move to error would run a marker for
     // real: none is posted, and the drain times out on what is not
     // flushed (dropping the ring then leaks the slots' memory).
-    if slot.qp.set_error().is_err() || slot.last_signaled || slot.sends.head == slot.sends.posted {
-        return;
+    slot.qp.set_error()?;
+    if slot.last_signaled || slot.sends.head == slot.sends.posted {
+        return Ok(());
     }
     // The send queue keeps one place for this marker (send_depth), and
     // the completion queue one entry (kept since attach).
@@ -1033,6 +1050,7 @@ pub(super) fn enter_error<Q: QueuePair>(
         // Not posted: the drain times out on what is not flushed.
         Err(_) => slot.sends.tail -= 1,
     }
+    Ok(())
 }
 
 /// Hands out what one completion queue entry completes.
@@ -1189,7 +1207,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let handle = slot.handle;
             flush_unposted(slot, handle, table, out, &mut self.cq_free);
             if slot.busy() {
-                enter_error(slot, handle, WcStatus::WrFlushErr);
+                let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
             }
         }
         let deadline = Deadline::after(self.config.drain_timeout);

@@ -215,6 +215,11 @@ impl<Q: QueuePair> Inner<Q> {
             settled: 0,
         };
         let result = ring.reap_all(&mut settle);
+        if result.is_err() {
+            // The failure flushed what was never posted: that goes to its
+            // futures too (a failed ring polls no more).
+            let _ = ring.reap_all(&mut settle);
+        }
         let n = settle.settled;
         if !self.unowned.is_empty() {
             for buf in self.unowned.drain(..) {
@@ -605,9 +610,10 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Applies one of the device's asynchronous events as
     /// [`FixedRing::apply_event`] does, and returns whether it concerned
     /// the ring. What it brings back (work of a queue pair now in error
-    /// that was never posted) goes to its futures at once; after a failure
-    /// of the completion queue or the device, every pending future
-    /// resolves with [`Error::RingFailed`].
+    /// that was never posted) goes to its futures at once, flushed; after
+    /// a failure of the completion queue or the device, work never posted
+    /// resolves so too, and every future of posted work with
+    /// [`Error::RingFailed`].
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, AsyncEventSource, QpConfig, QueuePair};
