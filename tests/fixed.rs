@@ -202,17 +202,7 @@ fn full_queues_and_a_full_completion_queue_refuse_work() {
         FixedBufs::new(&pd, 4, 64).unwrap(),
         FixedRingConfig::default(),
     );
-    let mut handles = Vec::new();
-    let mut peers = Vec::new();
-    for _ in 0..2 {
-        let qp = dev
-            .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
-            .unwrap();
-        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
-        dev.connect(&qp, &peer).unwrap();
-        handles.push(ring.attach(qp).unwrap_or_else(|_| panic!("attach")));
-        peers.push(peer);
-    }
+    let (handles, _, _peers) = attach_connected(&dev, &pd, &mut ring, 2);
     for &h in &handles {
         let slot = ring.take_buf().unwrap();
         ring.push(h, RecvFixed::new(slot)).unwrap();
@@ -455,6 +445,28 @@ fn a_failed_completion_queue_fails_the_ring_and_waits_end_at_once() {
     assert!(matches!(e, Error::RingFailed(_)), "{e}");
 }
 
+/// `n` queue pairs on the ring's completion queue, each connected to a
+/// peer of its own: their handles, controls and peers.
+fn attach_connected(
+    dev: &SoftDevice,
+    pd: &SoftPd,
+    ring: &mut FixedRing<SoftQp>,
+    n: usize,
+) -> (Vec<FixedQp>, Vec<QpControl>, Vec<SoftQp>) {
+    let (mut handles, mut controls, mut peers) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let qp = dev
+            .create_qp_on(pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        controls.push(qp.control());
+        handles.push(ring.attach(qp).unwrap_or_else(|_| panic!("attach")));
+        peers.push(peer);
+    }
+    (handles, controls, peers)
+}
+
 /// Two queue pairs on one ring, the device progressing by hand, its event
 /// channel open: (ring, handles, controls, event channel, target, device).
 #[allow(clippy::type_complexity)]
@@ -476,19 +488,7 @@ fn two_on_one_ring() -> (
         FixedBufs::new(&pd, 8, 64).unwrap(),
         FixedRingConfig::default(),
     );
-    let mut peers = Vec::new();
-    let mut handles = Vec::new();
-    let mut controls = Vec::new();
-    for _ in 0..2 {
-        let qp = dev
-            .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
-            .unwrap();
-        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
-        dev.connect(&qp, &peer).unwrap();
-        controls.push(qp.control());
-        handles.push(ring.attach(qp).unwrap_or_else(|_| panic!("attach")));
-        peers.push(peer);
-    }
+    let (handles, controls, peers) = attach_connected(&dev, &pd, &mut ring, 2);
     let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
     (
         ring,

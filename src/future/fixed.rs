@@ -130,11 +130,42 @@ impl Ended {
     }
 }
 
+/// The futures' side of the state: where each pushed operation stands,
+/// by tag, and what a reap leaves to do once the ring is let go.
+#[derive(Default)]
+struct Futures {
+    ops: Vec<OpState>,
+    free: Vec<u32>,
+    /// Wakers to wake once the lock is released.
+    wakes: Vec<Waker>,
+    /// Slots of completions whose futures are gone, for the ring once a
+    /// reap is over.
+    unowned: Vec<FixedBuf>,
+}
+
+impl Futures {
+    /// A sink that hands completions to their futures as the ring reaps.
+    fn settle(&mut self) -> Settle<'_> {
+        Settle {
+            futures: self,
+            settled: 0,
+        }
+    }
+
+    /// Gives the ring the slots of completions whose futures were gone.
+    fn give_back<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
+        if !self.unowned.is_empty() {
+            for buf in self.unowned.drain(..) {
+                let _ = ring.put_buf(buf);
+            }
+        }
+    }
+}
+
 struct Inner<Q: QueuePair> {
     /// `None` once closed.
     ring: Option<FixedRing<Q>>,
-    ops: Vec<OpState>,
-    free: Vec<u32>,
+    futures: Futures,
     /// Operations pushed since the last submit.
     unposted_ops: usize,
     /// Submits so far: an operation pushed before submit `batch` went out
@@ -144,11 +175,6 @@ struct Inner<Q: QueuePair> {
     /// doorbell (see [`AsyncFixedRing::coalesce_doorbells`]).
     coalesce: bool,
     ended: Option<Ended>,
-    /// Slots of completions whose futures are gone, for the ring once a
-    /// reap is over.
-    unowned: Vec<FixedBuf>,
-    /// Wakers to wake once the lock is released.
-    wakes: Vec<Waker>,
     /// Wakers replaced or let go, dropped once the lock is released (a
     /// waker's drop may run anything, this ring included).
     dropped: Vec<Waker>,
@@ -159,16 +185,16 @@ impl<Q: QueuePair> Inner<Q> {
         let Some(ring) = self.ring.as_mut() else {
             return Err(Rejected::new(Error::Closed, op));
         };
-        let key = match self.free.pop() {
+        let key = match self.futures.free.pop() {
             Some(key) => key,
             None => {
-                self.ops.push(OpState::Free);
-                (self.ops.len() - 1) as u32
+                self.futures.ops.push(OpState::Free);
+                (self.futures.ops.len() - 1) as u32
             }
         };
         match ring.push_tagged(qp, op, u64::from(key)) {
             Ok((user_data, recv)) => {
-                self.ops[key as usize] = OpState::Waiting {
+                self.futures.ops[key as usize] = OpState::Waiting {
                     waker: None,
                     user_data,
                     batch: self.submits,
@@ -178,7 +204,7 @@ impl<Q: QueuePair> Inner<Q> {
                 Ok(key)
             }
             Err(rejected) => {
-                self.free.push(key);
+                self.futures.free.push(key);
                 Err(rejected)
             }
         }
@@ -207,13 +233,7 @@ impl<Q: QueuePair> Inner<Q> {
         let Some(ring) = self.ring.as_mut() else {
             return Ok(0);
         };
-        let mut settle = Settle {
-            ops: &mut self.ops,
-            free: &mut self.free,
-            wakes: &mut self.wakes,
-            unowned: &mut self.unowned,
-            settled: 0,
-        };
+        let mut settle = self.futures.settle();
         let result = ring.reap_all(&mut settle);
         if result.is_err() {
             // The failure flushed what was never posted: that goes to its
@@ -221,11 +241,7 @@ impl<Q: QueuePair> Inner<Q> {
             let _ = ring.reap_all(&mut settle);
         }
         let n = settle.settled;
-        if !self.unowned.is_empty() {
-            for buf in self.unowned.drain(..) {
-                let _ = ring.put_buf(buf);
-            }
-        }
+        self.futures.give_back(ring);
         // However the failure was met (this poll, or a detach's drain),
         // nothing more will complete.
         if let Some(why) = ring.failure() {
@@ -253,7 +269,7 @@ impl<Q: QueuePair> Inner<Q> {
         waker: &Waker,
         first: bool,
     ) -> Poll<Result<FixedCompletion, Error>> {
-        let state = &self.ops[key as usize];
+        let state = &self.futures.ops[key as usize];
         let defer = first
             && self.coalesce
             && self.unposted_ops < DEFERRED_MAX
@@ -264,18 +280,18 @@ impl<Q: QueuePair> Inner<Q> {
             self.submit_pushed();
             let _ = self.reap();
         }
-        let state = &mut self.ops[key as usize];
+        let state = &mut self.futures.ops[key as usize];
         let poll = match state {
             OpState::Done(_) => {
                 let OpState::Done(completion) = std::mem::replace(state, OpState::Free) else {
                     unreachable!("matched above");
                 };
-                self.free.push(key);
+                self.futures.free.push(key);
                 Poll::Ready(Ok(completion))
             }
             OpState::Waiting { .. } if self.ended.is_some() => {
                 *state = OpState::Free;
-                self.free.push(key);
+                self.futures.free.push(key);
                 Poll::Ready(Err(self.ended.expect("checked").error()))
             }
             OpState::Waiting { waker: slot, .. } => {
@@ -289,7 +305,7 @@ impl<Q: QueuePair> Inner<Q> {
             }
         };
         if defer && poll.is_pending() {
-            self.wakes.push(waker.clone());
+            self.futures.wakes.push(waker.clone());
         }
         poll
     }
@@ -298,24 +314,24 @@ impl<Q: QueuePair> Inner<Q> {
     /// slots now if it completed, else when it does. Dropping does not
     /// cancel: an operation still waiting to be posted is posted now.
     fn forget(&mut self, key: u32) {
-        let state = std::mem::replace(&mut self.ops[key as usize], OpState::Free);
+        let state = std::mem::replace(&mut self.futures.ops[key as usize], OpState::Free);
         match state {
             OpState::Done(completion) => {
                 if let Some(ring) = self.ring.as_mut() {
                     let _ = ring.put_buf(completion.into_buf());
                 }
-                self.free.push(key);
+                self.futures.free.push(key);
             }
             OpState::Waiting { waker, .. } if self.ring.is_some() => {
                 self.dropped.extend(waker);
-                self.ops[key as usize] = OpState::Orphaned;
+                self.futures.ops[key as usize] = OpState::Orphaned;
                 self.submit_pushed();
             }
             OpState::Waiting { waker, .. } => {
                 self.dropped.extend(waker);
-                self.free.push(key);
+                self.futures.free.push(key);
             }
-            _ => self.free.push(key),
+            _ => self.futures.free.push(key),
         }
     }
 
@@ -326,12 +342,12 @@ impl<Q: QueuePair> Inner<Q> {
     fn end(&mut self, why: Ended) {
         self.ended.get_or_insert(why);
         let ring_gone = self.ring.is_none();
-        for (key, state) in self.ops.iter_mut().enumerate() {
+        for (key, state) in self.futures.ops.iter_mut().enumerate() {
             match state {
-                OpState::Waiting { waker, .. } => self.wakes.extend(waker.take()),
+                OpState::Waiting { waker, .. } => self.futures.wakes.extend(waker.take()),
                 OpState::Orphaned if ring_gone => {
                     *state = OpState::Free;
-                    self.free.push(key as u32);
+                    self.futures.free.push(key as u32);
                 }
                 OpState::Orphaned | OpState::Free | OpState::Done(_) => {}
             }
@@ -347,17 +363,8 @@ impl<Q: QueuePair> Inner<Q> {
         let mut ring = self.ring.take()?;
         let mut reaped = Vec::new();
         ring.shutdown_into(&mut reaped);
-        let mut settle = Settle {
-            ops: &mut self.ops,
-            free: &mut self.free,
-            wakes: &mut self.wakes,
-            unowned: &mut self.unowned,
-            settled: 0,
-        };
-        settle.put_all(reaped.into_iter());
-        for buf in self.unowned.drain(..) {
-            let _ = ring.put_buf(buf);
-        }
+        self.futures.settle().put_all(reaped.into_iter());
+        self.futures.give_back(&mut ring);
         let why = ring.failure().map_or(Ended::Closed, Ended::Failed);
         // The ring is out of `self`: dropped futures' tags are free too.
         self.end(why);
@@ -369,10 +376,7 @@ impl<Q: QueuePair> Inner<Q> {
 /// future is gone, its slot to `unowned`, for the ring once it is no
 /// longer reaping.
 struct Settle<'a> {
-    ops: &'a mut [OpState],
-    free: &'a mut Vec<u32>,
-    wakes: &'a mut Vec<Waker>,
-    unowned: &'a mut Vec<FixedBuf>,
+    futures: &'a mut Futures,
     settled: usize,
 }
 
@@ -381,7 +385,7 @@ impl CompletionSink for Settle<'_> {
     fn put(&mut self, mut completion: FixedCompletion) {
         self.settled += 1;
         let key = completion.user_data() as usize;
-        match self.ops.get_mut(key) {
+        match self.futures.ops.get_mut(key) {
             Some(state @ OpState::Waiting { .. }) => {
                 let OpState::Waiting {
                     waker, user_data, ..
@@ -392,18 +396,18 @@ impl CompletionSink for Settle<'_> {
                 completion.set_user_data(user_data);
                 *state = OpState::Done(completion);
                 if let Some(waker) = waker {
-                    self.wakes.push(waker);
+                    self.futures.wakes.push(waker);
                 }
             }
             Some(state @ OpState::Orphaned) => {
                 *state = OpState::Free;
-                self.free.push(key as u32);
-                self.unowned.push(completion.into_buf());
+                self.futures.free.push(key as u32);
+                self.futures.unowned.push(completion.into_buf());
             }
             // An operation whose future already resolved with the ring's
             // failure (no push succeeds after it, so the tag was not
             // reused): its slot goes back.
-            _ => self.unowned.push(completion.into_buf()),
+            _ => self.futures.unowned.push(completion.into_buf()),
         }
     }
 }
@@ -420,7 +424,7 @@ impl<Q: QueuePair> FixedShared<Q> {
     fn with<R>(&self, f: impl FnOnce(&mut Inner<Q>) -> R) -> R {
         let mut inner = self.lock();
         let result = f(&mut inner);
-        if !inner.wakes.is_empty() || !inner.dropped.is_empty() {
+        if !inner.futures.wakes.is_empty() || !inner.dropped.is_empty() {
             Self::release_and_wake(inner);
         }
         result
@@ -434,7 +438,7 @@ impl<Q: QueuePair> FixedShared<Q> {
         // The list changes places with the thread's spare one, so the
         // steady state allocates nothing.
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
-        std::mem::swap(&mut wakes, &mut inner.wakes);
+        std::mem::swap(&mut wakes, &mut inner.futures.wakes);
         drop(inner);
         for waker in wakes.drain(..) {
             waker.wake();
@@ -522,14 +526,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         let shared = Arc::new(FixedShared {
             inner: Mutex::new(Inner {
                 ring: Some(ring),
-                ops: Vec::new(),
-                free: Vec::new(),
+                futures: Futures::default(),
                 unposted_ops: 0,
                 submits: 0,
                 coalesce: false,
                 ended: None,
-                unowned: Vec::new(),
-                wakes: Vec::new(),
                 dropped: Vec::new(),
             }),
             wakeup,
