@@ -582,10 +582,9 @@ fn a_device_fatal_event_fails_the_ring_at_once() {
     let slot = ring.take_buf().unwrap();
     let refused = refused!(ring, b, WriteFixed::new(slot, 64, target.remote()));
     assert!(matches!(refused, Error::RingFailed(_)), "{refused:?}");
-    // No wait for what a failed device may never give back.
-    let started = std::time::Instant::now();
+    // No wait for what a failed device may never give back (a wait would
+    // end in a timeout, not `RingFailed`).
     assert!(matches!(ring.wait(1), Err(Error::RingFailed(_))));
-    assert!(started.elapsed() < FixedRingConfig::default().wait_timeout);
 }
 
 #[test]

@@ -521,6 +521,8 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
 struct SharedCq {
     ring: AsyncFixedRing<SoftQp>,
     qp: FixedQp,
+    /// A second queue pair of the ring's.
+    other: FixedQp,
     stranger: SoftQp,
     scratch: rdma_ring::buf::RegisteredBuf,
     _dev: SoftDevice,
@@ -534,6 +536,7 @@ impl SharedCq {
         let config = QpConfig::default();
         let scratch = rdma_ring::buf::RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
         let mine = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+        let other = dev.create_qp_on(&pd, &cq, None, config).unwrap();
         let stranger = dev.create_qp_on(&pd, &cq, None, config).unwrap();
         let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
         let ring = AsyncFixedRing::new(
@@ -542,9 +545,11 @@ impl SharedCq {
         )
         .unwrap();
         let qp = ring.attach(mine).unwrap();
+        let other = ring.attach(other).unwrap();
         SharedCq {
             ring,
             qp,
+            other,
             stranger,
             scratch,
             _dev: dev,
@@ -571,9 +576,13 @@ impl SharedCq {
     }
 
     fn push_recv(&self, user_data: u64) -> FixedOpFuture<SoftQp> {
+        self.push_recv_on(self.qp, user_data)
+    }
+
+    fn push_recv_on(&self, qp: FixedQp, user_data: u64) -> FixedOpFuture<SoftQp> {
         let slot = self.ring.take_buf().unwrap();
         self.ring
-            .push(self.qp, RecvFixed::new(slot).user_data(user_data))
+            .push(qp, RecvFixed::new(slot).user_data(user_data))
             .unwrap()
     }
 }
@@ -598,7 +607,8 @@ fn a_completion_queue_failing_during_a_detach_ends_pending_futures() {
     let mut shared = SharedCq::new(rdma_ring::backend::soft::Progress::Manual);
     let pending = shared.push_recv(0);
     shared.ring.submit().unwrap(); // waits: nobody sends
-    let unposted = shared.push_recv(1);
+                                   // On the other queue pair, which the detach leaves alone.
+    let unposted = shared.push_recv_on(shared.other, 1);
     // The stranger's receives, flushed, overrun the queue.
     shared.stranger_receives(8);
     shared.stranger.set_error().unwrap();
@@ -736,15 +746,27 @@ fn a_queue_pair_failed_by_an_event_wakes_its_waiting_futures() {
         )
         .unwrap();
     ring.submit().unwrap(); // in flight: the device waits to be stepped
-                            // Awaited on a thread of its own: only a wake-up resolves it.
+
+    // Awaited on a thread of its own, which says when the future has been
+    // polled and left pending (its waker registered): only a wake-up
+    // resolves it then.
+    let (pending_tx, pending_rx) = std::sync::mpsc::channel();
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
-        let _ = tx.send(futures::executor::block_on(write));
+        let mut write = write;
+        let done = futures::executor::block_on(std::future::poll_fn(|cx| {
+            let poll = std::future::Future::poll(std::pin::Pin::new(&mut write), cx);
+            if poll.is_pending() {
+                let _ = pending_tx.send(());
+            }
+            poll
+        }));
+        let _ = tx.send(done);
     });
-    assert!(
-        rx.recv_timeout(Duration::from_millis(50)).is_err(),
-        "nothing ran it"
-    );
+    pending_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the future was polled");
+    assert!(rx.try_recv().is_err(), "nothing ran it");
     // As a device that reports the queue pair's failure before flushing it
     // would: the ring moves it to error, so the device flushes its work.
     assert!(ring.apply_event(AsyncEvent::QpAccessError { qp_num }));

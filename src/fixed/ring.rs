@@ -372,7 +372,8 @@ impl<Q: QueuePair> FixedRing<Q> {
         Ok(())
     }
 
-    /// Why the ring takes no more work, if its completion queue failed.
+    /// Why the ring takes no more work, if its completion queue or the
+    /// device failed.
     pub(crate) fn failure(&self) -> Option<&'static str> {
         self.failed
     }
@@ -549,7 +550,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// completion naming nothing the ring posted is counted
     /// ([`unknown_completions`](Self::unknown_completions)) and ignored.
     /// On an error of the completion queue, completions appended so far
-    /// stay in `out`, and the ring takes no more work.
+    /// stay in `out`, and the ring takes no more work: what was pushed and
+    /// never posted comes back flushed from the next reap.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -714,6 +716,9 @@ impl<Q: QueuePair> FixedRing<Q> {
             while busy(self) {
                 let mut ready = std::mem::take(&mut self.ready);
                 let polled = self.reap_device(&mut ready);
+                // A failure the poll met flushed unposted work into the
+                // ring's list meanwhile: keep both.
+                ready.append(&mut self.ready);
                 self.ready = ready;
                 polled?;
                 // What that poll brought in counts, even at the deadline.
@@ -1009,7 +1014,10 @@ fn flushed(qp: FixedQp, table: u64, index: u32, user_data: u64, kind: OpKind) ->
 
 /// Moves the queue pair to error, so the device flushes its outstanding
 /// work; if its last posted send asked for no completion, posts a
-/// signaled marker behind it, whose flushed completion releases it.
+/// signaled marker behind it, whose flushed completion releases it. The
+/// queue pair takes no more work either way; the error is the device's
+/// refusal to move it (then nothing is posted, and its posted work comes
+/// back only as the device completes it).
 pub(super) fn enter_error<Q: QueuePair>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,

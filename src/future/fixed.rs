@@ -668,9 +668,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     pub fn fail_qp(&self, qp: FixedQp) -> Result<(), Error> {
         self.shared.with(|inner| {
             let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
-            ring.fail_qp(qp)?;
+            // Even if the device refuses to move it, what was never posted
+            // is back: to its futures.
+            let failed = ring.fail_qp(qp);
             let _ = inner.reap();
-            Ok(())
+            failed
         })
     }
 
