@@ -1,11 +1,13 @@
 //! The software path per operation: build + push + submit + reap, on the
 //! soft device's no-op mode (the device completes every work request at
-//! once and moves no data), at 1, 16 and 64 operations per submit.
-//! Criterion reports time per operation (throughput in elements).
+//! once and moves no data), at 1, 16 and 64 operations per submit,
+//! through the ring and through the fixed-buffer ring, unawaited and
+//! awaited. Criterion reports time per operation (throughput in
+//! elements).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rdma_ring::backend::soft::{Progress, SoftDevice, SoftQp};
-use rdma_ring::backend::QpConfig;
+use rdma_ring::backend::{QpConfig, QueuePair};
 use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
 use rdma_ring::op::Write;
 use rdma_ring::ring::{Completion, Ring, RingConfig};
@@ -74,7 +76,85 @@ fn software_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, software_path, one_poller);
+/// The fixed-buffer ring's rounds, as `round` does them for the ring:
+/// slots named by tokens, unawaited and awaited (pushed, then awaited in
+/// order: one doorbell per round).
+fn fixed_path(c: &mut Criterion) {
+    use rdma_ring::fixed::{
+        FixedBuf, FixedBufs, FixedCompletion, FixedRing, FixedRingConfig, WriteFixed,
+    };
+    use rdma_ring::future::{AsyncFixedRing, Wakeup};
+
+    let mut group = c.benchmark_group("fixed_path");
+    for batch in [1usize, 16, 64] {
+        let dev = SoftDevice::with_progress(Progress::NoOp);
+        let pd = dev.alloc_pd();
+        let config = QpConfig {
+            max_send_wr: 256,
+            max_recv_wr: 1,
+            ..QpConfig::default()
+        };
+        let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
+        let targets: Vec<RemoteSlice> = (0..batch as u64)
+            .map(|i| exposed.remote().slice(i * 64..(i + 1) * 64).unwrap())
+            .collect();
+        let ring = |qp: &mut SoftQp| {
+            let bufs = FixedBufs::new(&pd, batch as u32, 64).unwrap();
+            FixedRing::new(qp.take_cq().unwrap(), bufs, FixedRingConfig::default())
+        };
+        group.throughput(Throughput::Elements(batch as u64));
+
+        let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let mut fixed = ring(&mut qp);
+        let h = fixed.attach(qp).unwrap();
+        let mut free: Vec<FixedBuf> = (0..batch).map(|_| fixed.take_buf().unwrap()).collect();
+        let mut done: Vec<FixedCompletion> = Vec::with_capacity(batch);
+        group.bench_function(format!("write_batch_{batch}"), |b| {
+            b.iter(|| {
+                let mut i = 0;
+                while let Some(buf) = free.pop() {
+                    fixed
+                        .push(h, WriteFixed::new(buf, 64, targets[i]).user_data(i as u64))
+                        .unwrap();
+                    i += 1;
+                }
+                fixed.submit().unwrap();
+                while done.len() < batch {
+                    fixed.reap(&mut done).unwrap();
+                }
+                while let Some(c) = done.pop() {
+                    free.push(c.into_buf());
+                }
+            });
+        });
+        drop((fixed, peer));
+
+        let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let awaited = AsyncFixedRing::new(ring(&mut qp), Wakeup::Busy).unwrap();
+        let h = awaited.attach(qp).unwrap();
+        let mut free: Vec<FixedBuf> = (0..batch).map(|_| awaited.take_buf().unwrap()).collect();
+        let mut ops = Vec::with_capacity(batch);
+        group.bench_function(format!("awaited_write_batch_{batch}"), |b| {
+            b.iter(|| {
+                futures::executor::block_on(async {
+                    let mut i = 0;
+                    while let Some(buf) = free.pop() {
+                        let write = WriteFixed::new(buf, 64, targets[i]).user_data(i as u64);
+                        ops.push(awaited.push(h, write).unwrap());
+                        i += 1;
+                    }
+                    for op in ops.drain(..) {
+                        free.push(op.await.unwrap().into_buf());
+                    }
+                })
+            });
+        });
+        drop((awaited, peer));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, software_path, fixed_path, one_poller);
 criterion_main!(benches);
 
 /// One poller serving many queue pairs: rounds of 16 WRITEs on one queue
