@@ -21,15 +21,19 @@ struct Setup {
     _exposed: ExposedBuf<Vec<u8>>,
 }
 
-fn setup(batch: usize) -> Setup {
-    let dev = SoftDevice::with_progress(Progress::NoOp);
-    let pd = dev.alloc_pd();
-    let config = QpConfig {
+/// Queue pairs deep enough for a round of 64 unsignaled sends.
+fn qp_config() -> QpConfig {
+    QpConfig {
         max_send_wr: 256,
         max_recv_wr: 1,
         ..QpConfig::default()
-    };
-    let (qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    }
+}
+
+fn setup(batch: usize) -> Setup {
+    let dev = SoftDevice::with_progress(Progress::NoOp);
+    let pd = dev.alloc_pd();
+    let (qp, peer) = dev.connected_pair(&pd, &pd, qp_config()).unwrap();
     std::mem::forget(peer); // keep the link up for the whole benchmark
     let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
     let pool = BufferPool::new(&pd, 64, batch).unwrap();
@@ -89,11 +93,7 @@ fn fixed_path(c: &mut Criterion) {
     for batch in [1usize, 16, 64] {
         let dev = SoftDevice::with_progress(Progress::NoOp);
         let pd = dev.alloc_pd();
-        let config = QpConfig {
-            max_send_wr: 256,
-            max_recv_wr: 1,
-            ..QpConfig::default()
-        };
+        let config = qp_config();
         let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
         let targets: Vec<RemoteSlice> = (0..batch as u64)
             .map(|i| exposed.remote().slice(i * 64..(i + 1) * 64).unwrap())
