@@ -357,7 +357,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// [`reap`](Self::reap), polling the device until a poll comes back
     /// short of a full batch (or the queue's depth is polled): nothing a
     /// completion channel has already signaled is left behind for an
-    /// event that will not come.
+    /// event that will not come. A poll that fails still hands out what
+    /// the failure flushed (work never posted).
     pub(crate) fn reap_all(&mut self, out: &mut impl CompletionSink) -> Result<(), Error> {
         if !self.ready.is_empty() {
             out.put_all(self.ready.drain(..));
@@ -365,8 +366,16 @@ impl<Q: QueuePair> FixedRing<Q> {
         // The queue holds `cq_entries` at most: that many polls empty it,
         // whatever arrives meanwhile (which raises an event of its own).
         for _ in 0..=self.cq_entries / POLL_BATCH {
-            if self.failed.is_some() || self.reap_device(out)? < POLL_BATCH {
+            if self.failed.is_some() {
                 break;
+            }
+            match self.reap_device(out) {
+                Ok(n) if n < POLL_BATCH => break,
+                Ok(_) => {}
+                Err(error) => {
+                    out.put_all(self.ready.drain(..));
+                    return Err(error);
+                }
             }
         }
         Ok(())

@@ -235,11 +235,6 @@ impl<Q: QueuePair> Inner<Q> {
         };
         let mut settle = self.futures.settle();
         let result = ring.reap_all(&mut settle);
-        if result.is_err() {
-            // The failure flushed what was never posted: that goes to its
-            // futures too (a failed ring polls no more).
-            let _ = ring.reap_all(&mut settle);
-        }
         let n = settle.settled;
         self.futures.give_back(ring);
         // However the failure was met (this poll, or a detach's drain),
