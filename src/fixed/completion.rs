@@ -198,7 +198,13 @@ impl FixedCompletion {
         self.by_write_imm
     }
 
-    /// The queue pair the operation ran on.
+    /// The queue pair the operation ran on. For a receive of a shared
+    /// receive queue, the queue pair the message arrived on — or, if none
+    /// is known, a handle that names nothing (as
+    /// [`FixedRing::qp_error`](super::FixedRing::qp_error) reports): a
+    /// receive handed back unconsumed when its queue was removed, closed,
+    /// refused or never posted, or one whose queue pair was detached
+    /// before its flushed completion came.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

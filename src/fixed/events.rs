@@ -23,7 +23,12 @@ impl<Q: QueuePair> FixedRing<Q> {
     ///   when a poll fails; work pushed and never posted comes back
     ///   flushed from the next reap, what was posted only from a detach
     ///   or close, if the device gives it back in time;
-    /// * `DeviceFatal`: the same, and every queue pair is moved to error.
+    /// * `DeviceFatal`: the same, and every queue pair is moved to error;
+    /// * `SrqLimitReached`, `SrqError` of a shared receive queue the ring
+    ///   holds, `LastWqeReached` of an attached queue pair: nothing changes
+    ///   (they concern the ring, and `true` says so, for the caller to
+    ///   refill the queue, say). A failed shared receive queue's queue
+    ///   pairs are failed by their own events.
     ///
     /// Other events change nothing here.
     ///
@@ -76,6 +81,12 @@ impl<Q: QueuePair> FixedRing<Q> {
                     let _ = enter_error(slot, handle, WcStatus::FatalErr);
                 }
                 true
+            }
+            AsyncEvent::SrqLimitReached { srq } | AsyncEvent::SrqError { srq } => {
+                self.holds_srq(srq)
+            }
+            AsyncEvent::LastWqeReached { qp_num } => {
+                self.qps.iter().flatten().any(|s| s.qpn == qp_num)
             }
             _ => false,
         }

@@ -45,9 +45,17 @@
 //! To await its operations from tasks, share it as an
 //! [`AsyncFixedRing`](crate::future::AsyncFixedRing).
 //!
+//! **Shared receive queues** ([`FixedRing::add_srq`]): receives pushed once
+//! with [`FixedRing::push_srq`], taken by whichever of the queue's queue
+//! pairs a message arrives on; each completion names that queue pair
+//! (found by the number in the completion queue entry). Teardown destroys
+//! the queue pairs before the queue and the queue before its receives'
+//! slots are let go.
+//!
 //! What it does not do: buffers other than its slots (a slot is one
-//! scatter/gather element), shared receive queues, reading the device's
-//! event channel itself. For those, use [`Ring`](crate::ring::Ring).
+//! scatter/gather element), refilling a shared receive queue by itself,
+//! reading the device's event channel itself. For those, use
+//! [`Ring`](crate::ring::Ring).
 //!
 //! ```
 //! use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -83,6 +91,7 @@ mod events;
 mod op;
 mod queue;
 mod ring;
+mod srq;
 
 pub use bufs::{FixedBuf, FixedBufs};
 pub(crate) use completion::CompletionSink;
@@ -92,3 +101,4 @@ pub use op::{
     WriteFixed,
 };
 pub use ring::{FixedQp, FixedRing, FixedRingConfig};
+pub use srq::FixedSrq;

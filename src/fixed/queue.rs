@@ -4,12 +4,16 @@
 use crate::backend::{QueuePair, RecvWr, SendWr, Sge, WcStatus};
 use crate::op::{Limits, OpKind};
 
-/// A `wr_id`: the queue pair's slot in the ring (16 bits), whether it is a
-/// receive (1 bit), and the low bits of its sequence number.
+/// A `wr_id`: the slot in the ring (16 bits) of its queue pair, or of its
+/// shared receive queue, whether it is a receive (1 bit), whether of a
+/// shared receive queue (1 bit), and the low bits of its sequence number.
 const INDEX_SHIFT: u32 = 48;
 const RECV_BIT: u64 = 1 << 47;
-pub(super) const SEQ_MASK: u64 = RECV_BIT - 1;
-/// Queue pairs one fixed ring holds at most: the index bits of a `wr_id`.
+/// Set, with [`RECV_BIT`], in a receive of a shared receive queue.
+pub(super) const SRQ_BIT: u64 = 1 << 46;
+pub(super) const SEQ_MASK: u64 = SRQ_BIT - 1;
+/// Queue pairs, and shared receive queues, one fixed ring holds at most:
+/// the index bits of a `wr_id`.
 pub(super) const MAX_QPS: usize = 1 << (64 - INDEX_SHIFT);
 /// The buffer index of what names no slot of the table: the drain marker,
 /// and a receive already handed back.
@@ -20,8 +24,14 @@ pub(super) fn wr_id(index: u32, recv: bool, seq: u64) -> u64 {
     (u64::from(index) << INDEX_SHIFT) | (u64::from(recv) * RECV_BIT) | (seq & SEQ_MASK)
 }
 
-/// A `wr_id` taken apart: queue pair slot, whether a receive, sequence
-/// bits.
+/// The `wr_id` of a receive of the shared receive queue in slot `index`.
+#[inline(always)]
+pub(super) fn srq_wr_id(index: u32, seq: u64) -> u64 {
+    (u64::from(index) << INDEX_SHIFT) | RECV_BIT | SRQ_BIT | (seq & SEQ_MASK)
+}
+
+/// A `wr_id` taken apart: queue pair (or shared receive queue) slot,
+/// whether a receive, sequence bits.
 #[inline(always)]
 pub(super) fn parse_wr_id(wr_id: u64) -> (usize, bool, u64) {
     (
@@ -116,11 +126,38 @@ impl<T: Copy> SeqRing<T> {
     }
 }
 
+/// Takes the posted receive whose low sequence bits a `wr_id` carries out
+/// of `recvs`, once: receives may complete out of order (a shared receive
+/// queue's across its queue pairs, say), so each has its own entry, marked
+/// taken; `head` moves past taken entries, and `taken_ahead` counts those
+/// it has not reached yet.
+#[inline]
+pub(super) fn take_recv(
+    recvs: &mut SeqRing<RecvEntry>,
+    taken_ahead: &mut u64,
+    bits: u64,
+) -> Option<RecvEntry> {
+    let seq = recvs.posted_seq(bits)?;
+    let entry = recvs.get(seq);
+    if entry.index == NO_SLOT {
+        return None;
+    }
+    recvs.set(seq, RecvEntry::TAKEN);
+    *taken_ahead += 1;
+    while recvs.head < recvs.posted && recvs.get(recvs.head).index == NO_SLOT {
+        recvs.head += 1;
+        *taken_ahead -= 1;
+    }
+    Some(entry)
+}
+
 /// What the ring keeps of one attached queue pair.
 pub(super) struct AttachedQp<Q> {
     pub(super) qp: Q,
     pub(super) qpn: u32,
     pub(super) handle: super::FixedQp,
+    /// The slot of the shared receive queue its receives come from.
+    pub(super) srq: Option<u32>,
     pub(super) limits: Limits,
     /// Sends the ring lets be outstanding: the send queue's depth less the
     /// drain marker's place.

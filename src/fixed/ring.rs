@@ -4,8 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::queue::{
-    parse_wr_id, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_QPS, NO_SLOT,
+    parse_wr_id, take_recv, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_QPS, NO_SLOT,
+    SRQ_BIT,
 };
+use super::srq::{complete_srq, AttachedSrq, Consumers};
 use super::{CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp};
 use crate::backend::{
     CompletionQueue as DeviceCq, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr,
@@ -77,23 +79,40 @@ pub struct FixedQp {
     id: u64,
 }
 
+/// A handle's value: a generation unique in the process (shared by queue
+/// pairs and shared receive queues) above the slot's index.
+pub(super) fn fresh_handle(index: usize) -> u64 {
+    let generation = NEXT_GENERATION
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+        .expect("2^64 queues attached in one process");
+    assert!(
+        generation < 1 << (64 - INDEX_BITS),
+        "2^48 queues attached in one process"
+    );
+    generation << INDEX_BITS | index as u64
+}
+
+/// The slot index of a handle's value.
+#[inline(always)]
+pub(super) fn handle_index(id: u64) -> usize {
+    (id & ((1 << INDEX_BITS) - 1)) as usize
+}
+
 impl FixedQp {
+    /// Names no queue pair (generation 0 is never handed out): the queue
+    /// pair of a shared receive queue's receive that none is known to
+    /// have taken.
+    pub(super) const NONE: FixedQp = FixedQp { id: 0 };
+
     fn fresh(index: usize) -> Self {
-        let generation = NEXT_GENERATION
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
-            .expect("2^64 queue pairs attached in one process");
-        assert!(
-            generation < 1 << (64 - INDEX_BITS),
-            "2^48 queue pairs attached in one process"
-        );
         FixedQp {
-            id: generation << INDEX_BITS | index as u64,
+            id: fresh_handle(index),
         }
     }
 
     #[inline(always)]
-    fn index(self) -> usize {
-        (self.id & ((1 << INDEX_BITS) - 1)) as usize
+    pub(super) fn index(self) -> usize {
+        handle_index(self.id)
     }
 }
 
@@ -121,13 +140,14 @@ impl FixedQp {
 /// assert_eq!(ring.bufs().bytes(done[0].buf()), &[5u8; 64]);
 /// ```
 pub struct FixedRing<Q: QueuePair> {
-    // Dropped in this order: queue pairs before their completion queue,
-    // both before the memory they reach.
+    // Dropped in this order: queue pairs before their shared receive
+    // queues and completion queue, all before the memory they reach.
     pub(super) qps: Vec<Option<AttachedQp<Q>>>,
+    pub(super) srqs: Vec<Option<AttachedSrq<Q::Srq>>>,
     cq: Q::Cq,
     pub(super) bufs: FixedBufs,
     pub(super) cq_id: CqId,
-    cq_entries: usize,
+    pub(super) cq_entries: usize,
     /// Completion queue entries that no pushed or outstanding work, and no
     /// queue pair's drain marker, may need.
     pub(super) cq_free: usize,
@@ -143,6 +163,14 @@ pub struct FixedRing<Q: QueuePair> {
     /// Per queue pair slot, the send and receive sequence numbers its next
     /// queue pair starts from.
     resume: Vec<(u64, u64)>,
+    /// Per shared receive queue slot, the sequence number its next queue
+    /// starts from.
+    pub(super) srq_resume: Vec<u64>,
+    /// The attached queue pairs that take receives from a shared receive
+    /// queue, by number: a completion names its queue pair only so.
+    pub(super) consumers: Consumers,
+    /// Whether a shared receive queue has pushed receives to post.
+    pub(super) srqs_dirty: bool,
     /// Shut down (by `close`); `Drop` has nothing left to do.
     closed: bool,
 }
@@ -178,6 +206,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         let cq_entries = cq.entries() as usize;
         FixedRing {
             qps: Vec::new(),
+            srqs: Vec::new(),
             cq_id: cq.id(),
             cq,
             bufs,
@@ -190,6 +219,9 @@ impl<Q: QueuePair> FixedRing<Q> {
             unknown: 0,
             failed: None,
             resume: Vec::new(),
+            srq_resume: Vec::new(),
+            consumers: Consumers::default(),
+            srqs_dirty: false,
             closed: false,
         }
     }
@@ -216,8 +248,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     pub fn attach(&mut self, qp: Q) -> Result<FixedQp, Rejected<Q>> {
         let caps = qp.caps();
-        let index = match self.attach_place(&caps) {
-            Ok(index) => index,
+        let (index, srq) = match self.attach_place(&caps) {
+            Ok(place) => place,
             Err(error) => return Err(Rejected::new(error, qp)),
         };
         let send_depth = caps.max_send_wr - 1;
@@ -237,9 +269,17 @@ impl<Q: QueuePair> FixedRing<Q> {
             len: 0,
             kind: OpKind::Send,
         };
+        if let Some(srq) = srq {
+            self.consumers.insert(caps.qp_num, index as u32);
+            self.srqs[srq as usize]
+                .as_mut()
+                .expect("found by attach_place")
+                .consumers += 1;
+        }
         self.qps[index] = Some(AttachedQp {
             qpn: caps.qp_num,
             handle,
+            srq,
             limits: Limits::send(&caps),
             send_depth: u64::from(send_depth),
             recv_depth: u64::from(caps.max_recv_wr),
@@ -262,18 +302,28 @@ impl<Q: QueuePair> FixedRing<Q> {
         Ok(handle)
     }
 
-    /// Checks a queue pair can join and finds it a place.
-    fn attach_place(&mut self, caps: &QpCaps) -> Result<usize, Error> {
+    /// Checks a queue pair can join and finds it a place, and the slot of
+    /// the shared receive queue it takes receives from.
+    fn attach_place(&mut self, caps: &QpCaps) -> Result<(usize, Option<u32>), Error> {
+        if let Some(why) = self.failed {
+            return Err(Error::RingFailed(why));
+        }
         if caps.cq != self.cq_id {
             return Err(Error::Incompatible(
                 "it completes on another completion queue than the ring's",
             ));
         }
-        if caps.srq.is_some() {
-            return Err(Error::Incompatible(
-                "it takes receives from a shared receive queue, which the fixed ring does not serve",
-            ));
-        }
+        let srq = match caps.srq {
+            None => None,
+            Some(id) => match self.srq_index_of(id) {
+                Some(index) => Some(index as u32),
+                None => {
+                    return Err(Error::Incompatible(
+                        "it takes receives from a shared receive queue the ring does not hold (add it first)",
+                    ))
+                }
+            },
+        };
         if caps.pd != self.bufs.pd() {
             return Err(Error::WrongPd {
                 buf: self.bufs.pd(),
@@ -285,7 +335,9 @@ impl<Q: QueuePair> FixedRing<Q> {
                 "its send queue holds fewer than 2 work requests (one place is kept for the drain marker)",
             ));
         }
-        if caps.max_send_sge == 0 || (caps.max_recv_wr > 0 && caps.max_recv_sge == 0) {
+        if caps.max_send_sge == 0
+            || (srq.is_none() && caps.max_recv_wr > 0 && caps.max_recv_sge == 0)
+        {
             return Err(Error::Incompatible(
                 "its work requests take no scatter/gather element (a slot needs one)",
             ));
@@ -296,15 +348,16 @@ impl<Q: QueuePair> FixedRing<Q> {
                 entries: self.cq_entries,
             });
         }
-        match self.qps.iter().position(Option::is_none) {
-            Some(free) => Ok(free),
+        let index = match self.qps.iter().position(Option::is_none) {
+            Some(free) => free,
             None if self.qps.len() < MAX_QPS => {
                 self.qps.push(None);
                 self.resume.push((0, 0));
-                Ok(self.qps.len() - 1)
+                self.qps.len() - 1
             }
-            None => Err(Error::Incompatible("the ring holds 65,536 queue pairs")),
-        }
+            None => return Err(Error::Incompatible("the ring holds 65,536 queue pairs")),
+        };
+        Ok((index, srq))
     }
 
     /// Pushes an operation for `qp`; it is posted by the next
@@ -397,6 +450,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let handle = slot.handle;
             flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         }
+        self.flush_srqs_unposted();
     }
 
     /// Whether nothing is pushed, posted or waiting to be handed out.
@@ -407,6 +461,11 @@ impl<Q: QueuePair> FixedRing<Q> {
                     && slot.sends.tail == slot.sends.posted
                     && slot.recvs.tail == slot.recvs.posted
             })
+            && self
+                .srqs
+                .iter()
+                .flatten()
+                .all(|srq| srq.recvs.head == srq.recvs.tail)
     }
 
     #[inline(always)]
@@ -439,6 +498,11 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
         let sge = self.bufs.sge_of(work.index, work.len);
         if work.kind == OpKind::Recv {
+            if slot.srq.is_some() {
+                return Err(Error::Incompatible(
+                    "its receives come from a shared receive queue: push them there (push_srq)",
+                ));
+            }
             if slot.recvs.outstanding() >= slot.recv_depth {
                 return Err(Error::RecvQueueFull {
                     outstanding: slot.recvs.outstanding() as usize,
@@ -494,8 +558,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Posts everything pushed since the last submit: one doorbell per
-    /// queue pair with receives, then one per queue pair with sends (so a
-    /// request's reply finds the receive pushed with it). The last send of
+    /// shared receive queue with receives, then one per queue pair with
+    /// receives, then one per queue pair with sends (so a request's reply
+    /// finds the receive pushed with it). The last send of
     /// each queue pair asks for a completion, so every send comes back.
     /// Returns how many work requests were posted.
     ///
@@ -528,6 +593,17 @@ impl<Q: QueuePair> FixedRing<Q> {
         let table = self.bufs.table();
         let mut posted = 0;
         let mut first_error = None;
+        // Shared receive queues first, as receives go first on each queue
+        // pair.
+        if self.srqs_dirty {
+            match self.post_srqs() {
+                Ok(n) => posted += n,
+                Err((n, error)) => {
+                    posted += n;
+                    first_error = Some(error);
+                }
+            }
+        }
         for &index in &self.dirty {
             let Some(slot) = self.qps[index as usize].as_mut() else {
                 continue;
@@ -603,6 +679,8 @@ impl<Q: QueuePair> FixedRing<Q> {
         for cqe in &self.cqes[..n] {
             complete(
                 &mut self.qps,
+                &mut self.srqs,
+                &self.consumers,
                 cqe,
                 table,
                 &mut self.cq_free,
@@ -668,11 +746,12 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
     }
 
-    /// Posted operations not yet completed, on every queue pair (not
-    /// counting drain markers, nor receives already handed back out of
-    /// order).
+    /// Posted operations not yet completed, on every queue pair and
+    /// shared receive queue (not counting drain markers, nor receives
+    /// already handed back out of order).
     fn posted_outstanding(&self) -> usize {
-        self.qps
+        let on_qps: usize = self
+            .qps
             .iter()
             .flatten()
             .map(|s| {
@@ -680,7 +759,14 @@ impl<Q: QueuePair> FixedRing<Q> {
                 let recvs = s.recvs.posted - s.recvs.head - s.recvs_taken_ahead;
                 (sends + recvs) as usize
             })
-            .sum()
+            .sum();
+        on_qps
+            + self
+                .srqs
+                .iter()
+                .flatten()
+                .map(AttachedSrq::posted)
+                .sum::<usize>()
     }
 
     /// Removes a queue pair and hands it back. Its work never posted comes
@@ -689,6 +775,13 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// other queue pairs' completions meanwhile wait for the next reap).
     /// If the device does not flush everything within `drain_timeout`, it
     /// stays attached, in error, and [`Error::Timeout`] is returned.
+    ///
+    /// One that takes receives from a shared receive queue is moved to
+    /// error even when idle, so it takes no more of them, and the
+    /// completions already queued are reaped while it is attached (they
+    /// name it). A receive it took whose flushed completion the device
+    /// reports later comes back naming no queue pair
+    /// ([`FixedCompletion::qp`]).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -714,8 +807,14 @@ impl<Q: QueuePair> FixedRing<Q> {
         let table = self.bufs.table();
         let slot = attached_mut(&mut self.qps, handle)?;
         flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
-        if slot.busy() {
+        // One on a shared receive queue goes to error even when idle: once
+        // detached, it must take none of the queue's receives.
+        let on_srq = slot.srq.is_some();
+        let busy = slot.busy();
+        if busy || (on_srq && slot.error.is_none()) {
             let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
+        }
+        if busy {
             let deadline = Deadline::after(self.config.drain_timeout);
             let busy = |ring: &Self| {
                 ring.qps[handle.index()]
@@ -737,11 +836,45 @@ impl<Q: QueuePair> FixedRing<Q> {
                 std::thread::yield_now();
             }
         }
+        if on_srq && self.failed.is_none() {
+            // Receives of the shared queue it took, already completed, are
+            // reaped while it is attached, so they name it. (Only that: a
+            // failing poll fails the ring, not the detach.)
+            let _ = self.reap_queued_into_ready();
+        }
         self.dirty.retain(|&i| i as usize != handle.index());
         let slot = self.qps[handle.index()].take().expect("checked above");
         self.resume[handle.index()] = (slot.sends.tail, slot.recvs.tail);
         self.cq_free += 1;
+        if let Some(srq) = slot.srq {
+            self.consumers.remove(slot.qpn);
+            if let Some(srq) = self.srqs[srq as usize].as_mut() {
+                srq.consumers -= 1;
+            }
+        }
         Ok(slot.qp)
+    }
+
+    /// Polls into the ring's list of ready completions until the
+    /// completion queue has nothing more to give now.
+    pub(super) fn reap_queued_into_ready(&mut self) -> Result<(), Error> {
+        let mut ready = std::mem::take(&mut self.ready);
+        let mut polled = Ok(());
+        for _ in 0..=self.cq_entries / POLL_BATCH {
+            match self.reap_device(&mut ready) {
+                Ok(n) if n < POLL_BATCH => break,
+                Ok(_) => {}
+                Err(error) => {
+                    polled = Err(error);
+                    break;
+                }
+            }
+        }
+        // A failure the poll met flushed unposted work into the ring's
+        // list meanwhile: keep both.
+        ready.append(&mut self.ready);
+        self.ready = ready;
+        polled
     }
 
     /// Polls the device once into `out`; returns how many entries the
@@ -758,6 +891,8 @@ impl<Q: QueuePair> FixedRing<Q> {
         for cqe in &self.cqes[..n] {
             complete(
                 &mut self.qps,
+                &mut self.srqs,
+                &self.consumers,
                 cqe,
                 table,
                 &mut self.cq_free,
@@ -1008,7 +1143,13 @@ pub(super) fn flush_unposted<Q>(
     slot.recv_sges.clear();
 }
 
-fn flushed(qp: FixedQp, table: u64, index: u32, user_data: u64, kind: OpKind) -> FixedCompletion {
+pub(super) fn flushed(
+    qp: FixedQp,
+    table: u64,
+    index: u32,
+    user_data: u64,
+    kind: OpKind,
+) -> FixedCompletion {
     FixedCompletion {
         user_data,
         buf: FixedBuf::from_raw(table, index),
@@ -1071,9 +1212,12 @@ pub(super) fn enter_error<Q: QueuePair>(
 }
 
 /// Hands out what one completion queue entry completes.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn complete<Q>(
+fn complete<Q, S>(
     qps: &mut [Option<AttachedQp<Q>>],
+    srqs: &mut [Option<AttachedSrq<S>>],
+    consumers: &Consumers,
     cqe: &RawCompletion,
     table: u64,
     cq_free: &mut usize,
@@ -1081,6 +1225,18 @@ fn complete<Q>(
     out: &mut impl CompletionSink,
 ) {
     let (index, recv, bits) = parse_wr_id(cqe.wr_id);
+    // One bit here; `complete_srq`, out of line, checks the receive bit
+    // too (no `wr_id` the ring posts has one without the other).
+    if cqe.wr_id & SRQ_BIT != 0 {
+        match complete_srq(qps, srqs, consumers, index, recv, bits, table, cqe) {
+            Some(completion) => {
+                *cq_free += 1;
+                out.put(completion);
+            }
+            None => *unknown += 1,
+        }
+        return;
+    }
     let Some(Some(slot)) = qps.get_mut(index) else {
         *unknown += 1;
         return;
@@ -1091,44 +1247,15 @@ fn complete<Q>(
     }
     let qp = slot.handle;
     if recv {
-        // Each receive has its own entry, so one delivered out of order is
-        // still released, and only once.
-        let Some(seq) = slot.recvs.posted_seq(bits) else {
+        let Some(entry) = take_recv(&mut slot.recvs, &mut slot.recvs_taken_ahead, bits) else {
             *unknown += 1;
             return;
         };
-        let entry = slot.recvs.get(seq);
-        if entry.index == NO_SLOT {
-            *unknown += 1;
-            return;
-        }
         if !cqe.status.is_success() {
             slot.error.get_or_insert(cqe.status);
         }
-        slot.recvs.set(seq, RecvEntry::TAKEN);
-        slot.recvs_taken_ahead += 1;
-        while slot.recvs.head < slot.recvs.posted
-            && slot.recvs.get(slot.recvs.head).index == NO_SLOT
-        {
-            slot.recvs.head += 1;
-            slot.recvs_taken_ahead -= 1;
-        }
         *cq_free += 1;
-        out.put(FixedCompletion {
-            user_data: entry.user_data,
-            buf: FixedBuf::from_raw(table, entry.index),
-            qp,
-            // Undefined on a failure (verbs leaves it so).
-            byte_len: if cqe.status.is_success() {
-                cqe.byte_len
-            } else {
-                0
-            },
-            imm: cqe.imm.filter(|_| cqe.status.is_success()),
-            kind: OpKind::Recv,
-            status: cqe.status,
-            by_write_imm: cqe.by_write_imm && cqe.status.is_success(),
-        });
+        out.put(recv_completion(entry, qp, table, cqe));
         return;
     }
     let Some(seq) = slot.sends.posted_seq(bits) else {
@@ -1156,6 +1283,28 @@ fn complete<Q>(
     } else {
         *cq_free += 1;
         out.put(send_completion(entry, qp, table, cqe.status));
+    }
+}
+
+/// What a receive's completion queue entry hands out.
+#[inline(always)]
+pub(super) fn recv_completion(
+    entry: RecvEntry,
+    qp: FixedQp,
+    table: u64,
+    cqe: &RawCompletion,
+) -> FixedCompletion {
+    let ok = cqe.status.is_success();
+    FixedCompletion {
+        user_data: entry.user_data,
+        buf: FixedBuf::from_raw(table, entry.index),
+        qp,
+        // Undefined on a failure (verbs leaves it so).
+        byte_len: if ok { cqe.byte_len } else { 0 },
+        imm: cqe.imm.filter(|_| ok),
+        kind: OpKind::Recv,
+        status: cqe.status,
+        by_write_imm: cqe.by_write_imm && ok,
     }
 }
 
@@ -1219,11 +1368,14 @@ impl<Q: QueuePair> FixedRing<Q> {
             return true;
         }
         let table = self.bufs.table();
+        self.flush_srqs_unposted();
         out.append(&mut self.ready);
         for slot in self.qps.iter_mut().flatten() {
             let handle = slot.handle;
             flush_unposted(slot, handle, table, out, &mut self.cq_free);
-            if slot.busy() {
+            // Idle ones on a shared receive queue too: they must stop
+            // taking its receives before it is destroyed.
+            if slot.busy() || (slot.srq.is_some() && slot.error.is_none()) {
                 let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
             }
         }
@@ -1234,7 +1386,10 @@ impl<Q: QueuePair> FixedRing<Q> {
             }
             std::thread::yield_now();
         }
-        let drained = !self.qps.iter().flatten().any(AttachedQp::busy);
+        let mut drained = !self.qps.iter().flatten().any(AttachedQp::busy);
+        if self.srqs.iter().any(Option::is_some) {
+            drained = self.release_srqs(drained, out) && drained;
+        }
         if !drained {
             self.bufs.leak();
         }

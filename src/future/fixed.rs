@@ -13,7 +13,8 @@ use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
 use crate::backend::{AsyncEvent, CompletionEvents, CompletionQueue, QueuePair};
 use crate::error::{Error, Rejected};
 use crate::fixed::{
-    CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing,
+    CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing, FixedSrq,
+    RecvFixed,
 };
 
 /// A [`FixedRing`] shared between tasks: every operation pushed through
@@ -182,6 +183,24 @@ struct Inner<Q: QueuePair> {
 
 impl<Q: QueuePair> Inner<Q> {
     fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<u32, Rejected<O>> {
+        self.push_with(op, |ring, op, tag| ring.push_tagged(qp, op, tag))
+    }
+
+    fn push_srq(&mut self, srq: FixedSrq, op: RecvFixed) -> Result<u32, Rejected<RecvFixed>> {
+        self.push_with(op, |ring, op, tag| {
+            ring.push_srq_tagged(srq, op, tag).map(|own| (own, true))
+        })
+    }
+
+    /// Pushes `op` with a fresh tag through `push` (which returns the
+    /// operation's own `user_data` and whether it is a receive), and keeps
+    /// a waiting state under that tag.
+    #[inline(always)]
+    fn push_with<O>(
+        &mut self,
+        op: O,
+        push: impl FnOnce(&mut FixedRing<Q>, O, u64) -> Result<(u64, bool), Rejected<O>>,
+    ) -> Result<u32, Rejected<O>> {
         let Some(ring) = self.ring.as_mut() else {
             return Err(Rejected::new(Error::Closed, op));
         };
@@ -192,7 +211,7 @@ impl<Q: QueuePair> Inner<Q> {
                 (self.futures.ops.len() - 1) as u32
             }
         };
-        match ring.push_tagged(qp, op, u64::from(key)) {
+        match push(ring, op, u64::from(key)) {
             Ok((user_data, recv)) => {
                 self.futures.ops[key as usize] = OpState::Waiting {
                     waker: None,
@@ -711,6 +730,99 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
             key,
             polled: false,
             resolved: false,
+        })
+    }
+
+    /// Takes a shared receive queue into the ring, as
+    /// [`FixedRing::add_srq`] does. Queue pairs created on it are then
+    /// attached with [`attach`](Self::attach); the queue itself is reached
+    /// for that with [`with_srq`](Self::with_srq).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = ring.with_srq(srq, |cq, srq| dev.create_qp_on(&pd, cq, srq, QpConfig::default())).unwrap().unwrap();
+    /// ring.attach(qp).unwrap();
+    /// ```
+    pub fn add_srq(&self, srq: Q::Srq) -> Result<FixedSrq, Rejected<Q::Srq>> {
+        self.shared.with(|inner| match inner.ring.as_mut() {
+            Some(ring) => ring.add_srq(srq),
+            None => Err(Rejected::new(Error::Closed, srq)),
+        })
+    }
+
+    /// Calls `f` with the ring's completion queue and shared receive queue
+    /// `srq` (`None` if it names nothing), under the ring's lock: to create
+    /// a queue pair on them.
+    pub fn with_srq<R>(
+        &self,
+        srq: FixedSrq,
+        f: impl FnOnce(&Q::Cq, Option<&Q::Srq>) -> R,
+    ) -> Result<R, Error> {
+        self.shared.with(|inner| match inner.ring.as_ref() {
+            Some(ring) => Ok(f(ring.cq(), ring.srq(srq))),
+            None => Err(Error::Closed),
+        })
+    }
+
+    /// Pushes a receive to shared receive queue `srq` and returns its
+    /// future, which resolves with the completion of the message that
+    /// took it (naming the queue pair it arrived on); refused, and handed
+    /// back whole, as [`FixedRing::push_srq`] refuses (or once the ring is
+    /// closed). It is posted as any pushed operation is (see
+    /// [`push`](Self::push)), never left waiting for a shared doorbell.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, SrqConfig, WcStatus};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let recv = ring.push_srq(srq, RecvFixed::new(ring.take_buf().unwrap()).user_data(3)).unwrap();
+    /// ring.submit().unwrap();
+    /// let _srq = ring.remove_srq(srq).unwrap(); // no queue pair took it
+    /// let back = futures::executor::block_on(recv).unwrap();
+    /// assert_eq!((back.user_data(), back.status()), (3, WcStatus::WrFlushErr));
+    /// ```
+    pub fn push_srq(
+        &self,
+        srq: FixedSrq,
+        op: RecvFixed,
+    ) -> Result<FixedOpFuture<Q>, Rejected<RecvFixed>> {
+        let key = self.shared.lock().push_srq(srq, op)?;
+        Ok(FixedOpFuture {
+            shared: Arc::clone(&self.shared),
+            key,
+            polled: false,
+            resolved: false,
+        })
+    }
+
+    /// Receives of `srq` posted and not yet handed back (see
+    /// [`FixedRing::srq_posted`]).
+    pub fn srq_posted(&self, srq: FixedSrq) -> Result<usize, Error> {
+        self.shared.with(|inner| match inner.ring.as_ref() {
+            Some(ring) => ring.srq_posted(srq),
+            None => Err(Error::Closed),
+        })
+    }
+
+    /// Removes, destroys and hands back shared receive queue `srq`, as
+    /// [`FixedRing::remove_srq`] does; its receives go to their futures,
+    /// flushed.
+    pub fn remove_srq(&self, srq: FixedSrq) -> Result<Q::Srq, Error> {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
+            let removed = ring.remove_srq(srq);
+            let _ = inner.reap();
+            removed
         })
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rdma_ring::backend::{QueuePair, WcStatus};
+use rdma_ring::backend::{QueuePair, SrqConfig, WcStatus};
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     CompareSwapFixed, FetchAddFixed, FixedBufs, FixedCompletion, FixedQp, FixedRing,
@@ -505,4 +505,73 @@ pub fn fixed_failed_queue_pairs_flush_what_they_held<F: Fabric>(f: &F) {
         assert_eq!(ring.bufs().free(), 8, "every slot back");
         drop(qp);
     }
+}
+
+/// Many peers' messages land in one shared receive queue of a fixed ring;
+/// each completion names the queue pair it arrived on. Then the queue
+/// pairs leave and the queue is removed: its receives come back flushed.
+pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
+    const PEERS: usize = 6;
+    let mut server = FixedRing::new(
+        f.cq(256),
+        FixedBufs::new(f.pd(), 64, 64).unwrap(),
+        fixed_config(),
+    );
+    let srq = server
+        .add_srq(f.srq(SrqConfig {
+            max_wr: 32,
+            max_sge: 1,
+        }))
+        .unwrap_or_else(|r| panic!("add_srq: {}", r.error()));
+    let mut handles = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..PEERS {
+        let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), config());
+        handles.push(
+            server
+                .attach(qp)
+                .unwrap_or_else(|r| panic!("attach: {}", r.error())),
+        );
+        clients.push(Ring::new(peer, ring_config()));
+    }
+    for i in 0..2 * PEERS as u64 + 4 {
+        let slot = server.take_buf().unwrap();
+        server
+            .push_srq(srq, RecvFixed::new(slot).user_data(i))
+            .unwrap();
+    }
+    assert_eq!(server.submit().unwrap(), 2 * PEERS + 4);
+    for (i, client) in clients.iter_mut().enumerate() {
+        for k in 0..2u8 {
+            let msg = RegisteredBuf::new(f.pd(), vec![(i as u8) << 1 | k; 8 + k as usize]).unwrap();
+            client.submission().push(Send::new(msg)).unwrap();
+        }
+        submit(client);
+        assert!(wait(client, 2).iter().all(|c| c.status().is_success()));
+    }
+    let got = fixed_wait(&mut server, 2 * PEERS);
+    let mut seen = vec![0u8; PEERS];
+    for c in &got {
+        assert_eq!(c.status(), WcStatus::Success);
+        let byte = server.bufs().bytes(c.buf())[0];
+        let (peer, k) = ((byte >> 1) as usize, u32::from(byte & 1));
+        assert_eq!(c.qp(), handles[peer], "named by the queue pair it came on");
+        assert_eq!(c.byte_len(), 8 + k);
+        seen[peer] |= 1 << k;
+    }
+    assert_eq!(seen, vec![3u8; PEERS], "every message, once");
+    assert_eq!(server.srq_posted(srq).unwrap(), 4);
+    give_back(&mut server, got);
+
+    // The queue pairs leave (each moved to error, idle as it is), and
+    // are destroyed; the queue goes, and its four receives come back.
+    for &h in &handles {
+        drop(server.detach(h).unwrap());
+    }
+    drop(server.remove_srq(srq).unwrap());
+    let back = fixed_wait(&mut server, 4);
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    give_back(&mut server, back);
+    assert_eq!(server.bufs().free(), 64, "every slot came back");
+    assert_eq!(server.unknown_completions(), 0);
 }

@@ -460,5 +460,6 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn fixed_detach_and_drop_with_work_in_flight() { conformance::fixed::fixed_detach_and_drop_with_work_in_flight(&$make) }
         $(#[$attr])* #[test] fn fixed_awaited_ops() { conformance::fixed::fixed_awaited_ops(&$make) }
         $(#[$attr])* #[test] fn fixed_failed_queue_pairs_flush_what_they_held() { conformance::fixed::fixed_failed_queue_pairs_flush_what_they_held(&$make) }
+        $(#[$attr])* #[test] fn fixed_many_peers_on_one_srq() { conformance::fixed::fixed_many_peers_on_one_srq(&$make) }
     };
 }

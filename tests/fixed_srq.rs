@@ -1,0 +1,449 @@
+//! The fixed ring's shared receive queues on the soft device: many peers'
+//! messages landing in one queue's receives, each naming the queue pair
+//! it arrived on; refusals; detach, removal and close handing every
+//! receive back; a failed receive failing its queue pair alone; events.
+
+use std::time::Duration;
+
+use rdma_ring::backend::soft::{SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{AsyncEvent, AsyncEventSource, QpConfig, SharedReceiveQueue};
+use rdma_ring::backend::{SrqConfig, WcStatus};
+use rdma_ring::fixed::{
+    FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, RecvFixed, SendFixed,
+};
+use rdma_ring::future::{AsyncFixedRing, Wakeup};
+use rdma_ring::Error;
+
+/// A server ring whose queue pairs take receives from one shared queue.
+struct Server {
+    dev: SoftDevice,
+    pd: SoftPd,
+    ring: FixedRing<SoftQp>,
+    srq: FixedSrq,
+}
+
+/// A peer of the server: a ring of its own over one queue pair.
+struct Client {
+    ring: FixedRing<SoftQp>,
+    qp: FixedQp,
+}
+
+fn config(wait: Duration) -> FixedRingConfig {
+    FixedRingConfig {
+        wait_timeout: wait,
+        ..FixedRingConfig::default()
+    }
+}
+
+fn server(slot_len: u32, srq_depth: u32) -> Server {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring = FixedRing::new(
+        dev.create_cq(256).unwrap(),
+        FixedBufs::new(&pd, 32, slot_len).unwrap(),
+        config(Duration::from_secs(10)),
+    );
+    let srq = ring
+        .add_srq(
+            dev.create_srq(
+                &pd,
+                SrqConfig {
+                    max_wr: srq_depth,
+                    ..SrqConfig::default()
+                },
+            )
+            .unwrap(),
+        )
+        .unwrap_or_else(|r| panic!("add_srq: {}", r.error()));
+    Server { dev, pd, ring, srq }
+}
+
+impl Server {
+    /// A queue pair on the shared queue, attached, connected to a new
+    /// client (64-byte slots).
+    fn connect(&mut self) -> (FixedQp, Client) {
+        let qp = self
+            .dev
+            .create_qp_on(
+                &self.pd,
+                self.ring.cq(),
+                self.ring.srq(self.srq),
+                QpConfig::default(),
+            )
+            .unwrap();
+        let mut peer = self.dev.create_qp(&self.pd, QpConfig::default()).unwrap();
+        self.dev.connect(&qp, &peer).unwrap();
+        let handle = self
+            .ring
+            .attach(qp)
+            .unwrap_or_else(|r| panic!("attach: {}", r.error()));
+        let cq = rdma_ring::backend::QueuePair::take_cq(&mut peer).unwrap();
+        let mut ring = FixedRing::new(
+            cq,
+            FixedBufs::new(&self.pd, 8, 64).unwrap(),
+            config(Duration::from_secs(10)),
+        );
+        let qp = ring.attach(peer).unwrap_or_else(|_| panic!("attach"));
+        (handle, Client { ring, qp })
+    }
+
+    fn post_receives(&mut self, n: usize, user_data: u64) {
+        for i in 0..n {
+            let slot = self.ring.take_buf().unwrap();
+            self.ring
+                .push_srq(
+                    self.srq,
+                    RecvFixed::new(slot).user_data(user_data + i as u64),
+                )
+                .unwrap();
+        }
+        self.ring.submit().unwrap();
+    }
+
+    fn give_back(&mut self, done: Vec<FixedCompletion>) {
+        for c in done {
+            self.ring.put_buf(c.into_buf()).unwrap();
+        }
+    }
+}
+
+impl Client {
+    /// Sends `len` bytes of `byte` and waits for the send to complete.
+    fn send(&mut self, byte: u8, len: u32) -> WcStatus {
+        let mut slot = self.ring.take_buf().unwrap();
+        self.ring.bufs().bytes_mut(&mut slot).fill(byte);
+        self.ring
+            .push(self.qp, SendFixed::new(slot, len))
+            .unwrap_or_else(|r| panic!("push: {}", r.error()));
+        self.ring.submit().unwrap();
+        let done = self.ring.wait(1).unwrap().pop().unwrap();
+        let status = done.status();
+        self.ring.put_buf(done.into_buf()).unwrap();
+        status
+    }
+}
+
+#[test]
+fn many_peers_land_in_one_queue_and_each_message_names_its_queue_pair() {
+    let mut s = server(64, 8);
+    let peers: Vec<(FixedQp, Client)> = (0..3).map(|_| s.connect()).collect();
+    let mut peers = peers;
+    for round in 0..3u8 {
+        s.post_receives(6, 100);
+        assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 6);
+        for (i, (_, client)) in peers.iter_mut().enumerate() {
+            for k in 0..2u8 {
+                let byte = round * 64 + i as u8 * 8 + k;
+                assert_eq!(client.send(byte, 10 + u32::from(k)), WcStatus::Success);
+            }
+        }
+        let done = s.ring.wait(6).unwrap();
+        assert_eq!(done.len(), 6);
+        assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 0);
+        for c in &done {
+            assert_eq!(c.status(), WcStatus::Success);
+            let bytes = s.ring.bufs().bytes(c.buf());
+            let byte = bytes[0];
+            let (sender, k) = (((byte - round * 64) / 8) as usize, (byte % 8) as u32);
+            assert_eq!(
+                c.qp(),
+                peers[sender].0,
+                "the completion names the queue pair the message came on"
+            );
+            assert_eq!(c.byte_len(), 10 + k);
+            assert!(bytes[..c.byte_len() as usize].iter().all(|&b| b == byte));
+        }
+        let mut tags: Vec<u64> = done.iter().map(|c| c.user_data()).collect();
+        tags.sort_unstable();
+        assert_eq!(tags, [100, 101, 102, 103, 104, 105]);
+        s.give_back(done);
+    }
+    assert_eq!(s.ring.unknown_completions(), 0);
+}
+
+#[test]
+fn what_the_shared_queue_cannot_take_is_refused_and_handed_back() {
+    let mut s = server(64, 2);
+    let (conn, _client) = s.connect();
+
+    // A receive pushed to a queue pair on the shared queue.
+    let slot = s.ring.take_buf().unwrap();
+    let (e, op) = s
+        .ring
+        .push(conn, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    assert!(
+        matches!(e, Error::Incompatible(why) if why.contains("push_srq")),
+        "{e}"
+    );
+    s.ring.put_buf(op.into_buf()).unwrap();
+
+    // A full shared queue.
+    s.post_receives(2, 0);
+    let slot = s.ring.take_buf().unwrap();
+    let (e, op) = s
+        .ring
+        .push_srq(s.srq, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    assert!(
+        matches!(
+            e,
+            Error::RecvQueueFull {
+                outstanding: 2,
+                depth: 2
+            }
+        ),
+        "{e}"
+    );
+    s.ring.put_buf(op.into_buf()).unwrap();
+
+    // Another table's token.
+    let mut other = FixedBufs::new(&s.pd, 1, 64).unwrap();
+    let foreign = other.take().unwrap();
+    let (e, op) = s
+        .ring
+        .push_srq(s.srq, RecvFixed::new(foreign))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::ForeignFixedBuf), "{e}");
+    other.put(op.into_buf()).unwrap();
+
+    // A queue of another domain, one held already, and a queue pair on a
+    // queue the ring does not hold.
+    let other_pd = s.dev.alloc_pd();
+    let foreign = s.dev.create_srq(&other_pd, SrqConfig::default()).unwrap();
+    let id = foreign.caps().id;
+    let (e, back) = s.ring.add_srq(foreign).unwrap_err().into_parts();
+    assert!(matches!(e, Error::Incompatible(_)), "{e}");
+    assert_eq!(back.caps().id, id, "the same queue handed back");
+    let unheld = s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap();
+    let on_unheld = s
+        .dev
+        .create_qp_on(&s.pd, s.ring.cq(), Some(&unheld), QpConfig::default())
+        .unwrap();
+    let (e, _) = s.ring.attach(on_unheld).unwrap_err().into_parts();
+    assert!(
+        matches!(e, Error::Incompatible(why) if why.contains("does not hold")),
+        "{e}"
+    );
+
+    // A handle of another ring names nothing here.
+    let mut elsewhere = server(64, 2);
+    let slot = s.ring.take_buf().unwrap();
+    let (e, op) = s
+        .ring
+        .push_srq(elsewhere.srq, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::NotAttached(_)), "{e}");
+    s.ring.put_buf(op.into_buf()).unwrap();
+    assert!(s.ring.srq_posted(elsewhere.srq).is_err());
+    assert!(s.ring.srq(elsewhere.srq).is_none());
+    elsewhere.post_receives(1, 0);
+}
+
+#[test]
+fn a_full_completion_queue_refuses_shared_receives() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(4).unwrap(),
+        FixedBufs::new(&pd, 8, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap())
+        .unwrap();
+    for _ in 0..4 {
+        let slot = ring.take_buf().unwrap();
+        ring.push_srq(srq, RecvFixed::new(slot)).unwrap();
+    }
+    let slot = ring.take_buf().unwrap();
+    let (e, op) = ring
+        .push_srq(srq, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::CompletionQueueFull { .. }), "{e}");
+    ring.put_buf(op.into_buf()).unwrap();
+}
+
+#[test]
+fn a_detached_queue_pair_takes_no_more_of_the_queues_receives() {
+    let mut s = server(64, 8);
+    let (gone, mut leaving) = s.connect();
+    let (stays, mut staying) = s.connect();
+    s.post_receives(2, 0);
+    let qp = s.ring.detach(gone).unwrap();
+    // Detached while idle, it was still moved to error: the peer's message
+    // fails, and the shared queue keeps both receives.
+    assert_ne!(leaving.send(1, 8), WcStatus::Success);
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 2);
+    assert!(matches!(s.ring.qp_error(gone), Err(Error::NotAttached(_))));
+    // The queue pair that stays takes one.
+    assert_eq!(staying.send(2, 8), WcStatus::Success);
+    let done = s.ring.wait(1).unwrap();
+    assert_eq!((done[0].qp(), done[0].byte_len()), (stays, 8));
+    s.give_back(done);
+
+    // Removal waits for the queue pairs: attached, then alive.
+    assert!(matches!(
+        s.ring.remove_srq(s.srq),
+        Err(Error::Incompatible(_))
+    ));
+    drop(s.ring.detach(stays).unwrap());
+    assert!(
+        s.ring.remove_srq(s.srq).is_err(),
+        "a queue pair created on the queue still exists"
+    );
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 1, "the refusal kept it");
+    drop(qp);
+    let srq = s.ring.remove_srq(s.srq).unwrap();
+    let back = s.ring.wait(1).unwrap();
+    assert_eq!(
+        (back[0].user_data(), back[0].status()),
+        (1, WcStatus::WrFlushErr)
+    );
+    assert!(
+        s.ring.qp_error(back[0].qp()).is_err(),
+        "no queue pair took it"
+    );
+    s.give_back(back);
+    assert_eq!(s.ring.bufs().free(), 32, "every slot came back");
+    assert!(matches!(
+        s.ring.srq_posted(s.srq),
+        Err(Error::NotAttached(_))
+    ));
+    drop(srq);
+}
+
+#[test]
+fn a_failed_receive_fails_its_queue_pair_alone() {
+    // 16-byte receives: a 64-byte message does not fit.
+    let mut s = server(16, 8);
+    let (bad, mut big) = s.connect();
+    let (good, mut small) = s.connect();
+    s.post_receives(2, 0);
+    assert_ne!(big.send(7, 64), WcStatus::Success);
+    let done = s.ring.wait(1).unwrap();
+    assert_eq!(
+        (done[0].qp(), done[0].status(), done[0].byte_len()),
+        (bad, WcStatus::LocLenErr, 0)
+    );
+    assert_eq!(s.ring.qp_error(bad).unwrap(), Some(WcStatus::LocLenErr));
+    s.give_back(done);
+    assert_eq!(small.send(3, 16), WcStatus::Success);
+    let done = s.ring.wait(1).unwrap();
+    assert_eq!((done[0].qp(), done[0].status()), (good, WcStatus::Success));
+    assert_eq!(s.ring.qp_error(good).unwrap(), None);
+    s.give_back(done);
+}
+
+#[test]
+fn waiting_counts_the_shared_queues_receives_as_possible() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(64).unwrap(),
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        config(Duration::from_millis(50)),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap())
+        .unwrap();
+    assert!(matches!(ring.wait(1), Err(Error::WaitUnsatisfiable { .. })));
+    let slot = ring.take_buf().unwrap();
+    ring.push_srq(srq, RecvFixed::new(slot)).unwrap();
+    ring.submit().unwrap();
+    // A posted receive may still complete: the wait runs to its timeout.
+    assert!(matches!(ring.wait(1), Err(Error::Timeout(_))));
+    assert!(matches!(
+        ring.wait(2),
+        Err(Error::WaitUnsatisfiable {
+            wanted: 2,
+            possible: 1
+        })
+    ));
+}
+
+#[test]
+fn closing_hands_every_shared_receive_back() {
+    let mut s = server(64, 8);
+    let (_conn, _client) = s.connect();
+    s.post_receives(3, 0);
+    // Pushed and never posted, too.
+    let slot = s.ring.take_buf().unwrap();
+    s.ring.push_srq(s.srq, RecvFixed::new(slot)).unwrap();
+    s.ring.close().expect("everything comes back");
+}
+
+#[test]
+fn awaited_shared_receives_name_their_queue_pair_and_come_back_at_close() {
+    let mut s = server(64, 8);
+    let (conn, mut client) = s.connect();
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Busy).unwrap();
+    let srq = s.srq;
+    let recvs: Vec<_> = (0..3)
+        .map(|i| {
+            let slot = ring.take_buf().unwrap();
+            ring.push_srq(srq, RecvFixed::new(slot).user_data(i))
+                .unwrap()
+        })
+        .collect();
+    ring.submit().unwrap();
+    assert_eq!(ring.srq_posted(srq).unwrap(), 3);
+    assert_eq!(client.send(9, 12), WcStatus::Success);
+    let mut recvs = recvs.into_iter();
+    let first = futures::executor::block_on(recvs.next().unwrap()).unwrap();
+    assert_eq!(
+        (
+            first.user_data(),
+            first.qp(),
+            first.byte_len(),
+            first.status()
+        ),
+        (0, conn, 12, WcStatus::Success)
+    );
+    assert_eq!(
+        ring.with_bufs(|b| b.bytes(first.buf())[..12].to_vec())
+            .unwrap(),
+        [9u8; 12]
+    );
+    ring.close();
+    for (i, pending) in recvs.enumerate() {
+        let back = futures::executor::block_on(pending).unwrap();
+        assert_eq!(
+            (back.user_data(), back.status()),
+            (i as u64 + 1, WcStatus::WrFlushErr)
+        );
+    }
+}
+
+#[test]
+fn events_about_the_shared_queue_and_its_queue_pairs_concern_the_ring() {
+    let mut s = server(64, 8);
+    let events = s.dev.async_events().unwrap();
+    let (conn, mut client) = s.connect();
+    s.post_receives(3, 0);
+    s.ring.arm_srq_limit(s.srq, 2).unwrap();
+    assert_eq!(client.send(1, 4), WcStatus::Success);
+    assert_eq!(client.send(2, 4), WcStatus::Success);
+    let event = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
+        .expect("the low-water event");
+    assert!(s.ring.apply_event(event));
+    let id = s.ring.srq(s.srq).unwrap().caps().id;
+    assert!(s.ring.apply_event(AsyncEvent::SrqError { srq: id }));
+    let foreign = s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap();
+    assert!(!s.ring.apply_event(AsyncEvent::SrqLimitReached {
+        srq: foreign.caps().id
+    }));
+    assert_eq!(
+        s.ring.qp_error(conn).unwrap(),
+        None,
+        "the events change nothing"
+    );
+    let done = s.ring.wait(2).unwrap();
+    s.give_back(done);
+}
