@@ -56,8 +56,9 @@ fn adversarial_scenarios_cover_every_misbehaviour() {
 }
 
 /// The same for the fixed ring: its scenarios post in part, overclaim,
-/// forge, fail operations and queue pairs, and hand slots back that are
-/// then checked.
+/// forge, fail operations and queue pairs, fill, fail and replace the
+/// shared receive queue's receives and queue pair, and hand slots back
+/// that are then checked.
 #[test]
 fn fixed_ring_scenarios_cover_every_misbehaviour() {
     use proptest::strategy::ValueTree;
@@ -66,9 +67,14 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     let (mut partial, mut overclaims, mut forged, mut failed) = (0, 0, 0, 0);
     let (mut reattached, mut reattached_late, mut fatal) = (0, 0, 0);
     let (mut returned, mut buried) = (0, 0);
+    let (mut srq_sends, mut srq_filled, mut srq_replaced, mut srq_failed) = (0, 0, 0, 0);
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = FixedAdversary::run(&decode(&bytes));
+        srq_sends += a.device.srq_sends;
+        srq_filled += a.srq_filled;
+        srq_replaced += a.srq_replaced;
+        srq_failed += a.srq_failed;
         fatal += a.fatal;
         partial += a.device.partial_posts;
         overclaims += a.device.overclaims;
@@ -82,8 +88,10 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     println!(
         "partial posts {partial} overclaims {overclaims} forged {forged} failed {failed} \
          re-attached {reattached} queue pairs failed {fatal} ops back {returned} \
-         slots checked {buried}"
+         slots checked {buried}; shared queue: peer sends {srq_sends} receives filled \
+         {srq_filled} queue pairs replaced {srq_replaced} failed {srq_failed}"
     );
+    assert!(srq_filled > 0 && srq_replaced > 0 && srq_failed > 0);
     assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0 && fatal > 0);
     assert!(reattached > reattached_late, "no detach drained in time");
     assert!(returned > 1000 && buried >= returned);
@@ -92,4 +100,9 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
 #[test]
 fn the_fixed_ring_ignores_a_replayed_completion_after_reattach() {
     adversary::fixed::replayed_completion_after_reattach();
+}
+
+#[test]
+fn forged_shared_receive_completions_release_nothing() {
+    adversary::fixed::forged_shared_receive_completions_release_nothing();
 }

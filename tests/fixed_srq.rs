@@ -447,3 +447,108 @@ fn events_about_the_shared_queue_and_its_queue_pairs_concern_the_ring() {
     let done = s.ring.wait(2).unwrap();
     s.give_back(done);
 }
+
+#[test]
+fn another_rings_queue_pair_on_the_queue_releases_none_of_this_rings_receives() {
+    // Two rings on one device, each with a shared queue in its first
+    // slot: their receives' work request ids are the same.
+    let mut a = server(64, 8);
+    let dev = a.dev.clone();
+    let mut b: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(64).unwrap(),
+        FixedBufs::new(&a.pd, 4, 64).unwrap(),
+        config(Duration::from_secs(1)),
+    );
+    let b_srq = b
+        .add_srq(dev.create_srq(&a.pd, SrqConfig::default()).unwrap())
+        .unwrap();
+    let slot = b.take_buf().unwrap();
+    b.push_srq(b_srq, RecvFixed::new(slot)).unwrap();
+    b.submit().unwrap();
+    a.post_receives(1, 0);
+    // A queue pair on ring b's completion queue taking ring a's receives,
+    // attached to neither.
+    let stray = dev
+        .create_qp_on(&a.pd, b.cq(), a.ring.srq(a.srq), QpConfig::default())
+        .unwrap();
+    let mut peer = dev.create_qp(&a.pd, QpConfig::default()).unwrap();
+    dev.connect(&stray, &peer).unwrap();
+    let cq = rdma_ring::backend::QueuePair::take_cq(&mut peer).unwrap();
+    let mut sender = FixedRing::new(
+        cq,
+        FixedBufs::new(&a.pd, 2, 64).unwrap(),
+        config(Duration::from_secs(10)),
+    );
+    let qp = sender.attach(peer).unwrap_or_else(|_| panic!("attach"));
+    let mut client = Client { ring: sender, qp };
+    assert_eq!(client.send(4, 8), WcStatus::Success);
+    let mut out = Vec::new();
+    b.reap(&mut out).unwrap();
+    assert!(out.is_empty(), "another ring's receive released {out:?}");
+    assert_eq!(b.unknown_completions(), 1);
+    assert_eq!(
+        b.srq_posted(b_srq).unwrap(),
+        1,
+        "b's receive is still posted"
+    );
+    drop(stray);
+}
+
+#[test]
+fn the_device_saying_a_detached_queue_pair_took_its_last_receive_concerns_the_ring() {
+    let mut s = server(64, 8);
+    let events = s.dev.async_events().unwrap();
+    let (conn, _client) = s.connect();
+    s.post_receives(1, 0);
+    let qp = s.ring.detach(conn).unwrap();
+    let last = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| matches!(e, AsyncEvent::LastWqeReached { .. }))
+        .expect("the device says the detached queue pair took its last receive");
+    assert_eq!(last.qp_num(), Some(qp.qpn()));
+    assert!(
+        s.ring.apply_event(last),
+        "a queue pair detached from the queue"
+    );
+    assert!(!s.ring.apply_event(last), "forgotten once applied");
+    drop(qp);
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 1);
+}
+
+#[test]
+fn a_failed_ring_hands_back_the_shared_receives_it_never_posted() {
+    let mut s = server(64, 8);
+    let events = s.dev.async_events().unwrap();
+    let (_conn, _client) = s.connect();
+    s.post_receives(1, 0);
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push_srq(s.srq, RecvFixed::new(slot).user_data(7))
+        .unwrap();
+    s.dev.inject_device_fatal();
+    let fatal = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| matches!(e, AsyncEvent::DeviceFatal))
+        .unwrap();
+    assert!(s.ring.apply_event(fatal));
+    let mut out = Vec::new();
+    s.ring.reap(&mut out).unwrap();
+    let seen: Vec<_> = out.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(
+        seen,
+        [(7, WcStatus::WrFlushErr)],
+        "the unposted one, at once"
+    );
+    s.give_back(out);
+    let slot = s.ring.take_buf().unwrap();
+    let (e, op) = s
+        .ring
+        .push_srq(s.srq, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::RingFailed(_)), "{e}");
+    s.ring.put_buf(op.into_buf()).unwrap();
+    let another = s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap();
+    assert!(matches!(
+        s.ring.add_srq(another).unwrap_err().error(),
+        Error::RingFailed(_)
+    ));
+}

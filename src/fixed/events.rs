@@ -22,8 +22,14 @@ impl<Q: QueuePair> FixedRing<Q> {
     ///   work and polls the queue no more (its completions were lost), as
     ///   when a poll fails; work pushed and never posted comes back
     ///   flushed from the next reap, what was posted only from a detach
-    ///   or close, if the device gives it back in time;
+    ///   or close, if the device gives it back in time (a shared receive
+    ///   queue's receives from its removal or the close);
     /// * `DeviceFatal`: the same, and every queue pair is moved to error;
+    /// * `LastWqeReached` of a queue pair detached from one of the ring's
+    ///   shared receive queues: the device has reported every receive it
+    ///   took; the ring reaps them (they come back from the next reap) and
+    ///   forgets the queue pair, which may now be dropped without losing
+    ///   one (see [`detach`](Self::detach));
     /// * `SrqLimitReached`, `SrqError` of a shared receive queue the ring
     ///   holds, `LastWqeReached` of an attached queue pair: nothing changes
     ///   (they concern the ring, and `true` says so, for the caller to
@@ -87,6 +93,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             }
             AsyncEvent::LastWqeReached { qp_num } => {
                 self.qps.iter().flatten().any(|s| s.qpn == qp_num)
+                    || self.last_receive_of_former(qp_num)
             }
             _ => false,
         }

@@ -227,12 +227,14 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Adds a queue pair that completes on the ring's completion queue and
-    /// belongs to the slots' protection domain. Refused (and handed back):
-    /// one of another completion queue or domain, one on a shared receive
-    /// queue (the fixed ring serves none), one with a send queue under two
-    /// (one place is kept for the drain marker) or without scatter/gather
-    /// elements, or when the completion queue has no entry left to keep for
-    /// its drain marker.
+    /// belongs to the slots' protection domain; one created on a shared
+    /// receive queue the ring holds ([`add_srq`](Self::add_srq)) takes its
+    /// receives from there. Refused (and handed back): one of another
+    /// completion queue or domain, one on a shared receive queue the ring
+    /// does not hold, one with a send queue under two (one place is kept
+    /// for the drain marker) or without scatter/gather elements, when the
+    /// completion queue has no entry left to keep for its drain marker, or
+    /// when the ring has failed.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
@@ -274,7 +276,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             self.srqs[srq as usize]
                 .as_mut()
                 .expect("found by attach_place")
-                .consumers += 1;
+                .join(caps.qp_num);
         }
         self.qps[index] = Some(AttachedQp {
             qpn: caps.qp_num,
@@ -569,7 +571,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// the next reap, the posted ones as the device flushes them; the
     /// other queue pairs are posted as usual and the first error is
     /// returned. Work pushed for a queue pair already in error comes back
-    /// flushed without being posted.
+    /// flushed without being posted. Receives a shared receive queue
+    /// refuses come back flushed from the next reap too; the queue takes
+    /// more after.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -777,11 +781,19 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// stays attached, in error, and [`Error::Timeout`] is returned.
     ///
     /// One that takes receives from a shared receive queue is moved to
-    /// error even when idle, so it takes no more of them, and the
-    /// completions already queued are reaped while it is attached (they
-    /// name it). A receive it took whose flushed completion the device
-    /// reports later comes back naming no queue pair
-    /// ([`FixedCompletion::qp`]).
+    /// error even when idle, so it takes no more of them (if the device
+    /// refuses, it stays attached and the device's error is returned), and
+    /// the completions already queued are reaped while it is attached
+    /// (they name it). A receive it took whose flushed completion the
+    /// device reports later comes back naming no queue pair
+    /// ([`FixedCompletion::qp`]). The device says when it has reported
+    /// them all with
+    /// [`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached):
+    /// apply that event ([`apply_event`](Self::apply_event), which reaps
+    /// them) before dropping the queue pair, as a device may drop the
+    /// completions of a destroyed queue pair. A receive lost so stays
+    /// counted as posted (and its slot with the ring) until the queue is
+    /// removed or the ring closed, which hand it back.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -811,7 +823,11 @@ impl<Q: QueuePair> FixedRing<Q> {
         // detached, it must take none of the queue's receives.
         let on_srq = slot.srq.is_some();
         let busy = slot.busy();
-        if busy || (on_srq && slot.error.is_none()) {
+        if on_srq {
+            // A device that refuses leaves it attached: detached, it would
+            // go on taking the queue's receives.
+            enter_error(slot, handle, WcStatus::WrFlushErr)?;
+        } else if busy {
             let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
         }
         if busy {
@@ -849,7 +865,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(srq) = slot.srq {
             self.consumers.remove(slot.qpn);
             if let Some(srq) = self.srqs[srq as usize].as_mut() {
-                srq.consumers -= 1;
+                srq.leave(slot.qpn);
             }
         }
         Ok(slot.qp)
@@ -1324,9 +1340,12 @@ fn send_completion(entry: SendEntry, qp: FixedQp, table: u64, status: WcStatus) 
 
 impl<Q: QueuePair> FixedRing<Q> {
     /// Closes the ring, as dropping it does, and says whether it let go of
-    /// everything: every queue pair with work in flight goes to error and
-    /// is drained. If the device does not flush everything within
-    /// `drain_timeout`, the slots' memory is leaked (counted in
+    /// everything: every queue pair with work in flight (and every one on
+    /// a shared receive queue) goes to error and is drained; then the
+    /// queue pairs are destroyed, then the shared receive queues. If the
+    /// device does not flush everything within `drain_timeout`, or refuses
+    /// to destroy a shared receive queue (a queue pair created on it still
+    /// exists elsewhere), the slots' memory is leaked (counted in
     /// [`leak`](crate::leak)), never freed under the NIC, and
     /// [`Error::Timeout`] is returned.
     ///
@@ -1375,7 +1394,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             flush_unposted(slot, handle, table, out, &mut self.cq_free);
             // Idle ones on a shared receive queue too: they must stop
             // taking its receives before it is destroyed.
-            if slot.busy() || (slot.srq.is_some() && slot.error.is_none()) {
+            if slot.busy() || slot.srq.is_some() {
                 let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
             }
         }

@@ -14,7 +14,7 @@ use super::queue::{srq_wr_id, take_recv, AttachedQp, RecvEntry, SeqRing, MAX_QPS
 use super::ring::{flushed, fresh_handle, handle_index, recv_completion};
 use super::{FixedCompletion, FixedOp, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
-    PostError, QueuePair, RawCompletion, RecvWr, Sge, SgeSpan, SharedReceiveQueue, SrqId,
+    PostError, QueuePair, RawCompletion, RecvWr, Sge, SgeSpan, SharedReceiveQueue, SrqId, WcStatus,
 };
 use crate::error::{Error, Rejected};
 use crate::op::{Limits, OpKind};
@@ -63,9 +63,39 @@ pub(super) struct AttachedSrq<S> {
     sges: Vec<Sge>,
     /// Attached queue pairs that take its receives.
     pub(super) consumers: usize,
+    /// Numbers of queue pairs detached from it whose flushed receives may
+    /// still be reported (the latest [`FORMER_KEPT`]), until the device
+    /// says they took their last or the queue is removed.
+    former: Vec<u32>,
 }
 
+/// Detached queue pairs' numbers a shared receive queue remembers.
+const FORMER_KEPT: usize = 1024;
+
 impl<S> AttachedSrq<S> {
+    pub(super) fn join(&mut self, qpn: u32) {
+        self.consumers += 1;
+        // Its number now names it: what a former holder of the number
+        // left can no longer be told apart.
+        self.former.retain(|&n| n != qpn);
+    }
+
+    pub(super) fn leave(&mut self, qpn: u32) {
+        self.consumers -= 1;
+        if self.former.len() == FORMER_KEPT {
+            self.former.remove(0);
+        }
+        self.former.push(qpn);
+    }
+
+    /// Forgets a detached queue pair that will report nothing more;
+    /// whether it was remembered.
+    fn forget_former(&mut self, qpn: u32) -> bool {
+        let before = self.former.len();
+        self.former.retain(|&n| n != qpn);
+        self.former.len() < before
+    }
+
     /// Receives posted and not handed back.
     pub(super) fn posted(&self) -> usize {
         (self.recvs.posted - self.recvs.head - self.taken_ahead) as usize
@@ -167,13 +197,24 @@ pub(super) fn complete_srq<Q, S>(
         return None;
     }
     let srq = srqs.get_mut(index)?.as_mut()?;
-    let entry = take_recv(&mut srq.recvs, &mut srq.taken_ahead, bits)?;
+    // Only a queue pair on this queue, attached or detached from it, can
+    // have taken one of its receives: any other number (another ring's
+    // queue pair, say) names none of them.
     let qp = consumers
         .find(cqe.qp_num)
-        .and_then(|at| qps.get_mut(at)?.as_mut());
+        .and_then(|at| qps.get_mut(at)?.as_mut())
+        .filter(|slot| slot.srq == Some(index as u32));
+    if qp.is_none() && !srq.former.contains(&cqe.qp_num) {
+        return None;
+    }
+    let entry = take_recv(&mut srq.recvs, &mut srq.taken_ahead, bits)?;
     let handle = match qp {
         Some(slot) => {
-            if !cqe.status.is_success() {
+            // Not a flush: a queue pair the device moved to error says so
+            // by its own completions and events, and a flush may be a
+            // late one of a detached queue pair whose number this one
+            // took over.
+            if !cqe.status.is_success() && cqe.status != WcStatus::WrFlushErr {
                 slot.error.get_or_insert(cqe.status);
             }
             slot.handle
@@ -273,6 +314,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             wrs: Vec::with_capacity(caps.max_wr as usize),
             sges: Vec::with_capacity(caps.max_wr as usize),
             consumers: 0,
+            former: Vec::new(),
         });
         Ok(handle)
     }
@@ -488,7 +530,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// take its receives are attached ([`Error::Incompatible`]), and if
     /// the device refuses to destroy it — as it does while a queue pair
     /// created on it still exists, detached or not: drop those first. A
-    /// refused removal leaves the queue held, its receives posted.
+    /// refused removal leaves the queue held and its posted receives
+    /// posted (those pushed and not posted come back flushed, and those
+    /// already completed as they completed).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, QpConfig, SrqConfig, WcStatus};
@@ -543,6 +587,20 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Whether the ring holds shared receive queue `id`.
     pub(super) fn holds_srq(&self, id: SrqId) -> bool {
         self.srq_index_of(id).is_some()
+    }
+
+    /// The device reported every receive that queue pair `qpn`, detached
+    /// from one of the ring's shared receive queues, took: reaps them (so
+    /// they are not lost with it) and forgets it. Whether it was one.
+    pub(super) fn last_receive_of_former(&mut self, qpn: u32) -> bool {
+        let mut known = false;
+        for slot in self.srqs.iter_mut().flatten() {
+            known |= slot.forget_former(qpn);
+        }
+        if known && self.failed.is_none() {
+            let _ = self.reap_queued_into_ready();
+        }
+        known
     }
 
     /// At teardown, after the queue pairs drained (`drained`): reaps what

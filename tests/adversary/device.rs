@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{QpConfig, RawCompletion, WcStatus};
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
-use rdma_ring::op::Recv;
+use rdma_ring::op::{Recv, Send};
 use rdma_ring::ring::{Ring, RingConfig};
 
 use super::{AdvCq, AdvQp, Shared, Step, LEN, QPS};
@@ -28,6 +28,10 @@ pub enum RingStep {
     /// The device already failed the queue pair: hand the ring the event.
     Fatal(usize),
     FailQp(usize),
+    SrqRecv,
+    /// Fail the queue pair on the shared receive queue (`true`), or
+    /// replace it (see [`Device::srq_queue_pair`]).
+    SrqQp(bool),
 }
 
 /// The adversarial device and the peers of the ring's queue pairs.
@@ -37,6 +41,11 @@ pub struct Device {
     pub controls: Vec<QpControl>,
     pub qp_nums: Vec<u32>,
     pub peers: Vec<Ring<SoftQp>>,
+    /// The peer of the ring's queue pair on its shared receive queue, if
+    /// the harness made one.
+    pub srq_peer: Option<Ring<SoftQp>>,
+    /// Messages that peer sent.
+    pub srq_sends: usize,
     pub peer_region: ExposedBuf<Vec<u8>>,
     pub knobs: Shared,
     /// What happened, for coverage reports.
@@ -64,6 +73,8 @@ impl Device {
             controls: Vec::new(),
             qp_nums: Vec::new(),
             peers: Vec::new(),
+            srq_peer: None,
+            srq_sends: 0,
             peer_region,
             knobs,
             partial_posts: 0,
@@ -96,6 +107,35 @@ impl Device {
                 }
             })
             .collect()
+    }
+
+    /// A queue pair of the ring on `cq` taking receives from `srq`,
+    /// connected to a new peer (which replaces the last one's); its
+    /// number.
+    pub fn srq_queue_pair(&mut self, cq: &SoftCq, srq: &SoftSrq) -> (AdvQp, u32) {
+        let config = QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 8,
+            ..QpConfig::default()
+        };
+        let qp = self
+            .dev
+            .create_qp_on(&self.pd, cq, Some(srq), config)
+            .unwrap();
+        let peer = self.dev.create_qp(&self.pd, config).unwrap();
+        self.dev.connect(&qp, &peer).unwrap();
+        if let Some(old) = self
+            .srq_peer
+            .replace(Ring::new(peer, RingConfig::default()))
+        {
+            drop(old.close());
+        }
+        let qpn = qp.qpn();
+        let qp = AdvQp {
+            inner: qp,
+            knobs: Arc::clone(&self.knobs),
+        };
+        (qp, qpn)
     }
 
     /// Where the ring's READs and WRITEs go.
@@ -153,13 +193,32 @@ impl Device {
             }
             Step::Release => self.knobs.lock().unwrap().hold = None,
             Step::Fail(qp) => self.controls[qp].fail_nth(1, WcStatus::RemOpErr),
-            Step::PeerRecv(qp) => {
-                let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
-                let _ = self.peers[qp].submission().push(Recv::new(buf));
-                let _ = self.peers[qp].submit();
+            // Without a shared receive queue, these are what they were
+            // before it was added: a peer's receive.
+            Step::SrqRecv(qp) | Step::SrqPeerSend(qp) | Step::SrqQp(qp)
+                if self.srq_peer.is_none() =>
+            {
+                self.peer_recv(qp)
             }
+            Step::SrqRecv(_) => return RingStep::SrqRecv,
+            Step::SrqQp(qp) => return RingStep::SrqQp(qp == 1),
+            Step::SrqPeerSend(_) => {
+                let peer = self.srq_peer.as_mut().expect("checked above");
+                let msg = RegisteredBuf::new(&self.pd, vec![0x5au8; LEN]).unwrap();
+                if peer.submission().push(Send::new(msg)).is_ok() {
+                    let _ = peer.submit();
+                    self.srq_sends += 1;
+                }
+            }
+            Step::PeerRecv(qp) => self.peer_recv(qp),
         }
         RingStep::None
+    }
+
+    fn peer_recv(&mut self, qp: usize) {
+        let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
+        let _ = self.peers[qp].submission().push(Recv::new(buf));
+        let _ = self.peers[qp].submit();
     }
 
     /// Knobs a post did not use do not linger.
@@ -171,7 +230,7 @@ impl Device {
 
     /// The peers reap what they can (their completions do not matter).
     pub fn peers_reap(&mut self) {
-        for peer in &mut self.peers {
+        for peer in self.peers.iter_mut().chain(self.srq_peer.as_mut()) {
             let _ = peer.completion().reap(&mut Vec::new());
         }
     }
@@ -191,7 +250,7 @@ impl Device {
         for _ in 0..8 {
             self.dev.progress();
         }
-        for peer in self.peers.drain(..) {
+        for peer in self.peers.drain(..).chain(self.srq_peer.take()) {
             drop(peer.close());
         }
         for _ in 0..8 {

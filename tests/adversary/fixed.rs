@@ -5,20 +5,26 @@
 //! poison. The ring must never panic, never hand an operation back twice,
 //! and every operation must come back, or closing the ring must say it
 //! kept the slots' memory.
+//!
+//! Beside the two queue pairs of every scenario, the ring holds a shared
+//! receive queue with a third queue pair on it, whose peer sends when a
+//! step says so: its receives face the same forged, repeated and held
+//! completions, and its queue pair is failed or replaced (detached,
+//! destroyed, a new one with a new peer attached) mid-scenario.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_ring::backend::soft::{SoftDevice, SoftPd};
-use rdma_ring::backend::{AsyncEvent, RawCompletion, WcStatus};
+use rdma_ring::backend::{AsyncEvent, RawCompletion, SrqConfig, WcStatus};
 use rdma_ring::fixed::{
-    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, ReadFixed,
+    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, ReadFixed,
     RecvFixed, SendFixed, WriteFixed,
 };
 
 use super::device::{Device, RingStep};
-use super::{AdvCq, AdvQp, Shared, Step, LEN, POISON};
+use super::{AdvCq, AdvQp, AdvSrq, Shared, Step, LEN, POISON};
 
 /// Slots in the table: more than a scenario can push.
 const SLOTS: u32 = 512;
@@ -29,6 +35,13 @@ pub struct FixedAdversary {
     pub device: Device,
     ring: FixedRing<AdvQp>,
     handles: Vec<FixedQp>,
+    srq: FixedSrq,
+    /// The queue pair on the shared receive queue, and every one that was.
+    srq_qp: FixedQp,
+    srq_qpn: u32,
+    srq_qps: HashSet<FixedQp>,
+    /// Operations pushed to the shared receive queue.
+    srq_ids: HashSet<u64>,
     next_id: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
@@ -41,6 +54,11 @@ pub struct FixedAdversary {
     pub reattached_late: usize,
     /// Queue pairs failed by an event or on request.
     pub fatal: usize,
+    /// Receives of the shared queue that a message filled.
+    pub srq_filled: usize,
+    /// Queue pairs on the shared queue replaced, and failed.
+    pub srq_replaced: usize,
+    pub srq_failed: usize,
 }
 
 impl FixedAdversary {
@@ -61,10 +79,30 @@ impl FixedAdversary {
             .into_iter()
             .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
             .collect();
+        let srq = device
+            .dev
+            .create_srq(
+                &device.pd,
+                SrqConfig {
+                    max_wr: 8,
+                    max_sge: 1,
+                },
+            )
+            .unwrap();
+        let srq = ring
+            .add_srq(AdvSrq::new(srq, &device.knobs))
+            .unwrap_or_else(|_| panic!("add_srq"));
+        let (qp, srq_qpn) = device.srq_queue_pair(&ring.cq().inner, &ring.srq(srq).unwrap().inner);
+        let srq_qp = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
         FixedAdversary {
             device,
             ring,
             handles,
+            srq,
+            srq_qp,
+            srq_qpn,
+            srq_qps: HashSet::from([srq_qp]),
+            srq_ids: HashSet::new(),
             next_id: 1,
             pushed: HashSet::new(),
             returned: HashSet::new(),
@@ -74,6 +112,9 @@ impl FixedAdversary {
             reattached: 0,
             reattached_late: 0,
             fatal: 0,
+            srq_filled: 0,
+            srq_replaced: 0,
+            srq_failed: 0,
         }
     }
 
@@ -132,6 +173,49 @@ impl FixedAdversary {
                 self.fatal += 1;
                 self.ring.fail_qp(self.handles[qp]).unwrap();
             }
+            RingStep::SrqRecv => self.push_srq(),
+            RingStep::SrqQp(true) => {
+                self.srq_failed += 1;
+                self.ring.fail_qp(self.srq_qp).unwrap();
+            }
+            RingStep::SrqQp(false) => {
+                self.device.knobs.lock().unwrap().hold = None;
+                // Still attached, in error, if the drain timed out: the
+                // scenario goes on with it.
+                if let Ok(old) = self.ring.detach(self.srq_qp) {
+                    self.srq_replaced += 1;
+                    drop(old);
+                    let (qp, qpn) = self.device.srq_queue_pair(
+                        &self.ring.cq().inner,
+                        &self.ring.srq(self.srq).unwrap().inner,
+                    );
+                    self.srq_qpn = qpn;
+                    self.srq_qp = self
+                        .ring
+                        .attach(qp)
+                        .unwrap_or_else(|_| panic!("attach to the shared queue"));
+                    self.srq_qps.insert(self.srq_qp);
+                }
+            }
+        }
+    }
+
+    fn push_srq(&mut self) {
+        let Some(mut buf) = self.ring.take_buf() else {
+            return;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
+        match self
+            .ring
+            .push_srq(self.srq, RecvFixed::new(buf).user_data(id))
+        {
+            Ok(()) => {
+                self.pushed.insert(id);
+                self.srq_ids.insert(id);
+            }
+            Err(refused) => self.bury(refused.into_parts().1.into_buf()),
         }
     }
 
@@ -188,6 +272,15 @@ impl FixedAdversary {
             self.returned_ops += 1;
             if !c.status().is_success() {
                 self.failed_ops += 1;
+            } else if self.srq_ids.contains(&id) {
+                self.srq_filled += 1;
+                // The queue pair it arrived on (which may have been
+                // replaced since), or none, if it was detached before the
+                // completion was reaped; never another.
+                assert!(
+                    self.srq_qps.contains(&c.qp()) || self.ring.qp_error(c.qp()).is_err(),
+                    "a filled shared receive names another queue pair: {c:?}"
+                );
             }
             self.bury(c.into_buf());
         }
@@ -208,6 +301,15 @@ impl FixedAdversary {
         let mut drained = true;
         for handle in self.handles.clone() {
             drained &= self.ring.detach(handle).is_ok();
+        }
+        // The queue pair on the shared queue goes too, and is destroyed;
+        // then the queue, whose receives come back flushed.
+        match self.ring.detach(self.srq_qp) {
+            Ok(qp) => {
+                drop(qp);
+                drained &= self.ring.remove_srq(self.srq).is_ok();
+            }
+            Err(_) => drained = false,
         }
         let mut out = Vec::new();
         let _ = self.ring.reap(&mut out);
@@ -322,5 +424,67 @@ pub fn replayed_completion_after_reattach() {
     assert_eq!(
         (out[0].user_data(), out[0].status()),
         (2, WcStatus::Success)
+    );
+}
+
+/// Completions that name a shared receive queue's receive without being
+/// its own — the queue bit without the receive bit, another queue's slot,
+/// a replay of one already handed back — release nothing; the real one
+/// comes back once, naming its queue pair.
+pub fn forged_shared_receive_completions_release_nothing() {
+    const RECV: u64 = 1 << 47;
+    const SRQ: u64 = 1 << 46;
+    let mut a = FixedAdversary::new();
+    for id in [1, 2] {
+        let slot = a.ring.take_buf().unwrap();
+        a.ring
+            .push_srq(a.srq, RecvFixed::new(slot).user_data(id))
+            .unwrap();
+    }
+    a.ring.submit().unwrap();
+    let srq_qpn = a.srq_qpn;
+    let unknown = a.ring.unknown_completions();
+    let forge = |a: &mut FixedAdversary, wr_id: u64| {
+        a.device
+            .knobs
+            .lock()
+            .unwrap()
+            .forged
+            .push_back(RawCompletion {
+                wr_id,
+                qp_num: srq_qpn,
+                byte_len: LEN as u32,
+                ..RawCompletion::default()
+            });
+    };
+    // Sequence 0 of the queue in slot 0: without the receive bit, and in
+    // slot 1 (no queue there).
+    forge(&mut a, SRQ);
+    forge(&mut a, (1 << 48) | RECV | SRQ);
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    assert!(out.is_empty(), "a forged completion released {out:?}");
+    assert_eq!(a.ring.unknown_completions(), unknown + 2);
+
+    // The peer's message fills the first receive: it comes back once.
+    a.device.apply(&super::Step::SrqPeerSend(0));
+    a.device.dev.progress();
+    let done = a.ring.wait(1).unwrap();
+    assert_eq!(
+        (done[0].user_data(), done[0].status(), done[0].qp()),
+        (1, WcStatus::Success, a.srq_qp)
+    );
+    let real = *a.device.knobs.lock().unwrap().history.last().unwrap();
+    assert_eq!(real.wr_id, RECV | SRQ, "the ring's own wr_id layout");
+    forge(&mut a, real.wr_id);
+    a.device.knobs.lock().unwrap().forged.push_back(real);
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    assert!(out.is_empty(), "a replayed completion released {out:?}");
+    assert_eq!(a.ring.unknown_completions(), unknown + 4);
+    assert_eq!(
+        a.ring.srq_posted(a.srq).unwrap(),
+        1,
+        "the second still posted"
     );
 }

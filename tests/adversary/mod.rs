@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use rdma_ring::backend::soft::{SoftCq, SoftQp, SoftSrq};
 use rdma_ring::backend::{
     CompletionQueue, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendWr, Sge,
+    SharedReceiveQueue, SrqCaps,
 };
 use rdma_ring::buf::RegisteredBuf;
 use rdma_ring::op::{Read, Recv, Send, Write};
@@ -81,36 +82,52 @@ pub struct AdvCq {
     knobs: Shared,
 }
 
-impl AdvQp {
-    /// Posts through `post` as the knobs say.
-    fn post<W: Copy>(
-        &mut self,
-        wrs: &[W],
-        wr_id: impl Fn(&W) -> u64,
-        post: impl FnOnce(&mut SoftQp, &[W]) -> Result<(), PostError>,
-    ) -> Result<(), PostError> {
-        let mut knobs = self.knobs.lock().unwrap();
-        knobs.posted.extend(wrs.iter().map(&wr_id));
-        let (take, overclaim) = match (knobs.accept.take(), knobs.overclaim.take()) {
-            (Some(n), _) => (n.min(wrs.len()), None),
-            (None, extra) => (wrs.len(), extra),
-        };
-        drop(knobs);
-        post(&mut self.inner, &wrs[..take])?;
-        if take < wrs.len() {
-            return Err(PostError {
-                accepted: take,
-                error: Error::PostRejected("the adversary took only part"),
-            });
+/// A shared receive queue whose posts the knobs bend as a queue pair's.
+pub struct AdvSrq {
+    pub inner: SoftSrq,
+    knobs: Shared,
+}
+
+impl AdvSrq {
+    pub fn new(inner: SoftSrq, knobs: &Shared) -> AdvSrq {
+        AdvSrq {
+            inner,
+            knobs: Arc::clone(knobs),
         }
-        if let Some(extra) = overclaim {
-            return Err(PostError {
-                accepted: wrs.len() + extra,
-                error: Error::PostRejected("the adversary cannot tell what it took"),
-            });
-        }
-        Ok(())
     }
+}
+
+/// Posts `wrs` to `queue` through `post`, as the knobs say: every
+/// `wr_id` is recorded as posted (so no forgery names it), and the post
+/// is taken in part, or overclaimed.
+fn post_bent<T, W: Copy>(
+    knobs: &Shared,
+    queue: &mut T,
+    wrs: &[W],
+    wr_id: impl Fn(&W) -> u64,
+    post: impl FnOnce(&mut T, &[W]) -> Result<(), PostError>,
+) -> Result<(), PostError> {
+    let mut bent = knobs.lock().unwrap();
+    bent.posted.extend(wrs.iter().map(&wr_id));
+    let (take, overclaim) = match (bent.accept.take(), bent.overclaim.take()) {
+        (Some(n), _) => (n.min(wrs.len()), None),
+        (None, extra) => (wrs.len(), extra),
+    };
+    drop(bent);
+    post(queue, &wrs[..take])?;
+    if take < wrs.len() {
+        return Err(PostError {
+            accepted: take,
+            error: Error::PostRejected("the adversary took only part"),
+        });
+    }
+    if let Some(extra) = overclaim {
+        return Err(PostError {
+            accepted: wrs.len() + extra,
+            error: Error::PostRejected("the adversary cannot tell what it took"),
+        });
+    }
+    Ok(())
 }
 
 // SAFETY: every work request that reaches the device is the soft queue
@@ -118,23 +135,60 @@ impl AdvQp {
 // covers everything (never less than was taken), as the contract allows.
 unsafe impl QueuePair for AdvQp {
     type Cq = AdvCq;
-    type Srq = SoftSrq;
+    type Srq = AdvSrq;
     fn caps(&self) -> QpCaps {
         self.inner.caps()
     }
     unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: the caller's contract, passed through for what is posted.
-        self.post(wrs, |w| w.wr_id, |qp, w| unsafe { qp.post_send(w, sges) })
+        post_bent(
+            &self.knobs,
+            &mut self.inner,
+            wrs,
+            |w| w.wr_id,
+            |qp, w| unsafe { qp.post_send(w, sges) },
+        )
     }
     unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         // SAFETY: as above.
-        self.post(wrs, |w| w.wr_id, |qp, w| unsafe { qp.post_recv(w, sges) })
+        post_bent(
+            &self.knobs,
+            &mut self.inner,
+            wrs,
+            |w| w.wr_id,
+            |qp, w| unsafe { qp.post_recv(w, sges) },
+        )
     }
     fn set_error(&mut self) -> Result<(), Error> {
         self.inner.set_error()
     }
     fn take_cq(&mut self) -> Option<AdvCq> {
         None
+    }
+}
+
+// SAFETY: what is posted goes to the soft queue unchanged, and a bent
+// post reports what it took as `AdvQp`'s do; the rest is the soft
+// queue's.
+unsafe impl SharedReceiveQueue for AdvSrq {
+    fn caps(&self) -> SrqCaps {
+        self.inner.caps()
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract, passed through for what is posted.
+        post_bent(
+            &self.knobs,
+            &mut self.inner,
+            wrs,
+            |w| w.wr_id,
+            |srq, w| unsafe { srq.post_recv(w, sges) },
+        )
+    }
+    fn arm_limit(&mut self, limit: u32) -> Result<(), Error> {
+        self.inner.arm_limit(limit)
+    }
+    fn destroy(&mut self) -> Result<(), Error> {
+        self.inner.destroy()
     }
 }
 
@@ -224,6 +278,17 @@ pub enum Step {
     /// The ring fails a queue pair on request (as the previous step, for
     /// the fixed ring's harness only).
     FailQp(usize),
+    /// A receive pushed to the shared receive queue (the fixed ring's
+    /// harness; for the ring's, and this and the next two steps, a
+    /// `PeerRecv` of the queue pair).
+    SrqRecv(usize),
+    /// The peer of the queue pair on the shared receive queue sends it a
+    /// message.
+    SrqPeerSend(usize),
+    /// The queue pair on the shared receive queue is failed on request
+    /// (`qp` 1), or detached, destroyed, and replaced by a new one with a
+    /// new peer (`qp` 0).
+    SrqQp(usize),
 }
 
 /// Every byte string is a scenario.
@@ -263,6 +328,9 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             25 => Step::Fail(qp),
             26 => Step::Fatal(qp),
             27 => Step::FailQp(qp),
+            28 => Step::SrqRecv(qp),
+            29 => Step::SrqPeerSend(qp),
+            30 => Step::SrqQp(qp),
             31 => Step::Reattach(qp),
             _ => Step::PeerRecv(qp),
         };
@@ -341,6 +409,8 @@ impl Adversary {
             RingStep::Reattach(qp) | RingStep::Fatal(qp) | RingStep::FailQp(qp) => {
                 self.device.apply(&Step::PeerRecv(qp));
             }
+            // Only a harness with a shared receive queue's peer gets these.
+            RingStep::SrqRecv | RingStep::SrqQp(_) => unreachable!("no shared receive queue"),
         }
     }
 
