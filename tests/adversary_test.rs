@@ -106,3 +106,8 @@ fn the_fixed_ring_ignores_a_replayed_completion_after_reattach() {
 fn forged_shared_receive_completions_release_nothing() {
     adversary::fixed::forged_shared_receive_completions_release_nothing();
 }
+
+#[test]
+fn a_partly_refused_shared_post_hands_the_rest_back() {
+    adversary::fixed::a_partly_refused_shared_post_hands_the_rest_back();
+}

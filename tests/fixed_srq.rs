@@ -518,7 +518,7 @@ fn the_device_saying_a_detached_queue_pair_took_its_last_receive_concerns_the_ri
 fn a_failed_ring_hands_back_the_shared_receives_it_never_posted() {
     let mut s = server(64, 8);
     let events = s.dev.async_events().unwrap();
-    let (_conn, _client) = s.connect();
+    let (conn, _client) = s.connect();
     s.post_receives(1, 0);
     let slot = s.ring.take_buf().unwrap();
     s.ring
@@ -551,4 +551,11 @@ fn a_failed_ring_hands_back_the_shared_receives_it_never_posted() {
         s.ring.add_srq(another).unwrap_err().error(),
         Error::RingFailed(_)
     ));
+    // The posted one comes back when the queue goes.
+    drop(s.ring.detach(conn).unwrap());
+    drop(s.ring.remove_srq(s.srq).unwrap());
+    let back = s.ring.wait(1).unwrap();
+    let seen: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(seen, [(0, WcStatus::WrFlushErr)]);
+    assert!(matches!(s.ring.wait(1), Err(Error::RingFailed(_))));
 }

@@ -488,3 +488,39 @@ pub fn forged_shared_receive_completions_release_nothing() {
         "the second still posted"
     );
 }
+
+/// A shared receive queue that takes only part of a post: the rest comes
+/// back flushed, never posted, with its completion queue credit, and the
+/// queue takes more after.
+pub fn a_partly_refused_shared_post_hands_the_rest_back() {
+    let mut a = FixedAdversary::new();
+    let posted_before = a.ring.srq_posted(a.srq).unwrap();
+    for id in 1..=3 {
+        let slot = a.ring.take_buf().unwrap();
+        a.ring
+            .push_srq(a.srq, RecvFixed::new(slot).user_data(id))
+            .unwrap();
+    }
+    a.device.knobs.lock().unwrap().accept = Some(1);
+    assert!(a.ring.submit().is_err(), "the refusal is reported");
+    a.device.after_submit();
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    let mut seen: Vec<_> = out.iter().map(|c| (c.user_data(), c.status())).collect();
+    seen.sort_unstable_by_key(|&(id, _)| id);
+    assert_eq!(seen, [(2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]);
+    assert_eq!(a.ring.srq_posted(a.srq).unwrap(), posted_before + 1);
+    for c in out {
+        a.ring.put_buf(c.into_buf()).unwrap();
+    }
+    // The queue (depth 8) takes seven more: the refused ones' places and
+    // credits came back.
+    for id in 4..=10 {
+        let slot = a.ring.take_buf().unwrap();
+        a.ring
+            .push_srq(a.srq, RecvFixed::new(slot).user_data(id))
+            .unwrap();
+    }
+    assert_eq!(a.ring.submit().unwrap(), 7);
+    assert_eq!(a.ring.srq_posted(a.srq).unwrap(), 8);
+}
