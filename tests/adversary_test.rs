@@ -111,3 +111,8 @@ fn forged_shared_receive_completions_release_nothing() {
 fn a_partly_refused_shared_post_hands_the_rest_back() {
     adversary::fixed::a_partly_refused_shared_post_hands_the_rest_back();
 }
+
+#[test]
+fn the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event() {
+    adversary::fixed::the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event();
+}

@@ -204,7 +204,7 @@ impl FixedCompletion {
     /// [`FixedRing::qp_error`](super::FixedRing::qp_error) reports): a
     /// receive handed back unconsumed when its queue was removed, closed,
     /// refused or never posted, or one whose queue pair was detached
-    /// before its flushed completion came.
+    /// before its completion was reaped.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

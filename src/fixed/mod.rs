@@ -90,6 +90,7 @@ mod completion;
 mod events;
 mod op;
 mod queue;
+mod receive_table;
 mod ring;
 mod srq;
 

@@ -14,7 +14,7 @@ pub(super) const SRQ_BIT: u64 = 1 << 46;
 pub(super) const SEQ_MASK: u64 = SRQ_BIT - 1;
 /// Queue pairs, and shared receive queues, one fixed ring holds at most:
 /// the index bits of a `wr_id`.
-pub(super) const MAX_QPS: usize = 1 << (64 - INDEX_SHIFT);
+pub(super) const MAX_SLOTS: usize = 1 << (64 - INDEX_SHIFT);
 /// The buffer index of what names no slot of the table: the drain marker,
 /// and a receive already handed back.
 pub(super) const NO_SLOT: u32 = u32::MAX;

@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::queue::{
-    parse_wr_id, take_recv, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_QPS, NO_SLOT,
+    parse_wr_id, take_recv, wr_id, AttachedQp, RecvEntry, SendEntry, SeqRing, MAX_SLOTS, NO_SLOT,
     SRQ_BIT,
 };
 use super::srq::{complete_srq, AttachedSrq, Consumers};
-use super::{CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp};
+use super::{CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedWork};
 use crate::backend::{
     CompletionQueue as DeviceCq, CqId, PostError, QpCaps, QueuePair, RawCompletion, RecvWr,
     SendFlags, SendOpcode, SendWr, SgeSpan, WcStatus,
@@ -352,7 +352,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
         let index = match self.qps.iter().position(Option::is_none) {
             Some(free) => free,
-            None if self.qps.len() < MAX_QPS => {
+            None if self.qps.len() < MAX_SLOTS => {
                 self.qps.push(None);
                 self.resume.push((0, 0));
                 self.qps.len() - 1
@@ -463,11 +463,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                     && slot.sends.tail == slot.sends.posted
                     && slot.recvs.tail == slot.recvs.posted
             })
-            && self
-                .srqs
-                .iter()
-                .flatten()
-                .all(|srq| srq.recvs.head == srq.recvs.tail)
+            && self.srqs.iter().flatten().all(AttachedSrq::is_empty)
     }
 
     #[inline(always)]
@@ -484,20 +480,8 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(status) = slot.error {
             return Err(Error::QpInError(status));
         }
-        let mut work = op.prepare(self.bufs.slot_len(), &slot.limits)?;
-        let own_user_data = work.user_data;
-        if let Some(tag) = tag {
-            work.user_data = tag;
-        }
-        if work.table != self.bufs.table() {
-            return Err(Error::ForeignFixedBuf);
-        }
-        if self.cq_free == 0 {
-            return Err(Error::CompletionQueueFull {
-                possible: self.cq_entries,
-                entries: self.cq_entries,
-            });
-        }
+        let credit = (self.cq_free, self.cq_entries);
+        let (work, own_user_data) = admit(op, &slot.limits, tag, &self.bufs, credit)?;
         let sge = self.bufs.sge_of(work.index, work.len);
         if work.kind == OpKind::Recv {
             if slot.srq.is_some() {
@@ -781,8 +765,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// stays attached, in error, and [`Error::Timeout`] is returned.
     ///
     /// One that takes receives from a shared receive queue is moved to
-    /// error even when idle, so it takes no more of them (if the device
-    /// refuses, it stays attached and the device's error is returned), and
+    /// error even when idle, so it takes no more of them (it comes back in
+    /// error; if the device refuses to move it, it stays attached, taking
+    /// no more work, and the device's error is returned), and
     /// the completions already queued are reaped while it is attached
     /// (they name it). A receive it took whose flushed completion the
     /// device reports later comes back naming no queue pair
@@ -791,9 +776,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// [`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached):
     /// apply that event ([`apply_event`](Self::apply_event), which reaps
     /// them) before dropping the queue pair, as a device may drop the
-    /// completions of a destroyed queue pair. A receive lost so stays
-    /// counted as posted (and its slot with the ring) until the queue is
-    /// removed or the ring closed, which hand it back.
+    /// completions of a destroyed queue pair. A receive lost so holds one
+    /// of the queue's places, counted as posted (and its slot stays with
+    /// the ring), until the queue is removed or the ring closed, which
+    /// hand it back.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -1043,6 +1029,35 @@ impl<Q: QueuePair> FixedRing<Q> {
             _ => Err(Error::NotAttached("queue pair")),
         }
     }
+}
+
+/// The checks every push makes, whatever its queue: `op` prepared for
+/// `limits`, its slot of this table, a completion queue entry free
+/// (`credit`: entries free, of how many); with `tag` in place of its
+/// `user_data`, which is returned.
+#[inline(always)]
+pub(super) fn admit<O: FixedOp>(
+    op: &O,
+    limits: &Limits,
+    tag: Option<u64>,
+    bufs: &FixedBufs,
+    (cq_free, cq_entries): (usize, usize),
+) -> Result<(FixedWork, u64), Error> {
+    let mut work = op.prepare(bufs.slot_len(), limits)?;
+    let own_user_data = work.user_data;
+    if let Some(tag) = tag {
+        work.user_data = tag;
+    }
+    if work.table != bufs.table() {
+        return Err(Error::ForeignFixedBuf);
+    }
+    if cq_free == 0 {
+        return Err(Error::CompletionQueueFull {
+            possible: cq_entries,
+            entries: cq_entries,
+        });
+    }
+    Ok((work, own_user_data))
 }
 
 /// Posts a queue pair's pushed work; on a refusal, the posted count and

@@ -2,17 +2,22 @@
 //! whichever of the queue's queue pairs a message arrives on, and handed
 //! back naming that queue pair.
 //!
-//! A queue's receives sit in a ring indexed by sequence number, as a
-//! queue pair's do; their `wr_id` carries the queue's slot and a bit
-//! telling them from a queue pair's. The device reports a receive on the
-//! completion queue of the queue pair that took it, with that queue pair's
-//! number, which is how the ring finds it ([`Consumers`]). Receives of one
-//! queue may complete out of order across its queue pairs; each has its
-//! own entry, so none is released twice or early.
+//! A queue's receives sit in a table of entries ([`ReceiveTable`]), not a
+//! ring: they complete in any order across the queue's queue pairs, and
+//! one the device never reports must hold one place, not the queue. Their
+//! `wr_id` carries the queue's slot, a bit telling them from a queue
+//! pair's, the entry and low bits of a sequence number. The device
+//! reports a receive on the completion queue of the queue pair that took
+//! it, with that queue pair's number, which is how the ring finds it
+//! ([`Consumers`]); only a queue pair on the queue, attached or lately
+//! detached, can complete one of its receives.
 
-use super::queue::{srq_wr_id, take_recv, AttachedQp, RecvEntry, SeqRing, MAX_QPS, NO_SLOT};
-use super::ring::{flushed, fresh_handle, handle_index, recv_completion};
-use super::{FixedCompletion, FixedOp, FixedQp, FixedRing, RecvFixed};
+use std::collections::VecDeque;
+
+use super::queue::{srq_wr_id, AttachedQp, RecvEntry, MAX_SLOTS};
+use super::receive_table::{ReceiveTable, MAX_DEPTH};
+use super::ring::{admit, flushed, fresh_handle, handle_index, recv_completion};
+use super::{FixedCompletion, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
     PostError, QueuePair, RawCompletion, RecvWr, Sge, SgeSpan, SharedReceiveQueue, SrqId, WcStatus,
 };
@@ -52,21 +57,16 @@ pub(super) struct AttachedSrq<S> {
     id: SrqId,
     handle: FixedSrq,
     limits: Limits,
-    /// Receives the ring lets be pushed and not completed: the queue's
-    /// depth.
-    depth: u64,
-    pub(super) recvs: SeqRing<RecvEntry>,
-    /// Receives already handed back (out of order) whose entries `head`
-    /// has not passed yet.
-    taken_ahead: u64,
+    /// Its receives, as many as the queue's depth.
+    receives: ReceiveTable,
     wrs: Vec<RecvWr>,
     sges: Vec<Sge>,
-    /// Attached queue pairs that take its receives.
-    pub(super) consumers: usize,
-    /// Numbers of queue pairs detached from it whose flushed receives may
-    /// still be reported (the latest [`FORMER_KEPT`]), until the device
-    /// says they took their last or the queue is removed.
-    former: Vec<u32>,
+    /// How many attached queue pairs take its receives.
+    pub(super) attached: usize,
+    /// Numbers of queue pairs detached from it whose receives may still
+    /// be reported (the latest [`FORMER_KEPT`]), until the device says
+    /// they took their last or the queue is removed.
+    former: VecDeque<u32>,
 }
 
 /// Detached queue pairs' numbers a shared receive queue remembers.
@@ -74,74 +74,61 @@ const FORMER_KEPT: usize = 1024;
 
 impl<S> AttachedSrq<S> {
     pub(super) fn join(&mut self, qpn: u32) {
-        self.consumers += 1;
+        self.attached += 1;
         // Its number now names it: what a former holder of the number
         // left can no longer be told apart.
         self.former.retain(|&n| n != qpn);
     }
 
     pub(super) fn leave(&mut self, qpn: u32) {
-        self.consumers -= 1;
+        self.attached -= 1;
         if self.former.len() == FORMER_KEPT {
-            self.former.remove(0);
+            self.former.pop_front();
         }
-        self.former.push(qpn);
+        self.former.push_back(qpn);
     }
 
-    /// Forgets a detached queue pair that will report nothing more;
-    /// whether it was remembered.
-    fn forget_former(&mut self, qpn: u32) -> bool {
-        let before = self.former.len();
+    /// Forgets a detached queue pair that will report nothing more.
+    fn forget_former(&mut self, qpn: u32) {
         self.former.retain(|&n| n != qpn);
-        self.former.len() < before
     }
 
     /// Receives posted and not handed back.
     pub(super) fn posted(&self) -> usize {
-        (self.recvs.posted - self.recvs.head - self.taken_ahead) as usize
+        self.receives.posted()
+    }
+
+    /// Whether it holds no receive, pushed or posted.
+    pub(super) fn is_empty(&self) -> bool {
+        self.receives.in_use() == 0
     }
 
     /// Hands back the pushed, unposted receives as flushed completions.
     fn flush_unposted(&mut self, table: u64, ready: &mut Vec<FixedCompletion>) -> usize {
-        let count = self.recvs.tail - self.recvs.posted;
-        for seq in self.recvs.posted..self.recvs.tail {
-            let entry = self.recvs.get(seq);
-            ready.push(flushed(
-                FixedQp::NONE,
-                table,
-                entry.index,
-                entry.user_data,
-                OpKind::Recv,
-            ));
-        }
-        self.recvs.tail = self.recvs.posted;
         self.wrs.clear();
         self.sges.clear();
-        count as usize
+        self.receives
+            .take_pending(|receive| ready.push(flushed_recv(receive, table)))
     }
 
     /// After the queue was destroyed: hands back its posted receives,
     /// which the device no longer touches, as flushed completions.
     fn release_posted(&mut self, table: u64, ready: &mut Vec<FixedCompletion>) -> usize {
-        let mut count = 0;
-        for seq in self.recvs.head..self.recvs.posted {
-            let entry = self.recvs.get(seq);
-            if entry.index != NO_SLOT {
-                ready.push(flushed(
-                    FixedQp::NONE,
-                    table,
-                    entry.index,
-                    entry.user_data,
-                    OpKind::Recv,
-                ));
-                self.recvs.set(seq, RecvEntry::TAKEN);
-                count += 1;
-            }
-        }
-        self.recvs.head = self.recvs.posted;
-        self.taken_ahead = 0;
-        count
+        self.receives
+            .take_posted(|receive| ready.push(flushed_recv(receive, table)))
     }
+}
+
+/// A shared receive queue's receive handed back unconsumed: no queue pair
+/// took it.
+fn flushed_recv(entry: RecvEntry, table: u64) -> FixedCompletion {
+    flushed(
+        FixedQp::NONE,
+        table,
+        entry.index,
+        entry.user_data,
+        OpKind::Recv,
+    )
 }
 
 /// The attached queue pairs on shared receive queues, by queue pair
@@ -207,7 +194,7 @@ pub(super) fn complete_srq<Q, S>(
     if qp.is_none() && !srq.former.contains(&cqe.qp_num) {
         return None;
     }
-    let entry = take_recv(&mut srq.recvs, &mut srq.taken_ahead, bits)?;
+    let entry = srq.receives.take(bits)?;
     let handle = match qp {
         Some(slot) => {
             // Not a flush: a queue pair the device moved to error says so
@@ -277,6 +264,12 @@ impl<Q: QueuePair> FixedRing<Q> {
                 srq,
             );
         }
+        if caps.max_wr > MAX_DEPTH {
+            return refuse(
+                Error::Incompatible("it holds more receives than the ring serves (2^20)"),
+                srq,
+            );
+        }
         if self.srq_index_of(caps.id).is_some() {
             return refuse(
                 Error::Incompatible("the ring holds this shared receive queue already"),
@@ -285,7 +278,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
         let index = match self.srqs.iter().position(Option::is_none) {
             Some(free) => free,
-            None if self.srqs.len() < MAX_QPS => {
+            None if self.srqs.len() < MAX_SLOTS => {
                 self.srqs.push(None);
                 self.srq_resume.push(0);
                 self.srqs.len() - 1
@@ -308,13 +301,11 @@ impl<Q: QueuePair> FixedRing<Q> {
             id: caps.id,
             handle,
             limits: Limits::srq(&caps),
-            depth: u64::from(caps.max_wr),
-            recvs: SeqRing::new(caps.max_wr, RecvEntry::TAKEN, start),
-            taken_ahead: 0,
+            receives: ReceiveTable::new(caps.max_wr, start),
             wrs: Vec::with_capacity(caps.max_wr as usize),
             sges: Vec::with_capacity(caps.max_wr as usize),
-            consumers: 0,
-            former: Vec::new(),
+            attached: 0,
+            former: VecDeque::new(),
         });
         Ok(handle)
     }
@@ -394,30 +385,17 @@ impl<Q: QueuePair> FixedRing<Q> {
             Some(Some(slot)) if slot.handle == handle => slot,
             _ => return Err(Error::NotAttached("shared receive queue")),
         };
-        let mut work = op.prepare(self.bufs.slot_len(), &slot.limits)?;
-        let own_user_data = work.user_data;
-        if let Some(tag) = tag {
-            work.user_data = tag;
-        }
-        if work.table != self.bufs.table() {
-            return Err(Error::ForeignFixedBuf);
-        }
-        if self.cq_free == 0 {
-            return Err(Error::CompletionQueueFull {
-                possible: self.cq_entries,
-                entries: self.cq_entries,
-            });
-        }
-        if slot.recvs.outstanding() >= slot.depth {
-            return Err(Error::RecvQueueFull {
-                outstanding: slot.recvs.outstanding() as usize,
-                depth: slot.depth as usize,
-            });
-        }
-        let seq = slot.recvs.push(RecvEntry {
+        let credit = (self.cq_free, self.cq_entries);
+        let (work, own_user_data) = admit(op, &slot.limits, tag, &self.bufs, credit)?;
+        let Some(seq) = slot.receives.push(RecvEntry {
             user_data: work.user_data,
             index: work.index,
-        });
+        }) else {
+            return Err(Error::RecvQueueFull {
+                outstanding: slot.receives.in_use(),
+                depth: slot.receives.depth(),
+            });
+        };
         let start = slot.sges.len() as u32;
         slot.sges.push(self.bufs.sge_of(work.index, work.len));
         slot.wrs.push(RecvWr {
@@ -457,7 +435,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                     accepted.min(count)
                 }
             };
-            slot.recvs.posted += accepted as u64;
+            slot.receives.mark_posted(accepted);
             posted += accepted;
             // What was refused was never posted: back, flushed.
             let refused = slot.flush_unposted(table, &mut self.ready);
@@ -557,7 +535,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             Some(Some(slot)) if slot.handle == srq => slot,
             _ => return Err(Error::NotAttached("shared receive queue")),
         };
-        if slot.consumers > 0 {
+        if slot.attached > 0 {
             return Err(Error::Incompatible(
                 "queue pairs that take its receives are still attached",
             ));
@@ -573,7 +551,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         slot.srq.destroy()?;
         self.cq_free += slot.release_posted(table, &mut self.ready);
         let slot = self.srqs[index].take().expect("checked above");
-        self.srq_resume[index] = slot.recvs.tail;
+        self.srq_resume[index] = slot.receives.next_seq();
         Ok(slot.srq)
     }
 
@@ -593,14 +571,23 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// from one of the ring's shared receive queues, took: reaps them (so
     /// they are not lost with it) and forgets it. Whether it was one.
     pub(super) fn last_receive_of_former(&mut self, qpn: u32) -> bool {
-        let mut known = false;
-        for slot in self.srqs.iter_mut().flatten() {
-            known |= slot.forget_former(qpn);
+        let known = self
+            .srqs
+            .iter()
+            .flatten()
+            .any(|slot| slot.former.contains(&qpn));
+        if !known {
+            return false;
         }
-        if known && self.failed.is_none() {
+        // Reaped while it is remembered: its completions still name one
+        // of the queue's receives.
+        if self.failed.is_none() {
             let _ = self.reap_queued_into_ready();
         }
-        known
+        for slot in self.srqs.iter_mut().flatten() {
+            slot.forget_former(qpn);
+        }
+        true
     }
 
     /// At teardown, after the queue pairs drained (`drained`): reaps what
@@ -622,7 +609,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         let table = self.bufs.table();
         let mut all = true;
         for slot in self.srqs.iter_mut().flatten() {
-            slot.consumers = 0;
+            slot.attached = 0;
             if drained && slot.srq.destroy().is_ok() {
                 self.cq_free += slot.release_posted(table, out);
             } else {

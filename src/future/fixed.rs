@@ -757,8 +757,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     }
 
     /// Calls `f` with the ring's completion queue and shared receive queue
-    /// `srq` (`None` if it names nothing), under the ring's lock: to create
-    /// a queue pair on them.
+    /// `srq` (`None` if it names nothing): to create a queue pair on them.
+    /// `f` runs under the ring's lock, so it must not call the ring (that
+    /// would deadlock).
     pub fn with_srq<R>(
         &self,
         srq: FixedSrq,
@@ -775,7 +776,10 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// took it (naming the queue pair it arrived on); refused, and handed
     /// back whole, as [`FixedRing::push_srq`] refuses (or once the ring is
     /// closed). It is posted as any pushed operation is (see
-    /// [`push`](Self::push)), never left waiting for a shared doorbell.
+    /// [`push`](Self::push)), never left waiting for a shared doorbell. A
+    /// receive taken by a queue pair dropped before the device reported it
+    /// (see [`FixedRing::detach`]) resolves only when the queue is removed
+    /// or the ring closed.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, SrqConfig, WcStatus};
