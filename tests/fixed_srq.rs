@@ -107,6 +107,18 @@ impl Server {
     }
 }
 
+/// Pushes a receive of a free slot to `srq`, expecting a refusal; puts
+/// the slot back and returns the error.
+fn refused_srq(ring: &mut FixedRing<SoftQp>, srq: FixedSrq) -> Error {
+    let slot = ring.take_buf().unwrap();
+    let (e, op) = ring
+        .push_srq(srq, RecvFixed::new(slot))
+        .unwrap_err()
+        .into_parts();
+    ring.put_buf(op.into_buf()).unwrap();
+    e
+}
+
 impl Client {
     /// Sends `len` bytes of `byte` and waits for the send to complete.
     fn send(&mut self, byte: u8, len: u32) -> WcStatus {
@@ -181,12 +193,7 @@ fn what_the_shared_queue_cannot_take_is_refused_and_handed_back() {
 
     // A full shared queue.
     s.post_receives(2, 0);
-    let slot = s.ring.take_buf().unwrap();
-    let (e, op) = s
-        .ring
-        .push_srq(s.srq, RecvFixed::new(slot))
-        .unwrap_err()
-        .into_parts();
+    let e = refused_srq(&mut s.ring, s.srq);
     assert!(
         matches!(
             e,
@@ -197,7 +204,6 @@ fn what_the_shared_queue_cannot_take_is_refused_and_handed_back() {
         ),
         "{e}"
     );
-    s.ring.put_buf(op.into_buf()).unwrap();
 
     // Another table's token.
     let mut other = FixedBufs::new(&s.pd, 1, 64).unwrap();
@@ -231,14 +237,8 @@ fn what_the_shared_queue_cannot_take_is_refused_and_handed_back() {
 
     // A handle of another ring names nothing here.
     let mut elsewhere = server(64, 2);
-    let slot = s.ring.take_buf().unwrap();
-    let (e, op) = s
-        .ring
-        .push_srq(elsewhere.srq, RecvFixed::new(slot))
-        .unwrap_err()
-        .into_parts();
+    let e = refused_srq(&mut s.ring, elsewhere.srq);
     assert!(matches!(e, Error::NotAttached(_)), "{e}");
-    s.ring.put_buf(op.into_buf()).unwrap();
     assert!(s.ring.srq_posted(elsewhere.srq).is_err());
     assert!(s.ring.srq(elsewhere.srq).is_none());
     elsewhere.post_receives(1, 0);
@@ -260,13 +260,8 @@ fn a_full_completion_queue_refuses_shared_receives() {
         let slot = ring.take_buf().unwrap();
         ring.push_srq(srq, RecvFixed::new(slot)).unwrap();
     }
-    let slot = ring.take_buf().unwrap();
-    let (e, op) = ring
-        .push_srq(srq, RecvFixed::new(slot))
-        .unwrap_err()
-        .into_parts();
+    let e = refused_srq(&mut ring, srq);
     assert!(matches!(e, Error::CompletionQueueFull { .. }), "{e}");
-    ring.put_buf(op.into_buf()).unwrap();
 }
 
 #[test]
@@ -555,14 +550,8 @@ fn a_failed_ring_hands_back_the_shared_receives_it_never_posted() {
         "the unposted one, at once"
     );
     s.give_back(out);
-    let slot = s.ring.take_buf().unwrap();
-    let (e, op) = s
-        .ring
-        .push_srq(s.srq, RecvFixed::new(slot))
-        .unwrap_err()
-        .into_parts();
+    let e = refused_srq(&mut s.ring, s.srq);
     assert!(matches!(e, Error::RingFailed(_)), "{e}");
-    s.ring.put_buf(op.into_buf()).unwrap();
     let another = s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap();
     assert!(matches!(
         s.ring.add_srq(another).unwrap_err().error(),
