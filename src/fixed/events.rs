@@ -89,7 +89,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 true
             }
             AsyncEvent::SrqLimitReached { srq } | AsyncEvent::SrqError { srq } => {
-                self.holds_srq(srq)
+                self.srq_index_of(srq).is_some()
             }
             AsyncEvent::LastWqeReached { qp_num } => {
                 self.qps.iter().flatten().any(|s| s.qpn == qp_num)

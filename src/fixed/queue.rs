@@ -127,9 +127,8 @@ impl<T: Copy> SeqRing<T> {
 }
 
 /// Takes the posted receive whose low sequence bits a `wr_id` carries out
-/// of `recvs`, once: receives may complete out of order (a shared receive
-/// queue's across its queue pairs, say), so each has its own entry, marked
-/// taken; `head` moves past taken entries, and `taken_ahead` counts those
+/// of `recvs`, once: a device may report receives out of order, so each
+/// has its own entry, marked taken; `head` moves past taken entries, and `taken_ahead` counts those
 /// it has not reached yet.
 #[inline]
 pub(super) fn take_recv(

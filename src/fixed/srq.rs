@@ -562,11 +562,6 @@ impl<Q: QueuePair> FixedRing<Q> {
             .position(|slot| slot.as_ref().is_some_and(|s| s.id == id))
     }
 
-    /// Whether the ring holds shared receive queue `id`.
-    pub(super) fn holds_srq(&self, id: SrqId) -> bool {
-        self.srq_index_of(id).is_some()
-    }
-
     /// The device reported every receive that queue pair `qpn`, detached
     /// from one of the ring's shared receive queues, took: reaps them (so
     /// they are not lost with it) and forgets it. Whether it was one.
