@@ -116,3 +116,8 @@ fn a_partly_refused_shared_post_hands_the_rest_back() {
 fn the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event() {
     adversary::fixed::the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event();
 }
+
+#[test]
+fn a_refused_refill_post_stops_the_refill() {
+    adversary::fixed::a_refused_refill_post_stops_the_refill();
+}

@@ -9,7 +9,8 @@ use rdma_ring::backend::soft::{SoftDevice, SoftPd, SoftQp};
 use rdma_ring::backend::{AsyncEvent, AsyncEventSource, QpConfig, SharedReceiveQueue};
 use rdma_ring::backend::{SrqConfig, WcStatus};
 use rdma_ring::fixed::{
-    FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, RecvFixed, SendFixed,
+    FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, FixedSrqRefill,
+    RecvFixed, SendFixed,
 };
 use rdma_ring::future::{AsyncFixedRing, Wakeup};
 use rdma_ring::Error;
@@ -564,4 +565,193 @@ fn a_failed_ring_hands_back_the_shared_receives_it_never_posted() {
     let seen: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
     assert_eq!(seen, [(0, WcStatus::WrFlushErr)]);
     assert!(matches!(s.ring.wait(1), Err(Error::RingFailed(_))));
+}
+
+/// Every slot of the server's table is free, posted, or held by the test.
+fn assert_slots_add_up(s: &Server, held: usize) {
+    let free = s.ring.bufs().free() as usize;
+    let posted = s.ring.srq_posted(s.srq).unwrap();
+    assert_eq!(
+        free + posted + held,
+        32,
+        "free {free}, posted {posted}, held {held}"
+    );
+}
+
+#[test]
+fn a_refilled_queue_keeps_taking_messages_far_beyond_its_depth() {
+    let mut s = server(64, 8);
+    let mut peers: Vec<(FixedQp, Client)> = (0..2).map(|_| s.connect()).collect();
+    let refill = FixedSrqRefill {
+        low: 3,
+        target: 6,
+        user_data: 77,
+    };
+    s.ring.set_srq_refill(s.srq, Some(refill)).unwrap();
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 6, "topped up at once");
+    let mut out = Vec::new();
+    let mut lowest = usize::MAX;
+    // Five messages a round, more than the refill leaves posted above its
+    // low-water mark, forty in all: five times the queue's depth.
+    for round in 0..8u8 {
+        for k in 0..5u8 {
+            let (_, client) = &mut peers[usize::from(k % 2)];
+            assert_eq!(client.send(round * 8 + k, 16), WcStatus::Success);
+            while out.is_empty() {
+                s.ring.reap(&mut out).unwrap();
+            }
+            let c = out.pop().unwrap();
+            assert_eq!((c.user_data(), c.status()), (77, WcStatus::Success));
+            assert_eq!(c.qp(), peers[usize::from(k % 2)].0);
+            assert!(s.ring.bufs().bytes(c.buf())[..16]
+                .iter()
+                .all(|&b| b == round * 8 + k));
+            let posted = s.ring.srq_posted(s.srq).unwrap();
+            assert!(
+                (3..=6).contains(&posted),
+                "after a reap, between the low-water mark and the target: {posted}"
+            );
+            lowest = lowest.min(posted);
+            assert_slots_add_up(&s, 1);
+            s.ring.put_buf(c.into_buf()).unwrap();
+        }
+    }
+    assert_eq!(lowest, 3, "the refill waits for the low-water mark");
+    assert_eq!(s.ring.unknown_completions(), 0);
+    assert_eq!(s.ring.srq_refill(s.srq).unwrap(), Some(refill));
+    // Stopped: the posted receives stay posted, and reaps take no slot.
+    s.ring.set_srq_refill(s.srq, None).unwrap();
+    let before = s.ring.srq_posted(s.srq).unwrap();
+    for k in 0..before as u8 {
+        assert_eq!(peers[0].1.send(k, 8), WcStatus::Success);
+    }
+    let done = s.ring.wait(before).unwrap();
+    assert_eq!(
+        s.ring.srq_posted(s.srq).unwrap(),
+        0,
+        "no refill once stopped"
+    );
+    s.give_back(done);
+    assert_slots_add_up(&s, 0);
+}
+
+#[test]
+fn a_refill_takes_only_free_slots_and_tops_up_once_they_come_back() {
+    let mut s = server(64, 16);
+    let held: Vec<_> = (0..28).map(|_| s.ring.take_buf().unwrap()).collect();
+    let refill = FixedSrqRefill {
+        low: 8,
+        target: 12,
+        user_data: 1,
+    };
+    s.ring.set_srq_refill(s.srq, Some(refill)).unwrap();
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 4, "the four free slots");
+    assert_eq!(s.ring.bufs().free(), 0);
+    for slot in held {
+        s.ring.put_buf(slot).unwrap();
+    }
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 4, "until a reap");
+    let mut out = Vec::new();
+    assert_eq!(s.ring.reap(&mut out).unwrap(), 0);
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 12);
+    assert_slots_add_up(&s, 0);
+}
+
+#[test]
+fn a_refill_that_cannot_work_is_refused() {
+    let mut s = server(64, 8);
+    let bad = |low, target| FixedSrqRefill {
+        low,
+        target,
+        user_data: 0,
+    };
+    for (low, target) in [(0, 4), (5, 4), (2, 9)] {
+        let error = s.ring.set_srq_refill(s.srq, Some(bad(low, target)));
+        assert!(
+            matches!(error, Err(Error::Incompatible(_))),
+            "low {low}, target {target}: {error:?}"
+        );
+    }
+    assert_eq!(s.ring.srq_refill(s.srq).unwrap(), None);
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 0, "nothing taken");
+    assert_eq!(s.ring.bufs().free(), 32);
+    let srq = s.ring.remove_srq(s.srq).unwrap();
+    assert!(matches!(
+        s.ring.set_srq_refill(s.srq, Some(bad(1, 4))),
+        Err(Error::NotAttached(_))
+    ));
+    assert!(matches!(
+        s.ring.srq_refill(s.srq),
+        Err(Error::NotAttached(_))
+    ));
+    drop(srq);
+}
+
+#[test]
+fn the_low_water_event_tops_up_a_refilled_queue_before_a_reap() {
+    let mut s = server(64, 8);
+    let events = s.dev.async_events().unwrap();
+    let (conn, mut client) = s.connect();
+    let refill = FixedSrqRefill {
+        low: 4,
+        target: 8,
+        user_data: 5,
+    };
+    s.ring.set_srq_refill(s.srq, Some(refill)).unwrap();
+    s.ring.arm_srq_limit(s.srq, 4).unwrap();
+    for k in 0..5 {
+        assert_eq!(client.send(k, 4), WcStatus::Success);
+    }
+    let event = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
+        .expect("the low-water event");
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 8, "not reaped yet");
+    assert_eq!(s.ring.bufs().free(), 32 - 8);
+    assert!(s.ring.apply_event(event));
+    assert_eq!(
+        (s.ring.srq_posted(s.srq).unwrap(), s.ring.bufs().free()),
+        (8, 32 - 8 - 5),
+        "the five taken were reaped and five more posted"
+    );
+    let mut out = Vec::new();
+    s.ring.reap(&mut out).unwrap();
+    assert_eq!(out.len(), 5, "the event's reap kept them for the next");
+    assert!(out.iter().all(|c| c.qp() == conn && c.user_data() == 5));
+    s.give_back(out);
+    assert_slots_add_up(&s, 0);
+}
+
+#[test]
+fn removing_a_refilled_queue_hands_its_receives_back_and_ends_the_refill() {
+    let mut s = server(64, 8);
+    let (conn, mut client) = s.connect();
+    let refill = FixedSrqRefill {
+        low: 2,
+        target: 8,
+        user_data: 3,
+    };
+    s.ring.set_srq_refill(s.srq, Some(refill)).unwrap();
+    assert_eq!(client.send(9, 4), WcStatus::Success);
+    drop(s.ring.detach(conn).unwrap());
+    let _srq = s.ring.remove_srq(s.srq).unwrap();
+    let mut out = Vec::new();
+    while out.len() < 8 {
+        assert!(s.ring.reap(&mut out).unwrap() > 0, "all eight come back");
+    }
+    let ok = out
+        .iter()
+        .filter(|c| c.status() == WcStatus::Success)
+        .count();
+    assert_eq!(ok, 1, "the message that came");
+    assert!(out.iter().all(|c| c.user_data() == 3));
+    assert!(out
+        .iter()
+        .filter(|c| c.status() != WcStatus::Success)
+        .all(|c| c.status() == WcStatus::WrFlushErr));
+    for c in out {
+        s.ring.put_buf(c.into_buf()).unwrap();
+    }
+    let mut more = Vec::new();
+    assert_eq!(s.ring.reap(&mut more).unwrap(), 0);
+    assert_eq!(s.ring.bufs().free(), 32, "no refill of a removed queue");
 }

@@ -30,11 +30,15 @@ impl<Q: QueuePair> FixedRing<Q> {
     ///   took; the ring reaps them (they come back from the next reap) and
     ///   forgets the queue pair, which may now be dropped without losing
     ///   one (see [`detach`](Self::detach));
-    /// * `SrqLimitReached`, `SrqError` of a shared receive queue the ring
-    ///   holds, `LastWqeReached` of an attached queue pair: nothing changes
-    ///   (they concern the ring, and `true` says so, for the caller to
-    ///   refill the queue, say). A failed shared receive queue's queue
-    ///   pairs are failed by their own events.
+    /// * `SrqLimitReached` of a shared receive queue the ring holds: if a
+    ///   queue has a refill ([`set_srq_refill`](Self::set_srq_refill)),
+    ///   the ring reaps what is queued (it comes back from the next reap)
+    ///   and tops the queues up now; else the queue is the caller's to
+    ///   refill (`true` says the event concerns the ring);
+    /// * `SrqError` of a shared receive queue the ring holds,
+    ///   `LastWqeReached` of an attached queue pair: nothing changes (they
+    ///   concern the ring, and `true` says so). A failed shared receive
+    ///   queue's queue pairs are failed by their own events.
     ///
     /// Other events change nothing here.
     ///
@@ -88,9 +92,18 @@ impl<Q: QueuePair> FixedRing<Q> {
                 }
                 true
             }
-            AsyncEvent::SrqLimitReached { srq } | AsyncEvent::SrqError { srq } => {
-                self.srq_index_of(srq).is_some()
+            AsyncEvent::SrqLimitReached { srq } => {
+                let held = self.srq_index_of(srq).is_some();
+                if held && self.refilling && self.failed.is_none() {
+                    // The receives the device says were taken are the
+                    // ring's to count only once reaped: reap them (they
+                    // come back from the next reap), then top up.
+                    let _ = self.reap_queued_into_ready();
+                    self.refill_srqs();
+                }
+                held
             }
+            AsyncEvent::SrqError { srq } => self.srq_index_of(srq).is_some(),
             AsyncEvent::LastWqeReached { qp_num } => {
                 self.qps.iter().flatten().any(|s| s.qpn == qp_num)
                     || self.last_receive_of_former(qp_num)

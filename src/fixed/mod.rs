@@ -93,6 +93,7 @@ mod queue;
 mod receive_table;
 mod ring;
 mod srq;
+mod srq_refill;
 
 pub use bufs::{FixedBuf, FixedBufs};
 pub(crate) use completion::CompletionSink;
@@ -103,3 +104,4 @@ pub use op::{
 };
 pub use ring::{FixedQp, FixedRing, FixedRingConfig};
 pub use srq::FixedSrq;
+pub use srq_refill::FixedSrqRefill;

@@ -171,6 +171,8 @@ pub struct FixedRing<Q: QueuePair> {
     pub(super) consumers: Consumers,
     /// Whether a shared receive queue has pushed receives to post.
     pub(super) srqs_dirty: bool,
+    /// Whether a shared receive queue has a refill, for reaps to run.
+    pub(super) refilling: bool,
     /// Shut down (by `close`); `Drop` has nothing left to do.
     closed: bool,
 }
@@ -222,6 +224,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             srq_resume: Vec::new(),
             consumers: Consumers::default(),
             srqs_dirty: false,
+            refilling: false,
             closed: false,
         }
     }
@@ -432,6 +435,9 @@ impl<Q: QueuePair> FixedRing<Q> {
                     return Err(error);
                 }
             }
+        }
+        if self.refilling {
+            self.refill_srqs();
         }
         Ok(())
     }
@@ -675,6 +681,9 @@ impl<Q: QueuePair> FixedRing<Q> {
                 &mut self.unknown,
                 out,
             );
+        }
+        if self.refilling {
+            self.refill_srqs();
         }
         Ok(out.len() - before)
     }

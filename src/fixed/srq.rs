@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use super::queue::{srq_wr_id, AttachedQp, RecvEntry, MAX_SLOTS};
 use super::receive_table::{ReceiveTable, MAX_DEPTH};
 use super::ring::{admit, flushed, fresh_handle, handle_index, recv_completion};
+use super::srq_refill::ActiveRefill;
 use super::{FixedCompletion, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
     PostError, QueuePair, RawCompletion, RecvWr, Sge, SgeSpan, SharedReceiveQueue, SrqId, WcStatus,
@@ -67,6 +68,8 @@ pub(super) struct AttachedSrq<S> {
     /// be reported (the latest [`FORMER_KEPT`]), until the device says
     /// they took their last or the queue is removed.
     former: VecDeque<u32>,
+    /// How the ring keeps it topped up from its free slots, if it does.
+    pub(super) refill: Option<ActiveRefill>,
 }
 
 /// Detached queue pairs' numbers a shared receive queue remembers.
@@ -98,9 +101,59 @@ impl<S> AttachedSrq<S> {
         self.receives.posted()
     }
 
+    pub(super) fn handle(&self) -> FixedSrq {
+        self.handle
+    }
+
+    /// How many receives it holds at most.
+    pub(super) fn depth(&self) -> usize {
+        self.receives.depth()
+    }
+
+    /// Receives pushed or posted, and not handed back.
+    pub(super) fn held(&self) -> usize {
+        self.receives.in_use()
+    }
+
     /// Whether it holds no receive, pushed or posted.
     pub(super) fn is_empty(&self) -> bool {
         self.receives.in_use() == 0
+    }
+
+    /// Posts its pushed receives with one doorbell; returns how many were
+    /// posted. What the queue refuses comes back flushed, into `ready`,
+    /// with its completion queue credits.
+    pub(super) fn post(
+        &mut self,
+        table: u64,
+        ready: &mut Vec<FixedCompletion>,
+        cq_free: &mut usize,
+    ) -> Result<usize, (usize, Error)>
+    where
+        S: SharedReceiveQueue,
+    {
+        if self.wrs.is_empty() {
+            return Ok(0);
+        }
+        let count = self.wrs.len();
+        // SAFETY: each receive names bytes of one slot of the ring's
+        // table (registered in the queue's protection domain, checked
+        // when it was added), whose token the ring keeps from push until
+        // the completion is handed back; the table outlives the queue,
+        // which is destroyed (or the table's memory leaked) before the
+        // table goes. Its `wr_id` is unique among the queue's outstanding
+        // receives.
+        let (accepted, error) = match unsafe { self.srq.post_recv(&self.wrs, &self.sges) } {
+            Ok(()) => (count, None),
+            Err(PostError { accepted, error }) => (accepted.min(count), Some(error)),
+        };
+        self.receives.mark_posted(accepted);
+        // What was refused was never posted: back, flushed.
+        *cq_free += self.flush_unposted(table, ready);
+        match error {
+            None => Ok(accepted),
+            Some(error) => Err((accepted, error)),
+        }
     }
 
     /// Hands back the pushed, unposted receives as flushed completions.
@@ -306,6 +359,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             sges: Vec::with_capacity(caps.max_wr as usize),
             attached: 0,
             former: VecDeque::new(),
+            refill: None,
         });
         Ok(handle)
     }
@@ -372,7 +426,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             .map_err(|error| Rejected::new(error, op))
     }
 
-    fn try_push_srq(
+    pub(super) fn try_push_srq(
         &mut self,
         handle: FixedSrq,
         op: &RecvFixed,
@@ -417,29 +471,13 @@ impl<Q: QueuePair> FixedRing<Q> {
         let mut posted = 0;
         let mut first_error = None;
         for slot in self.srqs.iter_mut().flatten() {
-            if slot.wrs.is_empty() {
-                continue;
-            }
-            let count = slot.wrs.len();
-            // SAFETY: each receive names bytes of one slot of the ring's
-            // table (registered in the queue's protection domain, checked
-            // when it was added), whose token the ring keeps from push
-            // until the completion is handed back; the table outlives the
-            // queue, which is destroyed (or the table's memory leaked)
-            // before the table goes. Its `wr_id` is unique among the
-            // queue's outstanding receives.
-            let accepted = match unsafe { slot.srq.post_recv(&slot.wrs, &slot.sges) } {
-                Ok(()) => count,
-                Err(PostError { accepted, error }) => {
+            match slot.post(table, &mut self.ready, &mut self.cq_free) {
+                Ok(n) => posted += n,
+                Err((n, error)) => {
+                    posted += n;
                     first_error.get_or_insert(error);
-                    accepted.min(count)
                 }
-            };
-            slot.receives.mark_posted(accepted);
-            posted += accepted;
-            // What was refused was never posted: back, flushed.
-            let refused = slot.flush_unposted(table, &mut self.ready);
-            self.cq_free += refused;
+            }
         }
         match first_error {
             None => Ok(posted),
@@ -552,7 +590,16 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.cq_free += slot.release_posted(table, &mut self.ready);
         let slot = self.srqs[index].take().expect("checked above");
         self.srq_resume[index] = slot.receives.next_seq();
+        self.refilling = self.srqs.iter().flatten().any(|s| s.refill.is_some());
         Ok(slot.srq)
+    }
+
+    /// The slot of the shared receive queue `srq` names, if it names one.
+    pub(super) fn srq_slot_of(&self, srq: FixedSrq) -> Option<usize> {
+        match self.srqs.get(srq.index()) {
+            Some(Some(slot)) if slot.handle == srq => Some(srq.index()),
+            _ => None,
+        }
     }
 
     /// The slot of the held shared receive queue `id`.

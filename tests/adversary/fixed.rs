@@ -19,8 +19,8 @@ use std::time::Duration;
 use rdma_ring::backend::soft::{SoftDevice, SoftPd};
 use rdma_ring::backend::{AsyncEvent, RawCompletion, SrqConfig, WcStatus};
 use rdma_ring::fixed::{
-    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, ReadFixed,
-    RecvFixed, SendFixed, WriteFixed,
+    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq,
+    FixedSrqRefill, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
 
 use super::device::{Device, RingStep};
@@ -569,4 +569,51 @@ pub fn the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event() {
     assert!(a.ring.qp_error(out[0].qp()).is_err(), "names no queue pair");
     assert!(!a.ring.apply_event(last), "forgotten");
     drop(qp);
+}
+
+/// A shared receive queue that refuses part of a refill's post: the
+/// refill stops, says so, and the refused receives come back flushed with
+/// their slots, places and credits; the queue takes pushes after.
+pub fn a_refused_refill_post_stops_the_refill() {
+    let mut a = FixedAdversary::new();
+    let posted_before = a.ring.srq_posted(a.srq).unwrap();
+    let free_before = a.ring.bufs().free();
+    let refill = FixedSrqRefill {
+        low: 4,
+        target: 4,
+        user_data: 0xabc,
+    };
+    let wanted = 4 - posted_before;
+    assert!(wanted >= 2, "the scenario leaves room: {posted_before}");
+    a.device.knobs.lock().unwrap().accept = Some(1);
+    assert!(
+        a.ring.set_srq_refill(a.srq, Some(refill)).is_err(),
+        "the refusal is reported"
+    );
+    a.device.after_submit();
+    assert_eq!(a.ring.srq_refill(a.srq).unwrap(), None, "stopped");
+    assert_eq!(a.ring.srq_posted(a.srq).unwrap(), posted_before + 1);
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    let flushed: Vec<_> = out
+        .iter()
+        .filter(|c| c.user_data() == 0xabc)
+        .map(|c| c.status())
+        .collect();
+    assert_eq!(flushed, vec![WcStatus::WrFlushErr; wanted - 1]);
+    for c in out {
+        a.ring.put_buf(c.into_buf()).unwrap();
+    }
+    assert_eq!(a.ring.bufs().free(), free_before - 1);
+    // No refill on later reaps.
+    let mut more = Vec::new();
+    a.ring.reap(&mut more).unwrap();
+    assert_eq!(a.ring.srq_posted(a.srq).unwrap(), posted_before + 1);
+    for id in 0..wanted - 1 {
+        let slot = a.ring.take_buf().unwrap();
+        a.ring
+            .push_srq(a.srq, RecvFixed::new(slot).user_data(id as u64))
+            .unwrap();
+    }
+    assert_eq!(a.ring.submit().unwrap(), wanted - 1);
 }
