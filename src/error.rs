@@ -132,7 +132,9 @@ pub enum Error {
     ForeignFixedBuf,
     /// A ring that already has work was handed to an adapter that must
     /// see all of it from the start.
-    #[error("the ring has work pushed, in flight or not yet reaped; share it while it is idle")]
+    #[error(
+        "the ring has work pushed, in flight or not yet reaped, or a refill set; share it while it is idle"
+    )]
     RingNotIdle,
     /// Memory of zero bytes cannot be registered.
     #[error("cannot register an empty buffer")]

@@ -755,3 +755,214 @@ fn removing_a_refilled_queue_hands_its_receives_back_and_ends_the_refill() {
     assert_eq!(s.ring.reap(&mut more).unwrap(), 0);
     assert_eq!(s.ring.bufs().free(), 32, "no refill of a removed queue");
 }
+
+#[test]
+fn awaited_arrivals_of_a_refilled_queue_from_concurrent_peers_all_come() {
+    let mut s = server(64, 8);
+    let peers: Vec<(FixedQp, Client)> = (0..3).map(|_| s.connect()).collect();
+    let srq = s.srq;
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Thread).unwrap();
+    let refill = FixedSrqRefill {
+        low: 3,
+        target: 6,
+        user_data: 40,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    // One receive of the caller's own on the same queue: its future gets
+    // whichever message takes it, the refill's arrivals the rest.
+    let own = ring
+        .push_srq(srq, RecvFixed::new(ring.take_buf().unwrap()).user_data(1))
+        .unwrap();
+    ring.submit().unwrap();
+    let handles: Vec<FixedQp> = peers.iter().map(|(h, _)| *h).collect();
+    let mut seen = Vec::new();
+    std::thread::scope(|scope| {
+        for (i, (_, mut client)) in peers.into_iter().enumerate() {
+            scope.spawn(move || {
+                for k in 0..10u8 {
+                    let byte = i as u8 * 16 + k;
+                    assert_eq!(client.send(byte, 24), WcStatus::Success);
+                }
+            });
+        }
+        let mut own = Some(own);
+        futures::executor::block_on(async {
+            while seen.len() < 30 {
+                let c = match own.as_mut().map(futures::FutureExt::now_or_never) {
+                    Some(Some(done)) => {
+                        own = None;
+                        let c = done.unwrap();
+                        assert_eq!(c.user_data(), 1);
+                        c
+                    }
+                    _ => {
+                        let c = ring.receive(srq).await.unwrap();
+                        assert_eq!(c.user_data(), 40);
+                        c
+                    }
+                };
+                assert_eq!(c.status(), WcStatus::Success);
+                let byte = ring.with_bufs(|b| b.bytes(c.buf())[0]).unwrap();
+                let sender = usize::from(byte / 16);
+                assert_eq!(c.qp(), handles[sender], "names the sender's queue pair");
+                assert!(ring
+                    .with_bufs(|b| b.bytes(c.buf())[..24].iter().all(|&x| x == byte))
+                    .unwrap());
+                seen.push(byte);
+                ring.put_buf(c.into_buf()).unwrap();
+            }
+        });
+    });
+    seen.sort_unstable();
+    let sent: Vec<u8> = (0..3u8)
+        .flat_map(|i| (0..10u8).map(move |k| i * 16 + k))
+        .collect();
+    assert_eq!(seen, sent, "every message once");
+    ring.close();
+}
+
+#[test]
+fn awaiting_arrivals_ends_with_an_error_once_none_can_come() {
+    let s = server(64, 8);
+    let srq = s.srq;
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Busy).unwrap();
+    let none = futures::executor::block_on(ring.receive(srq));
+    assert!(matches!(none, Err(Error::Incompatible(_))), "{none:?}");
+    let refill = FixedSrqRefill {
+        low: 1,
+        target: 4,
+        user_data: 6,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    // Polled once and dropped: nothing is lost by it.
+    assert!(futures::FutureExt::now_or_never(ring.receive(srq)).is_none());
+    let _srq = ring.remove_srq(srq).unwrap();
+    for _ in 0..4 {
+        let back = futures::executor::block_on(ring.receive(srq)).unwrap();
+        assert_eq!((back.user_data(), back.status()), (6, WcStatus::WrFlushErr));
+        ring.put_buf(back.into_buf()).unwrap();
+    }
+    let gone = futures::executor::block_on(ring.receive(srq));
+    assert!(matches!(gone, Err(Error::NotAttached(_))), "{gone:?}");
+    assert_eq!(ring.with_bufs(|b| b.free()).unwrap(), 32);
+}
+
+#[test]
+fn closing_resolves_awaited_arrivals_after_the_flushed_ones() {
+    let mut s = server(64, 8);
+    let (_conn, mut client) = s.connect();
+    let srq = s.srq;
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Busy).unwrap();
+    let refill = FixedSrqRefill {
+        low: 2,
+        target: 3,
+        user_data: 8,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    assert_eq!(client.send(5, 4), WcStatus::Success);
+    ring.close();
+    let mut statuses = Vec::new();
+    loop {
+        match futures::executor::block_on(ring.receive(srq)) {
+            Ok(c) => statuses.push(c.status()),
+            Err(error) => {
+                assert!(matches!(error, Error::Closed), "{error:?}");
+                break;
+            }
+        }
+    }
+    statuses.sort_unstable_by_key(|s| *s != WcStatus::Success);
+    assert_eq!(
+        statuses,
+        [
+            WcStatus::Success,
+            WcStatus::WrFlushErr,
+            WcStatus::WrFlushErr
+        ],
+        "the message, then the two left posted, flushed"
+    );
+}
+
+#[test]
+fn a_ring_with_a_refill_set_is_not_shared() {
+    let mut s = server(64, 8);
+    let held: Vec<_> = std::iter::from_fn(|| s.ring.take_buf()).collect();
+    let refill = FixedSrqRefill {
+        low: 1,
+        target: 4,
+        user_data: 0,
+    };
+    s.ring.set_srq_refill(s.srq, Some(refill)).unwrap();
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 0, "no free slot yet");
+    let (error, mut ring) = AsyncFixedRing::new(s.ring, Wakeup::Busy)
+        .map(|_| ())
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(error, Error::RingNotIdle), "{error:?}");
+    ring.set_srq_refill(s.srq, None).unwrap();
+    for slot in held {
+        ring.put_buf(slot).unwrap();
+    }
+    assert!(AsyncFixedRing::new(ring, Wakeup::Busy).is_ok());
+}
+
+/// Awaits the next arrival in `srq` on a thread of its own; the outcome
+/// comes back over the channel.
+fn await_arrival_elsewhere(
+    ring: &AsyncFixedRing<SoftQp>,
+    srq: FixedSrq,
+) -> std::sync::mpsc::Receiver<Result<FixedCompletion, Error>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ring = ring.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(ring.receive(srq)));
+    });
+    // Long enough for the task to be waiting, most runs; the outcome is
+    // the same either way.
+    std::thread::sleep(Duration::from_millis(50));
+    rx
+}
+
+#[test]
+fn a_task_awaiting_arrivals_wakes_when_its_refill_stops_its_queue_goes_or_the_ring_closes() {
+    let mut s = server(64, 8);
+    let held: Vec<_> = std::iter::from_fn(|| s.ring.take_buf()).collect();
+    let srq = s.srq;
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Thread).unwrap();
+    let refill = FixedSrqRefill {
+        low: 1,
+        target: 4,
+        user_data: 0,
+    };
+    // No free slot: nothing is posted, nothing arrives.
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let waiting = await_arrival_elsewhere(&ring, srq);
+    ring.set_srq_refill(srq, None).unwrap();
+    let outcome = waiting
+        .recv_timeout(Duration::from_secs(10))
+        .expect("woken");
+    assert!(
+        matches!(outcome, Err(Error::Incompatible(_))),
+        "{outcome:?}"
+    );
+
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let waiting = await_arrival_elsewhere(&ring, srq);
+    let _srq = ring.remove_srq(srq).unwrap();
+    let outcome = waiting
+        .recv_timeout(Duration::from_secs(10))
+        .expect("woken");
+    assert!(matches!(outcome, Err(Error::NotAttached(_))), "{outcome:?}");
+
+    let other = ring
+        .add_srq(s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap())
+        .unwrap();
+    ring.set_srq_refill(other, Some(refill)).unwrap();
+    let waiting = await_arrival_elsewhere(&ring, other);
+    ring.close();
+    let outcome = waiting
+        .recv_timeout(Duration::from_secs(10))
+        .expect("woken");
+    assert!(matches!(outcome, Err(Error::Closed)), "{outcome:?}");
+    drop(held);
+}

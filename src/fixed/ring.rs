@@ -436,10 +436,17 @@ impl<Q: QueuePair> FixedRing<Q> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Tops up the shared receive queues whose refill fell below its mark
+    /// (a reap does so for the caller of [`reap`](Self::reap); an owner
+    /// reaping with [`reap_all`](Self::reap_all) calls this after).
+    #[inline]
+    pub(crate) fn refill_due(&mut self) {
         if self.refilling {
             self.refill_srqs();
         }
-        Ok(())
     }
 
     /// Why the ring takes no more work, if its completion queue or the
@@ -461,9 +468,12 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.flush_srqs_unposted();
     }
 
-    /// Whether nothing is pushed, posted or waiting to be handed out.
+    /// Whether nothing is pushed, posted or waiting to be handed out, and
+    /// no refill would push anything (its receives' tags would be the
+    /// refill's, where a new owner expects its own).
     pub(crate) fn idle(&self) -> bool {
-        self.ready.is_empty()
+        !self.refilling
+            && self.ready.is_empty()
             && self.qps.iter().flatten().all(|slot| {
                 !slot.busy()
                     && slot.sends.tail == slot.sends.posted

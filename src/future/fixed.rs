@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+mod incoming;
+
+use self::incoming::Incoming;
+pub use self::incoming::SrqReceive;
 use super::driver::{notifier_loop, NotifierThread};
 use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
 use crate::backend::{AsyncEvent, CompletionEvents, CompletionQueue, QueuePair};
@@ -142,6 +146,8 @@ struct Futures {
     /// Slots of completions whose futures are gone, for the ring once a
     /// reap is over.
     unowned: Vec<FixedBuf>,
+    /// Completions of the ring's refill receives, for `receive`.
+    incoming: Incoming,
 }
 
 impl Futures {
@@ -150,6 +156,17 @@ impl Futures {
         Settle {
             futures: self,
             settled: 0,
+        }
+    }
+
+    /// A completion no future owns: a refill receive's goes to its
+    /// queue's arrivals, any other's slot back to the ring.
+    // Out of line: the reap's hot path settles futures.
+    #[cold]
+    #[inline(never)]
+    fn settle_unowned(&mut self, completion: FixedCompletion) {
+        if let Err(completion) = self.incoming.put(completion, &mut self.wakes) {
+            self.unowned.push(completion.into_buf());
         }
     }
 
@@ -256,6 +273,7 @@ impl<Q: QueuePair> Inner<Q> {
         let result = ring.reap_all(&mut settle);
         let n = settle.settled;
         self.futures.give_back(ring);
+        ring.refill_due();
         // However the failure was met (this poll, or a detach's drain),
         // nothing more will complete.
         if let Some(why) = ring.failure() {
@@ -355,6 +373,7 @@ impl<Q: QueuePair> Inner<Q> {
     /// flushed work may still come back through it.
     fn end(&mut self, why: Ended) {
         self.ended.get_or_insert(why);
+        self.futures.incoming.end(&mut self.futures.wakes);
         let ring_gone = self.ring.is_none();
         for (key, state) in self.futures.ops.iter_mut().enumerate() {
             match state {
@@ -418,10 +437,11 @@ impl CompletionSink for Settle<'_> {
                 self.futures.free.push(key as u32);
                 self.futures.unowned.push(completion.into_buf());
             }
-            // An operation whose future already resolved with the ring's
+            // A refill receive's (its tag is above every future's), or an
+            // operation's whose future already resolved with the ring's
             // failure (no push succeeds after it, so the tag was not
             // reused): its slot goes back.
-            _ => self.futures.unowned.push(completion.into_buf()),
+            _ => self.futures.settle_unowned(completion),
         }
     }
 }
@@ -497,7 +517,9 @@ impl<Q: QueuePair> FixedShared<Q> {
 impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Shares `ring`, woken as `wakeup` says. Refused, with the ring handed
     /// back: a ring that is not idle — something pushed, in flight or left
-    /// to reap — with [`Error::RingNotIdle`]; and for [`Wakeup::Reactor`]
+    /// to reap, or a shared receive queue refill set (set it through the
+    /// adapter: [`set_srq_refill`](Self::set_srq_refill)) — with
+    /// [`Error::RingNotIdle`]; and for [`Wakeup::Reactor`]
     /// and [`Wakeup::Thread`], a completion queue without a completion
     /// channel.
     ///
@@ -826,6 +848,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
             let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
             let removed = ring.remove_srq(srq);
             let _ = inner.reap();
+            // Tasks awaiting its arrivals take what came, then learn it
+            // is gone.
+            inner.futures.incoming.wake(srq, &mut inner.futures.wakes);
             removed
         })
     }

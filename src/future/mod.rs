@@ -237,7 +237,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use driver::{CompletionFd, Driver};
-pub use fixed::{AsyncFixedRing, FixedDriver, FixedOpFuture};
+pub use fixed::{AsyncFixedRing, FixedDriver, FixedOpFuture, SrqReceive};
 pub use locked::LockedRing;
 pub use op_future::{OpFuture, OpOutput, Received};
 pub use qp::AsyncQp;

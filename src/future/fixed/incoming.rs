@@ -1,0 +1,271 @@
+//! Awaiting what arrives in a shared receive queue the ring keeps topped
+//! up: the completions of its refill receives, which no future of the
+//! caller's owns, wait here per queue until [`AsyncFixedRing::receive`]
+//! takes them.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use super::{AsyncFixedRing, FixedShared, Inner, Wakeup};
+use crate::backend::QueuePair;
+use crate::error::Error;
+use crate::fixed::{FixedCompletion, FixedSrq, FixedSrqRefill};
+
+/// The tag bit of refill receives: above every future's tag (a `u32`).
+const REFILL_TAG: u64 = 1 << 63;
+
+/// Refill receives' completions, by shared receive queue.
+#[derive(Default)]
+pub(super) struct Incoming {
+    queues: Vec<IncomingQueue>,
+}
+
+struct IncomingQueue {
+    srq: FixedSrq,
+    /// The refill's own `user_data`, put back on its completions.
+    user_data: u64,
+    arrived: VecDeque<FixedCompletion>,
+    /// Tasks awaiting an arrival.
+    waiting: Vec<Waker>,
+}
+
+impl Incoming {
+    /// The tag of `srq`'s refill receives, whose completions get
+    /// `user_data` back.
+    fn tag_for(&mut self, srq: FixedSrq, user_data: u64) -> u64 {
+        let at = match self.queues.iter().position(|q| q.srq == srq) {
+            Some(at) => at,
+            None => {
+                self.queues.push(IncomingQueue {
+                    srq,
+                    user_data,
+                    arrived: VecDeque::new(),
+                    waiting: Vec::new(),
+                });
+                self.queues.len() - 1
+            }
+        };
+        self.queues[at].user_data = user_data;
+        REFILL_TAG | at as u64
+    }
+
+    /// Queues a refill receive's completion for its queue's
+    /// [`receive`](AsyncFixedRing::receive), moving the tasks awaiting it
+    /// to `wakes`; hands back a completion that is not one.
+    pub(super) fn put(
+        &mut self,
+        mut completion: FixedCompletion,
+        wakes: &mut Vec<Waker>,
+    ) -> Result<(), FixedCompletion> {
+        let tag = completion.user_data();
+        if tag & REFILL_TAG == 0 {
+            return Err(completion);
+        }
+        let Some(queue) = usize::try_from(tag & !REFILL_TAG)
+            .ok()
+            .and_then(|at| self.queues.get_mut(at))
+        else {
+            return Err(completion);
+        };
+        completion.set_user_data(queue.user_data);
+        queue.arrived.push_back(completion);
+        wakes.append(&mut queue.waiting);
+        Ok(())
+    }
+
+    fn take(&mut self, srq: FixedSrq) -> Option<FixedCompletion> {
+        self.queues
+            .iter_mut()
+            .find(|q| q.srq == srq)?
+            .arrived
+            .pop_front()
+    }
+
+    /// Notes that `waker`'s task awaits an arrival in `srq`'s queue.
+    fn wait(&mut self, srq: FixedSrq, waker: &Waker) {
+        if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
+            if !queue.waiting.iter().any(|w| w.will_wake(waker)) {
+                queue.waiting.push(waker.clone());
+            }
+        }
+    }
+
+    /// Wakes the tasks awaiting `srq`'s queue, to look again.
+    pub(super) fn wake(&mut self, srq: FixedSrq, wakes: &mut Vec<Waker>) {
+        if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
+            wakes.append(&mut queue.waiting);
+        }
+    }
+
+    /// Nothing more arrives: every awaiting task is woken, to resolve.
+    pub(super) fn end(&mut self, wakes: &mut Vec<Waker>) {
+        for queue in &mut self.queues {
+            wakes.append(&mut queue.waiting);
+        }
+    }
+}
+
+impl<Q: QueuePair> Inner<Q> {
+    fn set_srq_refill(
+        &mut self,
+        srq: FixedSrq,
+        refill: Option<FixedSrqRefill>,
+    ) -> Result<(), Error> {
+        let ring = self.ring.as_mut().ok_or(Error::Closed)?;
+        if ring.srq(srq).is_none() {
+            return Err(Error::NotAttached("shared receive queue"));
+        }
+        let tag = refill.map(|r| self.futures.incoming.tag_for(srq, r.user_data));
+        let set = ring.set_srq_refill_tagged(srq, refill, tag);
+        if refill.is_none() {
+            // Tasks awaiting a queue that no refill feeds any more
+            // resolve (with what arrived, or an error).
+            self.futures.incoming.wake(srq, &mut self.futures.wakes);
+        }
+        set
+    }
+
+    /// Takes the next arrival in `srq`'s queue, reaping if none has come
+    /// yet; else notes that `waker`'s task awaits one.
+    fn poll_receive(
+        &mut self,
+        srq: FixedSrq,
+        waker: &Waker,
+    ) -> Poll<Result<FixedCompletion, Error>> {
+        if let Some(arrived) = self.futures.incoming.take(srq) {
+            return Poll::Ready(Ok(arrived));
+        }
+        if let Some(ended) = self.ended {
+            return Poll::Ready(Err(ended.error()));
+        }
+        self.submit_pushed();
+        let _ = self.reap();
+        if let Some(arrived) = self.futures.incoming.take(srq) {
+            return Poll::Ready(Ok(arrived));
+        }
+        if let Some(ended) = self.ended {
+            return Poll::Ready(Err(ended.error()));
+        }
+        match self.ring.as_ref().map(|ring| ring.srq_refill(srq)) {
+            None => return Poll::Ready(Err(Error::Closed)),
+            Some(Err(error)) => return Poll::Ready(Err(error)),
+            Some(Ok(None)) => {
+                return Poll::Ready(Err(Error::Incompatible(
+                    "no refill keeps the shared receive queue's receives coming (set_srq_refill)",
+                )))
+            }
+            Some(Ok(Some(_))) => {}
+        }
+        self.futures.incoming.wait(srq, waker);
+        Poll::Pending
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
+    /// Keeps shared receive queue `srq` topped up from the ring's free
+    /// slots, as [`FixedRing::set_srq_refill`](crate::fixed::FixedRing::set_srq_refill)
+    /// does (`None` stops). What arrives in the refill's receives is
+    /// awaited with [`receive`](Self::receive); each completion carries
+    /// the `user_data` of the refill set when it is reaped. Refused as
+    /// that refuses, or once the ring is closed.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, SrqConfig};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, FixedSrqRefill};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 16, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// ring.set_srq_refill(srq, Some(FixedSrqRefill { low: 4, target: 8, user_data: 1 })).unwrap();
+    /// assert_eq!(ring.srq_posted(srq).unwrap(), 8);
+    /// ```
+    pub fn set_srq_refill(
+        &self,
+        srq: FixedSrq,
+        refill: Option<FixedSrqRefill>,
+    ) -> Result<(), Error> {
+        self.shared.with(|inner| inner.set_srq_refill(srq, refill))
+    }
+
+    /// The next message to arrive in one of shared receive queue `srq`'s
+    /// refill receives (see [`set_srq_refill`](Self::set_srq_refill)):
+    /// its completion names the queue pair it came on, and holds the slot
+    /// (give it back with [`put_buf`](Self::put_buf) for later refills).
+    /// Arrivals wait in order until a `receive` takes them, so dropping
+    /// this future loses nothing. Resolves with an error once nothing more
+    /// can arrive: the ring closed or failed ([`Error::Closed`],
+    /// [`Error::RingFailed`]), the queue removed
+    /// ([`Error::NotAttached`]), or its refill stopped
+    /// ([`Error::Incompatible`]) — after every arrival before that was
+    /// taken, those flushed at removal or close included.
+    ///
+    /// ```
+    /// use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, QpConfig, SrqConfig, WcStatus};
+    /// use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, FixedSrqRefill, SendFixed};
+    /// use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    ///
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let server: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 16, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let srq = server.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// server.set_srq_refill(srq, Some(FixedSrqRefill { low: 2, target: 4, user_data: 9 })).unwrap();
+    /// let qp = server.with_srq(srq, |cq, srq| dev.create_qp_on(&pd, cq, srq, QpConfig::default())).unwrap().unwrap();
+    /// let mut peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    /// dev.connect(&qp, &peer).unwrap();
+    /// let conn = server.attach(qp).unwrap();
+    /// # let cq = rdma_ring::backend::QueuePair::take_cq(&mut peer).unwrap();
+    /// # let mut client = FixedRing::new(cq, FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default());
+    /// # let to_server = client.attach(peer).unwrap();
+    /// # let slot = client.take_buf().unwrap();
+    /// # client.push(to_server, SendFixed::new(slot, 5)).unwrap();
+    /// # client.submit().unwrap();
+    /// # client.wait(1).unwrap();
+    /// // A peer sent 5 bytes.
+    /// let message = futures::executor::block_on(server.receive(srq)).unwrap();
+    /// assert_eq!((message.qp(), message.byte_len(), message.user_data()), (conn, 5, 9));
+    /// server.put_buf(message.into_buf()).unwrap();
+    /// ```
+    pub fn receive(&self, srq: FixedSrq) -> SrqReceive<Q> {
+        SrqReceive {
+            shared: Arc::clone(&self.shared),
+            srq,
+        }
+    }
+}
+
+/// The next arrival in a shared receive queue's refill receives; see
+/// [`AsyncFixedRing::receive`].
+#[must_use = "a receive future does nothing unless awaited"]
+pub struct SrqReceive<Q: QueuePair> {
+    shared: Arc<FixedShared<Q>>,
+    srq: FixedSrq,
+}
+
+impl<Q: QueuePair> Future for SrqReceive<Q> {
+    type Output = Result<FixedCompletion, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let srq = self.srq;
+        let poll = self
+            .shared
+            .with(|inner| inner.poll_receive(srq, cx.waker()));
+        if poll.is_pending() && self.shared.wakeup == Wakeup::Busy {
+            // Busy polling reschedules at once.
+            cx.waker().wake_by_ref();
+        }
+        poll
+    }
+}
+
+impl<Q: QueuePair> fmt::Debug for SrqReceive<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqReceive")
+            .field("srq", &self.srq)
+            .finish()
+    }
+}
