@@ -9,7 +9,7 @@ use rdma_ring::backend::{QueuePair, SrqConfig, WcStatus};
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     CompareSwapFixed, FetchAddFixed, FixedBufs, FixedCompletion, FixedQp, FixedRing,
-    FixedRingConfig, ReadFixed, RecvFixed, SendFixed, WriteFixed,
+    FixedRingConfig, FixedSrqRefill, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
 use rdma_ring::future::{AsyncFixedRing, Wakeup};
 use rdma_ring::op::{OpKind, Send};
@@ -574,4 +574,92 @@ pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
     give_back(&mut server, back);
     assert_eq!(server.bufs().free(), 64, "every slot came back");
     assert_eq!(server.unknown_completions(), 0);
+}
+
+/// A shared receive queue the ring keeps topped up from its free slots,
+/// awaited through the adapter: three peers send eight messages each,
+/// three times the queue's depth, each arriving in a refill receive that
+/// names the queue pair it came on; then the queue pairs leave, the queue
+/// goes, and the receives left posted come back flushed, with every slot.
+pub fn fixed_refilled_srq_awaited<F: Fabric>(f: &F) {
+    const PEERS: usize = 3;
+    const EACH: usize = 8;
+    let mut server = FixedRing::new(
+        f.cq(256),
+        FixedBufs::new(f.pd(), 32, 64).unwrap(),
+        fixed_config(),
+    );
+    let srq = server
+        .add_srq(f.srq(SrqConfig {
+            max_wr: 8,
+            max_sge: 1,
+        }))
+        .unwrap_or_else(|r| panic!("add_srq: {}", r.error()));
+    let mut handles = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..PEERS {
+        let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), config());
+        handles.push(
+            server
+                .attach(qp)
+                .unwrap_or_else(|r| panic!("attach: {}", r.error())),
+        );
+        clients.push(Ring::new(peer, ring_config()));
+    }
+    let server = AsyncFixedRing::new(server, Wakeup::Thread).unwrap();
+    let refill = FixedSrqRefill {
+        low: 3,
+        target: 6,
+        user_data: 50,
+    };
+    server.set_srq_refill(srq, Some(refill)).unwrap();
+    assert_eq!(server.srq_posted(srq).unwrap(), 6);
+    let mut seen = vec![0u32; PEERS];
+    futures::executor::block_on(async {
+        for k in 0..EACH {
+            for (i, client) in clients.iter_mut().enumerate() {
+                let byte = (i * EACH + k) as u8;
+                let msg = RegisteredBuf::new(f.pd(), vec![byte; 16]).unwrap();
+                client.submission().push(Send::new(msg)).unwrap();
+                submit(client);
+                assert!(wait(client, 1)[0].status().is_success());
+                let c = server.receive(srq).await.unwrap();
+                assert_eq!(
+                    (c.status(), c.user_data(), c.byte_len()),
+                    (WcStatus::Success, 50, 16)
+                );
+                assert_eq!(c.qp(), handles[i], "named by the queue pair it came on");
+                let first = server.with_bufs(|b| b.bytes(c.buf())[0]).unwrap();
+                assert_eq!(first, byte);
+                seen[i] |= 1 << k;
+                server.put_buf(c.into_buf()).unwrap();
+            }
+        }
+    });
+    assert_eq!(seen, vec![(1u32 << EACH) - 1; PEERS], "every message, once");
+    let posted = server.srq_posted(srq).unwrap();
+    assert!(
+        (3..=6).contains(&posted),
+        "kept between its marks: {posted}"
+    );
+    for &h in &handles {
+        drop(server.detach(h).unwrap());
+    }
+    drop(server.remove_srq(srq).unwrap());
+    futures::executor::block_on(async {
+        for _ in 0..posted {
+            let back = server.receive(srq).await.unwrap();
+            assert_eq!(back.status(), WcStatus::WrFlushErr);
+            server.put_buf(back.into_buf()).unwrap();
+        }
+        assert!(matches!(
+            server.receive(srq).await,
+            Err(Error::NotAttached(_))
+        ));
+    });
+    assert_eq!(
+        server.with_bufs(|b| b.free()).unwrap(),
+        32,
+        "every slot came back"
+    );
 }

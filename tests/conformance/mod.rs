@@ -461,5 +461,6 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn fixed_awaited_ops() { conformance::fixed::fixed_awaited_ops(&$make) }
         $(#[$attr])* #[test] fn fixed_failed_queue_pairs_flush_what_they_held() { conformance::fixed::fixed_failed_queue_pairs_flush_what_they_held(&$make) }
         $(#[$attr])* #[test] fn fixed_many_peers_on_one_srq() { conformance::fixed::fixed_many_peers_on_one_srq(&$make) }
+        $(#[$attr])* #[test] fn fixed_refilled_srq_awaited() { conformance::fixed::fixed_refilled_srq_awaited(&$make) }
     };
 }
