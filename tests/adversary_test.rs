@@ -68,6 +68,7 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     let (mut reattached, mut reattached_late, mut fatal) = (0, 0, 0);
     let (mut returned, mut buried) = (0, 0);
     let (mut srq_sends, mut srq_filled, mut srq_replaced, mut srq_failed) = (0, 0, 0, 0);
+    let mut refill_returned = 0;
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = FixedAdversary::run(&decode(&bytes));
@@ -75,6 +76,7 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
         srq_filled += a.srq_filled;
         srq_replaced += a.srq_replaced;
         srq_failed += a.srq_failed;
+        refill_returned += a.refill_returned;
         fatal += a.fatal;
         partial += a.device.partial_posts;
         overclaims += a.device.overclaims;
@@ -89,9 +91,10 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
         "partial posts {partial} overclaims {overclaims} forged {forged} failed {failed} \
          re-attached {reattached} queue pairs failed {fatal} ops back {returned} \
          slots checked {buried}; shared queue: peer sends {srq_sends} receives filled \
-         {srq_filled} queue pairs replaced {srq_replaced} failed {srq_failed}"
+         {srq_filled} queue pairs replaced {srq_replaced} failed {srq_failed} refill \
+         receives back {refill_returned}"
     );
-    assert!(srq_filled > 0 && srq_replaced > 0 && srq_failed > 0);
+    assert!(srq_filled > 0 && srq_replaced > 0 && srq_failed > 0 && refill_returned > 0);
     assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0 && fatal > 0);
     assert!(reattached > reattached_late, "no detach drained in time");
     assert!(returned > 1000 && buried >= returned);

@@ -29,6 +29,8 @@ pub enum RingStep {
     Fatal(usize),
     FailQp(usize),
     SrqRecv,
+    /// Turn the shared receive queue's refill on, or off if it is on.
+    SrqRefill,
     /// Fail the queue pair on the shared receive queue (`true`), or
     /// replace it (see [`Device::srq_queue_pair`]).
     SrqQp(bool),
@@ -200,7 +202,8 @@ impl Device {
             {
                 self.peer_recv(qp)
             }
-            Step::SrqRecv(_) => return RingStep::SrqRecv,
+            Step::SrqRecv(0) => return RingStep::SrqRecv,
+            Step::SrqRecv(_) => return RingStep::SrqRefill,
             Step::SrqQp(qp) => return RingStep::SrqQp(qp == 1),
             Step::SrqPeerSend(_) => {
                 let peer = self.srq_peer.as_mut().expect("checked above");

@@ -44,11 +44,15 @@ pub struct FixedAdversary {
     other_qps: HashSet<FixedQp>,
     /// Operations pushed to the shared receive queue.
     srq_ids: HashSet<u64>,
+    /// Whether the ring keeps the shared receive queue topped up.
+    refilling: bool,
     next_id: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
-    /// Tokens handed back, their slots poisoned, never used again.
+    /// Tokens handed back, their slots poisoned, never used again, and
+    /// their slots' indexes (no slot may be handed back twice).
     graveyard: Vec<FixedBuf>,
+    buried_slots: HashSet<u32>,
     /// What happened, for coverage reports.
     pub returned_ops: usize,
     pub failed_ops: usize,
@@ -61,7 +65,12 @@ pub struct FixedAdversary {
     /// Queue pairs on the shared queue replaced, and failed.
     pub srq_replaced: usize,
     pub srq_failed: usize,
+    /// The refill's receives handed back.
+    pub refill_returned: usize,
 }
+
+/// The tag of the refill's receives: no pushed operation's.
+const REFILL_ID: u64 = u64::MAX;
 
 impl FixedAdversary {
     pub fn new() -> FixedAdversary {
@@ -107,10 +116,12 @@ impl FixedAdversary {
             srq_qps: HashSet::from([srq_qp]),
             other_qps,
             srq_ids: HashSet::new(),
+            refilling: false,
             next_id: 1,
             pushed: HashSet::new(),
             returned: HashSet::new(),
             graveyard: Vec::new(),
+            buried_slots: HashSet::new(),
             returned_ops: 0,
             failed_ops: 0,
             reattached: 0,
@@ -119,6 +130,7 @@ impl FixedAdversary {
             srq_filled: 0,
             srq_replaced: 0,
             srq_failed: 0,
+            refill_returned: 0,
         }
     }
 
@@ -179,6 +191,17 @@ impl FixedAdversary {
                 self.ring.fail_qp(self.handles[qp]).unwrap();
             }
             RingStep::SrqRecv => self.push_srq(),
+            RingStep::SrqRefill => {
+                let refill = (!self.refilling).then_some(FixedSrqRefill {
+                    low: 2,
+                    target: 6,
+                    user_data: REFILL_ID,
+                });
+                // A bent post stops the refill (its receives come back
+                // flushed); a failed ring refuses it.
+                let _ = self.ring.set_srq_refill(self.srq, refill);
+                self.refilling = self.ring.srq_refill(self.srq).unwrap().is_some();
+            }
             RingStep::SrqQp(true) => {
                 self.srq_failed += 1;
                 self.ring.fail_qp(self.srq_qp).unwrap();
@@ -277,15 +300,20 @@ impl FixedAdversary {
     fn returned_all(&mut self, out: Vec<FixedCompletion>) {
         for c in out {
             let id = c.user_data();
-            assert!(
-                self.pushed.contains(&id),
-                "an op that was never pushed came back"
-            );
-            assert!(self.returned.insert(id), "op {id} came back twice");
+            if id == REFILL_ID {
+                // Not tracked one by one: the slot is (see `bury`).
+                self.refill_returned += 1;
+            } else {
+                assert!(
+                    self.pushed.contains(&id),
+                    "an op that was never pushed came back"
+                );
+                assert!(self.returned.insert(id), "op {id} came back twice");
+            }
             self.returned_ops += 1;
             if !c.status().is_success() {
                 self.failed_ops += 1;
-            } else if self.srq_ids.contains(&id) {
+            } else if id == REFILL_ID || self.srq_ids.contains(&id) {
                 self.srq_filled += 1;
                 // The queue pair it arrived on (which may have been
                 // replaced since), or none, if it was detached before the
@@ -303,6 +331,11 @@ impl FixedAdversary {
 
     /// Poisons a slot the ring handed back and keeps its token.
     fn bury(&mut self, mut buf: FixedBuf) {
+        assert!(
+            self.buried_slots.insert(buf.index()),
+            "slot {} handed back twice",
+            buf.index()
+        );
         self.ring.bufs().bytes_mut(&mut buf).fill(POISON);
         self.graveyard.push(buf);
     }
@@ -339,7 +372,13 @@ impl FixedAdversary {
                 buf.index()
             );
         }
-        let missing = self.pushed.len() - self.returned.len();
+        // Every slot the ring took (for a push or a refill) and did not
+        // hand back; the harness keeps none outside the graveyard.
+        let missing = (SLOTS - self.ring.bufs().free()) as usize - self.graveyard.len();
+        assert!(
+            missing >= self.pushed.len() - self.returned.len(),
+            "every pushed operation missing holds a slot"
+        );
         assert!(
             drained || missing > 0,
             "a detach timed out with every operation back"
@@ -352,7 +391,7 @@ impl FixedAdversary {
         assert_eq!(
             closed.is_ok(),
             missing == 0,
-            "{missing} operations never came back; closing said {closed:?}"
+            "{missing} slots never came back; closing said {closed:?}"
         );
     }
 }

@@ -278,9 +278,10 @@ pub enum Step {
     /// The ring fails a queue pair on request (as the previous step, for
     /// the fixed ring's harness only).
     FailQp(usize),
-    /// A receive pushed to the shared receive queue (the fixed ring's
-    /// harness; for the ring's, and this and the next two steps, a
-    /// `PeerRecv` of the queue pair).
+    /// A receive pushed to the shared receive queue (`qp` 0), or its
+    /// refill turned on or off (`qp` 1) (the fixed ring's harness; for the
+    /// ring's, this and the next two steps are a `PeerRecv` of the queue
+    /// pair).
     SrqRecv(usize),
     /// The peer of the queue pair on the shared receive queue sends it a
     /// message.
@@ -410,7 +411,9 @@ impl Adversary {
                 self.device.apply(&Step::PeerRecv(qp));
             }
             // Only a harness with a shared receive queue's peer gets these.
-            RingStep::SrqRecv | RingStep::SrqQp(_) => unreachable!("no shared receive queue"),
+            RingStep::SrqRecv | RingStep::SrqRefill | RingStep::SrqQp(_) => {
+                unreachable!("no shared receive queue")
+            }
         }
     }
 
