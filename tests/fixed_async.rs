@@ -674,6 +674,40 @@ fn forty_receives_flushed_at_once_are_all_handed_out_by_one_drive() {
     interleavings::run(&[3; 40]);
 }
 
+#[test]
+fn arrivals_in_a_refilled_shared_queue_are_awaited_in_any_order() {
+    // 0x0f: the peer sends; 0x0a: the device runs; 0x0b: an await of the
+    // next arrival is polled; 0x0c: a drive; 0x8e: the close.
+    let sends = [0x0f, 0x0f, 0x0f, 0x0a, 0x0b, 0x0b, 0x0b, 0x0b];
+    let summary = interleavings::run(&sends);
+    assert_eq!((summary.sent, summary.arrived), (3, 3));
+    // The await left waiting is woken by a drive that reaps the arrival.
+    let summary = interleavings::run(&[0x0b, 0x0f, 0x0a, 0x0c, 0x0b]);
+    assert_eq!((summary.sent, summary.arrived), (1, 1));
+    // Closed with one arrival untaken: it comes out, then the error.
+    let summary = interleavings::run(&[0x0f, 0x0a, 0x0b, 0x0f, 0x0a, 0x8e]);
+    assert_eq!((summary.sent, summary.arrived), (2, 2));
+    assert!(summary.flushed > 0, "the receives left posted, flushed");
+}
+
+#[test]
+fn random_interleavings_reach_the_shared_queue() {
+    use proptest::strategy::{Strategy, ValueTree};
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = proptest::collection::vec(proptest::prelude::any::<u8>(), 100..300);
+    let mut total = interleavings::Summary::default();
+    for _ in 0..64 {
+        let bytes = strategy.new_tree(&mut runner).unwrap().current();
+        let summary = interleavings::run(&bytes);
+        total.sent += summary.sent;
+        total.arrived += summary.arrived;
+        total.flushed += summary.flushed;
+    }
+    println!("{total:?}");
+    assert!(total.sent > 100 && total.arrived > 20 && total.flushed > 50);
+    assert!(total.arrived < total.sent, "some sends found no receive");
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig {
         cases: 256,

@@ -1,36 +1,47 @@
 //! The fixed-buffer ring awaited, in any interleaving: pushes, polls and
 //! drops of futures, submits, drives, device steps, a failing work
 //! request, a queue pair failed on request, doorbell coalescing turned on
-//! and off, and a close, decoded
+//! and off, a peer sending to a queue pair on a shared receive queue the
+//! ring keeps topped up, awaits of its arrivals, and a close, decoded
 //! from bytes (a property test's, or a fuzzer's).
 //! Checked: a future resolves with its own operation's completion (its
 //! slot, its kind, a status its operation can have); a future that was
 //! left pending is woken before it can resolve (the adapter runs under
 //! `Wakeup::Reactor`, so only the ring wakes it — or, once, the future
 //! itself when it leaves its operation for a shared doorbell, which the
-//! harness does not count); and once the queue pair
-//! is detached, every future has resolved and every slot — dropped
-//! futures' too — is back.
+//! harness does not count); an arrival is a refill receive's, holding
+//! one message the peer sent, whole and once, and every message the
+//! device delivered arrives; and once the queue pairs are detached and
+//! the shared queue removed, every future has resolved and every slot —
+//! dropped futures' and the refill's too — is back.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
+use std::collections::HashSet;
+
 use rdma_ring::backend::soft::{Progress, SoftDevice, SoftQp};
-use rdma_ring::backend::{QpConfig, QueuePair, WcStatus};
-use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+use rdma_ring::backend::{QpConfig, QueuePair, SrqConfig, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
 use rdma_ring::fixed::{
-    FixedBufs, FixedCompletion, FixedRing, FixedRingConfig, RecvFixed, WriteFixed,
+    FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq, FixedSrqRefill,
+    RecvFixed, WriteFixed,
 };
-use rdma_ring::future::{AsyncFixedRing, FixedOpFuture, Wakeup};
-use rdma_ring::op::OpKind;
+use rdma_ring::future::{AsyncFixedRing, FixedOpFuture, SrqReceive, Wakeup};
+use rdma_ring::op::{OpKind, Send};
+use rdma_ring::ring::{Ring, RingConfig};
 use rdma_ring::Error;
 
-/// More than one poll of the ring takes (32), so a burst needs several.
-const SLOTS: u32 = 40;
+/// More than one poll of the ring takes (32), so a burst needs several,
+/// with the refill's (up to 6) besides.
+const SLOTS: u32 = 48;
 
 /// What an injected failure completes a send with.
 const INJECTED: WcStatus = WcStatus::RemAccessErr;
+
+/// The tag of the shared receive queue's refill receives.
+const REFILL_TAG: u64 = 0xbeef;
 
 /// One step of a run.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +56,10 @@ enum Step {
     Fail,
     Coalesce(bool),
     FailQp,
+    /// The peer sends to the queue pair on the shared receive queue.
+    PeerSend,
+    /// The harness polls its await of the shared queue's next arrival.
+    Receive,
     Close,
 }
 
@@ -56,8 +71,9 @@ fn step(byte: u8) -> Step {
         6 | 7 => Step::Poll(which),
         8 => Step::Drop(which),
         9 => Step::Submit,
-        10 | 11 => Step::Progress,
-        15 if byte < 0x80 => Step::Progress,
+        10 => Step::Progress,
+        11 => Step::Receive,
+        15 if byte < 0x80 => Step::PeerSend,
         15 => Step::FailQp,
         12 => Step::Drive,
         13 => Step::Fail,
@@ -135,8 +151,122 @@ impl Pending {
     }
 }
 
+/// The shared receive queue side: the ring's queue pair on it, its peer,
+/// the harness's await of the next arrival, and what arrived.
+struct SharedSide {
+    srq: FixedSrq,
+    qp: FixedQp,
+    peer: Ring<SoftQp>,
+    /// Messages the peer sent so far (the `n`th is `n % 256` repeated
+    /// `8 + n % 8` times), and those the device delivered.
+    sent: usize,
+    delivered: usize,
+    receiving: Option<(SrqReceive<SoftQp>, Arc<Flag>)>,
+    /// Whether a poll left the await pending (its waker registered).
+    waiting: bool,
+    /// Messages that arrived, and those whose bytes were read.
+    successes: usize,
+    arrived: HashSet<u8>,
+    flushed: usize,
+}
+
+/// Messages the peer sends at most: each is told apart by its byte.
+const MAX_MESSAGES: usize = 250;
+
+impl SharedSide {
+    fn send(&mut self, pd: &rdma_ring::backend::soft::SoftPd) {
+        if self.sent == MAX_MESSAGES {
+            return;
+        }
+        let n = self.sent as u8;
+        let msg = RegisteredBuf::new(pd, vec![n; 8 + usize::from(n % 8)]).unwrap();
+        if self.peer.submission().push(Send::new(msg)).is_ok() && self.peer.submit().is_ok() {
+            self.sent += 1;
+        }
+    }
+
+    /// The peer's send completions: how many messages the device delivered.
+    fn reap_peer(&mut self) {
+        let mut out = Vec::new();
+        let _ = self.peer.completion().reap(&mut out);
+        self.delivered += out.iter().filter(|c| c.status().is_success()).count();
+    }
+
+    /// Polls the await of the next arrival (a new one if none waits);
+    /// `must_be_woken` as for [`Pending::poll`]. What arrived is checked
+    /// and its slot given back (unless the ring is closed); returns the
+    /// outcome, if it resolved.
+    fn receive(
+        &mut self,
+        ring: &AsyncFixedRing<SoftQp>,
+        must_be_woken: bool,
+        closed: bool,
+    ) -> Option<Result<(), Error>> {
+        let (future, flag) = self.receiving.get_or_insert_with(|| {
+            (
+                ring.receive(self.srq),
+                Arc::new(Flag(AtomicBool::new(false))),
+            )
+        });
+        let woken = flag.0.swap(false, Ordering::SeqCst);
+        let waker = Waker::from(Arc::clone(flag));
+        let mut cx = Context::from_waker(&waker);
+        let poll = std::future::Future::poll(std::pin::Pin::new(future), &mut cx);
+        let Poll::Ready(done) = poll else {
+            self.waiting = true;
+            return None;
+        };
+        if self.waiting && must_be_woken {
+            assert!(woken, "an arrival was handed out without a wake-up");
+        }
+        self.waiting = false;
+        self.receiving = None;
+        let c = match done {
+            Ok(c) => c,
+            Err(error) => return Some(Err(error)),
+        };
+        assert_eq!(
+            (c.user_data(), c.kind()),
+            (REFILL_TAG, OpKind::Recv),
+            "a refill receive's"
+        );
+        match c.status() {
+            WcStatus::Success => {
+                assert_eq!(c.qp(), self.qp, "names the queue pair it came on");
+                self.successes += 1;
+                // Once closed, the slots' bytes are out of reach.
+                if let Ok(bytes) =
+                    ring.with_bufs(|b| b.bytes(c.buf())[..c.byte_len() as usize].to_vec())
+                {
+                    let n = bytes[0];
+                    assert_eq!(bytes.len(), 8 + usize::from(n % 8), "message {n} whole");
+                    assert!(bytes.iter().all(|&b| b == n), "message {n} whole");
+                    assert!(self.arrived.insert(n), "message {n} arrived twice");
+                }
+            }
+            WcStatus::WrFlushErr => self.flushed += 1,
+            other => panic!("an arrival completed {other:?}"),
+        }
+        if !closed {
+            ring.put_buf(c.into_buf()).unwrap();
+        }
+        Some(Ok(()))
+    }
+}
+
+/// What a run did on the shared receive queue's side.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(dead_code)] // Read by the property tests, not the fuzz target.
+pub struct Summary {
+    /// Messages the peer sent, and those that arrived whole.
+    pub sent: usize,
+    pub arrived: usize,
+    /// Refill receives handed back flushed.
+    pub flushed: usize,
+}
+
 /// Runs the steps `bytes` decode to, and checks what the module says.
-pub fn run(bytes: &[u8]) {
+pub fn run(bytes: &[u8]) -> Summary {
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let config = QpConfig {
@@ -157,6 +287,42 @@ pub fn run(bytes: &[u8]) {
     )
     .unwrap();
     let h = ring.attach(qa).unwrap();
+    let srq = ring
+        .add_srq(
+            dev.create_srq(
+                &pd,
+                SrqConfig {
+                    max_wr: 8,
+                    max_sge: 1,
+                },
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    let on_srq = ring
+        .with_srq(srq, |cq, srq| dev.create_qp_on(&pd, cq, srq, config))
+        .unwrap()
+        .unwrap();
+    let peer = dev.create_qp(&pd, config).unwrap();
+    dev.connect(&on_srq, &peer).unwrap();
+    let mut shared = SharedSide {
+        srq,
+        qp: ring.attach(on_srq).unwrap(),
+        peer: Ring::new(peer, RingConfig::default()),
+        sent: 0,
+        delivered: 0,
+        receiving: None,
+        waiting: false,
+        successes: 0,
+        arrived: HashSet::new(),
+        flushed: 0,
+    };
+    let refill = FixedSrqRefill {
+        low: 2,
+        target: 6,
+        user_data: REFILL_TAG,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
     let mut pending: Vec<Pending> = Vec::new();
     let mut tag = 0u64;
     let mut closed = false;
@@ -216,6 +382,14 @@ pub fn run(bytes: &[u8]) {
             }
             Step::Progress => {
                 dev.progress();
+                shared.reap_peer();
+            }
+            Step::PeerSend => shared.send(&pd),
+            Step::Receive => {
+                if let Some(Err(error)) = shared.receive(&ring, false, closed) {
+                    assert!(closed, "no arrival can fail to come while open: {error}");
+                    assert!(matches!(error, Error::Closed), "{error}");
+                }
             }
             Step::Drive => {
                 ring.drive().unwrap();
@@ -259,6 +433,55 @@ pub fn run(bytes: &[u8]) {
             }
         }
     }
+    // The shared side settles: the device runs every send it can (one
+    // without a receive fails after its retries), and a drive hands out
+    // what arrived, waking the await if it waits.
+    for _ in 0..10 {
+        dev.progress();
+        shared.reap_peer();
+        let _ = ring.drive();
+    }
+    if shared.waiting && !closed {
+        // Nothing is left for its own poll to reap: what it takes came
+        // through the drive, which owed it a wake-up.
+        let _ = shared.receive(&ring, true, closed);
+    }
+    if closed {
+        // The close woke it; it takes what was flushed, then the error.
+        loop {
+            match shared.receive(&ring, true, closed) {
+                Some(Ok(())) => {}
+                Some(Err(error)) => {
+                    assert!(matches!(error, Error::Closed), "{error}");
+                    break;
+                }
+                None => panic!("an await of arrivals still pending after the close"),
+            }
+        }
+    } else {
+        // Every arrival taken; then the queue goes (its queue pair first),
+        // and what it held arrives flushed, before the end.
+        while let Some(outcome) = shared.receive(&ring, false, closed) {
+            outcome.unwrap();
+        }
+        assert!(shared.waiting);
+        drop(ring.detach(shared.qp).unwrap());
+        drop(ring.remove_srq(srq).unwrap());
+        loop {
+            match shared.receive(&ring, true, closed) {
+                Some(Ok(())) => {}
+                Some(Err(error)) => {
+                    assert!(matches!(error, Error::NotAttached(_)), "{error}");
+                    break;
+                }
+                None => panic!("an await of arrivals still pending after the removal"),
+            }
+        }
+    }
+    assert_eq!(
+        shared.successes, shared.delivered,
+        "every message the device delivered arrived, once"
+    );
     // What is left comes back flushed: by a detach, or by the close.
     let qp = if closed {
         None
@@ -285,4 +508,9 @@ pub fn run(bytes: &[u8]) {
         );
     }
     drop(qp);
+    Summary {
+        sent: shared.sent,
+        arrived: shared.successes,
+        flushed: shared.flushed,
+    }
 }
