@@ -26,7 +26,7 @@ const POLL_BATCH: usize = 32;
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// Bits of a handle that hold its queue pair's slot in the ring.
-const INDEX_BITS: u32 = 16;
+pub(super) const INDEX_BITS: u32 = 16;
 
 /// How a [`FixedRing`] runs.
 ///
@@ -640,7 +640,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ([`unknown_completions`](Self::unknown_completions)) and ignored.
     /// On an error of the completion queue, completions appended so far
     /// stay in `out`, and the ring takes no more work: what was pushed and
-    /// never posted comes back flushed from the next reap.
+    /// never posted comes back flushed from the next reap. A reap ends by
+    /// topping up the shared receive queues with a refill below their
+    /// mark (see [`set_srq_refill`](Self::set_srq_refill)).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

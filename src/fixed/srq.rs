@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 use super::queue::{srq_wr_id, AttachedQp, RecvEntry, MAX_SLOTS};
 use super::receive_table::{ReceiveTable, MAX_DEPTH};
-use super::ring::{admit, flushed, fresh_handle, handle_index, recv_completion};
+use super::ring::{admit, flushed, fresh_handle, handle_index, recv_completion, INDEX_BITS};
 use super::srq_refill::ActiveRefill;
 use super::{FixedCompletion, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
@@ -49,6 +49,12 @@ impl FixedSrq {
     #[inline(always)]
     fn index(self) -> usize {
         handle_index(self.id)
+    }
+
+    /// A number no other queue's handle has in this process (below
+    /// 2^48): its generation.
+    pub(crate) fn generation(self) -> u64 {
+        self.id >> INDEX_BITS
     }
 }
 

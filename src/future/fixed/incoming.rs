@@ -16,6 +16,8 @@ use crate::error::Error;
 use crate::fixed::{FixedCompletion, FixedSrq, FixedSrqRefill};
 
 /// The tag bit of refill receives: above every future's tag (a `u32`).
+/// Below it, the queue's handle's generation, unique in the process, so
+/// a late completion of a queue that is gone matches no later one.
 const REFILL_TAG: u64 = 1 << 63;
 
 /// Refill receives' completions, by shared receive queue.
@@ -37,20 +39,16 @@ impl Incoming {
     /// The tag of `srq`'s refill receives, whose completions get
     /// `user_data` back.
     fn tag_for(&mut self, srq: FixedSrq, user_data: u64) -> u64 {
-        let at = match self.queues.iter().position(|q| q.srq == srq) {
-            Some(at) => at,
-            None => {
-                self.queues.push(IncomingQueue {
-                    srq,
-                    user_data,
-                    arrived: VecDeque::new(),
-                    waiting: Vec::new(),
-                });
-                self.queues.len() - 1
-            }
-        };
-        self.queues[at].user_data = user_data;
-        REFILL_TAG | at as u64
+        match self.queues.iter_mut().find(|q| q.srq == srq) {
+            Some(queue) => queue.user_data = user_data,
+            None => self.queues.push(IncomingQueue {
+                srq,
+                user_data,
+                arrived: VecDeque::new(),
+                waiting: Vec::new(),
+            }),
+        }
+        REFILL_TAG | srq.generation()
     }
 
     /// Queues a refill receive's completion for its queue's
@@ -65,9 +63,11 @@ impl Incoming {
         if tag & REFILL_TAG == 0 {
             return Err(completion);
         }
-        let Some(queue) = usize::try_from(tag & !REFILL_TAG)
-            .ok()
-            .and_then(|at| self.queues.get_mut(at))
+        let generation = tag & !REFILL_TAG;
+        let Some(queue) = self
+            .queues
+            .iter_mut()
+            .find(|q| q.srq.generation() == generation)
         else {
             return Err(completion);
         };
@@ -83,6 +83,13 @@ impl Incoming {
             .find(|q| q.srq == srq)?
             .arrived
             .pop_front()
+    }
+
+    /// Forgets `srq`'s queue, gone from the ring, once nothing waits in it
+    /// (its late completions, if any, then give their slots back).
+    fn forget_if_empty(&mut self, srq: FixedSrq) {
+        self.queues
+            .retain(|q| q.srq != srq || !q.arrived.is_empty() || !q.waiting.is_empty());
     }
 
     /// Notes that `waker`'s task awaits an arrival in `srq`'s queue.
@@ -152,7 +159,11 @@ impl<Q: QueuePair> Inner<Q> {
         }
         match self.ring.as_ref().map(|ring| ring.srq_refill(srq)) {
             None => return Poll::Ready(Err(Error::Closed)),
-            Some(Err(error)) => return Poll::Ready(Err(error)),
+            Some(Err(error)) => {
+                // The queue is gone and everything it held was taken.
+                self.futures.incoming.forget_if_empty(srq);
+                return Poll::Ready(Err(error));
+            }
             Some(Ok(None)) => {
                 return Poll::Ready(Err(Error::Incompatible(
                     "no refill keeps the shared receive queue's receives coming (set_srq_refill)",
