@@ -124,3 +124,8 @@ fn the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event() {
 fn a_refused_refill_post_stops_the_refill() {
     adversary::fixed::a_refused_refill_post_stops_the_refill();
 }
+
+#[test]
+fn refused_refill_posts_under_the_awaited_ring() {
+    adversary::fixed::refused_refill_posts_under_the_awaited_ring();
+}

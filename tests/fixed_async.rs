@@ -687,7 +687,6 @@ fn arrivals_in_a_refilled_shared_queue_are_awaited_in_any_order() {
     // Closed with one arrival untaken: it comes out, then the error.
     let summary = interleavings::run(&[0x0f, 0x0a, 0x0b, 0x0f, 0x0a, 0x8e]);
     assert_eq!((summary.sent, summary.arrived), (2, 2));
-    assert!(summary.flushed > 0, "the receives left posted, flushed");
 }
 
 #[test]
@@ -701,10 +700,9 @@ fn random_interleavings_reach_the_shared_queue() {
         let summary = interleavings::run(&bytes);
         total.sent += summary.sent;
         total.arrived += summary.arrived;
-        total.flushed += summary.flushed;
     }
     println!("{total:?}");
-    assert!(total.sent > 100 && total.arrived > 20 && total.flushed > 50);
+    assert!(total.sent > 100 && total.arrived > 20);
     assert!(total.arrived < total.sent, "some sends found no receive");
 }
 

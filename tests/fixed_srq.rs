@@ -3,6 +3,11 @@
 //! it arrived on; refusals; detach, removal and close handing every
 //! receive back; a failed receive failing its queue pair alone; events.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use rdma_ring::backend::soft::{SoftDevice, SoftPd, SoftQp};
@@ -823,10 +828,12 @@ fn awaited_arrivals_of_a_refilled_queue_from_concurrent_peers_all_come() {
 
 #[test]
 fn awaiting_arrivals_ends_with_an_error_once_none_can_come() {
-    let s = server(64, 8);
+    use futures::FutureExt;
+    let mut s = server(64, 8);
+    let (conn, mut client) = s.connect();
     let srq = s.srq;
     let ring = AsyncFixedRing::new(s.ring, Wakeup::Busy).unwrap();
-    let none = futures::executor::block_on(ring.receive(srq));
+    let none = ring.receive(srq).now_or_never().expect("resolved at once");
     assert!(matches!(none, Err(Error::Incompatible(_))), "{none:?}");
     let refill = FixedSrqRefill {
         low: 1,
@@ -835,22 +842,35 @@ fn awaiting_arrivals_ends_with_an_error_once_none_can_come() {
     };
     ring.set_srq_refill(srq, Some(refill)).unwrap();
     // Polled once and dropped: nothing is lost by it.
-    assert!(futures::FutureExt::now_or_never(ring.receive(srq)).is_none());
+    assert!(ring.receive(srq).now_or_never().is_none());
+    // Stopped: its four receives still posted go on taking messages.
+    ring.set_srq_refill(srq, None).unwrap();
+    assert!(
+        ring.receive(srq).now_or_never().is_none(),
+        "four may arrive"
+    );
+    assert_eq!(client.send(3, 5), WcStatus::Success);
+    let c = ring.receive(srq).now_or_never().unwrap().unwrap();
+    assert_eq!(
+        (c.user_data(), c.qp(), c.byte_len()),
+        (6, conn, 5),
+        "arrived after the refill stopped"
+    );
+    ring.put_buf(c.into_buf()).unwrap();
+    assert!(ring.receive(srq).now_or_never().is_none(), "three may");
+    // The queue goes: its three receives carried nothing, and their slots
+    // go back to the ring without arriving.
+    drop(ring.detach(conn).unwrap());
     let _srq = ring.remove_srq(srq).unwrap();
-    for _ in 0..4 {
-        let back = futures::executor::block_on(ring.receive(srq)).unwrap();
-        assert_eq!((back.user_data(), back.status()), (6, WcStatus::WrFlushErr));
-        ring.put_buf(back.into_buf()).unwrap();
-    }
     for _ in 0..2 {
-        let gone = futures::executor::block_on(ring.receive(srq));
+        let gone = ring.receive(srq).now_or_never().expect("resolved at once");
         assert!(matches!(gone, Err(Error::NotAttached(_))), "{gone:?}");
     }
     assert_eq!(ring.with_bufs(|b| b.free()).unwrap(), 32);
 }
 
 #[test]
-fn closing_resolves_awaited_arrivals_after_the_flushed_ones() {
+fn closing_resolves_awaited_arrivals_after_the_ones_that_came() {
     let mut s = server(64, 8);
     let (_conn, mut client) = s.connect();
     let srq = s.srq;
@@ -863,26 +883,15 @@ fn closing_resolves_awaited_arrivals_after_the_flushed_ones() {
     ring.set_srq_refill(srq, Some(refill)).unwrap();
     assert_eq!(client.send(5, 4), WcStatus::Success);
     ring.close();
-    let mut statuses = Vec::new();
-    loop {
-        match futures::executor::block_on(ring.receive(srq)) {
-            Ok(c) => statuses.push(c.status()),
-            Err(error) => {
-                assert!(matches!(error, Error::Closed), "{error:?}");
-                break;
-            }
-        }
-    }
-    statuses.sort_unstable_by_key(|s| *s != WcStatus::Success);
+    let c = futures::executor::block_on(ring.receive(srq)).unwrap();
     assert_eq!(
-        statuses,
-        [
-            WcStatus::Success,
-            WcStatus::WrFlushErr,
-            WcStatus::WrFlushErr
-        ],
-        "the message, then the two left posted, flushed"
+        (c.status(), c.byte_len(), c.user_data()),
+        (WcStatus::Success, 4, 8)
     );
+    // The two left posted came back flushed at the close: they do not
+    // arrive.
+    let end = futures::executor::block_on(ring.receive(srq));
+    assert!(matches!(end, Err(Error::Closed)), "{end:?}");
 }
 
 #[test]
@@ -908,21 +917,53 @@ fn a_ring_with_a_refill_set_is_not_shared() {
     assert!(AsyncFixedRing::new(ring, Wakeup::Busy).is_ok());
 }
 
-/// Awaits the next arrival in `srq` on a thread of its own; the outcome
-/// comes back over the channel.
-fn await_arrival_elsewhere(
+/// A waker that notes it was woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Polls `future` once with `flag`'s waker (the flag lowered first).
+fn poll_flagged<F: Future + Unpin>(future: &mut F, flag: &Arc<Flag>) -> Poll<F::Output> {
+    flag.0.store(false, Ordering::SeqCst);
+    let waker = Waker::from(Arc::clone(flag));
+    Pin::new(future).poll(&mut Context::from_waker(&waker))
+}
+
+/// Whether `flag` is raised within ten seconds (by the ring, from
+/// whichever thread).
+fn woken(flag: &Flag) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !flag.0.load(Ordering::SeqCst) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Polls an await of `srq`'s next arrival until it waits (its waker with
+/// the ring), then runs `end`; the ring must wake it, and it must then
+/// resolve with `expected`.
+fn woken_by(
     ring: &AsyncFixedRing<SoftQp>,
     srq: FixedSrq,
-) -> std::sync::mpsc::Receiver<Result<FixedCompletion, Error>> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ring = ring.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(futures::executor::block_on(ring.receive(srq)));
-    });
-    // Long enough for the task to be waiting, most runs; the outcome is
-    // the same either way.
-    std::thread::sleep(Duration::from_millis(50));
-    rx
+    end: impl FnOnce(),
+    expected: fn(&Result<FixedCompletion, Error>) -> bool,
+) {
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let mut waiting = ring.receive(srq);
+    assert!(poll_flagged(&mut waiting, &flag).is_pending());
+    end();
+    assert!(woken(&flag), "the ring woke the waiting task");
+    match poll_flagged(&mut waiting, &flag) {
+        Poll::Ready(outcome) => assert!(expected(&outcome), "{outcome:?}"),
+        Poll::Pending => panic!("woken, but still pending"),
+    }
 }
 
 #[test]
@@ -938,33 +979,100 @@ fn a_task_awaiting_arrivals_wakes_when_its_refill_stops_its_queue_goes_or_the_ri
     };
     // No free slot: nothing is posted, nothing arrives.
     ring.set_srq_refill(srq, Some(refill)).unwrap();
-    let waiting = await_arrival_elsewhere(&ring, srq);
-    ring.set_srq_refill(srq, None).unwrap();
-    let outcome = waiting
-        .recv_timeout(Duration::from_secs(10))
-        .expect("woken");
-    assert!(
-        matches!(outcome, Err(Error::Incompatible(_))),
-        "{outcome:?}"
+    woken_by(
+        &ring,
+        srq,
+        || ring.set_srq_refill(srq, None).unwrap(),
+        |o| matches!(o, Err(Error::Incompatible(_))),
     );
-
     ring.set_srq_refill(srq, Some(refill)).unwrap();
-    let waiting = await_arrival_elsewhere(&ring, srq);
-    let _srq = ring.remove_srq(srq).unwrap();
-    let outcome = waiting
-        .recv_timeout(Duration::from_secs(10))
-        .expect("woken");
-    assert!(matches!(outcome, Err(Error::NotAttached(_))), "{outcome:?}");
-
+    woken_by(
+        &ring,
+        srq,
+        || drop(ring.remove_srq(srq).unwrap()),
+        |o| matches!(o, Err(Error::NotAttached(_))),
+    );
     let other = ring
         .add_srq(s.dev.create_srq(&s.pd, SrqConfig::default()).unwrap())
         .unwrap();
     ring.set_srq_refill(other, Some(refill)).unwrap();
-    let waiting = await_arrival_elsewhere(&ring, other);
-    ring.close();
-    let outcome = waiting
-        .recv_timeout(Duration::from_secs(10))
-        .expect("woken");
-    assert!(matches!(outcome, Err(Error::Closed)), "{outcome:?}");
+    woken_by(
+        &ring,
+        other,
+        || ring.close(),
+        |o| matches!(o, Err(Error::Closed)),
+    );
     drop(held);
+}
+
+#[test]
+fn a_slot_put_back_tops_up_a_drained_queue_and_the_waiting_task_gets_the_next_message() {
+    // Eight slots, four taken by the refill; the other four held.
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring = FixedRing::new(
+        dev.create_cq(64).unwrap(),
+        FixedBufs::new(&pd, 8, 64).unwrap(),
+        config(Duration::from_secs(10)),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap())
+        .unwrap_or_else(|_| panic!("add_srq"));
+    let mut s = Server { dev, pd, ring, srq };
+    let (conn, mut client) = s.connect();
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Thread).unwrap();
+    let refill = FixedSrqRefill {
+        low: 2,
+        target: 4,
+        user_data: 1,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let mut held: Vec<_> = std::iter::from_fn(|| ring.take_buf()).collect();
+    assert_eq!(held.len(), 4);
+    // Four messages fill the four receives; their slots stay out too.
+    for k in 0..4 {
+        assert_eq!(client.send(k, 4), WcStatus::Success);
+        let c = futures::executor::block_on(ring.receive(srq)).unwrap();
+        held.push(c.into_buf());
+    }
+    assert_eq!(ring.srq_posted(srq).unwrap(), 0, "drained: no slot free");
+    // A task waits; nothing reaps. Putting one slot back posts a receive
+    // at once, so the next message finds it.
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let mut waiting = ring.receive(srq);
+    assert!(poll_flagged(&mut waiting, &flag).is_pending());
+    ring.put_buf(held.pop().unwrap()).unwrap();
+    assert_eq!(ring.srq_posted(srq).unwrap(), 1);
+    assert_eq!(
+        client.send(9, 6),
+        WcStatus::Success,
+        "no RNR: a receive was posted"
+    );
+    assert!(woken(&flag), "the notifier woke the task");
+    let Poll::Ready(Ok(c)) = poll_flagged(&mut waiting, &flag) else {
+        panic!("woken, but nothing arrived");
+    };
+    assert_eq!((c.qp(), c.byte_len()), (conn, 6));
+    ring.close();
+}
+
+#[test]
+fn a_dropped_await_leaves_no_waker_behind() {
+    let s = server(64, 8);
+    let srq = s.srq;
+    let ring = AsyncFixedRing::new(s.ring, Wakeup::Reactor).unwrap();
+    let refill = FixedSrqRefill {
+        low: 1,
+        target: 4,
+        user_data: 0,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    for _ in 0..3 {
+        let mut waiting = ring.receive(srq);
+        assert!(poll_flagged(&mut waiting, &flag).is_pending());
+        assert!(Arc::strong_count(&flag) > 1, "its waker is with the ring");
+        drop(waiting);
+        assert_eq!(Arc::strong_count(&flag), 1, "and gone with the future");
+    }
 }

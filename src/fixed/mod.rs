@@ -52,10 +52,13 @@
 //! the queue pairs before the queue and the queue before its receives'
 //! slots are let go.
 //!
+//! It keeps a shared receive queue topped up from its free slots when
+//! asked ([`FixedRing::set_srq_refill`]); awaited, what arrives there is
+//! taken with [`AsyncFixedRing::receive`](crate::future::AsyncFixedRing::receive).
+//!
 //! What it does not do: buffers other than its slots (a slot is one
-//! scatter/gather element), refilling a shared receive queue by itself,
-//! reading the device's event channel itself. For those, use
-//! [`Ring`](crate::ring::Ring).
+//! scatter/gather element), reading the device's event channel itself.
+//! For those, use [`Ring`](crate::ring::Ring).
 //!
 //! ```
 //! use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

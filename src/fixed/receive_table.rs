@@ -18,12 +18,15 @@ struct Entry {
     receive: RecvEntry,
     seq: u64,
     posted: bool,
+    /// Pushed by the ring's refill, not by its owner.
+    refill: bool,
 }
 
 const FREE: Entry = Entry {
     receive: RecvEntry::TAKEN,
     seq: 0,
     posted: false,
+    refill: false,
 };
 
 /// One queue's receives from push until they are handed back.
@@ -33,6 +36,8 @@ pub(super) struct ReceiveTable {
     /// Entries pushed and not posted, in push (and so posting) order.
     pending: Vec<u32>,
     posted: usize,
+    /// Refill receives pushed and not handed back.
+    refills: usize,
     next_seq: u64,
 }
 
@@ -45,6 +50,7 @@ impl ReceiveTable {
             free: (0..depth).rev().collect(),
             pending: Vec::with_capacity(depth as usize),
             posted: 0,
+            refills: 0,
             next_seq: start,
         }
     }
@@ -63,6 +69,11 @@ impl ReceiveTable {
         self.posted
     }
 
+    /// Refill receives pushed or posted, and not handed back.
+    pub(super) fn refills(&self) -> usize {
+        self.refills
+    }
+
     /// The sequence number the queue's next receive would take: where a
     /// later queue in the ring's slot starts, so a late completion of this
     /// one never matches its receives.
@@ -70,9 +81,10 @@ impl ReceiveTable {
         self.next_seq
     }
 
-    /// Takes an entry for `receive` and returns the sequence field of its
-    /// `wr_id`; `None` if the table is full.
-    pub(super) fn push(&mut self, receive: RecvEntry) -> Option<u64> {
+    /// Takes an entry for `receive` (the refill's, if `refill`) and
+    /// returns the sequence field of its `wr_id`; `None` if the table is
+    /// full.
+    pub(super) fn push(&mut self, receive: RecvEntry, refill: bool) -> Option<u64> {
         let at = self.free.pop()?;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -80,7 +92,9 @@ impl ReceiveTable {
             receive,
             seq,
             posted: false,
+            refill,
         };
+        self.refills += usize::from(refill);
         self.pending.push(at);
         Some(wr_bits(seq, at))
     }
@@ -133,6 +147,7 @@ impl ReceiveTable {
         let entry = std::mem::replace(&mut self.entries[at as usize], FREE);
         debug_assert_ne!(entry.receive.index, NO_SLOT, "a free entry freed");
         self.free.push(at);
+        self.refills -= usize::from(entry.refill);
         entry.receive
     }
 }
@@ -155,8 +170,10 @@ mod tests {
     #[test]
     fn receives_complete_in_any_order_and_once() {
         let mut table = ReceiveTable::new(3, 0);
-        let ids: Vec<u64> = (0..3).map(|n| table.push(receive(n)).unwrap()).collect();
-        assert!(table.push(receive(9)).is_none(), "full");
+        let ids: Vec<u64> = (0..3)
+            .map(|n| table.push(receive(n), false).unwrap())
+            .collect();
+        assert!(table.push(receive(9), false).is_none(), "full");
         assert!(table.take(ids[0]).is_none(), "not posted yet");
         table.mark_posted(3);
         assert_eq!(table.take(ids[2]).unwrap().index, 2);
@@ -165,13 +182,13 @@ mod tests {
         assert_eq!((table.posted(), table.in_use()), (1, 1));
         // A receive that never completes holds one place, not the queue.
         for round in 0..10 {
-            let id = table.push(receive(10 + round)).unwrap();
+            let id = table.push(receive(10 + round), false).unwrap();
             table.mark_posted(1);
             assert_eq!(table.take(id).unwrap().index, 10 + round);
         }
         // The entry of a receive taken earlier, reused: its old id names
         // nothing.
-        let reused = table.push(receive(30)).unwrap();
+        let reused = table.push(receive(30), false).unwrap();
         table.mark_posted(1);
         assert!(table.take(ids[0]).is_none());
         assert_eq!(table.take(reused).unwrap().index, 30);
@@ -185,7 +202,7 @@ mod tests {
     fn pending_receives_are_freed_unposted() {
         let mut table = ReceiveTable::new(4, 7);
         for n in 0..4 {
-            table.push(receive(n)).unwrap();
+            table.push(receive(n), false).unwrap();
         }
         table.mark_posted(1);
         let mut back = Vec::new();
@@ -195,5 +212,22 @@ mod tests {
             (table.posted(), table.in_use(), table.next_seq()),
             (1, 1, 11)
         );
+    }
+
+    #[test]
+    fn refill_receives_are_counted_until_handed_back_every_way() {
+        let mut table = ReceiveTable::new(8, 0);
+        let ids: Vec<u64> = (0..6)
+            .map(|n| table.push(receive(n), n % 2 == 0).unwrap())
+            .collect();
+        assert_eq!(table.refills(), 3);
+        table.mark_posted(4);
+        table.take(ids[0]).unwrap();
+        table.take(ids[1]).unwrap();
+        assert_eq!(table.refills(), 2, "a completed refill receive");
+        table.take_pending(|_| {});
+        assert_eq!(table.refills(), 1, "an unposted one");
+        table.take_posted(|_| {});
+        assert_eq!((table.refills(), table.in_use()), (0, 0), "the posted one");
     }
 }

@@ -442,10 +442,18 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Tops up the shared receive queues whose refill fell below its mark
     /// (a reap does so for the caller of [`reap`](Self::reap); an owner
     /// reaping with [`reap_all`](Self::reap_all) calls this after).
+    /// Whether a refused post stopped a refill: its receives then wait,
+    /// flushed, for [`hand_out_ready`](Self::hand_out_ready).
     #[inline]
-    pub(crate) fn refill_due(&mut self) {
-        if self.refilling {
-            self.refill_srqs();
+    pub(crate) fn refill_due(&mut self) -> bool {
+        self.refilling && self.refill_srqs()
+    }
+
+    /// Hands `out` the completions made outside a poll (work never
+    /// posted, drains), as a reap does first.
+    pub(crate) fn hand_out_ready(&mut self, out: &mut impl CompletionSink) {
+        if !self.ready.is_empty() {
+            out.put_all(self.ready.drain(..));
         }
     }
 
@@ -695,7 +703,9 @@ impl<Q: QueuePair> FixedRing<Q> {
             );
         }
         if self.refilling {
-            self.refill_srqs();
+            // A refill stopped by a refused post leaves its receives,
+            // flushed, for the next reap.
+            let _ = self.refill_srqs();
         }
         Ok(out.len() - before)
     }

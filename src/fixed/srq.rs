@@ -121,6 +121,11 @@ impl<S> AttachedSrq<S> {
         self.receives.in_use()
     }
 
+    /// The refill's receives pushed or posted, and not handed back.
+    pub(super) fn refills(&self) -> usize {
+        self.receives.refills()
+    }
+
     /// Whether it holds no receive, pushed or posted.
     pub(super) fn is_empty(&self) -> bool {
         self.receives.in_use() == 0
@@ -413,7 +418,7 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ring.put_buf(op.into_buf()).unwrap();
     /// ```
     pub fn push_srq(&mut self, srq: FixedSrq, op: RecvFixed) -> Result<(), Rejected<RecvFixed>> {
-        match self.try_push_srq(srq, &op, None) {
+        match self.try_push_srq(srq, &op, None, false) {
             Ok(_) => Ok(()),
             Err(error) => Err(Rejected::new(error, op)),
         }
@@ -428,15 +433,18 @@ impl<Q: QueuePair> FixedRing<Q> {
         op: RecvFixed,
         tag: u64,
     ) -> Result<u64, Rejected<RecvFixed>> {
-        self.try_push_srq(srq, &op, Some(tag))
+        self.try_push_srq(srq, &op, Some(tag), false)
             .map_err(|error| Rejected::new(error, op))
     }
 
+    /// Pushes `op` (the refill's, if `refill`) with `tag` as its work's
+    /// `user_data` in place of its own, if given; returns its own.
     pub(super) fn try_push_srq(
         &mut self,
         handle: FixedSrq,
         op: &RecvFixed,
         tag: Option<u64>,
+        refill: bool,
     ) -> Result<u64, Error> {
         if let Some(why) = self.failed {
             return Err(Error::RingFailed(why));
@@ -447,10 +455,13 @@ impl<Q: QueuePair> FixedRing<Q> {
         };
         let credit = (self.cq_free, self.cq_entries);
         let (work, own_user_data) = admit(op, &slot.limits, tag, &self.bufs, credit)?;
-        let Some(seq) = slot.receives.push(RecvEntry {
-            user_data: work.user_data,
-            index: work.index,
-        }) else {
+        let Some(seq) = slot.receives.push(
+            RecvEntry {
+                user_data: work.user_data,
+                index: work.index,
+            },
+            refill,
+        ) else {
             return Err(Error::RecvQueueFull {
                 outstanding: slot.receives.in_use(),
                 depth: slot.receives.depth(),

@@ -18,7 +18,16 @@ use crate::error::Error;
 ///
 /// Slots the caller holds are never taken: a refill only takes free ones,
 /// so a caller that keeps slots out for a while gets fewer receives posted
-/// meanwhile (the next reap after the slots come back tops up again).
+/// meanwhile (the next reap after the slots come back tops up again; the
+/// awaited ring also tops up when a slot is put back).
+///
+/// Each refill receive holds a completion queue entry, as any pushed work
+/// does: size the completion queue for `target` beside the rest, or a
+/// refill leaves pushes refused with
+/// [`Error::CompletionQueueFull`](crate::Error::CompletionQueueFull) until
+/// messages arrive (and a refill short of entries stops short, to go on
+/// at the next reap). A refill posts its queue's receives pushed and not
+/// yet submitted with its own, in one doorbell.
 ///
 /// ```
 /// use rdma_ring::fixed::FixedSrqRefill;
@@ -82,22 +91,20 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.set_srq_refill_tagged(srq, refill, None)
     }
 
-    /// [`set_srq_refill`](Self::set_srq_refill), with the refill's work
-    /// requests carrying `tag` as their `user_data` (their completions
-    /// carry it too, for the owner to put the configured one back).
-    pub(crate) fn set_srq_refill_tagged(
-        &mut self,
+    /// Why `refill` cannot be set on `srq`, if it cannot; else the queue's
+    /// slot.
+    pub(crate) fn check_srq_refill(
+        &self,
         srq: FixedSrq,
-        refill: Option<FixedSrqRefill>,
-        tag: Option<u64>,
-    ) -> Result<(), Error> {
+        refill: Option<&FixedSrqRefill>,
+    ) -> Result<usize, Error> {
         if let Some(why) = self.failed {
             return Err(Error::RingFailed(why));
         }
         let index = self
             .srq_slot_of(srq)
             .ok_or(Error::NotAttached("shared receive queue"))?;
-        let slot = self.srqs[index].as_mut().expect("found above");
+        let slot = self.srqs[index].as_ref().expect("found above");
         if let Some(config) = refill {
             if config.low == 0 || config.low > config.target {
                 return Err(Error::Incompatible(
@@ -110,9 +117,32 @@ impl<Q: QueuePair> FixedRing<Q> {
                 ));
             }
         }
+        Ok(index)
+    }
+
+    /// [`set_srq_refill`](Self::set_srq_refill), with the refill's work
+    /// requests carrying `tag` as their `user_data` (their completions
+    /// carry it too, for the owner to put the configured one back).
+    pub(crate) fn set_srq_refill_tagged(
+        &mut self,
+        srq: FixedSrq,
+        refill: Option<FixedSrqRefill>,
+        tag: Option<u64>,
+    ) -> Result<(), Error> {
+        let index = self.check_srq_refill(srq, refill.as_ref())?;
+        let slot = self.srqs[index].as_mut().expect("checked");
         slot.refill = refill.map(|config| ActiveRefill { config, tag });
         self.refilling = self.srqs.iter().flatten().any(|s| s.refill.is_some());
         self.refill_srq(index)
+    }
+
+    /// The refill's receives of `srq` pushed or posted and not yet handed
+    /// back: those still to complete, whether or not it still refills.
+    pub(crate) fn srq_refills(&self, srq: FixedSrq) -> Result<usize, Error> {
+        let index = self
+            .srq_slot_of(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        Ok(self.srqs[index].as_ref().expect("found above").refills())
     }
 
     /// How `srq` is kept topped up, if it is: `None` if no refill was set,
@@ -136,14 +166,17 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Tops up every shared receive queue whose refill fell below its
-    /// low-water mark. A refused post stops that queue's refill.
+    /// low-water mark. A refused post stops that queue's refill, and its
+    /// refused receives wait flushed for the next reap; whether one did.
     // Out of line and cold: reaps test one flag before calling it.
     #[cold]
     #[inline(never)]
-    pub(super) fn refill_srqs(&mut self) {
+    pub(super) fn refill_srqs(&mut self) -> bool {
+        let mut stopped = false;
         for index in 0..self.srqs.len() {
-            let _ = self.refill_srq(index);
+            stopped |= self.refill_srq(index).is_err();
         }
+        stopped
     }
 
     /// Tops up the shared receive queue in slot `index` if its refill fell
@@ -168,7 +201,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let op = RecvFixed::new(buf).user_data(refill.config.user_data);
             // Refused when the completion queue has no entry to spare:
             // the next reap frees some and tries again.
-            if self.try_push_srq(handle, &op, refill.tag).is_err() {
+            if self.try_push_srq(handle, &op, refill.tag, true).is_err() {
                 let _ = self.bufs.put(op.into_buf());
                 break;
             }

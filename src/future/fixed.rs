@@ -170,6 +170,16 @@ impl Futures {
         }
     }
 
+    /// Tops up `ring`'s refilled shared receive queues; what a refused
+    /// post brings back goes out at once (the slots of the refill's own
+    /// receives back to the ring, waking the tasks awaiting that queue).
+    fn refill<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
+        if ring.refill_due() {
+            ring.hand_out_ready(&mut self.settle());
+            self.give_back(ring);
+        }
+    }
+
     /// Gives the ring the slots of completions whose futures were gone.
     fn give_back<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
         if !self.unowned.is_empty() {
@@ -273,7 +283,7 @@ impl<Q: QueuePair> Inner<Q> {
         let result = ring.reap_all(&mut settle);
         let n = settle.settled;
         self.futures.give_back(ring);
-        ring.refill_due();
+        self.futures.refill(ring);
         // However the failure was met (this poll, or a detach's drain),
         // nothing more will complete.
         if let Some(why) = ring.failure() {
@@ -351,6 +361,8 @@ impl<Q: QueuePair> Inner<Q> {
             OpState::Done(completion) => {
                 if let Some(ring) = self.ring.as_mut() {
                     let _ = ring.put_buf(completion.into_buf());
+                    // The slot may be what a refilled queue waits for.
+                    self.futures.refill(ring);
                 }
                 self.futures.free.push(key);
             }
@@ -417,7 +429,9 @@ impl CompletionSink for Settle<'_> {
     #[inline(always)]
     fn put(&mut self, mut completion: FixedCompletion) {
         self.settled += 1;
-        let key = completion.user_data() as usize;
+        // A refill receive's tag does not fit a key (nor, where `usize` is
+        // 32 bits, truncate to one).
+        let key = usize::try_from(completion.user_data()).unwrap_or(usize::MAX);
         match self.futures.ops.get_mut(key) {
             Some(state @ OpState::Waiting { .. }) => {
                 let OpState::Waiting {
@@ -956,7 +970,13 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// ```
     pub fn put_buf(&self, buf: FixedBuf) -> Result<(), Rejected<FixedBuf>> {
         self.shared.with(|inner| match inner.ring.as_mut() {
-            Some(ring) => ring.put_buf(buf),
+            Some(ring) => {
+                ring.put_buf(buf)?;
+                // The slot may be what a refilled queue waits for: nothing
+                // else reaps while no receive is posted.
+                inner.futures.refill(ring);
+                Ok(())
+            }
             None => Err(Rejected::new(Error::Closed, buf)),
         })
     }

@@ -656,3 +656,82 @@ pub fn a_refused_refill_post_stops_the_refill() {
     }
     assert_eq!(a.ring.submit().unwrap(), wanted - 1);
 }
+
+/// Refill posts refused under the awaited ring: at the first top-up, and
+/// at a top-up a reap starts. The refused receives' slots go back to the
+/// ring at once and never arrive; messages in the receives the device
+/// took still arrive; and the await ends only once none of the refill's
+/// receives is left to complete.
+pub fn refused_refill_posts_under_the_awaited_ring() {
+    use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    use rdma_ring::Error;
+    // Polled once (the fuzz targets that share this module have no
+    // executor crate).
+    fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(future).poll(&mut cx) {
+            std::task::Poll::Ready(output) => Some(output),
+            std::task::Poll::Pending => None,
+        }
+    }
+    let mut a = FixedAdversary::new();
+    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
+    let ring = std::mem::replace(&mut a.ring, blank);
+    let srq = a.srq;
+    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
+    let free = || ring.with_bufs(|b| b.free()).unwrap();
+    let before = free();
+    let refill = FixedSrqRefill {
+        low: 4,
+        target: 4,
+        user_data: 7,
+    };
+    // The first top-up: one of four taken.
+    a.device.knobs.lock().unwrap().accept = Some(1);
+    assert!(ring.set_srq_refill(srq, Some(refill)).is_err());
+    a.device.after_submit();
+    assert_eq!(free(), before - 1, "the three refused, back at once");
+    assert!(now(ring.receive(srq)).is_none(), "one may arrive");
+    a.device.apply(&super::Step::SrqPeerSend(0));
+    a.device.dev.progress();
+    let c = now(ring.receive(srq)).unwrap().unwrap();
+    assert_eq!((c.status(), c.user_data()), (WcStatus::Success, 7));
+    ring.put_buf(c.into_buf()).unwrap();
+    let end = now(ring.receive(srq)).expect("resolved at once");
+    assert!(matches!(end, Err(Error::Incompatible(_))), "{end:?}");
+    assert_eq!(free(), before);
+
+    // A top-up a reap starts: three messages take three of four; the
+    // reap that hands them out tops up, and that post is refused.
+    ring.set_srq_refill(srq, Some(FixedSrqRefill { low: 2, ..refill }))
+        .unwrap();
+    assert_eq!(free(), before - 4);
+    for _ in 0..3 {
+        a.device.apply(&super::Step::SrqPeerSend(0));
+    }
+    a.device.dev.progress();
+    a.device.knobs.lock().unwrap().accept = Some(0);
+    let mut arrived = Vec::new();
+    for _ in 0..3 {
+        let c = now(ring.receive(srq)).unwrap().unwrap();
+        assert_eq!((c.status(), c.user_data()), (WcStatus::Success, 7));
+        arrived.push(c);
+    }
+    a.device.after_submit();
+    assert_eq!(
+        free(),
+        before - 4,
+        "the three the refill pushed were refused and are back"
+    );
+    assert!(now(ring.receive(srq)).is_none(), "one may arrive");
+    for c in arrived {
+        ring.put_buf(c.into_buf()).unwrap();
+    }
+    assert_eq!(free(), before - 1, "the refill stopped: slots stay free");
+    drop(ring.detach(a.srq_qp).unwrap());
+    drop(ring.remove_srq(srq).unwrap());
+    let end = now(ring.receive(srq)).expect("resolved at once");
+    assert!(matches!(end, Err(Error::NotAttached(_))), "{end:?}");
+    assert_eq!(free(), before, "the last one's slot back too");
+    ring.close();
+}

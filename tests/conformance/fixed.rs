@@ -580,7 +580,7 @@ pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
 /// awaited through the adapter: three peers send eight messages each,
 /// three times the queue's depth, each arriving in a refill receive that
 /// names the queue pair it came on; then the queue pairs leave, the queue
-/// goes, and the receives left posted come back flushed, with every slot.
+/// goes, and the slots of the receives left posted go back to the ring.
 pub fn fixed_refilled_srq_awaited<F: Fabric>(f: &F) {
     const PEERS: usize = 3;
     const EACH: usize = 8;
@@ -645,18 +645,15 @@ pub fn fixed_refilled_srq_awaited<F: Fabric>(f: &F) {
     for &h in &handles {
         drop(server.detach(h).unwrap());
     }
+    assert_eq!(
+        server.with_bufs(|b| b.free()).unwrap() as usize,
+        32 - posted
+    );
     drop(server.remove_srq(srq).unwrap());
-    futures::executor::block_on(async {
-        for _ in 0..posted {
-            let back = server.receive(srq).await.unwrap();
-            assert_eq!(back.status(), WcStatus::WrFlushErr);
-            server.put_buf(back.into_buf()).unwrap();
-        }
-        assert!(matches!(
-            server.receive(srq).await,
-            Err(Error::NotAttached(_))
-        ));
-    });
+    // The receives left posted carried nothing: their slots go back to
+    // the ring, and the await ends.
+    let end = futures::executor::block_on(server.receive(srq));
+    assert!(matches!(end, Err(Error::NotAttached(_))), "{end:?}");
     assert_eq!(
         server.with_bufs(|b| b.free()).unwrap(),
         32,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use super::{AsyncFixedRing, FixedShared, Inner, Wakeup};
-use crate::backend::QueuePair;
+use crate::backend::{QueuePair, WcStatus};
 use crate::error::Error;
 use crate::fixed::{FixedCompletion, FixedSrq, FixedSrqRefill};
 
@@ -53,7 +53,10 @@ impl Incoming {
 
     /// Queues a refill receive's completion for its queue's
     /// [`receive`](AsyncFixedRing::receive), moving the tasks awaiting it
-    /// to `wakes`; hands back a completion that is not one.
+    /// to `wakes`; hands back a completion that is not one, or that is a
+    /// refill receive's flushed (it carries nothing: its slot goes back,
+    /// and the tasks awaiting its queue look again, as it may have been
+    /// the last that could arrive).
     pub(super) fn put(
         &mut self,
         mut completion: FixedCompletion,
@@ -71,9 +74,12 @@ impl Incoming {
         else {
             return Err(completion);
         };
+        wakes.append(&mut queue.waiting);
+        if completion.status() == WcStatus::WrFlushErr {
+            return Err(completion);
+        }
         completion.set_user_data(queue.user_data);
         queue.arrived.push_back(completion);
-        wakes.append(&mut queue.waiting);
         Ok(())
     }
 
@@ -101,6 +107,17 @@ impl Incoming {
         }
     }
 
+    /// A future that waited with `waker` is gone: its waker leaves the
+    /// list (to `dropped`, to be dropped unlocked), so futures dropped
+    /// before anything arrived do not pile up.
+    fn unwait(&mut self, srq: FixedSrq, waker: &Waker, dropped: &mut Vec<Waker>) {
+        if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
+            if let Some(at) = queue.waiting.iter().position(|w| w.will_wake(waker)) {
+                dropped.push(queue.waiting.swap_remove(at));
+            }
+        }
+    }
+
     /// Wakes the tasks awaiting `srq`'s queue, to look again.
     pub(super) fn wake(&mut self, srq: FixedSrq, wakes: &mut Vec<Waker>) {
         if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
@@ -123,14 +140,15 @@ impl<Q: QueuePair> Inner<Q> {
         refill: Option<FixedSrqRefill>,
     ) -> Result<(), Error> {
         let ring = self.ring.as_mut().ok_or(Error::Closed)?;
-        if ring.srq(srq).is_none() {
-            return Err(Error::NotAttached("shared receive queue"));
-        }
+        ring.check_srq_refill(srq, refill.as_ref())?;
         let tag = refill.map(|r| self.futures.incoming.tag_for(srq, r.user_data));
         let set = ring.set_srq_refill_tagged(srq, refill, tag);
-        if refill.is_none() {
-            // Tasks awaiting a queue that no refill feeds any more
-            // resolve (with what arrived, or an error).
+        // A refused first top-up's receives come back now (their slots to
+        // the ring).
+        ring.hand_out_ready(&mut self.futures.settle());
+        self.futures.give_back(ring);
+        if refill.is_none() || set.is_err() {
+            // Tasks awaiting a queue no refill feeds any more look again.
             self.futures.incoming.wake(srq, &mut self.futures.wakes);
         }
         set
@@ -157,19 +175,22 @@ impl<Q: QueuePair> Inner<Q> {
         if let Some(ended) = self.ended {
             return Poll::Ready(Err(ended.error()));
         }
-        match self.ring.as_ref().map(|ring| ring.srq_refill(srq)) {
-            None => return Poll::Ready(Err(Error::Closed)),
-            Some(Err(error)) => {
+        let Some(ring) = self.ring.as_ref() else {
+            return Poll::Ready(Err(Error::Closed));
+        };
+        match ring.srq_refill(srq) {
+            Err(error) => {
                 // The queue is gone and everything it held was taken.
                 self.futures.incoming.forget_if_empty(srq);
                 return Poll::Ready(Err(error));
             }
-            Some(Ok(None)) => {
+            // Stopped, with none of its receives left to complete.
+            Ok(None) if matches!(ring.srq_refills(srq), Ok(0)) => {
                 return Poll::Ready(Err(Error::Incompatible(
                     "no refill keeps the shared receive queue's receives coming (set_srq_refill)",
                 )))
             }
-            Some(Ok(Some(_))) => {}
+            Ok(_) => {}
         }
         self.futures.incoming.wait(srq, waker);
         Poll::Pending
@@ -208,12 +229,15 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// its completion names the queue pair it came on, and holds the slot
     /// (give it back with [`put_buf`](Self::put_buf) for later refills).
     /// Arrivals wait in order until a `receive` takes them, so dropping
-    /// this future loses nothing. Resolves with an error once nothing more
+    /// this future loses nothing. A refill receive that comes back
+    /// flushed (a refused post, the queue's removal, the close) carried
+    /// nothing and does not arrive: its slot goes back to the ring. After
+    /// every arrival was taken, resolves with an error once nothing more
     /// can arrive: the ring closed or failed ([`Error::Closed`],
     /// [`Error::RingFailed`]), the queue removed
-    /// ([`Error::NotAttached`]), or its refill stopped
-    /// ([`Error::Incompatible`]) — after every arrival before that was
-    /// taken, those flushed at removal or close included.
+    /// ([`Error::NotAttached`]), or its refill stopped with none of its
+    /// receives left to complete ([`Error::Incompatible`]; those still
+    /// posted when it stopped go on taking messages, which arrive here).
     ///
     /// ```
     /// use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, QpConfig, SrqConfig, WcStatus};
@@ -245,6 +269,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         SrqReceive {
             shared: Arc::clone(&self.shared),
             srq,
+            registered: None,
         }
     }
 }
@@ -255,21 +280,49 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
 pub struct SrqReceive<Q: QueuePair> {
     shared: Arc<FixedShared<Q>>,
     srq: FixedSrq,
+    /// The waker its last pending poll left in the queue's list.
+    registered: Option<Waker>,
 }
 
 impl<Q: QueuePair> Future for SrqReceive<Q> {
     type Output = Result<FixedCompletion, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let srq = self.srq;
-        let poll = self
+        let this = self.get_mut();
+        let srq = this.srq;
+        let poll = this
             .shared
             .with(|inner| inner.poll_receive(srq, cx.waker()));
-        if poll.is_pending() && self.shared.wakeup == Wakeup::Busy {
-            // Busy polling reschedules at once.
-            cx.waker().wake_by_ref();
+        if poll.is_pending() {
+            if !this
+                .registered
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                this.registered = Some(cx.waker().clone());
+            }
+            if this.shared.wakeup == Wakeup::Busy {
+                // Busy polling reschedules at once.
+                cx.waker().wake_by_ref();
+            }
+        } else {
+            this.registered = None;
         }
         poll
+    }
+}
+
+impl<Q: QueuePair> Drop for SrqReceive<Q> {
+    fn drop(&mut self) {
+        if let Some(waker) = self.registered.take() {
+            let srq = self.srq;
+            self.shared.with(|inner| {
+                inner
+                    .futures
+                    .incoming
+                    .unwait(srq, &waker, &mut inner.dropped)
+            });
+        }
     }
 }
 
