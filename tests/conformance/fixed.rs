@@ -9,7 +9,7 @@ use rdma_ring::backend::{QueuePair, SrqConfig, WcStatus};
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     CompareSwapFixed, FetchAddFixed, FixedBufs, FixedCompletion, FixedQp, FixedRing,
-    FixedRingConfig, FixedSrqRefill, ReadFixed, RecvFixed, SendFixed, WriteFixed,
+    FixedRingConfig, FixedSrq, FixedSrqRefill, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
 use rdma_ring::future::{AsyncFixedRing, Wakeup};
 use rdma_ring::op::{OpKind, Send};
@@ -507,33 +507,57 @@ pub fn fixed_failed_queue_pairs_flush_what_they_held<F: Fabric>(f: &F) {
     }
 }
 
-/// Many peers' messages land in one shared receive queue of a fixed ring;
-/// each completion names the queue pair it arrived on. Then the queue
-/// pairs leave and the queue is removed: its receives come back flushed.
-pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
-    const PEERS: usize = 6;
-    let mut server = FixedRing::new(
+/// A fixed ring of `slots` 64-byte slots holding a shared receive queue
+/// `depth` deep, with `peers` queue pairs on it, each connected to a
+/// client ring.
+struct SrqServer<F: Fabric> {
+    ring: FixedRing<F::Qp>,
+    srq: FixedSrq,
+    handles: Vec<FixedQp>,
+    clients: Vec<Ring<F::Qp>>,
+}
+
+fn srq_server<F: Fabric>(f: &F, slots: u32, depth: u32, peers: usize) -> SrqServer<F> {
+    let mut ring = FixedRing::new(
         f.cq(256),
-        FixedBufs::new(f.pd(), 64, 64).unwrap(),
+        FixedBufs::new(f.pd(), slots, 64).unwrap(),
         fixed_config(),
     );
-    let srq = server
+    let srq = ring
         .add_srq(f.srq(SrqConfig {
-            max_wr: 32,
+            max_wr: depth,
             max_sge: 1,
         }))
         .unwrap_or_else(|r| panic!("add_srq: {}", r.error()));
     let mut handles = Vec::new();
     let mut clients = Vec::new();
-    for _ in 0..PEERS {
-        let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), config());
+    for _ in 0..peers {
+        let (qp, peer) = f.pair_on(ring.cq(), ring.srq(srq), config());
         handles.push(
-            server
-                .attach(qp)
+            ring.attach(qp)
                 .unwrap_or_else(|r| panic!("attach: {}", r.error())),
         );
         clients.push(Ring::new(peer, ring_config()));
     }
+    SrqServer {
+        ring,
+        srq,
+        handles,
+        clients,
+    }
+}
+
+/// Many peers' messages land in one shared receive queue of a fixed ring;
+/// each completion names the queue pair it arrived on. Then the queue
+/// pairs leave and the queue is removed: its receives come back flushed.
+pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
+    const PEERS: usize = 6;
+    let SrqServer {
+        ring: mut server,
+        srq,
+        handles,
+        mut clients,
+    } = srq_server(f, 64, 32, PEERS);
     for i in 0..2 * PEERS as u64 + 4 {
         let slot = server.take_buf().unwrap();
         server
@@ -584,28 +608,12 @@ pub fn fixed_many_peers_on_one_srq<F: Fabric>(f: &F) {
 pub fn fixed_refilled_srq_awaited<F: Fabric>(f: &F) {
     const PEERS: usize = 3;
     const EACH: usize = 8;
-    let mut server = FixedRing::new(
-        f.cq(256),
-        FixedBufs::new(f.pd(), 32, 64).unwrap(),
-        fixed_config(),
-    );
-    let srq = server
-        .add_srq(f.srq(SrqConfig {
-            max_wr: 8,
-            max_sge: 1,
-        }))
-        .unwrap_or_else(|r| panic!("add_srq: {}", r.error()));
-    let mut handles = Vec::new();
-    let mut clients = Vec::new();
-    for _ in 0..PEERS {
-        let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), config());
-        handles.push(
-            server
-                .attach(qp)
-                .unwrap_or_else(|r| panic!("attach: {}", r.error())),
-        );
-        clients.push(Ring::new(peer, ring_config()));
-    }
+    let SrqServer {
+        ring: server,
+        srq,
+        handles,
+        mut clients,
+    } = srq_server(f, 32, 8, PEERS);
     let server = AsyncFixedRing::new(server, Wakeup::Thread).unwrap();
     let refill = FixedSrqRefill {
         low: 3,
