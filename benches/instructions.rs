@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced|fixed|fixed-awaited|raw|model --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|fixed|fixed-awaited|fixed-awaited-all|raw|model --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -20,7 +20,8 @@
 //! named by tokens, 56-byte completions; `fixed-awaited` awaits its
 //! operations through an
 //! [`AsyncFixedRing`](rdma_ring::future::AsyncFixedRing) in busy-poll
-//! mode, pushed before they are awaited (one doorbell per round).
+//! mode, pushed before they are awaited (one doorbell per round);
+//! `fixed-awaited-all` pushes each round's with one `push_all`.
 //!
 //! `raw` is the floor under all of them: no ring, no buffer ownership,
 //! what a C verbs program does — B work requests built by hand into one
@@ -69,12 +70,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
-use rdma_ring::backend::soft::{Progress, SoftDevice};
+use rdma_ring::backend::soft::{Progress, SoftDevice, SoftPd, SoftQp};
 use rdma_ring::backend::{
     CompletionQueue, QpConfig, QueuePair, RawCompletion, SendFlags, SendOpcode, SendWr, Sge,
     SgeSpan,
 };
-use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess};
+use rdma_ring::buf::{BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     FixedBuf, FixedBufs, FixedCompletion, FixedRing, FixedRingConfig, WriteFixed,
 };
@@ -257,17 +258,53 @@ fn main() {
             });
             black_box(&free);
         }
+        "fixed-awaited-all" => fixed_awaited_all(qp, &pd, &targets, rounds),
         "model" => {
             let local = RegisteredBuf::new(&pd, vec![0u8; 64 * batch]).unwrap();
             lean_model::run(qp, &local, &targets, rounds);
         }
         other => panic!(
-            "unknown mode {other:?} (sync, awaited, coalesced, fixed, fixed-awaited, raw or model)"
+            "unknown mode {other:?} (sync, awaited, coalesced, fixed, fixed-awaited, fixed-awaited-all, raw or model)"
         ),
     }
     black_box(&bufs);
     drop(peer);
     println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+}
+
+/// `fixed-awaited-all`: as `fixed-awaited`, each round's pushes under one
+/// lock (`push_all`). Out of line, so the other modes' code in `main` is
+/// compiled as it was without it.
+#[inline(never)]
+fn fixed_awaited_all(qp: SoftQp, pd: &SoftPd, targets: &[RemoteSlice], rounds: usize) {
+    let batch = targets.len();
+
+    let mut qp = qp;
+    let cq = qp.take_cq().expect("a queue pair made with its own CQ");
+    let slots = FixedBufs::new(pd, batch as u32, 64).unwrap();
+    let ring = FixedRing::new(cq, slots, FixedRingConfig::default());
+    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap();
+    let handle = ring.attach(qp).unwrap();
+    let mut free: Vec<FixedBuf> = (0..batch).map(|_| ring.take_buf().unwrap()).collect();
+    let mut writes = Vec::with_capacity(batch);
+    let mut ops = Vec::with_capacity(batch);
+    futures::executor::block_on(async {
+        for _ in 0..rounds {
+            let mut i = 0;
+            while let Some(buf) = free.pop() {
+                writes.push(WriteFixed::new(buf, 64, targets[i]).user_data(i as u64));
+                i += 1;
+            }
+            // The round's pushes under one lock.
+            ring.push_all(handle, &mut writes, &mut ops).unwrap();
+            for op in ops.drain(..) {
+                let c = op.await.unwrap();
+                assert!(c.status().is_success());
+                free.push(c.into_buf());
+            }
+        }
+    });
+    black_box(&free);
 }
 
 /// A minimal ring of another shape than the crate's, as a yardstick: how

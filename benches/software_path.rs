@@ -150,6 +150,30 @@ fn fixed_path(c: &mut Criterion) {
             });
         });
         drop((awaited, peer));
+
+        // The same, each round's pushes under one lock.
+        let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let awaited = AsyncFixedRing::new(ring(&mut qp), Wakeup::Busy).unwrap();
+        let h = awaited.attach(qp).unwrap();
+        let mut free: Vec<FixedBuf> = (0..batch).map(|_| awaited.take_buf().unwrap()).collect();
+        let mut writes = Vec::with_capacity(batch);
+        let mut ops = Vec::with_capacity(batch);
+        group.bench_function(format!("awaited_push_all_write_batch_{batch}"), |b| {
+            b.iter(|| {
+                futures::executor::block_on(async {
+                    let mut i = 0;
+                    while let Some(buf) = free.pop() {
+                        writes.push(WriteFixed::new(buf, 64, targets[i]).user_data(i as u64));
+                        i += 1;
+                    }
+                    awaited.push_all(h, &mut writes, &mut ops).unwrap();
+                    for op in ops.drain(..) {
+                        free.push(op.await.unwrap().into_buf());
+                    }
+                })
+            });
+        });
+        drop((awaited, peer));
     }
     group.finish();
 }

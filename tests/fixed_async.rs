@@ -668,6 +668,63 @@ fn a_ring_with_work_is_refused() {
 }
 
 #[test]
+fn push_all_pushes_in_order_under_one_lock_and_stops_at_a_refusal_losing_nothing() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 5 * 256], RemoteAccess::WRITE).unwrap();
+    let write = |i: u64, len: u32| {
+        let slot = p.a.take_buf().unwrap();
+        let remote = target.remote().slice(i * 256..(i + 1) * 256).unwrap();
+        WriteFixed::new(slot, len, remote).user_data(i)
+    };
+    // The third is longer than its slot (256 bytes).
+    let mut ops = vec![
+        write(0, 8),
+        write(1, 8),
+        write(2, 257),
+        write(3, 8),
+        write(4, 8),
+    ];
+    let mut futures = Vec::new();
+    let (error, refused) =
+        p.a.push_all(p.ha, &mut ops, &mut futures)
+            .unwrap_err()
+            .into_parts();
+    assert!(matches!(error, Error::OutOfBounds { .. }), "{error}");
+    assert_eq!(futures.len(), 2, "the two before it pushed");
+    assert_eq!(ops.len(), 2, "the two after it left in place");
+    p.a.put_buf(refused.into_buf()).unwrap();
+    assert_eq!(p.a.push_all(p.ha, &mut ops, &mut futures).unwrap(), 2);
+    assert!(ops.is_empty());
+    let tags: Vec<u64> = futures::executor::block_on(async {
+        let mut tags = Vec::new();
+        for f in futures.drain(..) {
+            let done = f.await.unwrap();
+            assert!(done.status().is_success());
+            tags.push(done.user_data());
+            p.a.put_buf(done.into_buf()).unwrap();
+        }
+        tags
+    });
+    assert_eq!(tags, [0, 1, 3, 4], "each future its own operation's");
+    assert_eq!(
+        p.control.counters().send_posts,
+        1,
+        "one doorbell for the four"
+    );
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
+    // Closed: the first is refused, the rest stay.
+    let mut ops = vec![write(0, 8), write(1, 8)];
+    p.a.close();
+    let (error, first) =
+        p.a.push_all(p.ha, &mut ops, &mut futures)
+            .unwrap_err()
+            .into_parts();
+    assert!(matches!(error, Error::Closed), "{error}");
+    assert_eq!((futures.len(), ops.len()), (0, 1));
+    drop((first, ops));
+}
+
+#[test]
 fn forty_receives_flushed_at_once_are_all_handed_out_by_one_drive() {
     // Byte 3 decodes to a receive pushed: forty of them, more than one
     // poll of the ring takes.

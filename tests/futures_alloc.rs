@@ -99,3 +99,51 @@ fn awaited_ops_allocate_nothing_in_steady_state() {
         "{allocations} allocations over 3000 awaited ops"
     );
 }
+
+#[test]
+fn awaited_fixed_ops_pushed_together_allocate_nothing_in_steady_state() {
+    use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+    use rdma_ring::future::AsyncFixedRing;
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let exposed = ExposedBuf::new(&pd, vec![0u8; 16 * 64], RemoteAccess::WRITE).unwrap();
+    let cq = rdma_ring::backend::QueuePair::take_cq(&mut qp).unwrap();
+    let slots = FixedBufs::new(&pd, 16, 64).unwrap();
+    let ring = AsyncFixedRing::new(
+        FixedRing::new(cq, slots, FixedRingConfig::default()),
+        Wakeup::Busy,
+    )
+    .unwrap();
+    let conn = ring.attach(qp).unwrap();
+    let mut writes = Vec::with_capacity(16);
+    let mut futures = Vec::with_capacity(16);
+    let mut round = || {
+        let mut i = 0;
+        while let Some(slot) = ring.take_buf() {
+            let target = exposed.remote().slice(i * 64..(i + 1) * 64).unwrap();
+            writes.push(WriteFixed::new(slot, 64, target));
+            i += 1;
+        }
+        assert_eq!(ring.push_all(conn, &mut writes, &mut futures).unwrap(), 16);
+        futures::executor::block_on(async {
+            for write in futures.drain(..) {
+                let done = write.await.unwrap();
+                ring.put_buf(done.into_buf()).unwrap();
+            }
+        });
+    };
+    for _ in 0..20 {
+        round();
+    }
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..100 {
+        round();
+    }
+    COUNTING.with(|c| c.set(false));
+    let allocations = ALLOCATIONS.load(Ordering::SeqCst);
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations over 1600 awaited writes pushed 16 at a time"
+    );
+}

@@ -208,26 +208,40 @@ struct Inner<Q: QueuePair> {
     dropped: Vec<Waker>,
 }
 
-impl<Q: QueuePair> Inner<Q> {
-    fn push<O: FixedOp>(&mut self, qp: FixedQp, op: O) -> Result<u32, Rejected<O>> {
-        self.push_with(op, |ring, op, tag| ring.push_tagged(qp, op, tag))
-    }
+/// Where [`Inner::push_with`] pushes: a queue pair or a shared receive
+/// queue. A trait rather than a closure, so the push is inlined into
+/// every caller however many there are (a closure's body shared by two
+/// callers is left out of line, some 20 instructions dearer per push).
+trait PushTarget<Q: QueuePair, O> {
+    /// Pushes `op` with `tag` as its work's `user_data`; returns the
+    /// operation's own `user_data` and whether it is a receive.
+    fn push(self, ring: &mut FixedRing<Q>, op: O, tag: u64) -> Result<(u64, bool), Rejected<O>>;
+}
 
-    fn push_srq(&mut self, srq: FixedSrq, op: RecvFixed) -> Result<u32, Rejected<RecvFixed>> {
-        self.push_with(op, |ring, op, tag| {
-            ring.push_srq_tagged(srq, op, tag).map(|own| (own, true))
-        })
-    }
-
-    /// Pushes `op` with a fresh tag through `push` (which returns the
-    /// operation's own `user_data` and whether it is a receive), and keeps
-    /// a waiting state under that tag.
+impl<Q: QueuePair, O: FixedOp> PushTarget<Q, O> for FixedQp {
     #[inline(always)]
-    fn push_with<O>(
-        &mut self,
-        op: O,
-        push: impl FnOnce(&mut FixedRing<Q>, O, u64) -> Result<(u64, bool), Rejected<O>>,
-    ) -> Result<u32, Rejected<O>> {
+    fn push(self, ring: &mut FixedRing<Q>, op: O, tag: u64) -> Result<(u64, bool), Rejected<O>> {
+        ring.push_tagged(self, op, tag)
+    }
+}
+
+impl<Q: QueuePair> PushTarget<Q, RecvFixed> for FixedSrq {
+    #[inline(always)]
+    fn push(
+        self,
+        ring: &mut FixedRing<Q>,
+        op: RecvFixed,
+        tag: u64,
+    ) -> Result<(u64, bool), Rejected<RecvFixed>> {
+        ring.push_srq_tagged(self, op, tag).map(|own| (own, true))
+    }
+}
+
+impl<Q: QueuePair> Inner<Q> {
+    /// Pushes `op` to `target` with a fresh tag, and keeps a waiting
+    /// state under that tag.
+    #[inline(always)]
+    fn push_with<O>(&mut self, target: impl PushTarget<Q, O>, op: O) -> Result<u32, Rejected<O>> {
         let Some(ring) = self.ring.as_mut() else {
             return Err(Rejected::new(Error::Closed, op));
         };
@@ -238,7 +252,7 @@ impl<Q: QueuePair> Inner<Q> {
                 (self.futures.ops.len() - 1) as u32
             }
         };
-        match push(ring, op, u64::from(key)) {
+        match target.push(ring, op, u64::from(key)) {
             Ok((user_data, recv)) => {
                 self.futures.ops[key as usize] = OpState::Waiting {
                     waker: None,
@@ -760,13 +774,79 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// ```
     pub fn push<O: FixedOp>(&self, qp: FixedQp, op: O) -> Result<FixedOpFuture<Q>, Rejected<O>> {
         // A push wakes nothing and lets no waker go: no `with`.
-        let key = self.shared.lock().push(qp, op)?;
+        let key = self.shared.lock().push_with(qp, op)?;
         Ok(FixedOpFuture {
             shared: Arc::clone(&self.shared),
             key,
             polled: false,
             resolved: false,
         })
+    }
+
+    /// Pushes the operations in `ops` for `qp`, in order, under one lock
+    /// (where [`push`](Self::push) takes it for each), appending each
+    /// one's future to `futures` and leaving `ops` empty. Stops at the
+    /// first refused, handing it back whole as `push` does: those before
+    /// it stay pushed (their futures in `futures`), and those after it
+    /// stay in `ops`. Returns how many were pushed. With room in
+    /// `futures`, it allocates nothing (a refusal may).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let control = qp.control();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 8, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// let mut writes: Vec<_> = std::iter::from_fn(|| ring.take_buf())
+    ///     .map(|slot| WriteFixed::new(slot, 64, target.remote()))
+    ///     .collect();
+    /// let mut futures = Vec::with_capacity(8);
+    /// assert_eq!(ring.push_all(conn, &mut writes, &mut futures).unwrap(), 8);
+    /// assert!(writes.is_empty());
+    /// futures::executor::block_on(async {
+    ///     for write in futures.drain(..) {
+    ///         ring.put_buf(write.await.unwrap().into_buf()).unwrap();
+    ///     }
+    /// });
+    /// assert_eq!(control.counters().send_posts, 1); // one doorbell for the eight
+    /// ```
+    pub fn push_all<O: FixedOp>(
+        &self,
+        qp: FixedQp,
+        ops: &mut Vec<O>,
+        futures: &mut Vec<FixedOpFuture<Q>>,
+    ) -> Result<usize, Rejected<O>> {
+        // As `push`: nothing to wake, no waker let go. No caller code runs
+        // under the lock (a `Vec`, not an iterator, holds the operations).
+        let mut inner = self.shared.lock();
+        let mut pushed = 0;
+        let mut drained = ops.drain(..);
+        while let Some(op) = drained.next() {
+            match inner.push_with(qp, op) {
+                Ok(key) => {
+                    futures.push(FixedOpFuture {
+                        shared: Arc::clone(&self.shared),
+                        key,
+                        polled: false,
+                        resolved: false,
+                    });
+                    pushed += 1;
+                }
+                Err(refused) => {
+                    let rest: Vec<O> = drained.collect();
+                    ops.extend(rest);
+                    return Err(refused);
+                }
+            }
+        }
+        Ok(pushed)
     }
 
     /// Takes a shared receive queue into the ring, as
@@ -836,7 +916,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         srq: FixedSrq,
         op: RecvFixed,
     ) -> Result<FixedOpFuture<Q>, Rejected<RecvFixed>> {
-        let key = self.shared.lock().push_srq(srq, op)?;
+        let key = self.shared.lock().push_with(srq, op)?;
         Ok(FixedOpFuture {
             shared: Arc::clone(&self.shared),
             key,
