@@ -129,3 +129,13 @@ fn a_refused_refill_post_stops_the_refill() {
 fn refused_refill_posts_under_the_awaited_ring() {
     adversary::fixed::refused_refill_posts_under_the_awaited_ring();
 }
+
+#[test]
+fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
+    adversary::fixed::a_refill_stopped_with_nothing_outstanding_wakes_its_waiters();
+}
+
+#[test]
+fn dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up() {
+    adversary::fixed::dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up();
+}

@@ -841,7 +841,8 @@ fn awaiting_arrivals_ends_with_an_error_once_none_can_come() {
         user_data: 6,
     };
     ring.set_srq_refill(srq, Some(refill)).unwrap();
-    // Polled once and dropped: nothing is lost by it.
+    // Polled once and dropped: the message that comes later goes to the
+    // next await (below).
     assert!(ring.receive(srq).now_or_never().is_none());
     // Stopped: its four receives still posted go on taking messages.
     ring.set_srq_refill(srq, None).unwrap();

@@ -173,6 +173,9 @@ pub struct FixedRing<Q: QueuePair> {
     pub(super) srqs_dirty: bool,
     /// Whether a shared receive queue has a refill, for reaps to run.
     pub(super) refilling: bool,
+    /// Whether a refused post stopped a refill since an owner last asked
+    /// ([`take_refill_stopped`](Self::take_refill_stopped)).
+    pub(super) refill_stopped: bool,
     /// Shut down (by `close`); `Drop` has nothing left to do.
     closed: bool,
 }
@@ -225,6 +228,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             consumers: Consumers::default(),
             srqs_dirty: false,
             refilling: false,
+            refill_stopped: false,
             closed: false,
         }
     }
@@ -444,11 +448,18 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Tops up the shared receive queues whose refill fell below its mark
     /// (a reap does so for the caller of [`reap`](Self::reap); an owner
     /// reaping with [`reap_all`](Self::reap_all) calls this after).
-    /// Whether a refused post stopped a refill: its receives then wait,
-    /// flushed, for [`hand_out_ready`](Self::hand_out_ready).
     #[inline]
-    pub(crate) fn refill_due(&mut self) -> bool {
-        self.refilling && self.refill_srqs()
+    pub(crate) fn refill_due(&mut self) {
+        if self.refilling {
+            self.refill_srqs();
+        }
+    }
+
+    /// Whether a refused post stopped a refill since the last call (here,
+    /// in an event applied, or at a top-up): its receives then wait,
+    /// flushed, for [`hand_out_ready`](Self::hand_out_ready).
+    pub(crate) fn take_refill_stopped(&mut self) -> bool {
+        std::mem::take(&mut self.refill_stopped)
     }
 
     /// Hands `out` the completions made outside a poll (work never
@@ -704,10 +715,12 @@ impl<Q: QueuePair> FixedRing<Q> {
                 out,
             );
         }
-        if self.refilling {
-            // A refill stopped by a refused post leaves its receives,
-            // flushed, for the next reap.
-            let _ = self.refill_srqs();
+        if self.refilling && self.refill_srqs() {
+            // A refill stopped by a refused post: its receives, flushed,
+            // go out with this reap (no completion may come to prompt
+            // another).
+            self.refill_stopped = false;
+            out.append(&mut self.ready);
         }
         Ok(out.len() - before)
     }

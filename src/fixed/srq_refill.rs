@@ -212,6 +212,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             Ok(_) => Ok(()),
             Err((_, error)) => {
                 slot.refill = None;
+                self.refill_stopped = true;
                 self.refilling = self.srqs.iter().flatten().any(|s| s.refill.is_some());
                 Err(error)
             }

@@ -174,9 +174,14 @@ impl Futures {
     /// post brings back goes out at once (the slots of the refill's own
     /// receives back to the ring, waking the tasks awaiting that queue).
     fn refill<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
-        if ring.refill_due() {
+        ring.refill_due();
+        // Stopped here, or in an event the ring applied since: with no
+        // refill receive flushed, nothing else would wake the tasks
+        // awaiting its queue, which may have nothing left to await.
+        if ring.take_refill_stopped() {
             ring.hand_out_ready(&mut self.settle());
             self.give_back(ring);
+            self.incoming.wake_all(&mut self.wakes);
         }
     }
 
@@ -399,7 +404,7 @@ impl<Q: QueuePair> Inner<Q> {
     /// flushed work may still come back through it.
     fn end(&mut self, why: Ended) {
         self.ended.get_or_insert(why);
-        self.futures.incoming.end(&mut self.futures.wakes);
+        self.futures.incoming.wake_all(&mut self.futures.wakes);
         let ring_gone = self.ring.is_none();
         for (key, state) in self.futures.ops.iter_mut().enumerate() {
             match state {
@@ -788,8 +793,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// one's future to `futures` and leaving `ops` empty. Stops at the
     /// first refused, handing it back whole as `push` does: those before
     /// it stay pushed (their futures in `futures`), and those after it
-    /// stay in `ops`. Returns how many were pushed. With room in
-    /// `futures`, it allocates nothing (a refusal may).
+    /// stay in `ops`. Returns how many were pushed (on a refusal, what
+    /// `futures` gained says). With room in `futures`, it allocates
+    /// nothing (a refusal may).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

@@ -735,3 +735,144 @@ pub fn refused_refill_posts_under_the_awaited_ring() {
     assert_eq!(free(), before, "the last one's slot back too");
     ring.close();
 }
+
+/// A refill stopped while nothing of its own is left to complete: the
+/// post it is refused is of a receive its owner pushed, in a top-up an
+/// event started, so no refill receive comes back flushed. The task
+/// awaiting the queue must still be woken, and learn nothing more can
+/// arrive. On the plain ring, a reap whose top-up is refused hands the
+/// refused receives out itself.
+pub fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    use rdma_ring::Error;
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut cx = Context::from_waker(&waker);
+
+    // The plain ring first: a reap's top-up refused.
+    let mut a = FixedAdversary::new();
+    let refill = FixedSrqRefill {
+        low: 4,
+        target: 4,
+        user_data: 7,
+    };
+    a.ring.set_srq_refill(a.srq, Some(refill)).unwrap();
+    a.device.apply(&super::Step::SrqPeerSend(0));
+    a.device.dev.progress();
+    a.device.knobs.lock().unwrap().accept = Some(0);
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    a.device.after_submit();
+    let statuses: Vec<_> = out.iter().map(|c| c.status()).collect();
+    assert_eq!(
+        statuses,
+        [WcStatus::Success, WcStatus::WrFlushErr],
+        "the message, and the refused top-up in the same reap"
+    );
+    assert_eq!(a.ring.srq_refill(a.srq).unwrap(), None);
+    for c in out {
+        a.ring.put_buf(c.into_buf()).unwrap();
+    }
+
+    // The awaited ring: the refill's four receives all taken, no slot free.
+    let mut a = FixedAdversary::new();
+    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
+    let ring = std::mem::replace(&mut a.ring, blank);
+    let srq = a.srq;
+    let id = rdma_ring::backend::SharedReceiveQueue::caps(ring.srq(srq).unwrap()).id;
+    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let mut held: Vec<_> = std::iter::from_fn(|| ring.take_buf()).collect();
+    for _ in 0..4 {
+        a.device.apply(&super::Step::SrqPeerSend(0));
+    }
+    a.device.dev.progress();
+    for _ in 0..4 {
+        let mut next = ring.receive(srq);
+        let Poll::Ready(Ok(c)) = std::pin::Pin::new(&mut next).poll(&mut cx) else {
+            panic!("four messages arrived");
+        };
+        held.push(c.into_buf());
+    }
+    assert_eq!(ring.srq_posted(srq).unwrap(), 0);
+    let mut waiting = ring.receive(srq);
+    assert!(std::pin::Pin::new(&mut waiting).poll(&mut cx).is_pending());
+    flag.0.store(false, Ordering::SeqCst); // busy polling's own wake-up
+                                           // One receive of the owner's own, pushed and not posted (the await's
+                                           // poll would have posted it).
+    let mine = RecvFixed::new(held.pop().unwrap()).user_data(1);
+    let mut mine = ring.push_srq(srq, mine).unwrap();
+    a.device.knobs.lock().unwrap().accept = Some(0);
+    assert!(ring.apply_event(AsyncEvent::SrqLimitReached { srq: id }));
+    a.device.after_submit();
+    assert!(
+        flag.0.load(Ordering::SeqCst),
+        "the stop woke the waiting task"
+    );
+    match std::pin::Pin::new(&mut waiting).poll(&mut cx) {
+        Poll::Ready(Err(Error::Incompatible(_))) => {}
+        other => panic!("nothing more can arrive: {other:?}"),
+    }
+    let Poll::Ready(Ok(back)) = std::pin::Pin::new(&mut mine).poll(&mut cx) else {
+        panic!("the owner's receive came back");
+    };
+    assert_eq!(back.status(), WcStatus::WrFlushErr);
+    drop(held);
+    ring.close();
+}
+
+/// Two awaits of one queue in one task (one waker): dropping one leaves
+/// the other's place in the list, so an arrival still wakes the task.
+pub fn dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    use rdma_ring::future::{AsyncFixedRing, Wakeup};
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    let mut cx = Context::from_waker(&waker);
+    let mut a = FixedAdversary::new();
+    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
+    let ring = std::mem::replace(&mut a.ring, blank);
+    let srq = a.srq;
+    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
+    let refill = FixedSrqRefill {
+        low: 2,
+        target: 4,
+        user_data: 0,
+    };
+    ring.set_srq_refill(srq, Some(refill)).unwrap();
+    let mut first = ring.receive(srq);
+    let mut second = ring.receive(srq);
+    assert!(std::pin::Pin::new(&mut first).poll(&mut cx).is_pending());
+    assert!(std::pin::Pin::new(&mut second).poll(&mut cx).is_pending());
+    drop(first);
+    flag.0.store(false, Ordering::SeqCst); // busy polling's own wake-ups
+    a.device.apply(&super::Step::SrqPeerSend(0));
+    a.device.dev.progress();
+    ring.drive().unwrap();
+    assert!(flag.0.load(Ordering::SeqCst), "the arrival woke the task");
+    assert!(std::pin::Pin::new(&mut second).poll(&mut cx).is_ready());
+    ring.close();
+}

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -31,9 +32,13 @@ struct IncomingQueue {
     /// The refill's own `user_data`, put back on its completions.
     user_data: u64,
     arrived: VecDeque<FixedCompletion>,
-    /// Tasks awaiting an arrival.
-    waiting: Vec<Waker>,
+    /// The futures awaiting an arrival, by their own number (two of one
+    /// task have one waker, and each takes only its own entry away).
+    waiting: Vec<(u64, Waker)>,
 }
+
+/// Numbers [`SrqReceive`]s, unique in the process.
+static NEXT_RECEIVE: AtomicU64 = AtomicU64::new(0);
 
 impl Incoming {
     /// The tag of `srq`'s refill receives, whose completions get
@@ -74,7 +79,7 @@ impl Incoming {
         else {
             return Err(completion);
         };
-        wakes.append(&mut queue.waiting);
+        wakes.extend(queue.waiting.drain(..).map(|(_, waker)| waker));
         if completion.status() == WcStatus::WrFlushErr {
             return Err(completion);
         }
@@ -98,22 +103,27 @@ impl Incoming {
             .retain(|q| q.srq != srq || !q.arrived.is_empty() || !q.waiting.is_empty());
     }
 
-    /// Notes that `waker`'s task awaits an arrival in `srq`'s queue.
-    fn wait(&mut self, srq: FixedSrq, waker: &Waker) {
-        if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
-            if !queue.waiting.iter().any(|w| w.will_wake(waker)) {
-                queue.waiting.push(waker.clone());
-            }
+    /// Notes that future `id` awaits an arrival in `srq`'s queue, to be
+    /// woken with `waker` (replacing the one it left before, which goes
+    /// to `dropped`, to be dropped unlocked).
+    fn wait(&mut self, srq: FixedSrq, id: u64, waker: &Waker, dropped: &mut Vec<Waker>) {
+        let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) else {
+            return;
+        };
+        match queue.waiting.iter_mut().find(|(of, _)| *of == id) {
+            Some((_, old)) if old.will_wake(waker) => {}
+            Some((_, old)) => dropped.push(std::mem::replace(old, waker.clone())),
+            None => queue.waiting.push((id, waker.clone())),
         }
     }
 
-    /// A future that waited with `waker` is gone: its waker leaves the
-    /// list (to `dropped`, to be dropped unlocked), so futures dropped
-    /// before anything arrived do not pile up.
-    fn unwait(&mut self, srq: FixedSrq, waker: &Waker, dropped: &mut Vec<Waker>) {
+    /// Future `id` is gone: its entry leaves the list (its waker to
+    /// `dropped`), so futures dropped before anything arrived do not pile
+    /// up, and no other future's entry goes with it.
+    fn unwait(&mut self, srq: FixedSrq, id: u64, dropped: &mut Vec<Waker>) {
         if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
-            if let Some(at) = queue.waiting.iter().position(|w| w.will_wake(waker)) {
-                dropped.push(queue.waiting.swap_remove(at));
+            if let Some(at) = queue.waiting.iter().position(|(of, _)| *of == id) {
+                dropped.push(queue.waiting.swap_remove(at).1);
             }
         }
     }
@@ -121,14 +131,15 @@ impl Incoming {
     /// Wakes the tasks awaiting `srq`'s queue, to look again.
     pub(super) fn wake(&mut self, srq: FixedSrq, wakes: &mut Vec<Waker>) {
         if let Some(queue) = self.queues.iter_mut().find(|q| q.srq == srq) {
-            wakes.append(&mut queue.waiting);
+            wakes.extend(queue.waiting.drain(..).map(|(_, waker)| waker));
         }
     }
 
-    /// Nothing more arrives: every awaiting task is woken, to resolve.
-    pub(super) fn end(&mut self, wakes: &mut Vec<Waker>) {
+    /// Wakes every task awaiting any queue, to look again (when a refill
+    /// stopped, say, or nothing more arrives).
+    pub(super) fn wake_all(&mut self, wakes: &mut Vec<Waker>) {
         for queue in &mut self.queues {
-            wakes.append(&mut queue.waiting);
+            wakes.extend(queue.waiting.drain(..).map(|(_, waker)| waker));
         }
     }
 }
@@ -143,10 +154,12 @@ impl<Q: QueuePair> Inner<Q> {
         ring.check_srq_refill(srq, refill.as_ref())?;
         let tag = refill.map(|r| self.futures.incoming.tag_for(srq, r.user_data));
         let set = ring.set_srq_refill_tagged(srq, refill, tag);
-        // A refused first top-up's receives come back now (their slots to
-        // the ring).
-        ring.hand_out_ready(&mut self.futures.settle());
-        self.futures.give_back(ring);
+        if ring.take_refill_stopped() {
+            // A refused first top-up's receives come back now (their
+            // slots to the ring).
+            ring.hand_out_ready(&mut self.futures.settle());
+            self.futures.give_back(ring);
+        }
         if refill.is_none() || set.is_err() {
             // Tasks awaiting a queue no refill feeds any more look again.
             self.futures.incoming.wake(srq, &mut self.futures.wakes);
@@ -159,6 +172,7 @@ impl<Q: QueuePair> Inner<Q> {
     fn poll_receive(
         &mut self,
         srq: FixedSrq,
+        id: u64,
         waker: &Waker,
     ) -> Poll<Result<FixedCompletion, Error>> {
         if let Some(arrived) = self.futures.incoming.take(srq) {
@@ -192,7 +206,9 @@ impl<Q: QueuePair> Inner<Q> {
             }
             Ok(_) => {}
         }
-        self.futures.incoming.wait(srq, waker);
+        self.futures
+            .incoming
+            .wait(srq, id, waker, &mut self.dropped);
         Poll::Pending
     }
 }
@@ -269,7 +285,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         SrqReceive {
             shared: Arc::clone(&self.shared),
             srq,
-            registered: None,
+            id: NEXT_RECEIVE.fetch_add(1, Ordering::Relaxed),
+            waiting: false,
         }
     }
 }
@@ -280,8 +297,10 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
 pub struct SrqReceive<Q: QueuePair> {
     shared: Arc<FixedShared<Q>>,
     srq: FixedSrq,
-    /// The waker its last pending poll left in the queue's list.
-    registered: Option<Waker>,
+    /// Its number in the queue's list of waiting futures.
+    id: u64,
+    /// Whether its last poll left it in that list.
+    waiting: bool,
 }
 
 impl<Q: QueuePair> Future for SrqReceive<Q> {
@@ -289,24 +308,14 @@ impl<Q: QueuePair> Future for SrqReceive<Q> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let srq = this.srq;
+        let (srq, id) = (this.srq, this.id);
         let poll = this
             .shared
-            .with(|inner| inner.poll_receive(srq, cx.waker()));
-        if poll.is_pending() {
-            if !this
-                .registered
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                this.registered = Some(cx.waker().clone());
-            }
-            if this.shared.wakeup == Wakeup::Busy {
-                // Busy polling reschedules at once.
-                cx.waker().wake_by_ref();
-            }
-        } else {
-            this.registered = None;
+            .with(|inner| inner.poll_receive(srq, id, cx.waker()));
+        this.waiting = poll.is_pending();
+        if poll.is_pending() && this.shared.wakeup == Wakeup::Busy {
+            // Busy polling reschedules at once.
+            cx.waker().wake_by_ref();
         }
         poll
     }
@@ -314,14 +323,10 @@ impl<Q: QueuePair> Future for SrqReceive<Q> {
 
 impl<Q: QueuePair> Drop for SrqReceive<Q> {
     fn drop(&mut self) {
-        if let Some(waker) = self.registered.take() {
-            let srq = self.srq;
-            self.shared.with(|inner| {
-                inner
-                    .futures
-                    .incoming
-                    .unwait(srq, &waker, &mut inner.dropped)
-            });
+        if self.waiting {
+            let (srq, id) = (self.srq, self.id);
+            self.shared
+                .with(|inner| inner.futures.incoming.unwait(srq, id, &mut inner.dropped));
         }
     }
 }
