@@ -65,7 +65,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// post the device refuses (the refill is then off, and the refused
     /// receives come back flushed from the next reap). Should the device
     /// refuse a later refill's post, the refill stops the same way
-    /// ([`srq_refill`](Self::srq_refill) says `None` again).
+    /// ([`srq_refill`](Self::srq_refill) says `None` again), and the
+    /// refused receives come back flushed from the reap that ran the
+    /// top-up (or, for a top-up an applied event ran, the next reap).
     ///
     /// ```
     /// use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};
