@@ -99,7 +99,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                     // ring's to count only once reaped: reap them (they
                     // come back from the next reap), then top up.
                     let _ = self.reap_queued_into_ready();
-                    let _ = self.refill_srqs();
+                    self.refill_srqs();
                 }
                 held
             }

@@ -715,12 +715,14 @@ impl<Q: QueuePair> FixedRing<Q> {
                 out,
             );
         }
-        if self.refilling && self.refill_srqs() {
+        if self.refilling {
+            self.refill_srqs();
             // A refill stopped by a refused post: its receives, flushed,
             // go out with this reap (no completion may come to prompt
             // another).
-            self.refill_stopped = false;
-            out.append(&mut self.ready);
+            if self.take_refill_stopped() {
+                out.append(&mut self.ready);
+            }
         }
         Ok(out.len() - before)
     }

@@ -168,17 +168,16 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Tops up every shared receive queue whose refill fell below its
-    /// low-water mark. A refused post stops that queue's refill, and its
-    /// refused receives wait flushed for the next reap; whether one did.
+    /// low-water mark. A refused post stops that queue's refill (noted in
+    /// `refill_stopped`), and its refused receives wait flushed in the
+    /// ring's ready list.
     // Out of line and cold: reaps test one flag before calling it.
     #[cold]
     #[inline(never)]
-    pub(super) fn refill_srqs(&mut self) -> bool {
-        let mut stopped = false;
+    pub(super) fn refill_srqs(&mut self) {
         for index in 0..self.srqs.len() {
-            stopped |= self.refill_srq(index).is_err();
+            let _ = self.refill_srq(index);
         }
-        stopped
     }
 
     /// Tops up the shared receive queue in slot `index` if its refill fell

@@ -175,9 +175,15 @@ impl Futures {
     /// receives back to the ring, waking the tasks awaiting that queue).
     fn refill<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
         ring.refill_due();
-        // Stopped here, or in an event the ring applied since: with no
-        // refill receive flushed, nothing else would wake the tasks
-        // awaiting its queue, which may have nothing left to await.
+        self.settle_refill_stop(ring);
+    }
+
+    /// If a refused post stopped a refill (here, in an event the ring
+    /// applied, or at a refill's first top-up): hands out what it flushed
+    /// (the refill's own slots back to the ring) and wakes every task
+    /// awaiting arrivals — with no refill receive flushed, nothing else
+    /// would, and its queue may have nothing left to await.
+    fn settle_refill_stop<Q: QueuePair>(&mut self, ring: &mut FixedRing<Q>) {
         if ring.take_refill_stopped() {
             ring.hand_out_ready(&mut self.settle());
             self.give_back(ring);

@@ -13,7 +13,10 @@
 //! destroyed, a new one with a new peer attached) mid-scenario.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use rdma_ring::backend::soft::{SoftDevice, SoftPd};
@@ -22,6 +25,7 @@ use rdma_ring::fixed::{
     FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, FixedSrq,
     FixedSrqRefill, ReadFixed, RecvFixed, SendFixed, WriteFixed,
 };
+use rdma_ring::future::{AsyncFixedRing, Wakeup};
 
 use super::device::{Device, RingStep};
 use super::{AdvCq, AdvQp, AdvSrq, Shared, Step, LEN, POISON};
@@ -396,6 +400,42 @@ impl FixedAdversary {
     }
 }
 
+/// A waker that notes it was woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A lowered flag and a waker that raises it.
+fn flag() -> (Arc<Flag>, Waker) {
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(Arc::clone(&flag));
+    (flag, waker)
+}
+
+/// Polls `future` once with a waker that does nothing (the fuzz targets
+/// that share this module have no executor crate).
+fn now<F: Future>(future: F) -> Option<F::Output> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::pin::pin!(future).poll(&mut cx) {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
+impl FixedAdversary {
+    /// The scenario's ring, shared awaited (busy polling), a blank ring
+    /// left in its place.
+    fn awaited(&mut self) -> AsyncFixedRing<AdvQp> {
+        let blank = blank_ring(&self.device.dev, &self.device.pd, &self.device.knobs);
+        let ring = std::mem::replace(&mut self.ring, blank);
+        AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"))
+    }
+}
+
 /// A ring with no queue pairs, to put in the place of one being dropped.
 fn blank_ring(dev: &SoftDevice, pd: &SoftPd, knobs: &Shared) -> FixedRing<AdvQp> {
     FixedRing::new(
@@ -663,22 +703,10 @@ pub fn a_refused_refill_post_stops_the_refill() {
 /// took still arrive; and the await ends only once none of the refill's
 /// receives is left to complete.
 pub fn refused_refill_posts_under_the_awaited_ring() {
-    use rdma_ring::future::{AsyncFixedRing, Wakeup};
     use rdma_ring::Error;
-    // Polled once (the fuzz targets that share this module have no
-    // executor crate).
-    fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::pin!(future).poll(&mut cx) {
-            std::task::Poll::Ready(output) => Some(output),
-            std::task::Poll::Pending => None,
-        }
-    }
     let mut a = FixedAdversary::new();
-    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
-    let ring = std::mem::replace(&mut a.ring, blank);
+    let ring = a.awaited();
     let srq = a.srq;
-    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
     let free = || ring.with_bufs(|b| b.free()).unwrap();
     let before = free();
     let refill = FixedSrqRefill {
@@ -743,22 +771,8 @@ pub fn refused_refill_posts_under_the_awaited_ring() {
 /// arrive. On the plain ring, a reap whose top-up is refused hands the
 /// refused receives out itself.
 pub fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
-    use std::future::Future;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Poll, Wake, Waker};
-
-    use rdma_ring::future::{AsyncFixedRing, Wakeup};
     use rdma_ring::Error;
-
-    struct Flag(AtomicBool);
-    impl Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-    let flag = Arc::new(Flag(AtomicBool::new(false)));
-    let waker = Waker::from(Arc::clone(&flag));
+    let (flag, waker) = flag();
     let mut cx = Context::from_waker(&waker);
 
     // The plain ring first: a reap's top-up refused.
@@ -788,11 +802,9 @@ pub fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
 
     // The awaited ring: the refill's four receives all taken, no slot free.
     let mut a = FixedAdversary::new();
-    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
-    let ring = std::mem::replace(&mut a.ring, blank);
     let srq = a.srq;
-    let id = rdma_ring::backend::SharedReceiveQueue::caps(ring.srq(srq).unwrap()).id;
-    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
+    let id = rdma_ring::backend::SharedReceiveQueue::caps(a.ring.srq(srq).unwrap()).id;
+    let ring = a.awaited();
     ring.set_srq_refill(srq, Some(refill)).unwrap();
     let mut held: Vec<_> = std::iter::from_fn(|| ring.take_buf()).collect();
     for _ in 0..4 {
@@ -836,27 +848,11 @@ pub fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
 /// Two awaits of one queue in one task (one waker): dropping one leaves
 /// the other's place in the list, so an arrival still wakes the task.
 pub fn dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up() {
-    use std::future::Future;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Wake, Waker};
-
-    use rdma_ring::future::{AsyncFixedRing, Wakeup};
-
-    struct Flag(AtomicBool);
-    impl Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-    let flag = Arc::new(Flag(AtomicBool::new(false)));
-    let waker = Waker::from(Arc::clone(&flag));
+    let (flag, waker) = flag();
     let mut cx = Context::from_waker(&waker);
     let mut a = FixedAdversary::new();
-    let blank = blank_ring(&a.device.dev, &a.device.pd, &a.device.knobs);
-    let ring = std::mem::replace(&mut a.ring, blank);
+    let ring = a.awaited();
     let srq = a.srq;
-    let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"));
     let refill = FixedSrqRefill {
         low: 2,
         target: 4,

@@ -154,12 +154,7 @@ impl<Q: QueuePair> Inner<Q> {
         ring.check_srq_refill(srq, refill.as_ref())?;
         let tag = refill.map(|r| self.futures.incoming.tag_for(srq, r.user_data));
         let set = ring.set_srq_refill_tagged(srq, refill, tag);
-        if ring.take_refill_stopped() {
-            // A refused first top-up's receives come back now (their
-            // slots to the ring).
-            ring.hand_out_ready(&mut self.futures.settle());
-            self.futures.give_back(ring);
-        }
+        self.futures.settle_refill_stop(ring);
         if refill.is_none() || set.is_err() {
             // Tasks awaiting a queue no refill feeds any more look again.
             self.futures.incoming.wake(srq, &mut self.futures.wakes);
