@@ -57,9 +57,13 @@ unsafe impl CompletionQueue for SoftCq {
         let Some(cq) = state.cq(self.index) else {
             return Err(Error::Soft("completion queue destroyed"));
         };
-        let n = out.len().min(cq.queue.len());
-        for (slot, cqe) in out.iter_mut().zip(cq.queue.drain(..n)) {
+        let mut n = 0;
+        while let Some(slot) = out.get_mut(n) {
+            let Some(cqe) = cq.queue.pop_front() else {
+                break;
+            };
             *slot = cqe;
+            n += 1;
         }
         if n == 0 && cq.overrun {
             return Err(Error::CqOverrun);

@@ -98,6 +98,27 @@ pub(super) struct CqEntry {
     pub(super) owned: bool,
 }
 
+impl CqEntry {
+    /// Adds a CQE, or drops it once the queue has overrun (as every later
+    /// one is). `false`, with nothing changed, when the queue is full: the
+    /// overrun that follows touches every queue pair on it, which only
+    /// [`DeviceState::overrun`] can reach.
+    #[inline]
+    pub(super) fn push_unless_full(&mut self, cqe: RawCompletion) -> bool {
+        if self.overrun {
+            return true;
+        }
+        if self.queue.len() >= self.entries as usize {
+            return false;
+        }
+        self.queue.push_back(cqe);
+        if let Some(events) = self.events.as_mut() {
+            events.on_cqe();
+        }
+        true
+    }
+}
+
 pub(super) struct SrqEntry {
     pub(super) id: SrqId,
     pub(super) pd: PdId,
@@ -270,27 +291,29 @@ impl DeviceState {
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
-        if cq.overrun {
+        if !cq.push_unless_full(cqe) {
+            self.overrun(cq_index);
+        }
+    }
+
+    /// A CQE found completion queue `cq_index` full: see
+    /// [`push_cqe`](Self::push_cqe).
+    #[cold]
+    pub(super) fn overrun(&mut self, cq_index: usize) {
+        let Some(cq) = self.cq(cq_index) else {
             return;
-        }
-        if cq.queue.len() >= cq.entries as usize {
-            cq.overrun = true;
-            let id = cq.id;
-            for qp in self.qps.iter_mut().flatten() {
-                if qp.cq == cq_index {
-                    qp.state = QpState::Error;
-                    qp.sq.clear();
-                    qp.rq.clear();
-                    qp.rnr = None;
-                }
-            }
-            self.raise(AsyncEvent::CqError { cq: id });
-        } else {
-            cq.queue.push_back(cqe);
-            if let Some(events) = cq.events.as_mut() {
-                events.on_cqe();
+        };
+        cq.overrun = true;
+        let id = cq.id;
+        for qp in self.qps.iter_mut().flatten() {
+            if qp.cq == cq_index {
+                qp.state = QpState::Error;
+                qp.sq.clear();
+                qp.rq.clear();
+                qp.rnr = None;
             }
         }
+        self.raise(AsyncEvent::CqError { cq: id });
     }
 
     /// Moves a queue pair to error and flushes every queued work request,
