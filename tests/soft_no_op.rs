@@ -3,18 +3,22 @@
 //! same order, as in every other mode; a CQE for each signaled work
 //! request accepted, carrying its bytes; an overrun of a full completion
 //! queue that puts its queue pair in error, after which every work
-//! request is accepted and flushed, and its CQE dropped. No-op mode takes
-//! a shortcut behind an empty send queue, so this checks the shortcut and
-//! the general path it hands over to agree with the model.
+//! request is accepted and flushed, and its CQE dropped (on every queue
+//! pair of a shared queue). No-op mode takes a shortcut behind an empty
+//! send queue, so this checks the shortcut and the general path it hands
+//! over to agree with the model, and that a later mode finds the queue
+//! pair's send numbering where the shortcut left it.
+
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftDevice};
 use rdma_ring::backend::{
-    CompletionQueue, QpConfig, QueuePair, RawCompletion, SendFlags, SendOpcode, SendWr, Sge,
-    SgeSpan, WcStatus,
+    CompletionQueue, QpConfig, QueuePair, RawCompletion, RecvWr, SendFlags, SendOpcode, SendWr,
+    Sge, SgeSpan, WcStatus,
 };
-use rdma_ring::buf::RegisteredBuf;
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
 use rdma_ring::Error;
 
 const MAX_SGE: u32 = 2;
@@ -56,14 +60,16 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// What the device should hold.
+/// What the device should hold. The queue pair is in error exactly when
+/// its completion queue overran.
 #[derive(Default)]
 struct Model {
     cqes: Vec<(u64, WcStatus, u32)>,
     overrun: bool,
-    error: bool,
     send_posts: u64,
     send_wrs: u64,
+    /// The `wr_id` of the next work request posted: unique in a run.
+    next_id: u64,
 }
 
 impl Model {
@@ -73,7 +79,6 @@ impl Model {
         }
         if self.cqes.len() >= CQ_DEPTH as usize {
             self.overrun = true;
-            self.error = true;
             return;
         }
         self.cqes.push(cqe);
@@ -83,7 +88,10 @@ impl Model {
     /// refused, if one was.
     fn post(&mut self, wrs: &[Wr], lens: &[u32]) -> (usize, Option<&'static str>) {
         self.send_posts += 1;
+        let first = self.next_id;
+        self.next_id += wrs.len() as u64;
         for (i, wr) in wrs.iter().enumerate() {
+            let id = first + i as u64;
             let end = (wr.start + wr.len) as usize;
             if end > lens.len() {
                 return (i, Some("scatter/gather span out of range"));
@@ -96,17 +104,21 @@ impl Model {
                 return (i, Some("inline payload exceeds max_inline_data"));
             }
             self.send_wrs += 1;
-            if self.error {
-                self.push((i as u64, WcStatus::WrFlushErr, 0));
+            if self.overrun {
+                self.push((id, WcStatus::WrFlushErr, 0));
             } else if wr.signaled {
-                self.push((i as u64, WcStatus::Success, bytes));
+                self.push((id, WcStatus::Success, bytes));
             }
         }
         (wrs.len(), None)
     }
 }
 
-fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+/// Runs `steps` against the model, on a queue pair with a completion
+/// queue of its own or (`shared`) one it shares with a second, idle
+/// queue pair; then, unless the queue overran, a WRITE in manual mode,
+/// which must run as the next send in order.
+fn run(steps: Vec<Step>, shared: bool) -> Result<(), TestCaseError> {
     let dev = SoftDevice::with_progress(Progress::NoOp);
     let pd = dev.alloc_pd();
     let config = QpConfig {
@@ -115,9 +127,28 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         max_inline_data: MAX_INLINE,
         ..QpConfig::default()
     };
-    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let (mut qp, mut cq, neighbour, _peers) = if shared {
+        let cq = dev.create_cq(CQ_DEPTH).unwrap();
+        let qp = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+        let neighbour = dev.create_qp_on(&pd, &cq, None, config).unwrap();
+        let peers = [
+            dev.create_qp(&pd, config).unwrap(),
+            dev.create_qp(&pd, config).unwrap(),
+        ];
+        dev.connect(&qp, &peers[0]).unwrap();
+        dev.connect(&neighbour, &peers[1]).unwrap();
+        (
+            qp,
+            cq,
+            Some(neighbour),
+            peers.into_iter().collect::<Vec<_>>(),
+        )
+    } else {
+        let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let cq = qp.take_cq().unwrap();
+        (qp, cq, None, vec![peer])
+    };
     let control = qp.control();
-    let mut cq = qp.take_cq().unwrap();
     let local = RegisteredBuf::new(&pd, vec![0u8; 4 * 24]).unwrap();
     let mut model = Model::default();
     for step in steps {
@@ -132,6 +163,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                         lkey: local.lkey(),
                     })
                     .collect();
+                let first = model.next_id;
                 let work: Vec<SendWr> = wrs
                     .iter()
                     .enumerate()
@@ -140,7 +172,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                             start: wr.start,
                             len: wr.len,
                         };
-                        let mut send = SendWr::new(i as u64, SendOpcode::Send, span);
+                        let mut send = SendWr::new(first + i as u64, SendOpcode::Send, span);
                         if wr.signaled {
                             send.flags |= SendFlags::SIGNALED;
                         }
@@ -194,9 +226,40 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         prop_assert_eq!(counters.send_posts, model.send_posts);
         prop_assert_eq!(counters.send_wrs, model.send_wrs);
         let state = control.state().unwrap();
-        prop_assert_eq!(state == QpState::Error, model.error);
+        prop_assert_eq!(state == QpState::Error, model.overrun);
+        if let Some(neighbour) = &neighbour {
+            let state = neighbour.control().state().unwrap();
+            prop_assert_eq!(state == QpState::Error, model.overrun);
+        }
         prop_assert_eq!(control.queued_sends(), 0);
     }
+    if model.overrun {
+        return Ok(());
+    }
+    // The shortcut numbered every send it took and reported the signaled
+    // ones: a send queued now must come after them (the device asserts
+    // it before running one).
+    let mut out = [RawCompletion::default(); CQ_DEPTH as usize];
+    let before = cq.poll(&mut out).unwrap();
+    prop_assert_eq!(before, model.cqes.len());
+    dev.set_progress(Progress::Manual);
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: 8,
+        lkey: local.lkey(),
+    };
+    let mut write = SendWr::new(u64::MAX, SendOpcode::Write, SgeSpan { start: 0, len: 1 });
+    write.flags = SendFlags::SIGNALED;
+    write.remote_addr = target.remote().addr();
+    write.rkey = target.remote().rkey();
+    // SAFETY: the element names bytes of `local`, and the WRITE targets
+    // `target`'s; both outlive the step below, which runs it.
+    unsafe { qp.post_send(&[write], &[sge]) }.unwrap();
+    prop_assert_eq!(control.queued_sends(), 1);
+    prop_assert!(control.step());
+    prop_assert_eq!(cq.poll(&mut out).unwrap(), 1);
+    prop_assert_eq!((out[0].wr_id, out[0].status), (u64::MAX, WcStatus::Success));
     Ok(())
 }
 
@@ -204,8 +267,11 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn no_op_posts_match_the_model(steps in prop::collection::vec(step(), 1..24)) {
-        run(steps)?;
+    fn no_op_posts_match_the_model(
+        steps in prop::collection::vec(step(), 1..24),
+        shared in any::<bool>(),
+    ) {
+        run(steps, shared)?;
     }
 }
 
@@ -226,8 +292,8 @@ fn a_refusal_midway_and_an_overrun() {
         signaled: true,
         inline: false,
     };
-    run(vec![
-        Step::Post(vec![signaled(0), signaled(1), bad], vec![3, 5]),
+    let steps = vec![
+        Step::Post(vec![signaled(0), signaled(1), bad.clone()], vec![3, 5]),
         Step::Poll(3),
         Step::Post((0..8).map(|_| signaled(0)).collect(), vec![7]),
         Step::Poll(3),
@@ -235,6 +301,86 @@ fn a_refusal_midway_and_an_overrun() {
         Step::Poll(3),
         Step::Post(vec![signaled(0)], vec![7]),
         Step::Poll(1),
-    ])
+    ];
+    run(steps.clone(), false).unwrap();
+    run(steps, true).unwrap();
+    // And without an overrun, so that a manual-mode send follows.
+    run(
+        vec![
+            Step::Post(vec![signaled(0), signaled(1), bad], vec![3, 5]),
+            Step::Post(vec![signaled(0), signaled(0)], vec![4]),
+        ],
+        false,
+    )
     .unwrap();
+}
+
+/// A post refused partway still tells whoever waits on the completion
+/// channel about the CQEs of what it accepted.
+#[test]
+fn a_post_refused_partway_wakes_a_waiting_thread() {
+    for recv in [false, true] {
+        let dev = SoftDevice::with_progress(Progress::NoOp);
+        let pd = dev.alloc_pd();
+        let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+        let mut cq = qp.take_cq().unwrap();
+        let events = cq
+            .completion_events()
+            .expect("the soft device has channels");
+        events.arm().unwrap();
+        let local = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+        let sges = [Sge {
+            addr: local.as_ptr() as u64,
+            len: 64,
+            lkey: local.lkey(),
+        }];
+        let waiter = {
+            let events = events.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let woken = events.wait(Duration::from_secs(30)).unwrap();
+                (woken, start.elapsed())
+            })
+        };
+        // Let the waiter block first: a CQE before it waits is found
+        // without a wake-up.
+        std::thread::sleep(Duration::from_millis(200));
+        let good = SgeSpan { start: 0, len: 1 };
+        let bad = SgeSpan { start: 5, len: 1 };
+        // SAFETY: no-op mode touches no memory; the element names bytes of
+        // `local`, which outlives the queue pair.
+        let refused = unsafe {
+            if recv {
+                let wrs = [
+                    RecvWr {
+                        wr_id: 1,
+                        sges: good,
+                    },
+                    RecvWr {
+                        wr_id: 2,
+                        sges: bad,
+                    },
+                ];
+                qp.post_recv(&wrs, &sges)
+            } else {
+                let mut wrs = [
+                    SendWr::new(1, SendOpcode::Send, good),
+                    SendWr::new(2, SendOpcode::Send, bad),
+                ];
+                wrs[0].flags = SendFlags::SIGNALED;
+                qp.post_send(&wrs, &sges)
+            }
+        }
+        .unwrap_err();
+        assert_eq!(refused.accepted, 1);
+        let (woken, waited) = waiter.join().unwrap();
+        assert!(woken);
+        assert!(
+            waited < Duration::from_secs(20),
+            "the waiter slept {waited:?}: the refused post (receive: {recv}) woke nobody"
+        );
+        let mut out = [RawCompletion::default(); 2];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].wr_id, 1);
+    }
 }

@@ -109,6 +109,17 @@ impl Shared {
     }
 }
 
+/// What follows every post, refused partway or not: in auto mode the
+/// device runs what was accepted, as a NIC does; waiters hear of any CQE
+/// the post made (a flush, or a no-op completion).
+fn after_post(shared: &Arc<Shared>, state: &mut DeviceState) {
+    if state.progress == Progress::Auto {
+        state.run_all(false);
+        kick_rnr_timer(shared, state);
+    }
+    shared.notify(state);
+}
+
 /// In auto mode a send waiting on RNR is retried by the device itself, as a
 /// NIC would, even if nobody posts or polls: a timer thread runs while any
 /// queue pair waits.

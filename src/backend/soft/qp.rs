@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::state::{flushed, DeviceState, QpCounters, QpState, QueuedRecv, QueuedSend};
-use super::{kick_rnr_timer, Progress, Shared, SoftCq, SoftSrq};
+use super::{after_post, Progress, Shared, SoftCq, SoftSrq};
 use crate::backend::{
     PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, Sge, WcStatus,
 };
@@ -27,7 +27,8 @@ impl std::fmt::Debug for SoftQp {
     }
 }
 
-fn refuse(accepted: usize, reason: &'static str) -> PostError {
+/// A post's refusal, after `accepted` work requests.
+pub(super) fn refuse(accepted: usize, reason: &'static str) -> PostError {
     PostError {
         accepted,
         error: Error::PostRejected(reason),
@@ -48,13 +49,16 @@ fn total_len(list: &[Sge]) -> u64 {
 
 /// No-op mode's send path, behind an empty send queue of a connected
 /// queue pair: each work request completes as soon as it passes the
-/// post's checks, so nothing is queued and the queue stays empty (never
-/// full). The same checks, counters and CQEs as the general path in
-/// `post_send`, with the queue pair and its completion queue looked up
-/// once instead of per work request. Returns how many it took: all of
-/// them, or fewer when the completion queue is full (or gone) at the
-/// next one, which the general path then takes (an overrun reaches every
-/// queue pair on the queue).
+/// post's checks, so nothing is queued and the queue stays empty (so
+/// never full: a queue pair holds at least one send, `create_qp_on`
+/// sees to that). The same checks, counters and CQEs as the general
+/// path in `post_send`, with the queue pair and its completion queue
+/// looked up once instead of per work request. Returns how many it took:
+/// all of them, or fewer when the completion queue is full at the next
+/// one, which the general path then takes (an overrun reaches every
+/// queue pair on the queue). A queue gone from under its queue pair
+/// cannot happen (`SoftCq`'s drop keeps an entry in use); if it did, the
+/// general path would take it all.
 fn complete_sends_at_once(
     state: &mut DeviceState,
     qpn: usize,
@@ -110,7 +114,8 @@ fn complete_sends_at_once(
 /// The send path of every mode: each work request from `start` on is
 /// checked, then queued, completed at once (no-op mode, behind an empty
 /// queue) or flushed (a queue pair in error). Out of line: no-op mode
-/// behind an empty queue, which benchmarks measure, never comes here.
+/// behind an empty queue, which benchmarks measure, comes here only at
+/// a completion queue's overrun.
 #[inline(never)]
 fn post_each_send(
     state: &mut DeviceState,
@@ -171,6 +176,52 @@ fn post_each_send(
     Ok(())
 }
 
+/// The receive path of every mode: each work request is checked, then
+/// queued, completed at once (no-op mode, behind an empty queue) or
+/// flushed (a queue pair in error).
+fn post_each_recv(
+    state: &mut DeviceState,
+    qpn: usize,
+    wrs: &[RecvWr],
+    sges: &[Sge],
+) -> Result<(), PostError> {
+    let progress = state.progress;
+    for (i, wr) in wrs.iter().enumerate() {
+        let qp = state.qp(qpn).expect("the caller found it");
+        if qp.rq.len() >= qp.config.max_recv_wr as usize {
+            return Err(refuse(i, "receive queue full"));
+        }
+        let Some(list) = wr.sges.of(sges) else {
+            return Err(refuse(i, "scatter/gather span out of range"));
+        };
+        if list.len() > qp.config.max_recv_sge as usize {
+            return Err(refuse(i, "more scatter/gather elements than max_recv_sge"));
+        }
+        qp.counters.recv_wrs += 1;
+        if qp.state == QpState::Error {
+            state.push_cqe(qpn, flushed(wr.wr_id, qpn));
+        } else if progress == Progress::NoOp && qp.rq.is_empty() {
+            state.push_cqe(
+                qpn,
+                RawCompletion {
+                    wr_id: wr.wr_id,
+                    qp_num: qpn as u32,
+                    status: WcStatus::Success,
+                    byte_len: 0,
+                    imm: None,
+                    by_write_imm: false,
+                },
+            );
+        } else {
+            qp.rq.push_back(QueuedRecv {
+                wr_id: wr.wr_id,
+                sges: list.iter().copied().collect(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl SoftQp {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
@@ -202,6 +253,9 @@ unsafe impl QueuePair for SoftQp {
         self.caps
     }
 
+    // What a post accepted before a refusal stays posted, and runs: a
+    // NIC's doorbell does not take back the work requests before a bad
+    // one (`after_post` runs for every post that reached the queue).
     unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         let mut state = self.shared.lock();
         let progress = state.progress;
@@ -226,19 +280,12 @@ unsafe impl QueuePair for SoftQp {
         } else {
             post_each_send(&mut state, qpn, wrs, sges, 0)
         };
-        // Whatever was accepted before a refusal runs and is reported, as
-        // on a NIC.
-        if progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
-        }
-        self.shared.notify(&state);
+        after_post(&self.shared, &mut state);
         result
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
         let mut state = self.shared.lock();
-        let progress = state.progress;
         let qpn = self.qpn;
         let qp = state
             .qp(qpn)
@@ -250,45 +297,9 @@ unsafe impl QueuePair for SoftQp {
                 "the queue pair takes its receives from a shared receive queue",
             ));
         }
-        for (i, wr) in wrs.iter().enumerate() {
-            let qp = state.qp(qpn).expect("checked above");
-            if qp.rq.len() >= qp.config.max_recv_wr as usize {
-                return Err(refuse(i, "receive queue full"));
-            }
-            let Some(list) = wr.sges.of(sges) else {
-                return Err(refuse(i, "scatter/gather span out of range"));
-            };
-            if list.len() > qp.config.max_recv_sge as usize {
-                return Err(refuse(i, "more scatter/gather elements than max_recv_sge"));
-            }
-            qp.counters.recv_wrs += 1;
-            if qp.state == QpState::Error {
-                state.push_cqe(qpn, flushed(wr.wr_id, qpn));
-            } else if progress == Progress::NoOp && qp.rq.is_empty() {
-                state.push_cqe(
-                    qpn,
-                    RawCompletion {
-                        wr_id: wr.wr_id,
-                        qp_num: qpn as u32,
-                        status: WcStatus::Success,
-                        byte_len: 0,
-                        imm: None,
-                        by_write_imm: false,
-                    },
-                );
-            } else {
-                qp.rq.push_back(QueuedRecv {
-                    wr_id: wr.wr_id,
-                    sges: list.iter().copied().collect(),
-                });
-            }
-        }
-        if progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
-        }
-        self.shared.notify(&state);
-        Ok(())
+        let result = post_each_recv(&mut state, qpn, wrs, sges);
+        after_post(&self.shared, &mut state);
+        result
     }
 
     fn set_error(&mut self) -> Result<(), Error> {

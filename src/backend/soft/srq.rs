@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use super::state::QueuedRecv;
-use super::{kick_rnr_timer, Progress, Shared};
+use super::qp::refuse;
+use super::state::{QueuedRecv, SrqEntry};
+use super::{after_post, Shared};
 use crate::backend::{PostError, RecvWr, Sge, SharedReceiveQueue, SrqCaps};
 use crate::error::Error;
 
@@ -63,6 +64,26 @@ impl SoftSrq {
     }
 }
 
+/// Checks each receive, then queues it.
+fn push_receives(srq: &mut SrqEntry, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+    for (i, wr) in wrs.iter().enumerate() {
+        if srq.queue.len() >= srq.config.max_wr as usize {
+            return Err(refuse(i, "shared receive queue full"));
+        }
+        let Some(list) = wr.sges.of(sges) else {
+            return Err(refuse(i, "scatter/gather span out of range"));
+        };
+        if list.len() > srq.config.max_sge as usize {
+            return Err(refuse(i, "more scatter/gather elements than max_sge"));
+        }
+        srq.queue.push_back(QueuedRecv {
+            wr_id: wr.wr_id,
+            sges: list.iter().copied().collect(),
+        });
+    }
+    Ok(())
+}
+
 // SAFETY: a receive posted here is taken at most once, by a queue pair whose
 // `srq` is this queue, and reported on that queue pair's completion queue
 // with its number once its data has landed (or it failed); `destroy`
@@ -74,36 +95,13 @@ unsafe impl SharedReceiveQueue for SoftSrq {
     }
 
     unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-        let refuse = |accepted, reason| PostError {
-            accepted,
-            error: Error::PostRejected(reason),
-        };
         let mut state = self.shared.lock();
-        let progress = state.progress;
         let srq = state
             .srq(self.index)
             .ok_or_else(|| refuse(0, "shared receive queue destroyed"))?;
-        for (i, wr) in wrs.iter().enumerate() {
-            if srq.queue.len() >= srq.config.max_wr as usize {
-                return Err(refuse(i, "shared receive queue full"));
-            }
-            let Some(list) = wr.sges.of(sges) else {
-                return Err(refuse(i, "scatter/gather span out of range"));
-            };
-            if list.len() > srq.config.max_sge as usize {
-                return Err(refuse(i, "more scatter/gather elements than max_sge"));
-            }
-            srq.queue.push_back(QueuedRecv {
-                wr_id: wr.wr_id,
-                sges: list.iter().copied().collect(),
-            });
-        }
-        if progress == Progress::Auto {
-            state.run_all(false);
-            kick_rnr_timer(&self.shared, &mut state);
-        }
-        self.shared.notify(&state);
-        Ok(())
+        let result = push_receives(srq, wrs, sges);
+        after_post(&self.shared, &mut state);
+        result
     }
 
     fn arm_limit(&mut self, limit: u32) -> Result<(), Error> {

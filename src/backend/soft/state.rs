@@ -299,7 +299,7 @@ impl DeviceState {
     /// A CQE found completion queue `cq_index` full: see
     /// [`push_cqe`](Self::push_cqe).
     #[cold]
-    pub(super) fn overrun(&mut self, cq_index: usize) {
+    fn overrun(&mut self, cq_index: usize) {
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
