@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::state::{flushed, DeviceState, QpCounters, QpState, QueuedRecv, QueuedSend};
 use super::{after_post, Progress, Shared, SoftCq, SoftSrq};
 use crate::backend::{
-    PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, Sge, WcStatus,
+    PostError, QpCaps, QueuePair, RawCompletion, RecvWr, SendFlags, SendWr, Sge, SgeSpan, WcStatus,
 };
 use crate::error::Error;
 
@@ -35,6 +35,28 @@ pub(super) fn refuse(accepted: usize, reason: &'static str) -> PostError {
     }
 }
 
+/// The elements work request `i` of a post names (`span` of `sges`), as
+/// every post checks them: within the post's list, and at most `max`
+/// (`too_many` says which limit when not).
+pub(super) fn elements<'a>(
+    i: usize,
+    span: SgeSpan,
+    sges: &'a [Sge],
+    max: u32,
+    too_many: &'static str,
+) -> Result<&'a [Sge], PostError> {
+    let Some(list) = span.of(sges) else {
+        return Err(refuse(i, "scatter/gather span out of range"));
+    };
+    if list.len() > max as usize {
+        return Err(refuse(i, too_many));
+    }
+    Ok(list)
+}
+
+const TOO_MANY_SENDS: &str = "more scatter/gather elements than max_send_sge";
+const TOO_LONG_INLINE: &str = "inline payload exceeds max_inline_data";
+
 /// The bytes a work request's elements name. Summed only where needed:
 /// most work requests are neither inline nor signaled. One element is
 /// the common case, and a summing loop's vector set-up would cost more
@@ -44,6 +66,19 @@ fn total_len(list: &[Sge]) -> u64 {
     match list {
         [one] => u64::from(one.len),
         _ => list.iter().map(|s| u64::from(s.len)).sum(),
+    }
+}
+
+/// The CQE of a send no-op mode completed without running it.
+#[inline]
+fn no_op_send(wr_id: u64, qpn: usize, list: &[Sge]) -> RawCompletion {
+    RawCompletion {
+        wr_id,
+        qp_num: qpn as u32,
+        status: WcStatus::Success,
+        byte_len: total_len(list) as u32,
+        imm: None,
+        by_write_imm: false,
     }
 }
 
@@ -73,6 +108,8 @@ fn complete_sends_at_once(
     let max_sge = qp.config.max_send_sge as usize;
     let max_inline = u64::from(qp.config.max_inline_data);
     let mut taken = 0;
+    // A reason, not a `PostError`: the loop stays small (the general
+    // path's checks, written out).
     let mut refused = None;
     for wr in wrs {
         let Some(list) = wr.sges.of(sges) else {
@@ -80,23 +117,15 @@ fn complete_sends_at_once(
             break;
         };
         if list.len() > max_sge {
-            refused = Some("more scatter/gather elements than max_send_sge");
+            refused = Some(TOO_MANY_SENDS);
             break;
         }
         if wr.flags.contains(SendFlags::INLINE) && total_len(list) > max_inline {
-            refused = Some("inline payload exceeds max_inline_data");
+            refused = Some(TOO_LONG_INLINE);
             break;
         }
         if wr.flags.contains(SendFlags::SIGNALED) {
-            let cqe = RawCompletion {
-                wr_id: wr.wr_id,
-                qp_num: qpn as u32,
-                status: WcStatus::Success,
-                byte_len: total_len(list) as u32,
-                imm: None,
-                by_write_imm: false,
-            };
-            if !cq.push_unless_full(cqe) {
+            if !cq.push_unless_full(no_op_send(wr.wr_id, qpn, list)) {
                 break;
             }
             qp.report_send(qp.next_seq + taken as u64);
@@ -130,16 +159,11 @@ fn post_each_send(
         if qp.sq.len() >= qp.config.max_send_wr as usize {
             return Err(refuse(i, "send queue full"));
         }
-        let Some(list) = wr.sges.of(sges) else {
-            return Err(refuse(i, "scatter/gather span out of range"));
-        };
-        if list.len() > qp.config.max_send_sge as usize {
-            return Err(refuse(i, "more scatter/gather elements than max_send_sge"));
-        }
+        let list = elements(i, wr.sges, sges, qp.config.max_send_sge, TOO_MANY_SENDS)?;
         if wr.flags.contains(SendFlags::INLINE)
             && total_len(list) > u64::from(qp.config.max_inline_data)
         {
-            return Err(refuse(i, "inline payload exceeds max_inline_data"));
+            return Err(refuse(i, TOO_LONG_INLINE));
         }
         qp.counters.send_wrs += 1;
         let seq = qp.take_seq();
@@ -152,18 +176,7 @@ fn post_each_send(
             // request queued earlier (in another mode) must run first.
             if wr.flags.contains(SendFlags::SIGNALED) {
                 qp.report_send(seq);
-                state.push_cqe_on(
-                    cq,
-                    qpn,
-                    RawCompletion {
-                        wr_id: wr.wr_id,
-                        qp_num: qpn as u32,
-                        status: WcStatus::Success,
-                        byte_len: total_len(list) as u32,
-                        imm: None,
-                        by_write_imm: false,
-                    },
-                );
+                state.push_cqe_on(cq, qpn, no_op_send(wr.wr_id, qpn, list));
             }
         } else {
             qp.sq.push_back(QueuedSend {
@@ -191,12 +204,13 @@ fn post_each_recv(
         if qp.rq.len() >= qp.config.max_recv_wr as usize {
             return Err(refuse(i, "receive queue full"));
         }
-        let Some(list) = wr.sges.of(sges) else {
-            return Err(refuse(i, "scatter/gather span out of range"));
-        };
-        if list.len() > qp.config.max_recv_sge as usize {
-            return Err(refuse(i, "more scatter/gather elements than max_recv_sge"));
-        }
+        let list = elements(
+            i,
+            wr.sges,
+            sges,
+            qp.config.max_recv_sge,
+            "more scatter/gather elements than max_recv_sge",
+        )?;
         qp.counters.recv_wrs += 1;
         if qp.state == QpState::Error {
             state.push_cqe(qpn, flushed(wr.wr_id, qpn));

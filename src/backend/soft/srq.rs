@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::qp::refuse;
+use super::qp::{elements, refuse};
 use super::state::{QueuedRecv, SrqEntry};
 use super::{after_post, Shared};
 use crate::backend::{PostError, RecvWr, Sge, SharedReceiveQueue, SrqCaps};
@@ -70,12 +70,13 @@ fn push_receives(srq: &mut SrqEntry, wrs: &[RecvWr], sges: &[Sge]) -> Result<(),
         if srq.queue.len() >= srq.config.max_wr as usize {
             return Err(refuse(i, "shared receive queue full"));
         }
-        let Some(list) = wr.sges.of(sges) else {
-            return Err(refuse(i, "scatter/gather span out of range"));
-        };
-        if list.len() > srq.config.max_sge as usize {
-            return Err(refuse(i, "more scatter/gather elements than max_sge"));
-        }
+        let list = elements(
+            i,
+            wr.sges,
+            sges,
+            srq.config.max_sge,
+            "more scatter/gather elements than max_sge",
+        )?;
         srq.queue.push_back(QueuedRecv {
             wr_id: wr.wr_id,
             sges: list.iter().copied().collect(),
