@@ -38,6 +38,7 @@ mod cq;
 mod events;
 mod execute;
 mod pd;
+mod post;
 mod qp;
 mod srq;
 mod state;

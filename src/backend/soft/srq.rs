@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::qp::{elements, refuse};
+use super::post::{elements, refuse};
 use super::state::{QueuedRecv, SrqEntry};
 use super::{after_post, Shared};
 use crate::backend::{PostError, RecvWr, Sge, SharedReceiveQueue, SrqCaps};
