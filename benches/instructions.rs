@@ -5,7 +5,7 @@
 //! instruction counts (unlike times) do not depend on the machine's load.
 //!
 //! ```text
-//! instructions --mode sync|awaited|coalesced|fixed|fixed-awaited|fixed-awaited-all|raw|model --batch B --rounds R
+//! instructions --mode sync|awaited|coalesced|fixed|fixed-batch|fixed-awaited|fixed-awaited-all|raw|model --batch B --rounds R
 //! ```
 //!
 //! Each round builds and pushes B WRITEs, submits once, and reaps them
@@ -17,7 +17,10 @@
 //!
 //! `fixed` is the same through the fixed-buffer ring
 //! ([`FixedRing`](rdma_ring::fixed::FixedRing)): slots of one registration
-//! named by tokens, 56-byte completions; `fixed-awaited` awaits its
+//! named by tokens, 56-byte completions; `fixed-batch` pushes each
+//! round through one [`PushBatch`](rdma_ring::fixed::PushBatch) and
+//! reaps with [`reap_each`](rdma_ring::fixed::FixedRing::reap_each);
+//! `fixed-awaited` awaits its
 //! operations through an
 //! [`AsyncFixedRing`](rdma_ring::future::AsyncFixedRing) in busy-poll
 //! mode, pushed before they are awaited (one doorbell per round);
@@ -231,6 +234,7 @@ fn main() {
             }
             black_box(&free);
         }
+        "fixed-batch" => fixed_batch(qp, &pd, &targets, rounds),
         "fixed-awaited" => {
             let mut qp = qp;
             let cq = qp.take_cq().expect("a queue pair made with its own CQ");
@@ -264,12 +268,47 @@ fn main() {
             lean_model::run(qp, &local, &targets, rounds);
         }
         other => panic!(
-            "unknown mode {other:?} (sync, awaited, coalesced, fixed, fixed-awaited, fixed-awaited-all, raw or model)"
+            "unknown mode {other:?} (sync, awaited, coalesced, fixed, fixed-batch, fixed-awaited, fixed-awaited-all, raw or model)"
         ),
     }
     black_box(&bufs);
     drop(peer);
     println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+}
+
+/// `fixed-batch`: as `fixed`, each round's pushes through one
+/// [`PushBatch`](rdma_ring::fixed::PushBatch), which checks the ring and
+/// the queue pair once, and its completions handed to a closure as they
+/// are made ([`reap_each`](FixedRing::reap_each)), with no list to fill
+/// and read back. Out of line, as `fixed_awaited_all`.
+#[inline(never)]
+fn fixed_batch(qp: SoftQp, pd: &SoftPd, targets: &[RemoteSlice], rounds: usize) {
+    let batch = targets.len();
+    let mut qp = qp;
+    let cq = qp.take_cq().expect("a queue pair made with its own CQ");
+    let slots = FixedBufs::new(pd, batch as u32, 64).unwrap();
+    let mut ring = FixedRing::new(cq, slots, FixedRingConfig::default());
+    let handle = ring.attach(qp).unwrap();
+    let mut free: Vec<FixedBuf> = (0..batch).map(|_| ring.take_buf().unwrap()).collect();
+    for _ in 0..rounds {
+        let mut pushes = ring.batch(handle).unwrap();
+        let mut i = 0;
+        while let Some(buf) = free.pop() {
+            pushes
+                .push(WriteFixed::new(buf, 64, targets[i]).user_data(i as u64))
+                .unwrap();
+            i += 1;
+        }
+        ring.submit().unwrap();
+        while free.len() < batch {
+            ring.reap_each(|c| {
+                assert!(c.status().is_success());
+                free.push(c.into_buf());
+            })
+            .unwrap();
+        }
+    }
+    black_box(&free);
 }
 
 /// `fixed-awaited-all`: as `fixed-awaited`, each round's pushes under one

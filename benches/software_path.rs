@@ -129,6 +129,30 @@ fn fixed_path(c: &mut Criterion) {
         });
         drop((fixed, peer));
 
+        // The same through one batch a round, each completion handed to a
+        // closure (no list).
+        let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let mut fixed = ring(&mut qp);
+        let h = fixed.attach(qp).unwrap();
+        let mut free: Vec<FixedBuf> = (0..batch).map(|_| fixed.take_buf().unwrap()).collect();
+        group.bench_function(format!("batched_write_batch_{batch}"), |b| {
+            b.iter(|| {
+                let mut pushes = fixed.batch(h).unwrap();
+                let mut i = 0;
+                while let Some(buf) = free.pop() {
+                    pushes
+                        .push(WriteFixed::new(buf, 64, targets[i]).user_data(i as u64))
+                        .unwrap();
+                    i += 1;
+                }
+                fixed.submit().unwrap();
+                while free.len() < batch {
+                    fixed.reap_each(|c| free.push(c.into_buf())).unwrap();
+                }
+            });
+        });
+        drop((fixed, peer));
+
         let (mut qp, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
         let awaited = AsyncFixedRing::new(ring(&mut qp), Wakeup::Busy).unwrap();
         let h = awaited.attach(qp).unwrap();

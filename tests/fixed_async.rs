@@ -712,6 +712,17 @@ fn push_all_pushes_in_order_under_one_lock_and_stops_at_a_refusal_losing_nothing
         "one doorbell for the four"
     );
     assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
+    // A handle of another ring: the first is refused, the rest stay.
+    let mut ops = vec![write(0, 8), write(1, 8)];
+    let (error, first) =
+        p.a.push_all(p.hb, &mut ops, &mut futures)
+            .unwrap_err()
+            .into_parts();
+    assert!(matches!(error, Error::NotAttached(_)), "{error}");
+    assert_eq!((futures.len(), ops.len()), (0, 1));
+    p.a.put_buf(first.into_buf()).unwrap();
+    p.a.put_buf(ops.pop().unwrap().into_buf()).unwrap();
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
     // Closed: the first is refused, the rest stay.
     let mut ops = vec![write(0, 8), write(1, 8)];
     p.a.close();
@@ -722,6 +733,9 @@ fn push_all_pushes_in_order_under_one_lock_and_stops_at_a_refusal_losing_nothing
     assert!(matches!(error, Error::Closed), "{error}");
     assert_eq!((futures.len(), ops.len()), (0, 1));
     drop((first, ops));
+    // Nothing to push: nothing refused, closed or not.
+    let mut none: Vec<WriteFixed> = Vec::new();
+    assert_eq!(p.a.push_all(p.ha, &mut none, &mut futures).unwrap(), 0);
 }
 
 #[test]

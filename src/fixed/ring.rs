@@ -152,7 +152,7 @@ pub struct FixedRing<Q: QueuePair> {
     /// queue pair's drain marker, may need.
     pub(super) cq_free: usize,
     /// Queue pairs with pushed work, to post at the next submit.
-    dirty: Vec<u32>,
+    pub(super) dirty: Vec<u32>,
     cqes: Box<[RawCompletion; POLL_BATCH]>,
     /// Completions made outside a poll (work never posted, drains), handed
     /// out first by the next reap.
@@ -517,67 +517,16 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(status) = slot.error {
             return Err(Error::QpInError(status));
         }
-        let credit = (self.cq_free, self.cq_entries);
-        let (work, own_user_data) = admit(op, &slot.limits, tag, &self.bufs, credit)?;
-        let sge = self.bufs.sge_of(work.index, work.len);
-        if work.kind == OpKind::Recv {
-            if slot.srq.is_some() {
-                return Err(Error::Incompatible(
-                    "its receives come from a shared receive queue: push them there (push_srq)",
-                ));
-            }
-            if slot.recvs.outstanding() >= slot.recv_depth {
-                return Err(Error::RecvQueueFull {
-                    outstanding: slot.recvs.outstanding() as usize,
-                    depth: slot.recv_depth as usize,
-                });
-            }
-            let seq = slot.recvs.push(RecvEntry {
-                user_data: work.user_data,
-                index: work.index,
-            });
-            let start = slot.recv_sges.len() as u32;
-            slot.recv_sges.push(sge);
-            slot.recv_wrs.push(RecvWr {
-                wr_id: wr_id(handle.index() as u32, true, seq),
-                sges: SgeSpan { start, len: 1 },
-            });
-        } else {
-            if slot.sends.outstanding() >= slot.send_depth {
-                return Err(Error::SendQueueFull {
-                    outstanding: slot.sends.outstanding() as usize,
-                    depth: slot.send_depth as usize,
-                });
-            }
-            let seq = slot.sends.push(SendEntry {
-                user_data: work.user_data,
-                index: work.index,
-                len: work.len,
-                kind: work.kind,
-            });
-            let start = slot.send_sges.len() as u32;
-            slot.send_sges.push(sge);
-            let mut wr = work.wr;
-            wr.wr_id = wr_id(handle.index() as u32, false, seq);
-            // No element for no bytes: some devices read a zero length as
-            // 2^31.
-            wr.sges = SgeSpan {
-                start,
-                len: u32::from(work.len != 0),
-            };
-            // Every `signal_every`-th send by sequence number: no counter
-            // to keep, and never more than that many unsignaled in a row.
-            if seq & slot.signal_mask == slot.signal_mask {
-                wr.flags |= SendFlags::SIGNALED;
-            }
-            slot.send_wrs.push(wr);
-        }
-        self.cq_free -= 1;
+        let credit = CqCredit {
+            free: &mut self.cq_free,
+            entries: self.cq_entries,
+        };
+        let pushed = push_onto(slot, handle, &self.bufs, credit, op, tag)?;
         if !slot.dirty {
             slot.dirty = true;
             self.dirty.push(handle.index() as u32);
         }
-        Ok((own_user_data, work.kind == OpKind::Recv))
+        Ok(pushed)
     }
 
     /// Posts everything pushed since the last submit: one doorbell per
@@ -686,45 +635,74 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// }
     /// assert_eq!(done[0].user_data(), 3);
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn reap(&mut self, out: &mut Vec<FixedCompletion>) -> Result<usize, Error> {
         let before = out.len();
+        self.reap_once(out)?;
+        Ok(out.len() - before)
+    }
+
+    /// [`reap`](Self::reap), handing each completion to `f` as it is
+    /// made instead of appending it to a list: returns how many `f` took.
+    /// No list is filled and read back, so this is the cheaper reap when
+    /// each completion is dealt with at once (its token put back, a
+    /// reply pushed). On an error, the completions `f` took are still
+    /// taken. `f` must not panic: the completions of the poll not yet
+    /// handed to it would be lost (the slots of their tokens with them;
+    /// the ring stays consistent).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let conn = ring.attach(qp).unwrap();
+    /// let mut free: Vec<FixedBuf> = std::iter::from_fn(|| ring.take_buf()).collect();
+    /// while let Some(slot) = free.pop() {
+    ///     ring.push(conn, WriteFixed::new(slot, 64, target.remote())).unwrap();
+    /// }
+    /// ring.submit().unwrap();
+    /// while free.len() < 4 {
+    ///     ring.reap_each(|done| {
+    ///         assert!(done.status().is_success());
+    ///         free.push(done.into_buf());
+    ///     })
+    ///     .unwrap();
+    /// }
+    /// ```
+    #[inline(always)]
+    pub fn reap_each<F: FnMut(FixedCompletion)>(&mut self, f: F) -> Result<usize, Error> {
+        let mut each = EachCompletion { f, taken: 0 };
+        self.reap_once(&mut each)?;
+        Ok(each.taken)
+    }
+
+    /// One reap into `out`: what is ready, then one poll of the device,
+    /// then the shared receive queues' top-up.
+    #[inline(always)]
+    fn reap_once(&mut self, out: &mut impl CompletionSink) -> Result<(), Error> {
         if !self.ready.is_empty() {
-            out.append(&mut self.ready);
+            out.put_all(self.ready.drain(..));
         }
         if self.failed.is_some() {
-            return Ok(out.len() - before);
+            return Ok(());
         }
-        let n = match self.cq.poll(&mut self.cqes[..]) {
-            Ok(n) => n,
-            Err(error) => {
-                self.fail("its completion queue failed");
-                return Err(error);
-            }
-        };
-        let table = self.bufs.table();
-        for cqe in &self.cqes[..n] {
-            complete(
-                &mut self.qps,
-                &mut self.srqs,
-                &self.consumers,
-                cqe,
-                table,
-                &mut self.cq_free,
-                &mut self.unknown,
-                out,
-            );
-        }
+        self.reap_device(out)?;
         if self.refilling {
             self.refill_srqs();
             // A refill stopped by a refused post: its receives, flushed,
             // go out with this reap (no completion may come to prompt
             // another).
             if self.take_refill_stopped() {
-                out.append(&mut self.ready);
+                out.put_all(self.ready.drain(..));
             }
         }
-        Ok(out.len() - before)
+        Ok(())
     }
 
     /// Polls until at least `min` completions are ready, up to the
@@ -929,6 +907,7 @@ impl<Q: QueuePair> FixedRing<Q> {
 
     /// Polls the device once into `out`; returns how many entries the
     /// poll took.
+    #[inline(always)]
     fn reap_device(&mut self, out: &mut impl CompletionSink) -> Result<usize, Error> {
         let n = match self.cq.poll(&mut self.cqes[..]) {
             Ok(n) => n,
@@ -1106,6 +1085,82 @@ pub(super) fn admit<O: FixedOp>(
         });
     }
     Ok((work, own_user_data))
+}
+
+/// The completion queue's free entries, as a push takes one.
+pub(super) struct CqCredit<'a> {
+    pub(super) free: &'a mut usize,
+    pub(super) entries: usize,
+}
+
+/// Checks `op` against the queue pair in `slot` (attached, not in error:
+/// the caller's checks) and records it as pushed and not posted; returns
+/// the operation's own `user_data` and whether it is a receive.
+#[inline(always)]
+pub(super) fn push_onto<Q, O: FixedOp>(
+    slot: &mut AttachedQp<Q>,
+    handle: FixedQp,
+    bufs: &FixedBufs,
+    credit: CqCredit<'_>,
+    op: &O,
+    tag: Option<u64>,
+) -> Result<(u64, bool), Error> {
+    let (work, own_user_data) = admit(op, &slot.limits, tag, bufs, (*credit.free, credit.entries))?;
+    let sge = bufs.sge_of(work.index, work.len);
+    if work.kind == OpKind::Recv {
+        if slot.srq.is_some() {
+            return Err(Error::Incompatible(
+                "its receives come from a shared receive queue: push them there (push_srq)",
+            ));
+        }
+        if slot.recvs.outstanding() >= slot.recv_depth {
+            return Err(Error::RecvQueueFull {
+                outstanding: slot.recvs.outstanding() as usize,
+                depth: slot.recv_depth as usize,
+            });
+        }
+        let seq = slot.recvs.push(RecvEntry {
+            user_data: work.user_data,
+            index: work.index,
+        });
+        let start = slot.recv_sges.len() as u32;
+        slot.recv_sges.push(sge);
+        slot.recv_wrs.push(RecvWr {
+            wr_id: wr_id(handle.index() as u32, true, seq),
+            sges: SgeSpan { start, len: 1 },
+        });
+    } else {
+        if slot.sends.outstanding() >= slot.send_depth {
+            return Err(Error::SendQueueFull {
+                outstanding: slot.sends.outstanding() as usize,
+                depth: slot.send_depth as usize,
+            });
+        }
+        let seq = slot.sends.push(SendEntry {
+            user_data: work.user_data,
+            index: work.index,
+            len: work.len,
+            kind: work.kind,
+        });
+        let start = slot.send_sges.len() as u32;
+        slot.send_sges.push(sge);
+        let mut wr = work.wr;
+        wr.wr_id = wr_id(handle.index() as u32, false, seq);
+        // No element for no bytes: some devices read a zero length as
+        // 2^31.
+        wr.sges = SgeSpan {
+            start,
+            len: u32::from(work.len != 0),
+        };
+        // Every `signal_every`-th send by sequence number: no counter
+        // to keep, and never more than that many unsignaled in a row.
+        if seq & slot.signal_mask == slot.signal_mask {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        slot.send_wrs.push(wr);
+    }
+    *credit.free -= 1;
+    Ok((own_user_data, work.kind == OpKind::Recv))
 }
 
 /// Posts a queue pair's pushed work; on a refusal, the posted count and
@@ -1290,6 +1345,20 @@ pub(super) fn enter_error<Q: QueuePair>(
     Ok(())
 }
 
+/// A [`CompletionSink`] that hands each completion to a closure.
+struct EachCompletion<F> {
+    f: F,
+    taken: usize,
+}
+
+impl<F: FnMut(FixedCompletion)> CompletionSink for EachCompletion<F> {
+    #[inline(always)]
+    fn put(&mut self, completion: FixedCompletion) {
+        self.taken += 1;
+        (self.f)(completion);
+    }
+}
+
 /// Hands out what one completion queue entry completes.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -1346,21 +1415,26 @@ fn complete<Q, S>(
     }
     // RC completes a send queue in order: this entry completes every
     // unsignaled send before it, successfully. (The drain marker is always
-    // the last send posted, so it can only be this entry.)
+    // the last send posted, so it can only be this entry.) The queue moves
+    // on before anything is handed out: a sink that panics (a caller's
+    // closure) loses the rest of the run, and can never be handed it twice.
     let head = slot.sends.head;
+    let entry = slot.sends.get(seq);
+    slot.sends.head = seq + 1;
+    *cq_free += (seq - head) as usize;
+    let marker = entry.index == NO_SLOT;
+    if marker {
+        slot.marker_posted = false;
+    } else {
+        *cq_free += 1;
+    }
     let sends = &slot.sends;
     if head < seq {
         out.put_all(
             (head..seq).map(|at| send_completion(sends.get(at), qp, table, WcStatus::Success)),
         );
     }
-    let entry = slot.sends.get(seq);
-    slot.sends.head = seq + 1;
-    *cq_free += (seq - head) as usize;
-    if entry.index == NO_SLOT {
-        slot.marker_posted = false;
-    } else {
-        *cq_free += 1;
+    if !marker {
         out.put(send_completion(entry, qp, table, cqe.status));
     }
 }

@@ -151,6 +151,18 @@ struct Futures {
 }
 
 impl Futures {
+    /// A free tag for a new operation (its state still to be set).
+    #[inline(always)]
+    fn fresh_key(&mut self) -> u32 {
+        match self.free.pop() {
+            Some(key) => key,
+            None => {
+                self.ops.push(OpState::Free);
+                (self.ops.len() - 1) as u32
+            }
+        }
+    }
+
     /// A sink that hands completions to their futures as the ring reaps.
     fn settle(&mut self) -> Settle<'_> {
         Settle {
@@ -256,13 +268,7 @@ impl<Q: QueuePair> Inner<Q> {
         let Some(ring) = self.ring.as_mut() else {
             return Err(Rejected::new(Error::Closed, op));
         };
-        let key = match self.futures.free.pop() {
-            Some(key) => key,
-            None => {
-                self.futures.ops.push(OpState::Free);
-                (self.futures.ops.len() - 1) as u32
-            }
-        };
+        let key = self.futures.fresh_key();
         match target.push(ring, op, u64::from(key)) {
             Ok((user_data, recv)) => {
                 self.futures.ops[key as usize] = OpState::Waiting {
@@ -277,6 +283,61 @@ impl<Q: QueuePair> Inner<Q> {
             Err(rejected) => {
                 self.futures.free.push(key);
                 Err(rejected)
+            }
+        }
+    }
+
+    /// Pushes `ops` to `qp` in order through one [`PushBatch`] (the ring
+    /// and the queue pair checked once), each with a fresh tag whose
+    /// waiting state it keeps, calling `pushed` with each tag; stops at
+    /// the first refused, leaving those after it in `ops`.
+    fn push_all<O: FixedOp>(
+        &mut self,
+        qp: FixedQp,
+        ops: &mut Vec<O>,
+        mut pushed: impl FnMut(u32),
+    ) -> Result<usize, Rejected<O>> {
+        let mut drained = ops.drain(..);
+        let Some(mut op) = drained.next() else {
+            return Ok(0);
+        };
+        let opened = match self.ring.as_mut() {
+            Some(ring) => ring.batch(qp),
+            None => Err(Error::Closed),
+        };
+        let mut batch = match opened {
+            Ok(batch) => batch,
+            Err(error) => {
+                let rest: Vec<O> = drained.collect();
+                ops.extend(rest);
+                return Err(Rejected::new(error, op));
+            }
+        };
+        let mut count = 0;
+        loop {
+            let key = self.futures.fresh_key();
+            match batch.push_tagged(op, u64::from(key)) {
+                Ok((user_data, recv)) => {
+                    self.futures.ops[key as usize] = OpState::Waiting {
+                        waker: None,
+                        user_data,
+                        batch: self.submits,
+                        recv,
+                    };
+                    self.unposted_ops += 1;
+                    count += 1;
+                    pushed(key);
+                }
+                Err(rejected) => {
+                    self.futures.free.push(key);
+                    let rest: Vec<O> = drained.collect();
+                    ops.extend(rest);
+                    return Err(rejected);
+                }
+            }
+            match drained.next() {
+                Some(next) => op = next,
+                None => return Ok(count),
             }
         }
     }
@@ -838,27 +899,14 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         // As `push`: nothing to wake, no waker let go. No caller code runs
         // under the lock (a `Vec`, not an iterator, holds the operations).
         let mut inner = self.shared.lock();
-        let mut pushed = 0;
-        let mut drained = ops.drain(..);
-        while let Some(op) = drained.next() {
-            match inner.push_with(qp, op) {
-                Ok(key) => {
-                    futures.push(FixedOpFuture {
-                        shared: Arc::clone(&self.shared),
-                        key,
-                        polled: false,
-                        resolved: false,
-                    });
-                    pushed += 1;
-                }
-                Err(refused) => {
-                    let rest: Vec<O> = drained.collect();
-                    ops.extend(rest);
-                    return Err(refused);
-                }
-            }
-        }
-        Ok(pushed)
+        inner.push_all(qp, ops, |key| {
+            futures.push(FixedOpFuture {
+                shared: Arc::clone(&self.shared),
+                key,
+                polled: false,
+                resolved: false,
+            });
+        })
     }
 
     /// Takes a shared receive queue into the ring, as

@@ -51,6 +51,8 @@ pub struct FixedAdversary {
     /// Whether the ring keeps the shared receive queue topped up.
     refilling: bool,
     next_id: u64,
+    /// Polls made, to alternate the two ways of reaping.
+    polls: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
     /// Tokens handed back, their slots poisoned, never used again, and
@@ -122,6 +124,7 @@ impl FixedAdversary {
             srq_ids: HashSet::new(),
             refilling: false,
             next_id: 1,
+            polls: 0,
             pushed: HashSet::new(),
             returned: HashSet::new(),
             graveyard: Vec::new(),
@@ -268,23 +271,36 @@ impl FixedAdversary {
         self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
         let target = self.device.target();
         let handle = self.handles[qp];
+        // Every other operation goes through a batch of its own (the
+        // ring's and the queue pair's checks made when it opens); a batch
+        // that does not open refuses the operation.
+        let batched = id % 2 == 0;
         macro_rules! push {
             ($op:expr) => {{
+                let op = $op;
+                if batched {
+                    match self.ring.batch(handle) {
+                        Ok(mut batch) => batch.push(op).map_err(|r| r.into_parts().1.into_buf()),
+                        Err(_) => Err(op.into_buf()),
+                    }
+                } else {
+                    self.ring
+                        .push(handle, op)
+                        .map_err(|r| r.into_parts().1.into_buf())
+                }
+            }};
+        }
+        macro_rules! push_send {
+            ($op:expr) => {{
                 let op = $op.user_data(id);
-                let op = if signaled { op.signaled() } else { op };
-                self.ring
-                    .push(handle, op)
-                    .map_err(|r| r.into_parts().1.into_buf())
+                push!(if signaled { op.signaled() } else { op })
             }};
         }
         let refused = match kind {
-            0 => push!(WriteFixed::new(buf, LEN as u32, target)),
-            1 => push!(ReadFixed::new(buf, LEN as u32, target)),
-            2 => push!(SendFixed::new(buf, LEN as u32)),
-            _ => self
-                .ring
-                .push(handle, RecvFixed::new(buf).user_data(id))
-                .map_err(|r| r.into_parts().1.into_buf()),
+            0 => push_send!(WriteFixed::new(buf, LEN as u32, target)),
+            1 => push_send!(ReadFixed::new(buf, LEN as u32, target)),
+            2 => push_send!(SendFixed::new(buf, LEN as u32)),
+            _ => push!(RecvFixed::new(buf).user_data(id)),
         };
         match refused {
             Ok(()) => {
@@ -295,8 +311,18 @@ impl FixedAdversary {
     }
 
     fn poll(&mut self) {
+        // Every other poll hands each completion to a closure as it is
+        // made.
+        self.polls += 1;
         let mut out = Vec::new();
-        let _ = self.ring.reap(&mut out);
+        if self.polls % 2 == 0 {
+            let taken = self.ring.reap_each(|c| out.push(c));
+            if let Ok(taken) = taken {
+                assert_eq!(taken, out.len(), "what reap_each says it handed out");
+            }
+        } else {
+            let _ = self.ring.reap(&mut out);
+        }
         self.returned_all(out);
         self.device.peers_reap();
     }

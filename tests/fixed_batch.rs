@@ -1,0 +1,553 @@
+//! The fixed ring's batch of pushes (`FixedRing::batch`) and its reap
+//! into a closure (`FixedRing::reap_each`): a batch refuses what `push`
+//! refuses, with the operation handed back, checks the ring and the queue
+//! pair once, and loses nothing however it ends; `reap_each` hands out
+//! what `reap` does, and a closure that panics never gets a completion
+//! twice. A property test runs the same work both ways and compares.
+
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use proptest::prelude::*;
+use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::{AsyncEvent, QpConfig, QueuePair, SrqConfig, WcStatus};
+use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+use rdma_ring::fixed::{
+    FixedBuf, FixedBufs, FixedCompletion, FixedQp, FixedRing, FixedRingConfig, ReadFixed,
+    RecvFixed, SendFixed, WriteFixed,
+};
+use rdma_ring::Error;
+
+struct Setup {
+    _dev: SoftDevice,
+    pd: SoftPd,
+    ring: FixedRing<SoftQp>,
+    qp: FixedQp,
+    control: QpControl,
+    peer: SoftQp,
+    target: ExposedBuf<Vec<u8>>,
+}
+
+fn setup(config: QpConfig, slots: u32, ring_config: FixedRingConfig) -> Setup {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut a, peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let cq = a.take_cq().unwrap();
+    let control = a.control();
+    let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, slots, 64).unwrap(), ring_config);
+    let qp = ring.attach(a).unwrap_or_else(|_| panic!("attach"));
+    let target = ExposedBuf::new(
+        &pd,
+        vec![0u8; 256],
+        RemoteAccess::WRITE | RemoteAccess::READ,
+    )
+    .unwrap();
+    Setup {
+        _dev: dev,
+        pd,
+        ring,
+        qp,
+        control,
+        peer,
+        target,
+    }
+}
+
+/// Reaps until `n` completions came, with `reap_each`.
+fn reap_each_until(ring: &mut FixedRing<SoftQp>, n: usize) -> Vec<FixedCompletion> {
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        if got.len() >= n {
+            break;
+        }
+        ring.reap_each(|c| got.push(c)).unwrap();
+        std::thread::yield_now();
+    }
+    assert_eq!(got.len(), n, "completions that came");
+    got
+}
+
+#[test]
+fn a_batch_refuses_what_push_refuses_hands_the_operation_back_and_goes_on() {
+    // Four send places, one kept for the drain marker; two receives.
+    let config = QpConfig {
+        max_send_wr: 4,
+        max_recv_wr: 2,
+        max_inline_data: 16,
+        ..QpConfig::default()
+    };
+    let mut s = setup(config, 12, FixedRingConfig::default());
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let short = s.target.remote().slice(0..8).unwrap();
+    let mut slots: Vec<FixedBuf> = std::iter::from_fn(|| s.ring.take_buf()).collect();
+    let mut batch = s.ring.batch(s.qp).unwrap();
+    assert_eq!(batch.qp(), s.qp);
+
+    // Pushes through the batch, expecting a refusal matching the pattern;
+    // keeps the slot handed back.
+    macro_rules! refused {
+        ($op:expr, $pattern:pat) => {{
+            let (e, op) = batch.push($op).unwrap_err().into_parts();
+            assert!(matches!(e, $pattern), "{e}");
+            slots.push(op.into_buf());
+        }};
+    }
+    refused!(
+        WriteFixed::new(slots.pop().unwrap(), 65, remote),
+        Error::OutOfBounds { .. }
+    );
+    refused!(
+        WriteFixed::new(slots.pop().unwrap(), 64, short),
+        Error::RemoteTooSmall {
+            local: 64,
+            remote: 8
+        }
+    );
+    refused!(
+        SendFixed::new(slots.pop().unwrap(), 32).inline(),
+        Error::InlineTooLarge { .. }
+    );
+    let mut foreign = FixedBufs::new(&s.pd, 1, 64).unwrap();
+    let stranger = foreign.take().unwrap();
+    let (e, op) = batch
+        .push(WriteFixed::new(stranger, 64, remote))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::ForeignFixedBuf), "{e}");
+    foreign.put(op.into_buf()).unwrap();
+
+    // The places: three sends, two receives; then each queue is full.
+    for i in 0..3 {
+        let op = WriteFixed::new(slots.pop().unwrap(), 64, remote).user_data(i);
+        batch.push(op).unwrap();
+    }
+    refused!(
+        WriteFixed::new(slots.pop().unwrap(), 64, remote),
+        Error::SendQueueFull {
+            outstanding: 3,
+            depth: 3
+        }
+    );
+    for i in 3..5 {
+        batch
+            .push(RecvFixed::new(slots.pop().unwrap()).user_data(i))
+            .unwrap();
+    }
+    refused!(
+        RecvFixed::new(slots.pop().unwrap()),
+        Error::RecvQueueFull {
+            outstanding: 2,
+            depth: 2
+        }
+    );
+    assert_eq!(batch.pushed(), 5);
+    assert!(format!("{batch:?}").contains("pushed: 5"));
+
+    // One doorbell per queue: the receives, then the sends.
+    let before = s.control.counters();
+    assert_eq!(s.ring.submit().unwrap(), 5);
+    let after = s.control.counters();
+    assert_eq!(after.send_posts - before.send_posts, 1);
+    assert_eq!(after.recv_posts - before.recv_posts, 1);
+    let done = reap_each_until(&mut s.ring, 3);
+    let ids: Vec<u64> = done.iter().map(|c| c.user_data()).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    assert!(done.iter().all(|c| c.status().is_success()));
+    drop(s.peer);
+}
+
+#[test]
+fn opening_a_batch_fails_as_a_push_would() {
+    let mut s = setup(QpConfig::default(), 4, FixedRingConfig::default());
+    // A handle of another ring names nothing here.
+    let other = setup(QpConfig::default(), 1, FixedRingConfig::default());
+    assert!(matches!(s.ring.batch(other.qp), Err(Error::NotAttached(_))));
+    // A queue pair in error takes no more work.
+    s.ring.fail_qp(s.qp).unwrap();
+    assert!(matches!(s.ring.batch(s.qp), Err(Error::QpInError(_))));
+    // A failed ring takes none at all.
+    let mut t = setup(QpConfig::default(), 4, FixedRingConfig::default());
+    assert!(t.ring.apply_event(AsyncEvent::DeviceFatal));
+    assert!(matches!(t.ring.batch(t.qp), Err(Error::RingFailed(_))));
+    // A detached queue pair's handle names nothing either.
+    let mut u = setup(QpConfig::default(), 4, FixedRingConfig::default());
+    let qp = u.ring.detach(u.qp).unwrap();
+    assert!(matches!(u.ring.batch(u.qp), Err(Error::NotAttached(_))));
+    drop(qp);
+}
+
+#[test]
+fn a_batch_of_a_shared_receive_queues_queue_pair_refuses_receives() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(64).unwrap(),
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap())
+        .unwrap_or_else(|_| panic!("add_srq"));
+    let qp = dev
+        .create_qp_on(
+            &pd,
+            ring.cq(),
+            Some(ring.srq(srq).unwrap()),
+            QpConfig::default(),
+        )
+        .unwrap();
+    let conn = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    let slot = ring.take_buf().unwrap();
+    let mut batch = ring.batch(conn).unwrap();
+    let (e, op) = batch.push(RecvFixed::new(slot)).unwrap_err().into_parts();
+    assert!(matches!(e, Error::Incompatible(_)), "{e}");
+    assert_eq!(batch.pushed(), 0);
+    ring.put_buf(op.into_buf()).unwrap();
+    assert_eq!(ring.bufs().free(), 4);
+}
+
+#[test]
+fn a_batch_takes_completion_queue_credits_as_push_does() {
+    // A completion queue of 4 entries and one queue pair: one entry is
+    // kept for its drain marker, three operations fit.
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(4).unwrap(),
+        FixedBufs::new(&pd, 8, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let conn = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    let mut slots: Vec<FixedBuf> = std::iter::from_fn(|| ring.take_buf()).collect();
+    let mut batch = ring.batch(conn).unwrap();
+    for _ in 0..3 {
+        batch.push(RecvFixed::new(slots.pop().unwrap())).unwrap();
+    }
+    let (e, op) = batch
+        .push(RecvFixed::new(slots.pop().unwrap()))
+        .unwrap_err()
+        .into_parts();
+    assert!(
+        matches!(e, Error::CompletionQueueFull { entries: 4, .. }),
+        "{e}"
+    );
+    slots.push(op.into_buf());
+    // A push after the batch counts the batch's credits too.
+    let (e, _op) = ring
+        .push(conn, RecvFixed::new(slots.pop().unwrap()))
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(e, Error::CompletionQueueFull { .. }), "{e}");
+    drop(peer);
+}
+
+#[test]
+fn a_forgotten_or_empty_batch_loses_nothing_and_posts_nothing_extra() {
+    let mut s = setup(QpConfig::default(), 8, FixedRingConfig::default());
+    let remote = s.target.remote().slice(0..64).unwrap();
+    // An empty batch: nothing to post, no doorbell.
+    let batch = s.ring.batch(s.qp).unwrap();
+    assert_eq!(batch.pushed(), 0);
+    assert_eq!(s.ring.submit().unwrap(), 0);
+    assert_eq!(s.control.counters().send_posts, 0);
+    assert_eq!(s.control.counters().recv_posts, 0);
+    // A forgotten batch: what it pushed goes out with the next submit.
+    let slots: Vec<FixedBuf> = (0..3).map(|_| s.ring.take_buf().unwrap()).collect();
+    let mut batch = s.ring.batch(s.qp).unwrap();
+    for (i, slot) in slots.into_iter().enumerate() {
+        batch
+            .push(WriteFixed::new(slot, 64, remote).user_data(i as u64))
+            .unwrap();
+    }
+    // Never dropped: whatever a batch's end did, a batch must not need it.
+    let _forgotten = std::mem::ManuallyDrop::new(batch);
+    assert_eq!(s.ring.submit().unwrap(), 3);
+    let done = reap_each_until(&mut s.ring, 3);
+    let ids: Vec<u64> = done.iter().map(|c| c.user_data()).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    for c in done {
+        s.ring.put_buf(c.into_buf()).unwrap();
+    }
+    // Two batches to one queue pair before a submit: one doorbell.
+    let posts = s.control.counters().send_posts;
+    for i in 0..2 {
+        let slot = s.ring.take_buf().unwrap();
+        let mut batch = s.ring.batch(s.qp).unwrap();
+        batch
+            .push(WriteFixed::new(slot, 64, remote).user_data(10 + i))
+            .unwrap();
+    }
+    assert_eq!(s.ring.submit().unwrap(), 2);
+    assert_eq!(s.control.counters().send_posts, posts + 1);
+    let ids: Vec<u64> = reap_each_until(&mut s.ring, 2)
+        .iter()
+        .map(|c| c.user_data())
+        .collect();
+    assert_eq!(ids, [10, 11]);
+    s.ring.close().unwrap();
+}
+
+#[test]
+fn a_panicking_reap_closure_never_gets_a_completion_twice() {
+    // One completion for eight sends: the run the closure panics in.
+    let config = FixedRingConfig {
+        signal_interval: 8,
+        ..FixedRingConfig::default()
+    };
+    let mut s = setup(QpConfig::default(), 16, config);
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let slots: Vec<FixedBuf> = (0..8).map(|_| s.ring.take_buf().unwrap()).collect();
+    let mut batch = s.ring.batch(s.qp).unwrap();
+    for (i, slot) in slots.into_iter().enumerate() {
+        batch
+            .push(WriteFixed::new(slot, 64, remote).user_data(i as u64))
+            .unwrap();
+    }
+    assert_eq!(s.ring.submit().unwrap(), 8);
+    let mut seen = HashSet::new();
+    let mut kept = Vec::new();
+    let mut attempts = 0;
+    while kept.len() < 2 {
+        attempts += 1;
+        assert!(attempts < 1000, "the completion came");
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            s.ring
+                .reap_each(|c| {
+                    assert!(seen.insert(c.user_data()), "handed out twice");
+                    if seen.len() == 3 {
+                        panic!("the caller's closure fails");
+                    }
+                    kept.push(c);
+                })
+                .unwrap()
+        }));
+        if result.is_err() {
+            break;
+        }
+    }
+    // The panic lost the rest of the run (its slots with it); nothing of it
+    // comes again, and the ring goes on.
+    assert_eq!(kept.len(), 2);
+    for c in kept {
+        s.ring.put_buf(c.into_buf()).unwrap();
+    }
+    let slot = s.ring.take_buf().unwrap();
+    s.ring
+        .push(s.qp, WriteFixed::new(slot, 64, remote).user_data(100))
+        .unwrap();
+    s.ring.submit().unwrap();
+    let done = reap_each_until(&mut s.ring, 1);
+    assert_eq!(done[0].user_data(), 100);
+    assert!(seen.insert(100));
+    s.ring
+        .put_buf(done.into_iter().next().unwrap().into_buf())
+        .unwrap();
+    // Nothing is outstanding: the lost run's sends completed.
+    s.ring.close().unwrap();
+}
+
+/// One step of the property test.
+#[derive(Clone, Debug)]
+enum Step {
+    /// An operation: kind (write, read, send, receive), length, whether
+    /// its remote slice is short (32 bytes), whether it asks for a
+    /// completion.
+    Push(u8, u32, bool, bool),
+    Submit,
+    Reap,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0u8..4, 0u32..=70, any::<bool>(), any::<bool>())
+            .prop_map(|(kind, len, short, signaled)| Step::Push(kind, len, short, signaled)),
+        2 => Just(Step::Submit),
+        2 => Just(Step::Reap),
+    ]
+}
+
+/// What one side saw: per push its refusal (if any), per submit its
+/// result, per reap its completions.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Pushed(Option<String>),
+    Submitted(Result<usize, String>),
+    Reaped(Vec<(u64, WcStatus, u32, String)>),
+}
+
+fn seen(c: &FixedCompletion) -> (u64, WcStatus, u32, String) {
+    (
+        c.user_data(),
+        c.status(),
+        c.byte_len(),
+        format!("{:?}", c.kind()),
+    )
+}
+
+/// The operation of a `Push` step, on `slot`.
+fn op_of(
+    s: &Setup,
+    slot: FixedBuf,
+    (kind, len, short, signaled): (u8, u32, bool, bool),
+    id: u64,
+) -> AnyOp {
+    let remote = if short {
+        s.target.remote().slice(0..32).unwrap()
+    } else {
+        s.target.remote().slice(0..64).unwrap()
+    };
+    match kind {
+        0 => {
+            let op = WriteFixed::new(slot, len, remote).user_data(id);
+            AnyOp::Write(if signaled { op.signaled() } else { op })
+        }
+        1 => {
+            let op = ReadFixed::new(slot, len, remote).user_data(id);
+            AnyOp::Read(if signaled { op.signaled() } else { op })
+        }
+        2 => {
+            let op = SendFixed::new(slot, len).user_data(id);
+            AnyOp::Send(if signaled { op.signaled() } else { op })
+        }
+        _ => AnyOp::Recv(RecvFixed::new(slot).user_data(id)),
+    }
+}
+
+enum AnyOp {
+    Write(WriteFixed),
+    Read(ReadFixed),
+    Send(SendFixed),
+    Recv(RecvFixed),
+}
+
+/// Pushes `$op` with `$push` (a ring's or a batch's push of `$x`),
+/// returning the refusal and the slot of a refused operation.
+macro_rules! push_any {
+    ($op:expr, $x:ident => $push:expr) => {{
+        macro_rules! back {
+            ($result:expr) => {
+                $result.err().map(|r| {
+                    let (e, op) = r.into_parts();
+                    (format!("{e}"), op.into_buf())
+                })
+            };
+        }
+        match $op {
+            AnyOp::Write($x) => back!($push),
+            AnyOp::Read($x) => back!($push),
+            AnyOp::Send($x) => back!($push),
+            AnyOp::Recv($x) => back!($push),
+        }
+    }};
+}
+
+/// Runs `steps` on a fresh ring: with `batched`, each run of pushes
+/// through one batch and each reap with `reap_each`; else one `push` at a
+/// time and `reap` into a list.
+fn run(steps: &[Step], batched: bool) -> Vec<Seen> {
+    let config = QpConfig {
+        max_send_wr: 8,
+        max_recv_wr: 4,
+        ..QpConfig::default()
+    };
+    let ring_config = FixedRingConfig {
+        signal_interval: 4,
+        ..FixedRingConfig::default()
+    };
+    let mut s = setup(config, 24, ring_config);
+    let mut log = Vec::new();
+    let mut free: Vec<FixedBuf> = std::iter::from_fn(|| s.ring.take_buf()).collect();
+    let mut id = 0;
+    let mut at = 0;
+    while at < steps.len() {
+        match steps[at] {
+            Step::Push(..) => {
+                // The run of pushes, each with a slot taken before it.
+                let mut group = Vec::new();
+                while let Some(&Step::Push(kind, len, short, signaled)) = steps.get(at) {
+                    at += 1;
+                    let Some(slot) = free.pop() else { continue };
+                    id += 1;
+                    group.push(op_of(&s, slot, (kind, len, short, signaled), id));
+                }
+                let mut refused = Vec::new();
+                if batched {
+                    match s.ring.batch(s.qp) {
+                        Ok(mut batch) => {
+                            for op in group {
+                                refused.push(push_any!(op, op => batch.push(op)));
+                            }
+                        }
+                        // As each push would be refused.
+                        Err(e) => {
+                            for op in group {
+                                let buf = match op {
+                                    AnyOp::Write(op) => op.into_buf(),
+                                    AnyOp::Read(op) => op.into_buf(),
+                                    AnyOp::Send(op) => op.into_buf(),
+                                    AnyOp::Recv(op) => op.into_buf(),
+                                };
+                                refused.push(Some((format!("{e}"), buf)));
+                            }
+                        }
+                    }
+                } else {
+                    let qp = s.qp;
+                    for op in group {
+                        refused.push(push_any!(op, op => s.ring.push(qp, op)));
+                    }
+                }
+                for r in refused {
+                    log.push(Seen::Pushed(r.as_ref().map(|(e, _)| e.clone())));
+                    if let Some((_, buf)) = r {
+                        free.push(buf);
+                    }
+                }
+                continue;
+            }
+            Step::Submit => log.push(Seen::Submitted(s.ring.submit().map_err(|e| format!("{e}")))),
+            Step::Reap => {
+                let mut out = Vec::new();
+                let n = if batched {
+                    s.ring.reap_each(|c| out.push(c)).unwrap()
+                } else {
+                    s.ring.reap(&mut out).unwrap()
+                };
+                assert_eq!(n, out.len(), "what a reap says it handed out");
+                log.push(Seen::Reaped(out.iter().map(seen).collect()));
+                free.extend(out.into_iter().map(FixedCompletion::into_buf));
+            }
+        }
+        at += 1;
+    }
+    // Everything comes back at the end, either way.
+    let _ = s.ring.submit();
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        if batched {
+            s.ring.reap_each(|c| out.push(c)).unwrap();
+        } else {
+            s.ring.reap(&mut out).unwrap();
+        }
+    }
+    log.push(Seen::Reaped(out.iter().map(seen).collect()));
+    log
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn batches_and_reap_each_do_what_push_and_reap_do(
+        steps in proptest::collection::vec(step(), 1..60)
+    ) {
+        let one_by_one = run(&steps, false);
+        let batched = run(&steps, true);
+        prop_assert_eq!(one_by_one, batched);
+    }
+}
