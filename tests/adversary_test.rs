@@ -68,7 +68,7 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
     let (mut reattached, mut reattached_late, mut fatal) = (0, 0, 0);
     let (mut returned, mut buried) = (0, 0);
     let (mut srq_sends, mut srq_filled, mut srq_replaced, mut srq_failed) = (0, 0, 0, 0);
-    let mut refill_returned = 0;
+    let (mut refill_returned, mut batched, mut batch_refused) = (0, 0, 0);
     for _ in 0..100 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let a = FixedAdversary::run(&decode(&bytes));
@@ -77,6 +77,8 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
         srq_replaced += a.srq_replaced;
         srq_failed += a.srq_failed;
         refill_returned += a.refill_returned;
+        batched += a.batched;
+        batch_refused += a.batch_refused;
         fatal += a.fatal;
         partial += a.device.partial_posts;
         overclaims += a.device.overclaims;
@@ -92,7 +94,12 @@ fn fixed_ring_scenarios_cover_every_misbehaviour() {
          re-attached {reattached} queue pairs failed {fatal} ops back {returned} \
          slots checked {buried}; shared queue: peer sends {srq_sends} receives filled \
          {srq_filled} queue pairs replaced {srq_replaced} failed {srq_failed} refill \
-         receives back {refill_returned}"
+         receives back {refill_returned}; pushed in batches {batched} (refused there \
+         {batch_refused})"
+    );
+    assert!(
+        batched > 0 && batch_refused > 0,
+        "batches of several, with refusals"
     );
     assert!(srq_filled > 0 && srq_replaced > 0 && srq_failed > 0 && refill_returned > 0);
     assert!(partial > 0 && overclaims > 0 && forged > 0 && failed > 0 && fatal > 0);

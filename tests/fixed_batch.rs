@@ -292,63 +292,170 @@ fn a_forgotten_or_empty_batch_loses_nothing_and_posts_nothing_extra() {
     s.ring.close().unwrap();
 }
 
+/// Reaps with `reap_each`, the closure panicking at the `k`-th completion
+/// it is handed (from 1): returns those handed before it, and the
+/// `user_data` of the one it panicked on (lost with the panic).
+fn reap_panicking_at(ring: &mut FixedRing<SoftQp>, k: usize) -> (Vec<FixedCompletion>, u64) {
+    let mut kept = Vec::new();
+    let mut lost = None;
+    for _ in 0..1000 {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            ring.reap_each(|c| {
+                if kept.len() + 1 == k {
+                    lost = Some(c.user_data());
+                    panic!("the caller's closure fails");
+                }
+                kept.push(c);
+            })
+        }));
+        if result.is_err() {
+            return (kept, lost.expect("the panic's completion"));
+        }
+        std::thread::yield_now();
+    }
+    panic!("fewer than {k} completions came");
+}
+
+/// Reaps with `reap_each` until a reap hands nothing out.
+fn reap_rest(ring: &mut FixedRing<SoftQp>) -> Vec<FixedCompletion> {
+    let mut got = Vec::new();
+    while ring.reap_each(|c| got.push(c)).unwrap() > 0 {}
+    got
+}
+
+/// After a panic: every operation but the lost one came back once, with
+/// `status`, the slots all came back but the lost one's, and the ring
+/// closes with nothing outstanding.
+fn check_after_panic(
+    mut s: Setup,
+    before: Vec<FixedCompletion>,
+    lost: u64,
+    ids: std::ops::Range<u64>,
+    status: WcStatus,
+    slots: u32,
+) {
+    let after = reap_rest(&mut s.ring);
+    let mut seen = HashSet::from([lost]);
+    for c in before.iter().chain(&after) {
+        assert!(
+            seen.insert(c.user_data()),
+            "{} handed out twice",
+            c.user_data()
+        );
+        assert_eq!(c.status(), status, "{c:?}");
+    }
+    assert_eq!(
+        seen,
+        ids.collect::<HashSet<u64>>(),
+        "every operation came back"
+    );
+    for c in before.into_iter().chain(after) {
+        s.ring.put_buf(c.into_buf()).unwrap();
+    }
+    assert_eq!(
+        s.ring.bufs().free(),
+        slots - 1,
+        "only the lost one's slot is gone"
+    );
+    s.ring.close().unwrap();
+}
+
+/// Pushes WRITEs `ids` through one batch and submits them.
+fn write_all(s: &mut Setup, ids: std::ops::Range<u64>) {
+    let remote = s.target.remote().slice(0..64).unwrap();
+    let slots: Vec<FixedBuf> = ids.clone().map(|_| s.ring.take_buf().unwrap()).collect();
+    let mut batch = s.ring.batch(s.qp).unwrap();
+    for (id, slot) in ids.zip(slots) {
+        batch
+            .push(WriteFixed::new(slot, 64, remote).user_data(id))
+            .unwrap();
+    }
+}
+
 #[test]
-fn a_panicking_reap_closure_never_gets_a_completion_twice() {
+fn a_closure_panicking_in_a_run_of_sends_loses_only_what_it_was_handed() {
     // One completion for eight sends: the run the closure panics in.
     let config = FixedRingConfig {
         signal_interval: 8,
         ..FixedRingConfig::default()
     };
     let mut s = setup(QpConfig::default(), 16, config);
-    let remote = s.target.remote().slice(0..64).unwrap();
-    let slots: Vec<FixedBuf> = (0..8).map(|_| s.ring.take_buf().unwrap()).collect();
-    let mut batch = s.ring.batch(s.qp).unwrap();
-    for (i, slot) in slots.into_iter().enumerate() {
-        batch
-            .push(WriteFixed::new(slot, 64, remote).user_data(i as u64))
+    write_all(&mut s, 0..8);
+    assert_eq!(s.ring.submit().unwrap(), 8);
+    let (before, lost) = reap_panicking_at(&mut s.ring, 3);
+    assert_eq!((before.len(), lost), (2, 2));
+    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+}
+
+#[test]
+fn a_closure_panicking_early_in_a_poll_leaves_the_polls_other_entries_for_the_next_reap() {
+    // A completion per send: one poll takes all eight entries.
+    let config = FixedRingConfig {
+        signal_interval: 1,
+        ..FixedRingConfig::default()
+    };
+    let mut s = setup(QpConfig::default(), 16, config);
+    write_all(&mut s, 0..8);
+    assert_eq!(s.ring.submit().unwrap(), 8);
+    let (before, lost) = reap_panicking_at(&mut s.ring, 2);
+    assert_eq!((before.len(), lost), (1, 1));
+    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+}
+
+#[test]
+fn a_closure_panicking_at_a_receive_leaves_the_next_receive_for_the_next_reap() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut a, mut b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let (cq_a, cq_b) = (a.take_cq().unwrap(), b.take_cq().unwrap());
+    let config = FixedRingConfig::default();
+    let mut receiver = FixedRing::new(cq_a, FixedBufs::new(&pd, 4, 64).unwrap(), config);
+    let mut sender = FixedRing::new(cq_b, FixedBufs::new(&pd, 4, 64).unwrap(), config);
+    let (qa, qb) = (
+        receiver.attach(a).unwrap_or_else(|_| panic!("attach")),
+        sender.attach(b).unwrap_or_else(|_| panic!("attach")),
+    );
+    for id in 0..2 {
+        let slot = receiver.take_buf().unwrap();
+        receiver
+            .push(qa, RecvFixed::new(slot).user_data(id))
             .unwrap();
     }
-    assert_eq!(s.ring.submit().unwrap(), 8);
-    let mut seen = HashSet::new();
-    let mut kept = Vec::new();
-    let mut attempts = 0;
-    while kept.len() < 2 {
-        attempts += 1;
-        assert!(attempts < 1000, "the completion came");
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            s.ring
-                .reap_each(|c| {
-                    assert!(seen.insert(c.user_data()), "handed out twice");
-                    if seen.len() == 3 {
-                        panic!("the caller's closure fails");
-                    }
-                    kept.push(c);
-                })
-                .unwrap()
-        }));
-        if result.is_err() {
-            break;
-        }
+    receiver.submit().unwrap();
+    for id in 0..2 {
+        let slot = sender.take_buf().unwrap();
+        sender
+            .push(qb, SendFixed::new(slot, 8).user_data(id))
+            .unwrap();
     }
-    // The panic lost the rest of the run (its slots with it); nothing of it
-    // comes again, and the ring goes on.
-    assert_eq!(kept.len(), 2);
-    for c in kept {
-        s.ring.put_buf(c.into_buf()).unwrap();
-    }
-    let slot = s.ring.take_buf().unwrap();
-    s.ring
-        .push(s.qp, WriteFixed::new(slot, 64, remote).user_data(100))
+    sender.submit().unwrap();
+    let (before, lost) = reap_panicking_at(&mut receiver, 1);
+    assert_eq!((before.len(), lost), (0, 0));
+    let after = reap_rest(&mut receiver);
+    let ids: Vec<(u64, u32)> = after
+        .iter()
+        .map(|c| (c.user_data(), c.byte_len()))
+        .collect();
+    assert_eq!(ids, [(1, 8)], "the other receive, once");
+    receiver
+        .put_buf(after.into_iter().next().unwrap().into_buf())
         .unwrap();
-    s.ring.submit().unwrap();
-    let done = reap_each_until(&mut s.ring, 1);
-    assert_eq!(done[0].user_data(), 100);
-    assert!(seen.insert(100));
-    s.ring
-        .put_buf(done.into_iter().next().unwrap().into_buf())
-        .unwrap();
-    // Nothing is outstanding: the lost run's sends completed.
-    s.ring.close().unwrap();
+    assert_eq!(receiver.bufs().free(), 3);
+    // The lost receive completed: nothing is outstanding.
+    receiver.close().unwrap();
+    drop(sender);
+}
+
+#[test]
+fn a_closure_panicking_at_a_flushed_completion_leaves_the_rest_for_the_next_reap() {
+    let mut s = setup(QpConfig::default(), 8, FixedRingConfig::default());
+    // Pushed, never posted: failing the queue pair flushes them into the
+    // ring's ready list.
+    write_all(&mut s, 0..3);
+    s.ring.fail_qp(s.qp).unwrap();
+    let (before, lost) = reap_panicking_at(&mut s.ring, 2);
+    assert_eq!((before.len(), lost), (1, 1));
+    check_after_panic(s, before, lost, 0..3, WcStatus::WrFlushErr, 8);
 }
 
 /// One step of the property test.
@@ -360,6 +467,10 @@ enum Step {
     Push(u8, u32, bool, bool),
     Submit,
     Reap,
+    /// The device fails the queue pair's n-th work request from now.
+    FailNth(u64),
+    /// The queue pair fails on request.
+    FailQp,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -368,6 +479,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(kind, len, short, signaled)| Step::Push(kind, len, short, signaled)),
         2 => Just(Step::Submit),
         2 => Just(Step::Reap),
+        1 => (1u64..6).prop_map(Step::FailNth),
+        1 => Just(Step::FailQp),
     ]
 }
 
@@ -510,6 +623,10 @@ fn run(steps: &[Step], batched: bool) -> Vec<Seen> {
                 }
                 continue;
             }
+            Step::FailNth(n) => s.control.fail_nth(n, WcStatus::RemOpErr),
+            Step::FailQp => log.push(Seen::Submitted(
+                s.ring.fail_qp(s.qp).map(|()| 0).map_err(|e| format!("{e}")),
+            )),
             Step::Submit => log.push(Seen::Submitted(s.ring.submit().map_err(|e| format!("{e}")))),
             Step::Reap => {
                 let mut out = Vec::new();

@@ -139,12 +139,11 @@ impl<Q: QueuePair> PushBatch<'_, Q> {
 
     #[inline(always)]
     fn push_with<O: FixedOp>(&mut self, op: &O, tag: Option<u64>) -> Result<(u64, bool), Error> {
-        let handle = self.slot.handle;
         let credit = CqCredit {
             free: self.cq_free,
             entries: self.cq_entries,
         };
-        let pushed = push_onto(self.slot, handle, self.bufs, credit, op, tag)?;
+        let pushed = push_onto(self.slot, self.bufs, credit, op, tag)?;
         self.pushed += 1;
         Ok(pushed)
     }
@@ -171,6 +170,18 @@ impl<Q: QueuePair> PushBatch<'_, Q> {
     }
 
     /// The queue pair this batch pushes to.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 2, 64).unwrap(), FixedRingConfig::default());
+    /// let conn = ring.attach(qp).unwrap();
+    /// assert_eq!(ring.batch(conn).unwrap().qp(), conn);
+    /// ```
     pub fn qp(&self) -> FixedQp {
         self.slot.handle
     }

@@ -283,6 +283,11 @@ const _: () = assert!(std::mem::size_of::<FixedCompletion>() <= 56);
 /// Where the ring hands reaped completions: a list, or an adapter that
 /// gives each to its owner at once (no list to fill and drain again).
 pub(crate) trait CompletionSink {
+    /// Whether taking a completion may panic (it runs a caller's
+    /// closure): the reap then keeps what a panic would leave unhanded
+    /// for the next one.
+    const MAY_UNWIND: bool = false;
+
     /// Takes one completion.
     fn put(&mut self, completion: FixedCompletion);
 
@@ -291,6 +296,13 @@ pub(crate) trait CompletionSink {
     fn put_all(&mut self, completions: impl Iterator<Item = FixedCompletion>) {
         // Internal iteration: a run of a range folds into a counted loop.
         completions.for_each(|completion| self.put(completion));
+    }
+
+    /// Takes every completion of the ring's ready list (made outside a
+    /// poll), leaving it empty.
+    #[inline]
+    fn put_ready(&mut self, ready: &mut Vec<FixedCompletion>) {
+        self.put_all(ready.drain(..));
     }
 }
 
@@ -303,5 +315,10 @@ impl CompletionSink for Vec<FixedCompletion> {
     #[inline(always)]
     fn put_all(&mut self, completions: impl Iterator<Item = FixedCompletion>) {
         self.extend(completions);
+    }
+
+    #[inline]
+    fn put_ready(&mut self, ready: &mut Vec<FixedCompletion>) {
+        self.append(ready);
     }
 }

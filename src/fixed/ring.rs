@@ -521,7 +521,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             free: &mut self.cq_free,
             entries: self.cq_entries,
         };
-        let pushed = push_onto(slot, handle, &self.bufs, credit, op, tag)?;
+        let pushed = push_onto(slot, &self.bufs, credit, op, tag)?;
         if !slot.dirty {
             slot.dirty = true;
             self.dirty.push(handle.index() as u32);
@@ -647,9 +647,14 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// No list is filled and read back, so this is the cheaper reap when
     /// each completion is dealt with at once (its token put back, a
     /// reply pushed). On an error, the completions `f` took are still
-    /// taken. `f` must not panic: the completions of the poll not yet
-    /// handed to it would be lost (the slots of their tokens with them;
-    /// the ring stays consistent).
+    /// taken.
+    ///
+    /// If `f` panics, the panic goes on to the caller, and only the
+    /// completion `f` was handed is lost with it (its token dropped, so its
+    /// slot never comes back to the free slots): the ring has done its
+    /// bookkeeping for everything the poll took from the device, and the
+    /// completions `f` was not handed yet wait in the ring for the next
+    /// reap. None is ever handed out twice.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -687,7 +692,7 @@ impl<Q: QueuePair> FixedRing<Q> {
     #[inline(always)]
     fn reap_once(&mut self, out: &mut impl CompletionSink) -> Result<(), Error> {
         if !self.ready.is_empty() {
-            out.put_all(self.ready.drain(..));
+            out.put_ready(&mut self.ready);
         }
         if self.failed.is_some() {
             return Ok(());
@@ -699,7 +704,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             // go out with this reap (no completion may come to prompt
             // another).
             if self.take_refill_stopped() {
-                out.put_all(self.ready.drain(..));
+                out.put_ready(&mut self.ready);
             }
         }
         Ok(())
@@ -917,16 +922,25 @@ impl<Q: QueuePair> FixedRing<Q> {
             }
         };
         let table = self.bufs.table();
-        for cqe in &self.cqes[..n] {
+        let mut polled = PolledEntries {
+            ring: self,
+            next: 0,
+            n,
+        };
+        while polled.next < polled.n {
+            let ring = &mut *polled.ring;
+            let cqe = &ring.cqes[polled.next];
+            polled.next += 1;
             complete(
-                &mut self.qps,
-                &mut self.srqs,
-                &self.consumers,
+                &mut ring.qps,
+                &mut ring.srqs,
+                &ring.consumers,
                 cqe,
                 table,
-                &mut self.cq_free,
-                &mut self.unknown,
+                &mut ring.cq_free,
+                &mut ring.unknown,
                 out,
+                &mut ring.ready,
             );
         }
         Ok(n)
@@ -1093,18 +1107,19 @@ pub(super) struct CqCredit<'a> {
     pub(super) entries: usize,
 }
 
-/// Checks `op` against the queue pair in `slot` (attached, not in error:
-/// the caller's checks) and records it as pushed and not posted; returns
-/// the operation's own `user_data` and whether it is a receive.
+/// Checks `op` against the queue pair in `slot` and records it as pushed
+/// and not posted; returns the operation's own `user_data` and whether it
+/// is a receive. The caller has checked that the ring has not failed and
+/// that the queue pair is attached and not in error.
 #[inline(always)]
 pub(super) fn push_onto<Q, O: FixedOp>(
     slot: &mut AttachedQp<Q>,
-    handle: FixedQp,
     bufs: &FixedBufs,
     credit: CqCredit<'_>,
     op: &O,
     tag: Option<u64>,
 ) -> Result<(u64, bool), Error> {
+    let handle = slot.handle;
     let (work, own_user_data) = admit(op, &slot.limits, tag, bufs, (*credit.free, credit.entries))?;
     let sge = bufs.sge_of(work.index, work.len);
     if work.kind == OpKind::Recv {
@@ -1345,6 +1360,50 @@ pub(super) fn enter_error<Q: QueuePair>(
     Ok(())
 }
 
+/// The entries of one poll not yet completed. Should a sink panic partway
+/// (a caller's closure, in [`FixedRing::reap_each`]), the rest are
+/// completed into the ring's ready list as the stack unwinds: an entry
+/// the device gave up is never left undone (a receive never marked
+/// taken would hold its place, and a drain would wait for it, forever).
+struct PolledEntries<'a, Q: QueuePair> {
+    ring: &'a mut FixedRing<Q>,
+    next: usize,
+    n: usize,
+}
+
+impl<Q: QueuePair> Drop for PolledEntries<'_, Q> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.next < self.n {
+            self.complete_rest();
+        }
+    }
+}
+
+impl<Q: QueuePair> PolledEntries<'_, Q> {
+    #[cold]
+    #[inline(never)]
+    fn complete_rest(&mut self) {
+        let ring = &mut *self.ring;
+        let table = ring.bufs.table();
+        for cqe in &ring.cqes[self.next..self.n] {
+            complete(
+                &mut ring.qps,
+                &mut ring.srqs,
+                &ring.consumers,
+                cqe,
+                table,
+                &mut ring.cq_free,
+                &mut ring.unknown,
+                &mut ring.ready,
+                // A list takes every completion: nothing to spill.
+                &mut Vec::new(),
+            );
+        }
+        self.next = self.n;
+    }
+}
+
 /// A [`CompletionSink`] that hands each completion to a closure.
 struct EachCompletion<F> {
     f: F,
@@ -1352,17 +1411,44 @@ struct EachCompletion<F> {
 }
 
 impl<F: FnMut(FixedCompletion)> CompletionSink for EachCompletion<F> {
+    const MAY_UNWIND: bool = true;
+
     #[inline(always)]
     fn put(&mut self, completion: FixedCompletion) {
         self.taken += 1;
         (self.f)(completion);
+    }
+
+    /// From the front; should the closure panic, what it was not handed
+    /// stays in the list for the next reap.
+    fn put_ready(&mut self, ready: &mut Vec<FixedCompletion>) {
+        let mut unhanded = Unhanded {
+            rest: std::mem::take(ready).into_iter(),
+            list: ready,
+        };
+        for completion in unhanded.rest.by_ref() {
+            self.put(completion);
+        }
+    }
+}
+
+/// Completions of the ready list not handed out yet, put back into it
+/// when dropped.
+struct Unhanded<'a> {
+    rest: std::vec::IntoIter<FixedCompletion>,
+    list: &'a mut Vec<FixedCompletion>,
+}
+
+impl Drop for Unhanded<'_> {
+    fn drop(&mut self) {
+        self.list.extend(self.rest.by_ref());
     }
 }
 
 /// Hands out what one completion queue entry completes.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn complete<Q, S>(
+fn complete<Q, S, K: CompletionSink>(
     qps: &mut [Option<AttachedQp<Q>>],
     srqs: &mut [Option<AttachedSrq<S>>],
     consumers: &Consumers,
@@ -1370,7 +1456,8 @@ fn complete<Q, S>(
     table: u64,
     cq_free: &mut usize,
     unknown: &mut u64,
-    out: &mut impl CompletionSink,
+    out: &mut K,
+    spill: &mut Vec<FixedCompletion>,
 ) {
     let (index, recv, bits) = parse_wr_id(cqe.wr_id);
     // One bit here; `complete_srq`, out of line, checks the receive bit
@@ -1416,8 +1503,9 @@ fn complete<Q, S>(
     // RC completes a send queue in order: this entry completes every
     // unsignaled send before it, successfully. (The drain marker is always
     // the last send posted, so it can only be this entry.) The queue moves
-    // on before anything is handed out: a sink that panics (a caller's
-    // closure) loses the rest of the run, and can never be handed it twice.
+    // on before anything is handed out, so a sink that panics (a caller's
+    // closure) can never be handed the run twice; what it was not handed
+    // is spilled into `spill` as the stack unwinds.
     let head = slot.sends.head;
     let entry = slot.sends.get(seq);
     slot.sends.head = seq + 1;
@@ -1429,13 +1517,73 @@ fn complete<Q, S>(
         *cq_free += 1;
     }
     let sends = &slot.sends;
-    if head < seq {
-        out.put_all(
-            (head..seq).map(|at| send_completion(sends.get(at), qp, table, WcStatus::Success)),
-        );
+    let release = move |at| send_completion(sends.get(at), qp, table, WcStatus::Success);
+    // Guarded only where a panic could leave something unhanded: a
+    // completion alone is the one the sink was handed.
+    if K::MAY_UNWIND && head < seq {
+        // The signaled one too, at `seq`, unless it is the marker.
+        let mut run = UnhandedRun {
+            seqs: head..seq,
+            signaled: !marker,
+            release,
+            release_signaled: move || send_completion(entry, qp, table, cqe.status),
+            spill,
+        };
+        out.put_all(run.seqs.by_ref().map(&run.release));
+        if run.signaled {
+            run.signaled = false;
+            out.put((run.release_signaled)());
+        }
+    } else {
+        if head < seq {
+            out.put_all((head..seq).map(release));
+        }
+        if !marker {
+            out.put(send_completion(entry, qp, table, cqe.status));
+        }
     }
-    if !marker {
-        out.put(send_completion(entry, qp, table, cqe.status));
+}
+
+/// The sends one completion released and not yet handed out (the
+/// unsignaled ones, `seqs`, then the signaled one if `signaled`), spilled
+/// into a list if dropped with any left (a sink panicked).
+struct UnhandedRun<'a, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    seqs: std::ops::Range<u64>,
+    signaled: bool,
+    release: F,
+    release_signaled: G,
+    spill: &'a mut Vec<FixedCompletion>,
+}
+
+impl<F, G> Drop for UnhandedRun<'_, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    #[inline]
+    fn drop(&mut self) {
+        if !self.seqs.is_empty() || self.signaled {
+            self.spill_rest();
+        }
+    }
+}
+
+impl<F, G> UnhandedRun<'_, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    #[cold]
+    #[inline(never)]
+    fn spill_rest(&mut self) {
+        self.spill.extend(self.seqs.by_ref().map(&self.release));
+        if std::mem::take(&mut self.signaled) {
+            self.spill.push((self.release_signaled)());
+        }
     }
 }
 

@@ -260,6 +260,35 @@ impl<Q: QueuePair> PushTarget<Q, RecvFixed> for FixedSrq {
     }
 }
 
+/// Keeps the waiting state of an operation pushed under tag `key`
+/// (counted as unposted until the next submit, number `submits`), or
+/// frees the tag of one the ring refused.
+#[inline(always)]
+fn keep_pushed<O>(
+    futures: &mut Futures,
+    unposted_ops: &mut usize,
+    submits: u64,
+    key: u32,
+    pushed: Result<(u64, bool), Rejected<O>>,
+) -> Result<u32, Rejected<O>> {
+    match pushed {
+        Ok((user_data, recv)) => {
+            futures.ops[key as usize] = OpState::Waiting {
+                waker: None,
+                user_data,
+                batch: submits,
+                recv,
+            };
+            *unposted_ops += 1;
+            Ok(key)
+        }
+        Err(rejected) => {
+            futures.free.push(key);
+            Err(rejected)
+        }
+    }
+}
+
 impl<Q: QueuePair> Inner<Q> {
     /// Pushes `op` to `target` with a fresh tag, and keeps a waiting
     /// state under that tag.
@@ -269,22 +298,14 @@ impl<Q: QueuePair> Inner<Q> {
             return Err(Rejected::new(Error::Closed, op));
         };
         let key = self.futures.fresh_key();
-        match target.push(ring, op, u64::from(key)) {
-            Ok((user_data, recv)) => {
-                self.futures.ops[key as usize] = OpState::Waiting {
-                    waker: None,
-                    user_data,
-                    batch: self.submits,
-                    recv,
-                };
-                self.unposted_ops += 1;
-                Ok(key)
-            }
-            Err(rejected) => {
-                self.futures.free.push(key);
-                Err(rejected)
-            }
-        }
+        let pushed = target.push(ring, op, u64::from(key));
+        keep_pushed(
+            &mut self.futures,
+            &mut self.unposted_ops,
+            self.submits,
+            key,
+            pushed,
+        )
     }
 
     /// Pushes `ops` to `qp` in order through one [`PushBatch`] (the ring
@@ -298,48 +319,44 @@ impl<Q: QueuePair> Inner<Q> {
         mut pushed: impl FnMut(u32),
     ) -> Result<usize, Rejected<O>> {
         let mut drained = ops.drain(..);
-        let Some(mut op) = drained.next() else {
+        let Some(first) = drained.next() else {
             return Ok(0);
         };
-        let opened = match self.ring.as_mut() {
-            Some(ring) => ring.batch(qp),
-            None => Err(Error::Closed),
-        };
-        let mut batch = match opened {
-            Ok(batch) => batch,
-            Err(error) => {
-                let rest: Vec<O> = drained.collect();
-                ops.extend(rest);
-                return Err(Rejected::new(error, op));
-            }
-        };
-        let mut count = 0;
-        loop {
-            let key = self.futures.fresh_key();
-            match batch.push_tagged(op, u64::from(key)) {
-                Ok((user_data, recv)) => {
-                    self.futures.ops[key as usize] = OpState::Waiting {
-                        waker: None,
-                        user_data,
-                        batch: self.submits,
-                        recv,
-                    };
-                    self.unposted_ops += 1;
-                    count += 1;
-                    pushed(key);
+        let refused = 'push: {
+            let opened = match self.ring.as_mut() {
+                Some(ring) => ring.batch(qp),
+                None => Err(Error::Closed),
+            };
+            let mut batch = match opened {
+                Ok(batch) => batch,
+                Err(error) => break 'push Rejected::new(error, first),
+            };
+            let (mut op, mut count) = (first, 0);
+            loop {
+                let key = self.futures.fresh_key();
+                let result = batch.push_tagged(op, u64::from(key));
+                match keep_pushed(
+                    &mut self.futures,
+                    &mut self.unposted_ops,
+                    self.submits,
+                    key,
+                    result,
+                ) {
+                    Ok(key) => {
+                        count += 1;
+                        pushed(key);
+                    }
+                    Err(rejected) => break 'push rejected,
                 }
-                Err(rejected) => {
-                    self.futures.free.push(key);
-                    let rest: Vec<O> = drained.collect();
-                    ops.extend(rest);
-                    return Err(rejected);
+                match drained.next() {
+                    Some(next) => op = next,
+                    None => return Ok(count),
                 }
             }
-            match drained.next() {
-                Some(next) => op = next,
-                None => return Ok(count),
-            }
-        }
+        };
+        let rest: Vec<O> = drained.collect();
+        ops.extend(rest);
+        Err(refused)
     }
 
     fn submit(&mut self) -> Result<usize, Error> {

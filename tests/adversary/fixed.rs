@@ -53,6 +53,11 @@ pub struct FixedAdversary {
     next_id: u64,
     /// Polls made, to alternate the two ways of reaping.
     polls: u64,
+    /// Pushes queued to go to the ring together: queue pair, kind,
+    /// whether signaled.
+    pending: Vec<(usize, u8, bool)>,
+    /// Runs of pushes made, to alternate the two ways of pushing.
+    runs: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
     /// Tokens handed back, their slots poisoned, never used again, and
@@ -73,10 +78,33 @@ pub struct FixedAdversary {
     pub srq_failed: usize,
     /// The refill's receives handed back.
     pub refill_returned: usize,
+    /// Operations pushed through a batch of more than one, and those
+    /// refused by a batch (as it opened, or there).
+    pub batched: usize,
+    pub batch_refused: usize,
 }
 
 /// The tag of the refill's receives: no pushed operation's.
 const REFILL_ID: u64 = u64::MAX;
+
+/// An operation of a push step.
+enum AnyOp {
+    Write(WriteFixed),
+    Read(ReadFixed),
+    Send(SendFixed),
+    Recv(RecvFixed),
+}
+
+impl AnyOp {
+    fn into_buf(self) -> FixedBuf {
+        match self {
+            AnyOp::Write(op) => op.into_buf(),
+            AnyOp::Read(op) => op.into_buf(),
+            AnyOp::Send(op) => op.into_buf(),
+            AnyOp::Recv(op) => op.into_buf(),
+        }
+    }
+}
 
 impl FixedAdversary {
     pub fn new() -> FixedAdversary {
@@ -125,6 +153,8 @@ impl FixedAdversary {
             refilling: false,
             next_id: 1,
             polls: 0,
+            pending: Vec::new(),
+            runs: 0,
             pushed: HashSet::new(),
             returned: HashSet::new(),
             graveyard: Vec::new(),
@@ -138,6 +168,8 @@ impl FixedAdversary {
             srq_replaced: 0,
             srq_failed: 0,
             refill_returned: 0,
+            batched: 0,
+            batch_refused: 0,
         }
     }
 
@@ -156,7 +188,11 @@ impl FixedAdversary {
     }
 
     fn apply(&mut self, step: &Step) {
-        match self.device.apply(step) {
+        let step = self.device.apply(step);
+        if !matches!(step, RingStep::Push { .. }) {
+            self.push_pending();
+        }
+        match step {
             RingStep::None => {}
             RingStep::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
             RingStep::Submit => {
@@ -262,51 +298,97 @@ impl FixedAdversary {
         }
     }
 
+    /// Queues a push: a run of pushes to one queue pair goes to the ring
+    /// together, at the next step of another kind (pushes touch no device,
+    /// so none is reordered against anything the device sees).
     fn push(&mut self, qp: usize, kind: u8, signaled: bool) {
-        let Some(mut buf) = self.ring.take_buf() else {
+        if self.pending.first().is_some_and(|&(first, ..)| first != qp) {
+            self.push_pending();
+        }
+        self.pending.push((qp, kind, signaled));
+    }
+
+    /// Pushes the queued run: every other run through one batch (the
+    /// ring's and the queue pair's checks made once; a batch that does not
+    /// open refuses them all), the others one push at a time.
+    fn push_pending(&mut self) {
+        let Some(&(qp, ..)) = self.pending.first() else {
             return;
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
-        let target = self.device.target();
+        self.runs += 1;
+        let batched = self.runs % 2 == 0;
         let handle = self.handles[qp];
-        // Every other operation goes through a batch of its own (the
-        // ring's and the queue pair's checks made when it opens); a batch
-        // that does not open refuses the operation.
-        let batched = id % 2 == 0;
-        macro_rules! push {
-            ($op:expr) => {{
-                let op = $op;
-                if batched {
-                    match self.ring.batch(handle) {
-                        Ok(mut batch) => batch.push(op).map_err(|r| r.into_parts().1.into_buf()),
-                        Err(_) => Err(op.into_buf()),
+        let target = self.device.target();
+        let mut ops = Vec::new();
+        for (_, kind, signaled) in std::mem::take(&mut self.pending) {
+            let Some(mut buf) = self.ring.take_buf() else {
+                break;
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            self.ring.bufs().bytes_mut(&mut buf).fill((id as u8) | 1);
+            macro_rules! send {
+                ($op:expr) => {{
+                    let op = $op.user_data(id);
+                    if signaled {
+                        op.signaled()
+                    } else {
+                        op
                     }
-                } else {
-                    self.ring
-                        .push(handle, op)
-                        .map_err(|r| r.into_parts().1.into_buf())
-                }
-            }};
-        }
-        macro_rules! push_send {
-            ($op:expr) => {{
-                let op = $op.user_data(id);
-                push!(if signaled { op.signaled() } else { op })
-            }};
-        }
-        let refused = match kind {
-            0 => push_send!(WriteFixed::new(buf, LEN as u32, target)),
-            1 => push_send!(ReadFixed::new(buf, LEN as u32, target)),
-            2 => push_send!(SendFixed::new(buf, LEN as u32)),
-            _ => push!(RecvFixed::new(buf).user_data(id)),
-        };
-        match refused {
-            Ok(()) => {
-                self.pushed.insert(id);
+                }};
             }
-            Err(buf) => self.bury(buf),
+            let op = match kind {
+                0 => AnyOp::Write(send!(WriteFixed::new(buf, LEN as u32, target))),
+                1 => AnyOp::Read(send!(ReadFixed::new(buf, LEN as u32, target))),
+                2 => AnyOp::Send(send!(SendFixed::new(buf, LEN as u32))),
+                _ => AnyOp::Recv(RecvFixed::new(buf).user_data(id)),
+            };
+            ops.push((id, op));
+        }
+        // Each operation's id, and its slot if it was refused.
+        let mut done: Vec<(u64, Option<FixedBuf>)> = Vec::new();
+        macro_rules! each {
+            ($op:expr, $x:ident => $push:expr) => {
+                match $op {
+                    AnyOp::Write($x) => $push.map_err(|r| r.into_parts().1.into_buf()),
+                    AnyOp::Read($x) => $push.map_err(|r| r.into_parts().1.into_buf()),
+                    AnyOp::Send($x) => $push.map_err(|r| r.into_parts().1.into_buf()),
+                    AnyOp::Recv($x) => $push.map_err(|r| r.into_parts().1.into_buf()),
+                }
+            };
+        }
+        if batched {
+            match self.ring.batch(handle) {
+                Ok(mut batch) => {
+                    let many = ops.len() > 1;
+                    for (id, op) in ops {
+                        let refused = each!(op, op => batch.push(op)).err();
+                        if many {
+                            self.batched += 1;
+                            self.batch_refused += usize::from(refused.is_some());
+                        }
+                        done.push((id, refused));
+                    }
+                }
+                Err(_) => {
+                    self.batch_refused += ops.len();
+                    for (id, op) in ops {
+                        done.push((id, Some(op.into_buf())));
+                    }
+                }
+            }
+        } else {
+            for (id, op) in ops {
+                done.push((id, each!(op, op => self.ring.push(handle, op)).err()));
+            }
+        }
+        for (id, refused) in done {
+            match refused {
+                None => {
+                    self.pushed.insert(id);
+                }
+                Some(buf) => self.bury(buf),
+            }
         }
     }
 
@@ -371,6 +453,7 @@ impl FixedAdversary {
     }
 
     fn finish(&mut self) {
+        self.push_pending();
         self.device.settle();
         self.poll();
         // Detach every queue pair: to error, drained (or left attached
