@@ -589,7 +589,6 @@ fn chunk_of(c: Completion) -> Result<PoolChunk> {
 struct FixedPerf<'a, Q: QueuePair> {
     ring: &'a mut FixedRing<Q>,
     qp: FixedQp,
-    done: Vec<FixedCompletion>,
 }
 
 impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
@@ -609,12 +608,16 @@ impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
         Ok(())
     }
     fn reap(&mut self, bufs: &mut Vec<FixedBuf>) -> Result<usize> {
-        let n = self.ring.reap(&mut self.done)?;
-        for c in self.done.drain(..) {
+        // Each completion as it is made: no list to fill and drain.
+        let mut failed = None;
+        let n = self.ring.reap_each(|c| {
             if !c.status().is_success() {
-                return Err(format!("a completion failed: {}", c.status()).into());
+                failed.get_or_insert(c.status());
             }
             bufs.push(c.into_buf());
+        })?;
+        if let Some(status) = failed {
+            return Err(format!("a completion failed: {status}").into());
         }
         Ok(n)
     }
@@ -731,7 +734,6 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     let mut perf = FixedPerf {
         ring: &mut ring,
         qp,
-        done: Vec::with_capacity(args.tx_depth),
     };
     measure_sizes(args, &mut perf, remote, sync)
 }

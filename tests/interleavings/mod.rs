@@ -47,6 +47,8 @@ const REFILL_TAG: u64 = 0xbeef;
 #[derive(Clone, Copy, Debug)]
 enum Step {
     PushWrite,
+    /// A round of WRITEs pushed with one `push_all`.
+    PushWrites(usize),
     PushRecv,
     Poll(usize),
     Drop(usize),
@@ -66,7 +68,8 @@ enum Step {
 fn step(byte: u8) -> Step {
     let which = usize::from(byte >> 4);
     match byte % 16 {
-        0..=2 => Step::PushWrite,
+        0 | 1 => Step::PushWrite,
+        2 => Step::PushWrites(1 + which % 4),
         3..=5 => Step::PushRecv,
         6 | 7 => Step::Poll(which),
         8 => Step::Drop(which),
@@ -357,6 +360,39 @@ pub fn run(bytes: &[u8]) -> Summary {
                     // A full queue, or a queue pair in error: the slot
                     // comes back with the refusal.
                     Err(slot) => ring.put_buf(slot).unwrap(),
+                }
+            }
+            Step::PushWrites(count) => {
+                let mut ops = Vec::new();
+                let mut tags = Vec::new();
+                while let Some(slot) = (ops.len() < count).then(|| ring.take_buf()).flatten() {
+                    tag += 1;
+                    tags.push((tag, slot.index()));
+                    ops.push(WriteFixed::new(slot, 64, target.remote()).user_data(tag));
+                }
+                let mut futures = Vec::new();
+                let pushed = ring.push_all(h, &mut ops, &mut futures);
+                // Those before a refusal are pushed, in order; the refused
+                // one comes back, and those after it stay in `ops`.
+                assert_eq!(
+                    futures.len() + ops.len() + usize::from(pushed.is_err()),
+                    tags.len()
+                );
+                for (future, &(tag, slot)) in futures.into_iter().zip(&tags) {
+                    pending.push(Pending {
+                        future,
+                        tag,
+                        slot,
+                        kind: OpKind::Write,
+                        flag: Arc::new(Flag(AtomicBool::new(false))),
+                        waiting: false,
+                    });
+                }
+                if let Err(refused) = pushed {
+                    ring.put_buf(refused.into_parts().1.into_buf()).unwrap();
+                }
+                for op in ops {
+                    ring.put_buf(op.into_buf()).unwrap();
                 }
             }
             Step::Poll(i) if !pending.is_empty() => {
