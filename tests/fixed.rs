@@ -653,3 +653,64 @@ fn a_failed_queue_pair_flushes_what_it_held_and_takes_no_more() {
     assert!(matches!(ring.fail_qp(a), Err(Error::NotAttached(_))));
     assert_eq!(ring.qp_error(b).unwrap(), None);
 }
+
+#[test]
+fn a_wait_cut_short_by_a_failed_completion_queue_keeps_a_queue_pairs_order() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: FixedRing<SoftQp> = FixedRing::new(
+        dev.create_cq(4).unwrap(),
+        FixedBufs::new(&pd, 4, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let conn = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    // A receive that stays posted (so the wait may go on), and a WRITE
+    // that completes at once.
+    let slot = ring.take_buf().unwrap();
+    ring.push(conn, RecvFixed::new(slot).user_data(1)).unwrap();
+    let slot = ring.take_buf().unwrap();
+    ring.push(
+        conn,
+        WriteFixed::new(slot, 64, target.remote()).user_data(2),
+    )
+    .unwrap();
+    ring.submit().unwrap();
+    // A queue pair outside the ring fills the queue behind the WRITE's
+    // entry, and overruns it.
+    let mut stranger = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    stranger.set_error().unwrap();
+    for _ in 0..8 {
+        let wr = rdma_ring::backend::RecvWr {
+            wr_id: 0,
+            sges: rdma_ring::backend::SgeSpan::default(),
+        };
+        // SAFETY: no memory is named.
+        let _ = unsafe { stranger.post_recv(&[wr], &[]) };
+    }
+    // Pushed, never posted: the failure flushes it.
+    let slot = ring.take_buf().unwrap();
+    ring.push(
+        conn,
+        WriteFixed::new(slot, 64, target.remote()).user_data(3),
+    )
+    .unwrap();
+    // The wait reaps the WRITE, then meets the overrun.
+    assert!(matches!(ring.wait(2), Err(Error::CqOverrun)));
+    let mut out = Vec::new();
+    ring.reap(&mut out).unwrap();
+    let seen: Vec<_> = out.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(
+        seen,
+        [(2, WcStatus::Success), (3, WcStatus::WrFlushErr)],
+        "the queue pair's sends in order"
+    );
+    drop(peer);
+}

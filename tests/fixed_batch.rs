@@ -5,7 +5,6 @@
 //! what `reap` does, and a closure that panics never gets a completion
 //! twice. A property test runs the same work both ways and compares.
 
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
@@ -323,9 +322,9 @@ fn reap_rest(ring: &mut FixedRing<SoftQp>) -> Vec<FixedCompletion> {
     got
 }
 
-/// After a panic: every operation but the lost one came back once, with
-/// `status`, the slots all came back but the lost one's, and the ring
-/// closes with nothing outstanding.
+/// After a panic: every operation but the lost one came back once, in
+/// order, with `status`, the slots all came back but the lost one's, and
+/// the ring closes with nothing outstanding.
 fn check_after_panic(
     mut s: Setup,
     before: Vec<FixedCompletion>,
@@ -335,20 +334,15 @@ fn check_after_panic(
     slots: u32,
 ) {
     let after = reap_rest(&mut s.ring);
-    let mut seen = HashSet::from([lost]);
+    let seen: Vec<u64> = before.iter().chain(&after).map(|c| c.user_data()).collect();
+    let expected: Vec<u64> = ids.filter(|&id| id != lost).collect();
+    assert_eq!(
+        seen, expected,
+        "every operation but the lost one, once, in order"
+    );
     for c in before.iter().chain(&after) {
-        assert!(
-            seen.insert(c.user_data()),
-            "{} handed out twice",
-            c.user_data()
-        );
         assert_eq!(c.status(), status, "{c:?}");
     }
-    assert_eq!(
-        seen,
-        ids.collect::<HashSet<u64>>(),
-        "every operation came back"
-    );
     for c in before.into_iter().chain(after) {
         s.ring.put_buf(c.into_buf()).unwrap();
     }
@@ -384,6 +378,36 @@ fn a_closure_panicking_in_a_run_of_sends_loses_only_what_it_was_handed() {
     assert_eq!(s.ring.submit().unwrap(), 8);
     let (before, lost) = reap_panicking_at(&mut s.ring, 3);
     assert_eq!((before.len(), lost), (2, 2));
+    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+}
+
+#[test]
+fn a_closure_panicking_at_a_runs_signaled_completion_loses_only_it() {
+    let config = FixedRingConfig {
+        signal_interval: 8,
+        ..FixedRingConfig::default()
+    };
+    let mut s = setup(QpConfig::default(), 16, config);
+    write_all(&mut s, 0..8);
+    assert_eq!(s.ring.submit().unwrap(), 8);
+    let (before, lost) = reap_panicking_at(&mut s.ring, 8);
+    assert_eq!((before.len(), lost), (7, 7));
+    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+}
+
+#[test]
+fn a_closure_panicking_in_a_run_keeps_the_runs_rest_before_the_polls_next_entries() {
+    // Two completions of four sends each, taken by one poll: the panic in
+    // the first run leaves its rest, then the second run, in order.
+    let config = FixedRingConfig {
+        signal_interval: 4,
+        ..FixedRingConfig::default()
+    };
+    let mut s = setup(QpConfig::default(), 16, config);
+    write_all(&mut s, 0..8);
+    assert_eq!(s.ring.submit().unwrap(), 8);
+    let (before, lost) = reap_panicking_at(&mut s.ring, 2);
+    assert_eq!((before.len(), lost), (1, 1));
     check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
 }
 
@@ -471,6 +495,10 @@ enum Step {
     FailNth(u64),
     /// The queue pair fails on request.
     FailQp,
+    /// A reap whose `n`-th completion is lost: with `reap_each`, the
+    /// closure panics at it (and the harness reaps again for the rest);
+    /// with `reap`, the harness drops it.
+    PanicAt(usize),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -481,6 +509,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(Step::Reap),
         1 => (1u64..6).prop_map(Step::FailNth),
         1 => Just(Step::FailQp),
+        1 => (1usize..6).prop_map(Step::PanicAt),
     ]
 }
 
@@ -491,6 +520,7 @@ enum Seen {
     Pushed(Option<String>),
     Submitted(Result<usize, String>),
     Reaped(Vec<(u64, WcStatus, u32, String)>),
+    Lost(Option<u64>),
 }
 
 fn seen(c: &FixedCompletion) -> (u64, WcStatus, u32, String) {
@@ -624,6 +654,34 @@ fn run(steps: &[Step], batched: bool) -> Vec<Seen> {
                 continue;
             }
             Step::FailNth(n) => s.control.fail_nth(n, WcStatus::RemOpErr),
+            Step::PanicAt(n) => {
+                let mut out = Vec::new();
+                let lost = if batched {
+                    let mut lost = None;
+                    let cut = catch_unwind(AssertUnwindSafe(|| {
+                        s.ring.reap_each(|c| {
+                            if out.len() + 1 == n {
+                                lost = Some(c.user_data());
+                                panic!("the caller's closure fails");
+                            }
+                            out.push(c);
+                        })
+                    }));
+                    if cut.is_err() {
+                        // What the panic left: the rest of that reap (the
+                        // queue holds fewer entries than one poll takes, so
+                        // a second poll finds nothing more).
+                        s.ring.reap_each(|c| out.push(c)).unwrap();
+                    }
+                    lost
+                } else {
+                    s.ring.reap(&mut out).unwrap();
+                    (out.len() >= n).then(|| out.remove(n - 1).user_data())
+                };
+                log.push(Seen::Lost(lost));
+                log.push(Seen::Reaped(out.iter().map(seen).collect()));
+                free.extend(out.into_iter().map(FixedCompletion::into_buf));
+            }
             Step::FailQp => log.push(Seen::Submitted(
                 s.ring.fail_qp(s.qp).map(|()| 0).map_err(|e| format!("{e}")),
             )),

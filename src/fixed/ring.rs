@@ -649,12 +649,14 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// reply pushed). On an error, the completions `f` took are still
     /// taken.
     ///
-    /// If `f` panics, the panic goes on to the caller, and only the
-    /// completion `f` was handed is lost with it (its token dropped, so its
-    /// slot never comes back to the free slots): the ring has done its
-    /// bookkeeping for everything the poll took from the device, and the
-    /// completions `f` was not handed yet wait in the ring for the next
-    /// reap. None is ever handed out twice.
+    /// If `f` panics, the panic goes on to the caller, and of the
+    /// completions only the one `f` was handed goes with it (what `f` did
+    /// with it stands; a token dropped in the unwinding takes its slot out
+    /// of use for good): the ring has done its bookkeeping for everything
+    /// the poll took from the device, and the completions `f` was not
+    /// handed yet wait in the ring, in order, for the next reap. None is
+    /// ever handed out twice. A reap a panic cut short does not top up the
+    /// shared receive queues: the next reap does.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
@@ -738,20 +740,20 @@ impl<Q: QueuePair> FixedRing<Q> {
         let deadline = Deadline::after(self.config.wait_timeout);
         loop {
             if let Err(error) = self.reap(&mut out) {
-                self.ready.append(&mut out);
+                self.keep_for_next_reap(out);
                 return Err(error);
             }
             if out.len() >= min {
                 return Ok(out);
             }
             if let Some(why) = self.failed {
-                self.ready.append(&mut out);
+                self.keep_for_next_reap(out);
                 return Err(Error::RingFailed(why));
             }
             let possible = out.len() + self.posted_outstanding();
             let timed_out = deadline.expired();
             if possible < min || timed_out {
-                self.ready.append(&mut out);
+                self.keep_for_next_reap(out);
                 return Err(if timed_out {
                     Error::Timeout(self.config.wait_timeout)
                 } else {
@@ -763,6 +765,14 @@ impl<Q: QueuePair> FixedRing<Q> {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Puts completions reaped and not handed out back in front of the
+    /// ready list: they are older than anything a failure flushed into it
+    /// meanwhile, and a queue pair's come out in order.
+    fn keep_for_next_reap(&mut self, mut out: Vec<FixedCompletion>) {
+        out.append(&mut self.ready);
+        self.ready = out;
     }
 
     /// Posted operations not yet completed, on every queue pair and
@@ -1419,29 +1429,25 @@ impl<F: FnMut(FixedCompletion)> CompletionSink for EachCompletion<F> {
         (self.f)(completion);
     }
 
-    /// From the front; should the closure panic, what it was not handed
-    /// stays in the list for the next reap.
+    /// From the front (the list reversed, and popped: it keeps its
+    /// room); should the closure panic, what it was not handed stays in
+    /// the list, in order, for the next reap.
     fn put_ready(&mut self, ready: &mut Vec<FixedCompletion>) {
-        let mut unhanded = Unhanded {
-            rest: std::mem::take(ready).into_iter(),
-            list: ready,
-        };
-        for completion in unhanded.rest.by_ref() {
+        ready.reverse();
+        let unhanded = Reversed(ready);
+        while let Some(completion) = unhanded.0.pop() {
             self.put(completion);
         }
     }
 }
 
-/// Completions of the ready list not handed out yet, put back into it
-/// when dropped.
-struct Unhanded<'a> {
-    rest: std::vec::IntoIter<FixedCompletion>,
-    list: &'a mut Vec<FixedCompletion>,
-}
+/// A list reversed to be popped from its front, turned back when
+/// dropped.
+struct Reversed<'a>(&'a mut Vec<FixedCompletion>);
 
-impl Drop for Unhanded<'_> {
+impl Drop for Reversed<'_> {
     fn drop(&mut self) {
-        self.list.extend(self.rest.by_ref());
+        self.0.reverse();
     }
 }
 
