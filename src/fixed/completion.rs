@@ -322,3 +322,83 @@ impl CompletionSink for Vec<FixedCompletion> {
         self.append(ready);
     }
 }
+
+/// A [`CompletionSink`] that hands each completion to a closure.
+pub(super) struct EachCompletion<F> {
+    pub(super) f: F,
+    pub(super) taken: usize,
+}
+
+impl<F: FnMut(FixedCompletion)> CompletionSink for EachCompletion<F> {
+    const MAY_UNWIND: bool = true;
+
+    #[inline(always)]
+    fn put(&mut self, completion: FixedCompletion) {
+        self.taken += 1;
+        (self.f)(completion);
+    }
+
+    /// From the front (the list reversed, and popped: it keeps its
+    /// room); should the closure panic, what it was not handed stays in
+    /// the list, in order, for the next reap.
+    fn put_ready(&mut self, ready: &mut Vec<FixedCompletion>) {
+        ready.reverse();
+        let unhanded = Reversed(ready);
+        while let Some(completion) = unhanded.0.pop() {
+            self.put(completion);
+        }
+    }
+}
+
+/// A list reversed to be popped from its front, turned back when
+/// dropped.
+struct Reversed<'a>(&'a mut Vec<FixedCompletion>);
+
+impl Drop for Reversed<'_> {
+    fn drop(&mut self) {
+        self.0.reverse();
+    }
+}
+
+/// The sends one completion released and not yet handed out (the
+/// unsignaled ones, `seqs`, then the signaled one if `signaled`), spilled
+/// into a list if dropped with any left (a sink panicked).
+pub(super) struct UnhandedRun<'a, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    pub(super) seqs: std::ops::Range<u64>,
+    pub(super) signaled: bool,
+    pub(super) release: F,
+    pub(super) release_signaled: G,
+    pub(super) spill: &'a mut Vec<FixedCompletion>,
+}
+
+impl<F, G> Drop for UnhandedRun<'_, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    #[inline]
+    fn drop(&mut self) {
+        if !self.seqs.is_empty() || self.signaled {
+            self.spill_rest();
+        }
+    }
+}
+
+impl<F, G> UnhandedRun<'_, F, G>
+where
+    F: Fn(u64) -> FixedCompletion,
+    G: Fn() -> FixedCompletion,
+{
+    #[cold]
+    #[inline(never)]
+    fn spill_rest(&mut self) {
+        self.spill.extend(self.seqs.by_ref().map(&self.release));
+        if std::mem::take(&mut self.signaled) {
+            self.spill.push((self.release_signaled)());
+        }
+    }
+}

@@ -101,6 +101,7 @@ mod completion;
 mod events;
 mod op;
 mod queue;
+mod reap;
 mod receive_table;
 mod ring;
 mod srq;

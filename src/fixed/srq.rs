@@ -15,8 +15,9 @@
 use std::collections::VecDeque;
 
 use super::queue::{srq_wr_id, AttachedQp, RecvEntry, MAX_SLOTS};
+use super::reap::recv_completion;
 use super::receive_table::{ReceiveTable, MAX_DEPTH};
-use super::ring::{admit, flushed, fresh_handle, handle_index, recv_completion, INDEX_BITS};
+use super::ring::{admit, flushed, fresh_handle, handle_index, INDEX_BITS};
 use super::srq_refill::ActiveRefill;
 use super::{FixedCompletion, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
