@@ -366,64 +366,43 @@ fn write_all(s: &mut Setup, ids: std::ops::Range<u64>) {
     }
 }
 
-#[test]
-fn a_closure_panicking_in_a_run_of_sends_loses_only_what_it_was_handed() {
-    // One completion for eight sends: the run the closure panics in.
+/// Eight WRITEs, a completion every `signal_interval` sends; the closure
+/// panics at the `k`-th completion it is handed (WRITE `k - 1`).
+fn panic_among_eight_writes(signal_interval: u32, k: usize) {
     let config = FixedRingConfig {
-        signal_interval: 8,
+        signal_interval,
         ..FixedRingConfig::default()
     };
     let mut s = setup(QpConfig::default(), 16, config);
     write_all(&mut s, 0..8);
     assert_eq!(s.ring.submit().unwrap(), 8);
-    let (before, lost) = reap_panicking_at(&mut s.ring, 3);
-    assert_eq!((before.len(), lost), (2, 2));
+    let (before, lost) = reap_panicking_at(&mut s.ring, k);
+    assert_eq!((before.len(), lost), (k - 1, k as u64 - 1));
     check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
 }
 
 #[test]
+fn a_closure_panicking_in_a_run_of_sends_loses_only_what_it_was_handed() {
+    // One completion for eight sends: the run the closure panics in.
+    panic_among_eight_writes(8, 3);
+}
+
+#[test]
 fn a_closure_panicking_at_a_runs_signaled_completion_loses_only_it() {
-    let config = FixedRingConfig {
-        signal_interval: 8,
-        ..FixedRingConfig::default()
-    };
-    let mut s = setup(QpConfig::default(), 16, config);
-    write_all(&mut s, 0..8);
-    assert_eq!(s.ring.submit().unwrap(), 8);
-    let (before, lost) = reap_panicking_at(&mut s.ring, 8);
-    assert_eq!((before.len(), lost), (7, 7));
-    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+    panic_among_eight_writes(8, 8);
 }
 
 #[test]
 fn a_closure_panicking_in_a_run_keeps_the_runs_rest_before_the_polls_next_entries() {
     // Two completions of four sends each, taken by one poll: the panic in
     // the first run leaves its rest, then the second run, in order.
-    let config = FixedRingConfig {
-        signal_interval: 4,
-        ..FixedRingConfig::default()
-    };
-    let mut s = setup(QpConfig::default(), 16, config);
-    write_all(&mut s, 0..8);
-    assert_eq!(s.ring.submit().unwrap(), 8);
-    let (before, lost) = reap_panicking_at(&mut s.ring, 2);
-    assert_eq!((before.len(), lost), (1, 1));
-    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+    panic_among_eight_writes(4, 2);
 }
 
 #[test]
 fn a_closure_panicking_early_in_a_poll_leaves_the_polls_other_entries_for_the_next_reap() {
     // A completion per send: one poll takes all eight entries.
-    let config = FixedRingConfig {
-        signal_interval: 1,
-        ..FixedRingConfig::default()
-    };
-    let mut s = setup(QpConfig::default(), 16, config);
-    write_all(&mut s, 0..8);
-    assert_eq!(s.ring.submit().unwrap(), 8);
-    let (before, lost) = reap_panicking_at(&mut s.ring, 2);
-    assert_eq!((before.len(), lost), (1, 1));
-    check_after_panic(s, before, lost, 0..8, WcStatus::Success, 16);
+    panic_among_eight_writes(1, 2);
 }
 
 #[test]
