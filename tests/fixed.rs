@@ -663,12 +663,8 @@ fn a_wait_cut_short_by_a_failed_completion_queue_keeps_a_queue_pairs_order() {
         FixedBufs::new(&pd, 4, 64).unwrap(),
         FixedRingConfig::default(),
     );
-    let qp = dev
-        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
-        .unwrap();
-    let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
-    dev.connect(&qp, &peer).unwrap();
-    let conn = ring.attach(qp).unwrap_or_else(|_| panic!("attach"));
+    let (handles, _, peers) = attach_connected(&dev, &pd, &mut ring, 1);
+    let conn = handles[0];
     let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
     // A receive that stays posted (so the wait may go on), and a WRITE
     // that completes at once.
@@ -712,5 +708,5 @@ fn a_wait_cut_short_by_a_failed_completion_queue_keeps_a_queue_pairs_order() {
         [(2, WcStatus::Success), (3, WcStatus::WrFlushErr)],
         "the queue pair's sends in order"
     );
-    drop(peer);
+    drop(peers);
 }
