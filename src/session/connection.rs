@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::host::SessionHost;
 use super::remote_region::RemoteRegion;
-use super::state::{Request, ReturnSink, SessionShared, SessionState};
+use super::state::{Arrived, Request, ReturnSink, SessionShared, SessionState};
 use super::wire::{Control, Kind, Trailer, MAX_ALIGN, TRAILER_LEN};
 use super::SessionError;
 use crate::backend::QueuePair;
@@ -377,10 +377,10 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     /// Closes the session (as dropping it does).
     pub fn close(self) {}
 
-    fn remote_region(&self, descriptor: super::wire::RegionDescriptor) -> RemoteRegion {
+    fn remote_region(&self, arrived: Arrived) -> RemoteRegion {
         let weak: Weak<SessionShared<Q>> = Arc::downgrade(&self.shared);
         let sink: Weak<dyn ReturnSink> = weak;
-        RemoteRegion::new(descriptor, sink, self.shared.token)
+        RemoteRegion::new(arrived, sink, self.shared.token)
     }
 
     /// Waits until the peer's user window has room (or the session cannot
@@ -433,7 +433,9 @@ impl<Q: QueuePair + Send + 'static> Drop for AbandonOnDrop<'_, Q> {
             None | Some(Request::Abandoned) => {}
             Some(Request::Done(Ok(_))) => {
                 if let Some(Request::Done(Ok(d))) = st.requests.remove(&self.request) {
-                    st.outbox.push_back(Control::Return { id: d.id });
+                    st.outbox.push_back(Control::Return {
+                        id: d.descriptor.id,
+                    });
                     drop(st);
                     self.shared.host.nudge();
                 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_core::Stream;
 
 use super::host::{HostShared, CLOSE, CONTROL, RECV};
-use super::state::{Lent, Request, SessionShared, SessionState};
+use super::state::{Arrived, Lent, Request, SessionShared, SessionState};
 use super::wire::{self, Control, Message, RefuseReason, RegionDescriptor};
 use super::SessionError;
 use crate::backend::QueuePair;
@@ -284,7 +284,8 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
                         region.remote.rights()
                     ));
                 }
-                st.requests.insert(request, Request::Done(Ok(region)));
+                st.requests
+                    .insert(request, Request::Done(Ok(Arrived::now(region))));
             }
             Some(Request::TimedOut { answered: false }) => {
                 st.requests
@@ -325,7 +326,7 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
                     "more than {MAX_PENDING_LENDS} regions lent and not received"
                 ));
             }
-            st.lent_to_us.push_back(region);
+            st.lent_to_us.push_back(Arrived::now(region));
         }
         Control::Return { id } => match st.lent.remove(&id) {
             Some(lent) => reclaim(st, lent, true),

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::ops::RangeBounds;
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::state::ReturnSink;
+use super::state::{Arrived, ReturnSink};
 use super::wire::RegionDescriptor;
 use crate::buf::{RemoteAccess, RemoteSlice, RemoteWord};
 use crate::Error;
@@ -30,16 +30,11 @@ pub struct RemoteRegion {
 }
 
 impl RemoteRegion {
-    pub(super) fn new(
-        descriptor: RegionDescriptor,
-        session: Weak<dyn ReturnSink>,
-        token: u64,
-    ) -> Self {
-        let expires_at = (descriptor.lease_ms != 0)
-            .then(|| {
-                Instant::now().checked_add(Duration::from_millis(u64::from(descriptor.lease_ms)))
-            })
-            .flatten();
+    pub(super) fn new(arrived: Arrived, session: Weak<dyn ReturnSink>, token: u64) -> Self {
+        let Arrived {
+            descriptor,
+            expires_at,
+        } = arrived;
         RemoteRegion {
             descriptor,
             expires_at,
@@ -80,7 +75,9 @@ impl RemoteRegion {
         self.descriptor.remote.rights()
     }
 
-    /// When the peer takes it back, if the lease ends.
+    /// When the peer takes it back, if the lease ends: reckoned from when
+    /// the region arrived (the lease left when the peer sent it), not from
+    /// when it was taken here.
     pub fn expires_at(&self) -> Option<Instant> {
         self.expires_at
     }

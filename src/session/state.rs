@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::flow::Flow;
 use super::host::HostShared;
@@ -25,6 +25,31 @@ pub(super) struct Lent {
     pub(super) granted: bool,
 }
 
+/// A region's descriptor as it came from the peer, with the end of its
+/// lease reckoned from its arrival. The lease runs from when the peer
+/// sent it, not from when our user takes the region: reckoned at taking,
+/// a region left waiting would outlive, on our clock, the peer's lease,
+/// and an operation in that gap would end the session.
+pub(super) struct Arrived {
+    pub(super) descriptor: RegionDescriptor,
+    pub(super) expires_at: Option<Instant>,
+}
+
+impl Arrived {
+    /// `descriptor`, arrived now.
+    pub(super) fn now(descriptor: RegionDescriptor) -> Self {
+        let expires_at = (descriptor.lease_ms != 0)
+            .then(|| {
+                Instant::now().checked_add(Duration::from_millis(u64::from(descriptor.lease_ms)))
+            })
+            .flatten();
+        Arrived {
+            descriptor,
+            expires_at,
+        }
+    }
+}
+
 /// One of our allocation requests.
 pub(super) enum Request {
     /// Sent; no answer yet.
@@ -33,7 +58,7 @@ pub(super) enum Request {
         size: u64,
         rights: crate::buf::RemoteAccess,
     },
-    Done(Result<RegionDescriptor, SessionError>),
+    Done(Result<Arrived, SessionError>),
     /// No answer in time; `answered` once a late one came (and a grant
     /// was handed straight back).
     TimedOut {
@@ -54,7 +79,7 @@ pub(super) struct SessionState {
     pub(super) reposts: VecDeque<(Option<Region>, bool)>,
     pub(super) messages: VecDeque<(Region, Option<u32>)>,
     pub(super) write_imms: VecDeque<u32>,
-    pub(super) lent_to_us: VecDeque<RegionDescriptor>,
+    pub(super) lent_to_us: VecDeque<Arrived>,
     pub(super) returned: VecDeque<Region>,
     pub(super) lent: HashMap<u64, Lent>,
     pub(super) lent_bytes: u64,
