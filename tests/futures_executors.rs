@@ -149,3 +149,98 @@ fn block_on_quickstart_busy_polling() {
     let _progress = Progressor::start(&dev);
     block_on_run(dev.clone(), Wakeup::Busy);
 }
+
+/// Records that it was woken.
+struct Woken(AtomicBool);
+
+impl futures::task::ArcWake for Woken {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A blocking wait through `with_ring` sleeps on the adapter's own
+/// completion channel; it leaves the channel armed, so a reactor still
+/// hears of the completions that come after it.
+#[tokio::test]
+async fn a_blocking_wait_through_with_ring_leaves_the_reactor_its_wakeups() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+    use std::future::Future;
+    use tokio::io::unix::AsyncFd;
+    use tokio::io::Interest;
+
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qa, qb) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let config = RingConfig {
+        spin_polls: 1,
+        ..RingConfig::default()
+    };
+    let a = AsyncRing::new(Ring::new(qa, config), Wakeup::Reactor).unwrap();
+    let driver = a.driver();
+    // SAFETY: a `CompletionFd` keeps its descriptor open while it lives.
+    let fd = unsafe {
+        AsyncFd::register_with_interest(driver.completion_fd().unwrap(), Interest::READABLE)
+    }
+    .unwrap();
+    let reactor = tokio::spawn(async move {
+        while let Ok(mut ready) = fd.readable().await {
+            driver.drive().unwrap();
+            ready.clear_ready();
+        }
+    });
+
+    // The peer sends once the wait below sleeps, and again when told.
+    let (go, again) = std::sync::mpsc::channel::<()>();
+    let msgs: Vec<_> = (0..2u8)
+        .map(|round| RegisteredBuf::new(&pd, vec![round; 4]).unwrap())
+        .collect();
+    let peer = std::thread::spawn(move || {
+        let mut b = Ring::new(qb, RingConfig::default());
+        for (round, msg) in msgs.into_iter().enumerate() {
+            if round == 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            } else {
+                again.recv().unwrap();
+            }
+            b.submission().push(Send::new(msg)).unwrap();
+            b.submit().unwrap();
+            b.completion().wait(1).unwrap();
+        }
+    });
+    let got = a.with_ring(|mut ring| {
+        let buf = RegisteredBuf::new(&pd, vec![9u8; 4]).unwrap();
+        ring.submission().push(Recv::new(buf)).unwrap();
+        ring.submit().unwrap();
+        ring.completion().wait(1).unwrap()
+    });
+    assert_eq!(got.len(), 1);
+    assert!(got[0].status().is_success());
+
+    // An awaited receive, polled once (its waker registered) before its
+    // message is sent: only the reactor can wake it (polling it again
+    // would reap by itself, so it is not polled until woken).
+    let mut recv = a.recv(RegisteredBuf::new(&pd, vec![9u8; 4]).unwrap());
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = futures::task::waker(Arc::clone(&woken));
+    let first = std::pin::Pin::new(&mut recv).poll(&mut std::task::Context::from_waker(&waker));
+    assert!(first.is_pending());
+    go.send(()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !woken.0.load(Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reactor never heard of the second message"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (result, buf) = recv.await;
+    assert_eq!(result.unwrap().len, 4);
+    assert_eq!(&buf[..], &[1u8; 4]);
+    peer.join().unwrap();
+    reactor.abort();
+}

@@ -968,3 +968,293 @@ fn awaiting_operations_on_several_queue_pairs() {
     assert_eq!(pool.available(), pool.capacity());
     drop(exposed);
 }
+
+/// Wakes nothing; records that it was woken.
+struct WokenFlag(std::sync::atomic::AtomicBool);
+
+impl futures::task::ArcWake for WokenFlag {
+    fn wake_by_ref(arc_self: &std::sync::Arc<Self>) {
+        arc_self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A completion that names nothing of the ring's (a stray queue pair's,
+/// on the shared completion queue but never attached) is reported, and
+/// the driver goes on past it: every completion behind it, in the same
+/// full batch and after, reaches its future, whose task is woken. (A
+/// driver that stopped at it left them in the queue, with no event to
+/// come for them: their tasks slept for ever.)
+#[test]
+fn an_unknown_completion_does_not_stop_the_driver_short() {
+    use rdma_ring::backend::{SendOpcode, SgeSpan};
+    use rdma_ring::future::{AsyncRing, Wakeup};
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::Context;
+
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let ring_config = RingConfig {
+        poll_batch: 4,
+        ..RingConfig::default()
+    };
+    let mut server = Ring::with_cq(dev.create_cq(64).unwrap(), ring_config);
+    let qp = dev.create_qp_on(&pd, server.cq(), None, config()).unwrap();
+    let client = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &client).unwrap();
+    let handle = server.attach(qp).unwrap();
+    let mut stray = dev.create_qp_on(&pd, server.cq(), None, config()).unwrap();
+    let mut stray_peer = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&stray, &stray_peer).unwrap();
+    let ring = AsyncRing::new(server, Wakeup::Reactor).unwrap();
+    let pool = BufferPool::new(&pd, 64, 16).unwrap();
+
+    let mut recvs: Vec<_> = (0..8)
+        .map(|_| ring.qp(handle).op(Recv::new(pool.take().unwrap())))
+        .collect();
+    let flags: Vec<_> = (0..8)
+        .map(|_| Arc::new(WokenFlag(AtomicBool::new(false))))
+        .collect();
+    for (recv, flag) in recvs.iter_mut().zip(&flags) {
+        let waker = futures::task::waker(Arc::clone(flag));
+        let polled = std::pin::Pin::new(recv).poll(&mut Context::from_waker(&waker));
+        assert!(polled.is_pending());
+    }
+
+    // The stray's completion goes into the queue first, then eight of
+    // the ring's: two full batches of four and one more.
+    let empty = SgeSpan { start: 0, len: 0 };
+    let mut send = SendWr::new(1, SendOpcode::Send, empty);
+    send.flags = rdma_ring::backend::SendFlags::SIGNALED;
+    // SAFETY: no scatter/gather element: the device touches no memory.
+    unsafe {
+        stray
+            .post_recv(
+                &[RecvWr {
+                    wr_id: 0xdead_beef,
+                    sges: empty,
+                }],
+                &[],
+            )
+            .unwrap();
+        stray_peer.post_send(&[send], &[]).unwrap();
+    }
+    dev.progress();
+    let mut client = Ring::new(client, RingConfig::default());
+    let mut sq = client.submission();
+    for i in 0..8u8 {
+        let mut msg = pool.take().unwrap();
+        msg[0] = i;
+        sq.push(Send::new(msg.slice(0..1))).unwrap();
+    }
+    sq.submit().unwrap();
+    dev.progress();
+
+    // One drive: the stray's completion is reported once all is applied.
+    let err = ring.drive().unwrap_err();
+    assert!(
+        matches!(err, Error::UnknownWrId { wr_id: 0xdead_beef }),
+        "{err}"
+    );
+    for (i, flag) in flags.iter().enumerate() {
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "receive {i}'s task was never woken"
+        );
+    }
+    futures::executor::block_on(async {
+        for (i, recv) in recvs.into_iter().enumerate() {
+            let (got, buf) = recv.await;
+            assert_eq!(got.unwrap(), 1);
+            assert_eq!(buf[0], i as u8);
+        }
+    });
+    assert_eq!(ring.with_ring(|r| r.stats().unknown_cqes), 1);
+    drop(stray);
+}
+
+/// Closing goes past a completion that names nothing of the ring's: the
+/// shared receives that messages filled, queued behind it, come back with
+/// their messages, not as flushed.
+#[test]
+fn closing_goes_past_an_unknown_completion_to_the_filled_shared_receives() {
+    use rdma_ring::backend::{SendOpcode, SgeSpan};
+
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let ring_config = RingConfig {
+        poll_batch: 2,
+        ..RingConfig::default()
+    };
+    let mut server = Ring::with_cq(dev.create_cq(64).unwrap(), ring_config);
+    let srq = server
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    let qp = dev
+        .create_qp_on(&pd, server.cq(), server.srq(srq), config())
+        .unwrap();
+    let client = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &client).unwrap();
+    server.attach(qp).unwrap();
+    let mut stray = dev.create_qp_on(&pd, server.cq(), None, config()).unwrap();
+    let mut stray_peer = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&stray, &stray_peer).unwrap();
+    let pool = BufferPool::new(&pd, 64, 16).unwrap();
+    for i in 0..4u64 {
+        server
+            .srq_submission(srq)
+            .push(Recv::new(pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    server.submit().unwrap();
+
+    let empty = SgeSpan { start: 0, len: 0 };
+    let mut send = SendWr::new(1, SendOpcode::Send, empty);
+    send.flags = rdma_ring::backend::SendFlags::SIGNALED;
+    // SAFETY: no scatter/gather element: the device touches no memory.
+    unsafe {
+        stray
+            .post_recv(
+                &[RecvWr {
+                    wr_id: 0xdead_beef,
+                    sges: empty,
+                }],
+                &[],
+            )
+            .unwrap();
+        stray_peer.post_send(&[send], &[]).unwrap();
+    }
+    dev.progress();
+    let mut client = Ring::new(client, RingConfig::default());
+    let mut sq = client.submission();
+    for i in 0..3u8 {
+        let mut msg = pool.take().unwrap();
+        msg[0] = 10 + i;
+        sq.push(Send::new(msg.slice(0..1))).unwrap();
+    }
+    sq.submit().unwrap();
+    dev.progress();
+
+    let mut back = server.close();
+    back.sort_by_key(|c| c.user_data());
+    let got: Vec<_> = back
+        .iter()
+        .map(|c| (c.user_data(), c.status(), c.byte_len()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, WcStatus::Success, 1),
+            (1, WcStatus::Success, 1),
+            (2, WcStatus::Success, 1),
+            (3, WcStatus::WrFlushErr, 0),
+        ]
+    );
+    drop(stray);
+}
+
+/// A shared receive queue that takes `accept` more receives, then refuses
+/// the rest of a post, as a device out of room would.
+struct Refusing {
+    inner: SoftSrq,
+    accept: std::sync::Arc<std::sync::Mutex<usize>>,
+}
+
+// SAFETY: what it takes goes to the soft queue as posted; what it refuses
+// never reaches a device, and the refusal says how many it took.
+unsafe impl rdma_ring::backend::SharedReceiveQueue for Refusing {
+    fn caps(&self) -> rdma_ring::backend::SrqCaps {
+        self.inner.caps()
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        let mut accept = self.accept.lock().unwrap();
+        let n = (*accept).min(wrs.len());
+        *accept -= n;
+        // SAFETY: passed through, for the first `n`.
+        unsafe { self.inner.post_recv(&wrs[..n], sges) }?;
+        if n < wrs.len() {
+            return Err(PostError {
+                accepted: n,
+                error: Error::PostRejected("the test's queue is out of room"),
+            });
+        }
+        Ok(())
+    }
+    fn arm_limit(&mut self, limit: u32) -> Result<(), Error> {
+        self.inner.arm_limit(limit)
+    }
+    fn destroy(&mut self) -> Result<(), Error> {
+        self.inner.destroy()
+    }
+}
+
+/// The queue pair type for a `Refusing` shared receive queue.
+struct OnRefusing(SoftQp);
+
+// SAFETY: everything is the soft queue pair's.
+unsafe impl QueuePair for OnRefusing {
+    type Cq = SoftCq;
+    type Srq = Refusing;
+    fn caps(&self) -> QpCaps {
+        self.0.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.0.set_error()
+    }
+    fn take_cq(&mut self) -> Option<SoftCq> {
+        None
+    }
+}
+
+/// Receives of a refill the device refused come back flushed, naming the
+/// shared receive queue they were pushed to, and their chunks go home.
+#[test]
+fn refused_refill_receives_name_their_shared_receive_queue() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let accept = std::sync::Arc::new(std::sync::Mutex::new(3));
+    let mut ring: Ring<OnRefusing> =
+        Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let srq = ring
+        .add_srq(Refusing {
+            inner: dev.create_srq(&pd, srq_config()).unwrap(),
+            accept: accept.clone(),
+        })
+        .unwrap();
+    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
+    ring.set_srq_refill(
+        srq,
+        Some(SrqRefill {
+            pool: refill_pool.clone(),
+            low: 2,
+            target: 5,
+            user_data: 9,
+        }),
+    )
+    .unwrap();
+    assert_eq!(ring.srq_posted(srq), Some(3), "the device took three");
+    let mut out = Vec::new();
+    ring.completion().reap(&mut out).unwrap();
+    let refused: Vec<_> = out
+        .iter()
+        .map(|c| (c.user_data(), c.status(), c.srq(), c.qp()))
+        .collect();
+    assert_eq!(
+        refused,
+        [(9, WcStatus::WrFlushErr, Some(srq), None); 2],
+        "the two refused"
+    );
+    drop(out);
+    assert_eq!(refill_pool.available(), 8 - 3);
+    drop(ring.close());
+    assert_eq!(refill_pool.available(), 8);
+}

@@ -69,7 +69,7 @@ impl Completion {
             imm: None,
             by_write_imm: false,
             qp: op.qp,
-            srq: None,
+            srq: op.srq,
             bufs: op.bufs,
         }
     }
@@ -275,6 +275,11 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                     // only when polled (the soft device in manual mode).
                     events.wait(deadline.remaining().min(SLEEP_TICK))?;
                     events.take()?;
+                    // Armed again at once: the channel may be the futures
+                    // adapter's too (a wait through `with_ring`), whose
+                    // driver hears of no later completion on a channel
+                    // left unarmed.
+                    events.arm()?;
                 }
                 None => std::thread::yield_now(),
             }
@@ -302,10 +307,24 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Moves CQEs from the device into `ready`, completing unsignaled
-    /// operations implicitly. Returns how many CQEs were reaped. When the
-    /// queue is idle it now and then reads device events and asks queue
-    /// pairs whether their peer left.
+    /// operations implicitly. Returns how many CQEs were reaped; a CQE
+    /// that named no operation of ours is reported as
+    /// [`Error::UnknownWrId`], after the others polled with it are applied.
     pub(super) fn reap_device(&mut self) -> Result<usize, Error> {
+        let polled = self.reap_device_batch()?;
+        match polled.unknown {
+            Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
+            None => Ok(polled.cqes),
+        }
+    }
+
+    /// Polls the device once, applying what it gives. When the queue is
+    /// idle it now and then reads device events and asks queue pairs
+    /// whether their peer left. An unknown `wr_id` is not an error here:
+    /// loops that drain the queue must go on past it (stopping there
+    /// would leave what follows it in the queue, with no event to come
+    /// for it).
+    pub(super) fn reap_device_batch(&mut self) -> Result<Polled, Error> {
         let n = if self.expecting == 0 {
             0
         } else {
@@ -338,10 +357,11 @@ impl<Q: QueuePair> Ring<Q> {
         if self.srqs.len() > 0 {
             self.refill_srqs();
         }
-        match unknown {
-            Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
-            None => Ok(n),
-        }
+        Ok(Polled {
+            cqes: n,
+            full: n > 0 && n == self.scratch.len(),
+            unknown,
+        })
     }
 
     /// Applies one CQE; false if it names no operation posted on the queue
@@ -514,6 +534,16 @@ impl<Q: QueuePair> Ring<Q> {
             QueueRef::Srq(key) => self.srqs.get(key).map(|_| SrqHandle { ring: self.id, key }),
         }
     }
+}
+
+/// What one poll of the device gave.
+pub(super) struct Polled {
+    /// CQEs applied (unknown ones included).
+    pub(super) cqes: usize,
+    /// Whether the poll filled its batch: the queue may hold more.
+    pub(super) full: bool,
+    /// The first CQE's `wr_id` that named no operation of ours.
+    pub(super) unknown: Option<u64>,
 }
 
 /// Empty polls between idle-time looks at device events and departed

@@ -286,14 +286,22 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
-    /// Moves every CQE the device has to its owner.
+    /// Moves every CQE the device has to its owner. A CQE that named no
+    /// operation of ours is reported ([`Error::UnknownWrId`]) once the
+    /// queue is drained, never before: what follows it must reach its
+    /// owner too, as no event will come for it.
     pub(crate) fn dispatch(&mut self) -> Result<usize, crate::Error> {
         let mut total = 0;
+        let mut unknown = None;
         loop {
-            let n = self.reap_device()?;
-            total += n;
-            if n < self.scratch.len() {
-                return Ok(total);
+            let polled = self.reap_device_batch()?;
+            total += polled.cqes;
+            unknown = unknown.or(polled.unknown);
+            if !polled.full {
+                return match unknown {
+                    Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
+                    None => Ok(total),
+                };
             }
         }
     }
