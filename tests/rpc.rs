@@ -336,6 +336,38 @@ fn a_call_times_out_and_the_client_goes_on() {
     opener.join().unwrap();
 }
 
+/// Under `Wakeup::Reactor` an awaited call the server never answers
+/// still times out: nothing comes through the completion descriptor for
+/// it, so without a timer its task would never be woken again.
+#[test]
+fn an_unanswered_call_times_out_under_a_reactor_too() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, _started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let config = RpcConfig {
+        wakeup: Wakeup::Reactor,
+        call_timeout: Duration::from_millis(200),
+        ..RpcConfig::default()
+    };
+    let client = server.connect_soft_with(config).unwrap();
+    let (done, result) = std::sync::mpsc::channel();
+    let call = client.call_async(b"never");
+    let t0 = Instant::now();
+    let caller = std::thread::spawn(move || {
+        let _ = done.send(futures::executor::block_on(call));
+    });
+    let got = result
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the call was never woken at its deadline");
+    assert_eq!(got, Err(RpcError::Timeout(Duration::from_millis(200))));
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    caller.join().unwrap();
+    for g in waiting.lock().unwrap().drain(..) {
+        let _ = g.send(());
+    }
+}
+
 #[test]
 fn a_client_that_vanishes_with_calls_in_flight_is_detached() {
     let dev = SoftDevice::new();

@@ -369,7 +369,9 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
 /// With [`Wakeup::Thread`] (the default) the connection makes progress
 /// on its own. With [`Wakeup::Reactor`], call [`progress`](Self::progress)
 /// whenever the completion descriptor (`ring().completion_fd()`) is
-/// readable; with [`Wakeup::Busy`], awaiting futures poll without end.
+/// readable (a call the server never answers is woken at its deadline by
+/// a timer thread, one for the process); with [`Wakeup::Busy`], awaiting
+/// futures poll without end.
 /// Under either, a connection nobody calls on does not answer the
 /// server's goodbye, and the server disconnects it after its
 /// `release_timeout`.
@@ -564,6 +566,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
             deadline: Instant::now().checked_add(timeout),
             timeout,
             call: Some(started),
+            timer_set: false,
         }
     }
 
@@ -622,6 +625,8 @@ pub struct CallFuture<Q: QueuePair + std::marker::Send + 'static> {
     timeout: Duration,
     /// The call's id, or why it could not start; `None` once resolved.
     call: Option<Result<u64, RpcError>>,
+    /// Whether the timer wakes it at its deadline.
+    timer_set: bool,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
@@ -640,6 +645,15 @@ impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
                 self.call = Some(Ok(id));
+                // With no notifier thread ticking and no busy polling, only
+                // a completion wakes the call: a timer must wake it when
+                // its time is up, or an unanswered call waits for ever.
+                if !self.timer_set && !self.shared.busy && self.shared.notifier.get().is_none() {
+                    self.timer_set = true;
+                    if let Some(deadline) = self.deadline {
+                        super::timer::wake_at(deadline, &self.shared.wakers);
+                    }
+                }
                 Poll::Pending
             }
         }

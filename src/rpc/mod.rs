@@ -68,6 +68,7 @@ mod listener;
 mod server;
 mod server_core;
 mod tasks;
+mod timer;
 mod waking;
 pub mod wire;
 
