@@ -307,24 +307,10 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Moves CQEs from the device into `ready`, completing unsignaled
-    /// operations implicitly. Returns how many CQEs were reaped; a CQE
-    /// that named no operation of ours is reported as
-    /// [`Error::UnknownWrId`], after the others polled with it are applied.
+    /// operations implicitly. Returns how many CQEs were reaped. When the
+    /// queue is idle it now and then reads device events and asks queue
+    /// pairs whether their peer left.
     pub(super) fn reap_device(&mut self) -> Result<usize, Error> {
-        let polled = self.reap_device_batch()?;
-        match polled.unknown {
-            Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
-            None => Ok(polled.cqes),
-        }
-    }
-
-    /// Polls the device once, applying what it gives. When the queue is
-    /// idle it now and then reads device events and asks queue pairs
-    /// whether their peer left. An unknown `wr_id` is not an error here:
-    /// loops that drain the queue must go on past it (stopping there
-    /// would leave what follows it in the queue, with no event to come
-    /// for it).
-    pub(super) fn reap_device_batch(&mut self) -> Result<Polled, Error> {
         let n = if self.expecting == 0 {
             0
         } else {
@@ -357,11 +343,10 @@ impl<Q: QueuePair> Ring<Q> {
         if self.srqs.len() > 0 {
             self.refill_srqs();
         }
-        Ok(Polled {
-            cqes: n,
-            full: n > 0 && n == self.scratch.len(),
-            unknown,
-        })
+        match unknown {
+            Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
+            None => Ok(n),
+        }
     }
 
     /// Applies one CQE; false if it names no operation posted on the queue
@@ -534,16 +519,6 @@ impl<Q: QueuePair> Ring<Q> {
             QueueRef::Srq(key) => self.srqs.get(key).map(|_| SrqHandle { ring: self.id, key }),
         }
     }
-}
-
-/// What one poll of the device gave.
-pub(super) struct Polled {
-    /// CQEs applied (unknown ones included).
-    pub(super) cqes: usize,
-    /// Whether the poll filled its batch: the queue may hold more.
-    pub(super) full: bool,
-    /// The first CQE's `wr_id` that named no operation of ours.
-    pub(super) unknown: Option<u64>,
 }
 
 /// Empty polls between idle-time looks at device events and departed

@@ -292,16 +292,35 @@ impl<Q: QueuePair> Ring<Q> {
     /// owner too, as no event will come for it.
     pub(crate) fn dispatch(&mut self) -> Result<usize, crate::Error> {
         let mut total = 0;
-        let mut unknown = None;
         loop {
-            let polled = self.reap_device_batch()?;
-            total += polled.cqes;
-            unknown = unknown.or(polled.unknown);
-            if !polled.full {
-                return match unknown {
-                    Some(wr_id) => Err(Error::UnknownWrId { wr_id }),
-                    None => Ok(total),
-                };
+            let n = match self.reap_device() {
+                Ok(n) => n,
+                Err(e) => return self.dispatch_after(e),
+            };
+            total += n;
+            if n < self.scratch.len() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The rest of a dispatch whose poll failed with `error`: an unknown
+    /// `wr_id` is reported only once the queue is drained; anything else
+    /// at once. Out of line, off the awaited path.
+    #[cold]
+    #[inline(never)]
+    fn dispatch_after(&mut self, error: crate::Error) -> Result<usize, crate::Error> {
+        let Error::UnknownWrId { .. } = error else {
+            return Err(error);
+        };
+        loop {
+            match self.reap_device() {
+                Ok(n) if n < self.scratch.len() => return Err(error),
+                // A full batch, or one with an unknown CQE (which may have
+                // been full): poll on. Each unknown CQE is one fewer in
+                // the queue, so this ends.
+                Ok(_) | Err(Error::UnknownWrId { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
     }
