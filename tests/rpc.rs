@@ -612,6 +612,40 @@ fn hostile_clients_are_told_and_cut_off_and_others_are_served() {
     assert_nothing_leaked();
 }
 
+/// A client that closes and goes on sending (here before it has even
+/// read the server's hello, so the connection lingers while that is
+/// retried) is cut off as a flood is, not ignored while it takes shared
+/// receive buffers.
+#[test]
+fn a_client_that_floods_after_closing_is_cut_off() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let good = server.connect_soft().unwrap();
+    let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    let pool = BufferPool::new(&*pd, 64, 64).unwrap();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    let mut sq = ring.submission();
+    for i in 0..41u64 {
+        let mut chunk = pool.take().unwrap();
+        let n = if i == 0 {
+            wire::encode_inline(&mut chunk, Kind::Close, 0, b"")
+        } else {
+            wire::encode_inline(&mut chunk, Kind::Request, i, b"r")
+        };
+        use rdma_ring::buf::BaseBuf;
+        sq.push(Send::new(chunk.slice(..n)).user_data(2)).unwrap();
+    }
+    sq.submit().unwrap();
+    wait_for("the client to be closed", || {
+        server.stats().clients_closed == 1
+    });
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 1, "{stats:?}");
+    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
+    drop(ring);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn unreleased_large_responses_expire() {
     let dev = SoftDevice::new();

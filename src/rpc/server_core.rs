@@ -32,6 +32,9 @@ enum Outgoing {
         chunk: PoolChunk,
         len: usize,
         answers: bool,
+        /// The call whose large response this message exposes: its
+        /// release timeout starts when the message leaves.
+        exposes: Option<u64>,
     },
     Later {
         kind: Kind,
@@ -67,6 +70,8 @@ struct Conn {
     /// Why the connection ends, once it does; it is detached when nothing
     /// of it is in flight (or at once, if the device failed it).
     closing: Option<String>,
+    /// Messages that came while it was closing (ignored).
+    ignored: usize,
     /// The device failed the connection: detach now.
     broken: bool,
     goodbye: bool,
@@ -154,6 +159,7 @@ impl ServerCore {
             watch: None,
             heard: false,
             closing: None,
+            ignored: 0,
             broken: false,
             goodbye: false,
         }
@@ -251,6 +257,21 @@ impl ServerCore {
             return;
         }
         if conn.closing.is_some() {
+            // Ignored, but counted: a client that goes on sending to a
+            // connection that is closing (its last word to us still
+            // waiting to be delivered) takes shared receive buffers from
+            // every other client, as a flood on an open one does, and is
+            // cut off the same way. One that keeps the protocol has at
+            // most a window of messages unanswered, these included.
+            conn.ignored += 1;
+            if conn.ignored > usize::from(self.config.window) && !conn.broken {
+                self.stats.protocol_errors += 1;
+                conn.broken = true;
+                conn.closing = Some(format!(
+                    "protocol violation: {} messages after the connection began to close, beyond the window of {}",
+                    conn.ignored, self.config.window
+                ));
+            }
             return;
         }
         self.stats.messages += 1;
@@ -461,6 +482,7 @@ impl ServerCore {
                     chunk,
                     len,
                     answers: kind.answers(),
+                    exposes: None,
                 }
             }
             Err(_) => Outgoing::Later {
@@ -626,22 +648,19 @@ impl ServerCore {
                 }
             }
             while let Some(out) = conn.outbox.pop_front() {
-                let mut exposes = None;
-                let (chunk, len, answers) = match out {
+                let (chunk, len, answers, exposes) = match out {
                     Outgoing::Ready {
                         chunk,
                         len,
                         answers,
-                    } => (chunk, len, answers),
+                        exposes,
+                    } => (chunk, len, answers, exposes),
                     Outgoing::Later {
                         kind,
                         id,
                         aux,
                         body,
                     } => {
-                        if kind == Kind::ResponseRendezvous {
-                            exposes = Some(id);
-                        }
                         let Ok(mut chunk) = send_pool.take() else {
                             conn.outbox.push_front(Outgoing::Later {
                                 kind,
@@ -659,7 +678,8 @@ impl ServerCore {
                                 wire::encode_rendezvous(&mut chunk, kind, id, remote)
                             }
                         };
-                        (chunk, len, kind.answers())
+                        let exposes = (kind == Kind::ResponseRendezvous).then_some(id);
+                        (chunk, len, kind.answers(), exposes)
                     }
                 };
                 // Solicited: a client sleeping on its completion channel
@@ -674,6 +694,7 @@ impl ServerCore {
                         chunk,
                         len,
                         answers,
+                        exposes,
                     });
                     break;
                 }
