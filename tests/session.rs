@@ -549,6 +549,33 @@ async fn a_grant_nobody_asked_for_is_refused() {
     assert!(why.contains("not waiting"), "{why}");
 }
 
+/// A peer that ignores flow control, sending past the receives we told
+/// it we had (it reports none of our answers processed, so they pile up
+/// unsent), is cut off once our depth of its messages arrived past our
+/// last report, not answered without end.
+#[tokio::test]
+async fn control_messages_past_our_depth_are_a_flood() {
+    let config = SessionConfig {
+        recv_depth: 8,
+        user_window: 2,
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    for request in 1..=40u64 {
+        peer.wire.send(
+            Control::AllocRequest {
+                request,
+                size: 8,
+                align: 8,
+                rights: RemoteAccess::READ,
+            }
+            .encode(0, 0),
+        );
+    }
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("past our last report"), "{why}");
+}
+
 #[tokio::test]
 async fn more_messages_than_the_window_is_a_flood() {
     let config = SessionConfig {

@@ -68,6 +68,8 @@ pub struct Flow {
     /// Of `processed`, those that were not acks.
     processed_data: u32,
     taken: u32,
+    /// The peer's messages that arrived (processed or not yet).
+    arrived: u32,
     reported_processed: u32,
     reported_data: u32,
     reported_taken: u32,
@@ -92,6 +94,7 @@ impl Flow {
             processed: 0,
             processed_data: 0,
             taken: 0,
+            arrived: 0,
             reported_processed: 0,
             reported_data: 0,
             reported_taken: 0,
@@ -173,6 +176,25 @@ impl Flow {
         }
         self.peer_processed = processed;
         self.peer_taken = taken;
+        Ok(())
+    }
+
+    /// Records one of the peer's messages arriving (any kind, a WRITE
+    /// with immediate too); refuses one the peer had no room for. A peer
+    /// sends only while its messages we have not reported processed are
+    /// fewer than our depth, so more than our depth of them arrived past
+    /// our last report is a peer ignoring flow control: our receives are
+    /// posted again as we process, whatever the peer knows, so it would
+    /// not meet an empty queue, and our answers would pile up unsent.
+    pub fn on_arrival(&mut self) -> Result<(), String> {
+        self.arrived = self.arrived.wrapping_add(1);
+        let unreported = self.arrived.wrapping_sub(self.reported_processed);
+        if unreported > self.own_depth {
+            return Err(format!(
+                "{unreported} messages arrived past our last report, beyond our depth of {}",
+                self.own_depth
+            ));
+        }
         Ok(())
     }
 
@@ -273,6 +295,7 @@ mod tests {
             let Some((user, counts)) = self.wire[to].pop_front() else {
                 return false;
             };
+            self.flows[to].on_arrival().unwrap();
             if let Some((p, t)) = counts {
                 self.flows[to].on_report(p, t).unwrap();
             }

@@ -220,6 +220,7 @@ fn receive<Q: QueuePair + std::marker::Send + 'static>(
     imm: Option<u32>,
     write_imm: bool,
 ) -> Result<(Result<Region, crate::Error>, bool), String> {
+    st.flow.on_arrival()?;
     let window = usize::from(host.config.user_window);
     if write_imm {
         if st.unread() >= window {
