@@ -550,3 +550,101 @@ fn tokio_copy_moves_16_mib_intact_and_split_halves_echo() {
         assert_eq!(checksum(&got), expected);
     });
 }
+
+/// A soft completion queue without a completion channel, as some
+/// backends' queues are.
+struct NoChannelCq(rdma_ring::backend::soft::SoftCq);
+
+// SAFETY: reports the soft queue's completions as they are.
+unsafe impl rdma_ring::backend::CompletionQueue for NoChannelCq {
+    fn id(&self) -> rdma_ring::backend::CqId {
+        self.0.id()
+    }
+    fn entries(&self) -> u32 {
+        self.0.entries()
+    }
+    fn poll(
+        &mut self,
+        out: &mut [rdma_ring::backend::RawCompletion],
+    ) -> Result<usize, rdma_ring::Error> {
+        self.0.poll(out)
+    }
+}
+
+/// A soft queue pair whose completion queue has no channel.
+struct NoChannelQp(SoftQp);
+
+// SAFETY: everything is the soft queue pair's.
+unsafe impl rdma_ring::backend::QueuePair for NoChannelQp {
+    type Cq = NoChannelCq;
+    type Srq = rdma_ring::backend::soft::SoftSrq;
+    fn caps(&self) -> rdma_ring::backend::QpCaps {
+        self.0.caps()
+    }
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[rdma_ring::backend::SendWr],
+        sges: &[rdma_ring::backend::Sge],
+    ) -> Result<(), rdma_ring::backend::PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(
+        &mut self,
+        wrs: &[rdma_ring::backend::RecvWr],
+        sges: &[rdma_ring::backend::Sge],
+    ) -> Result<(), rdma_ring::backend::PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), rdma_ring::Error> {
+        self.0.set_error()
+    }
+    fn take_cq(&mut self) -> Option<NoChannelCq> {
+        self.0.take_cq().map(NoChannelCq)
+    }
+    fn peer_disconnected(&mut self) -> Result<bool, rdma_ring::Error> {
+        self.0.peer_disconnected()
+    }
+}
+
+/// A stream refused as an async one (its completion queue has no channel
+/// for the wake-up asked for) is not torn down: it closes as a dropped
+/// stream does, delivering what was written and then the end of stream.
+#[test]
+fn a_stream_refused_as_async_still_delivers_what_was_written() {
+    let dev = SoftDevice::new();
+    let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
+    let qa = NoChannelQp(dev.create_qp(&pd_a, small().qp_config()).unwrap());
+    let qb = dev.create_qp(&pd_b, small().qp_config()).unwrap();
+    dev.connect(&qa.0, &qb).unwrap();
+    let a = RdmaStream::prepare(qa, &pd_a, small()).unwrap();
+    let b = RdmaStream::prepare(qb, &pd_b, small()).unwrap();
+    let b = std::thread::spawn(move || b.establish().unwrap());
+    let mut a = a.establish().unwrap();
+    let mut b = b.join().unwrap();
+
+    // More than the reader has room for: some of it waits in the
+    // writer's send buffers.
+    a.set_nonblocking(true);
+    let data = pattern(64 * 64, 5);
+    let mut written = 0;
+    while let Ok(n) = a.write(&data[written..]) {
+        written += n;
+    }
+    assert!(written > 64 * small().recv_buffers as usize);
+    let reader = std::thread::spawn(move || {
+        b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).map(|_| got)
+    });
+    let Err(refused) = a.into_async(Wakeup::Thread) else {
+        panic!("a queue without a channel gave a woken stream");
+    };
+    assert!(
+        refused.to_string().contains("completion channel"),
+        "{refused}"
+    );
+    let got = reader.join().unwrap().expect("an orderly end of stream");
+    assert!(got == data[..written], "{} of {written} bytes", got.len());
+}

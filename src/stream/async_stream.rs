@@ -12,7 +12,8 @@ use futures_core::Stream;
 use super::blocking::to_io;
 use super::connection::{Connection, Failure, ReadOutcome};
 use super::RdmaStream;
-use crate::backend::QueuePair;
+use crate::backend::{CompletionQueue, QueuePair};
+use crate::error::Error;
 use crate::future::{AsyncRing, CompletionStream, Wakeup};
 
 /// A connected byte stream over RDMA for any executor: `futures-io`'s
@@ -95,6 +96,18 @@ impl Wake for TaskWakers {
 
 impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
     pub(super) fn from_blocking(stream: RdmaStream<Q>, wakeup: Wakeup) -> io::Result<Self> {
+        // What could refuse the ring is checked while the stream still
+        // holds it: refused, the stream is dropped as any stream is,
+        // lingering to deliver what was written and then ending in order,
+        // rather than torn down with its written bytes.
+        if wakeup != Wakeup::Busy {
+            let events = stream.core().ring.cq().completion_events().ok_or_else(|| {
+                to_io(Error::Soft(
+                    "this completion queue has no completion channel; use Wakeup::Busy",
+                ))
+            })?;
+            events.arm().map_err(to_io)?;
+        }
         let (core, linger) = stream.into_core();
         let ring = AsyncRing::new(core.ring, wakeup).map_err(to_io)?;
         let completions = ring.completions();

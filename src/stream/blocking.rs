@@ -218,7 +218,7 @@ impl<Q: QueuePair> RdmaStream<Q> {
         })
     }
 
-    fn core(&self) -> &StreamCore<Q> {
+    pub(super) fn core(&self) -> &StreamCore<Q> {
         self.core.as_ref().expect("present until into_async")
     }
 
@@ -371,7 +371,11 @@ impl<Q: QueuePair> RdmaStream<Q> {
     }
 
     /// The same connection as an [`AsyncRdmaStream`](super::AsyncRdmaStream),
-    /// woken as `wakeup` says.
+    /// woken as `wakeup` says. If that wake-up cannot be had (a completion
+    /// queue without a channel, for [`Wakeup::Reactor`] or
+    /// [`Wakeup::Thread`]), the error comes back and the stream closes as
+    /// a dropped one does: what was written is delivered, then the end of
+    /// stream.
     pub fn into_async(self, wakeup: Wakeup) -> io::Result<super::AsyncRdmaStream<Q>>
     where
         Q: Send + 'static,
