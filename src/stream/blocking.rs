@@ -63,12 +63,15 @@ impl<Q: QueuePair> StreamCore<Q> {
                 other => other,
             };
         }
+        // What was reaped is applied before a failure of the reap is
+        // recorded: it came first, and a connection that has failed
+        // drops the data it receives.
+        for c in self.scratch.drain(..) {
+            self.conn.on_completion(c);
+        }
         match reaped {
             Ok(_) | Err(Error::UnknownWrId { .. }) => {}
             Err(e) => self.conn.fail(Failure::Transport(e.to_string())),
-        }
-        for c in self.scratch.drain(..) {
-            self.conn.on_completion(c);
         }
         self.push_now();
     }
