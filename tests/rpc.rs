@@ -368,6 +368,23 @@ fn an_unanswered_call_times_out_under_a_reactor_too() {
     }
 }
 
+/// Unbounded timeouts mean no deadline, not a panic.
+#[test]
+fn unbounded_timeouts_connect_and_call() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let client = server
+        .connect_soft_with(RpcConfig {
+            connect_timeout: Duration::MAX,
+            call_timeout: Duration::MAX,
+            ..RpcConfig::default()
+        })
+        .unwrap();
+    assert_eq!(client.call(b"no deadline").unwrap(), b"no deadline");
+    let reply = futures::executor::block_on(client.call_async(b"async"));
+    assert_eq!(reply.unwrap(), b"async");
+}
+
 #[test]
 fn a_client_that_vanishes_with_calls_in_flight_is_detached() {
     let dev = SoftDevice::new();

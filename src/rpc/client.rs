@@ -477,7 +477,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
                 .socket
                 .filter(|socket| socket.set_nonblocking(true).is_ok()),
         });
-        let deadline = Instant::now() + self.config.connect_timeout;
+        let deadline = crate::deadline::Deadline::after(self.config.connect_timeout);
         loop {
             {
                 let mut state = shared.lock();
@@ -489,7 +489,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
                     break;
                 }
             }
-            if Instant::now() >= deadline {
+            if deadline.expired() {
                 return Err(RpcError::Connect(format!(
                     "no hello from the server within {:?}",
                     self.config.connect_timeout
