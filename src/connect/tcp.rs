@@ -231,26 +231,38 @@ pub fn accept_qp(
 
 /// Whether the peer's end of a (non-blocking) handshake socket closed: the
 /// peer's process died, or it let the connection go. Both sides keep the
-/// socket open for the connection's life to learn this.
+/// socket open for the connection's life to learn this. Nothing more is
+/// said on it after the handshake: bytes the peer sends anyway are read
+/// and dropped, so that they cannot hide its end.
 ///
 /// ```
+/// use std::io::Write;
 /// use std::net::{TcpListener, TcpStream};
 /// use rdma_ring::connect::tcp::peer_closed;
 /// let listener = TcpListener::bind("127.0.0.1:0").unwrap();
 /// let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
 /// ours.set_nonblocking(true).unwrap();
-/// let (theirs, _) = listener.accept().unwrap();
+/// let (mut theirs, _) = listener.accept().unwrap();
 /// assert!(!peer_closed(&ours));
+/// theirs.write_all(b"stray").unwrap(); // said, then gone
 /// drop(theirs);
 /// # std::thread::sleep(std::time::Duration::from_millis(50));
 /// assert!(peer_closed(&ours));
 /// ```
 pub fn peer_closed(socket: &std::net::TcpStream) -> bool {
-    match socket.peek(&mut [0u8; 1]) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    use std::io::Read;
+    let mut dropped = [0u8; 256];
+    // Bounded, so that a peer that never stops sending cannot hold the
+    // caller here: what is left is read at the next look.
+    for _ in 0..16 {
+        match (&*socket).read(&mut dropped) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return e.kind() != std::io::ErrorKind::WouldBlock,
+        }
     }
+    false
 }
 
 #[cfg(test)]
