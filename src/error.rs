@@ -214,6 +214,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The peer said nothing (or not all of it) within the handshake's
+    /// time: what it was doing, and how far it got.
+    #[error("handshake timed out while {step}: {reason}")]
+    HandshakeTimeout {
+        /// What the handshake was doing.
+        step: &'static str,
+        /// How far it got.
+        reason: String,
+    },
     /// No device of that name.
     #[error("no RDMA device named {0:?}")]
     NoSuchDevice(String),

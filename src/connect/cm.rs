@@ -169,10 +169,10 @@ impl CmId {
             }
             let left = deadline.remaining();
             if left.is_zero() {
-                return Err(cm_failure(
-                    "waiting for an rdma_cm event",
-                    format!("no event within {timeout:?}"),
-                ));
+                return Err(Error::HandshakeTimeout {
+                    step: "waiting for an rdma_cm event",
+                    reason: format!("no event within {timeout:?}"),
+                });
             }
             let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
             // SAFETY: one valid pollfd.

@@ -44,7 +44,10 @@ fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> E
             format!("peer closed the connection after {got} of {want} bytes")
         }
         ErrorKind::WouldBlock | ErrorKind::TimedOut => {
-            format!("timed out after {got} of {want} bytes")
+            return Error::HandshakeTimeout {
+                step,
+                reason: format!("timed out after {got} of {want} bytes"),
+            };
         }
         _ => e.to_string(),
     };
@@ -333,7 +336,19 @@ mod tests {
         let v2: &'static [u8] = Box::leak(Box::new(v2));
         let version = peer_sends(v2, true).to_string();
         assert!(version.contains("version 2"), "{version}");
-        let silence = peer_sends(b"", false).to_string();
+        let silence = peer_sends(b"", false);
+        // A timeout is told apart from a refusal (a stream reports it as
+        // `TimedOut`, a listener waits on).
+        assert!(
+            matches!(silence, Error::HandshakeTimeout { .. }),
+            "{silence:?}"
+        );
+        let silence = silence.to_string();
         assert!(silence.contains("timed out after 0 of 32"), "{silence}");
+        let truncated = peer_sends(b"RE\x01\x05", true);
+        assert!(
+            matches!(truncated, Error::Handshake { .. }),
+            "{truncated:?}"
+        );
     }
 }

@@ -446,7 +446,7 @@ fn no_address() -> io::Error {
 
 pub(super) fn to_io(e: Error) -> io::Error {
     let kind = match &e {
-        Error::Timeout(_) => io::ErrorKind::TimedOut,
+        Error::Timeout(_) | Error::HandshakeTimeout { .. } => io::ErrorKind::TimedOut,
         Error::Handshake { .. } => io::ErrorKind::ConnectionRefused,
         Error::NoSuchDevice(_) => io::ErrorKind::NotFound,
         _ => io::ErrorKind::Other,
@@ -552,5 +552,24 @@ impl<Q: QueuePair> std::fmt::Debug for RdmaStream<Q> {
             .field("ring", &self.core.as_ref().map(|c| &c.ring))
             .field("peer_addr", &self.peer_addr)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_that_timed_out_is_timed_out_not_refused() {
+        let timed_out = to_io(Error::HandshakeTimeout {
+            step: "waiting for an rdma_cm event",
+            reason: "no event within 1s".into(),
+        });
+        assert_eq!(timed_out.kind(), io::ErrorKind::TimedOut);
+        let refused = to_io(Error::Handshake {
+            step: "reading the peer's endpoint",
+            reason: "bad magic".into(),
+        });
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
     }
 }
