@@ -56,7 +56,7 @@ fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> E
 
 /// Reads exactly `buf.len()` bytes by `deadline` (a deadline for the whole
 /// read, so a peer trickling bytes cannot stretch it).
-fn read_exact(
+pub(crate) fn read_exact(
     stream: &mut TcpStream,
     buf: &mut [u8],
     deadline: Deadline,
@@ -320,6 +320,38 @@ mod tests {
         let err = exchange(&mut a, &endpoint(1), Duration::from_millis(200)).unwrap_err();
         t.join().unwrap();
         err
+    }
+
+    #[test]
+    fn a_peer_trickling_bytes_cannot_stretch_the_deadline() {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            // A byte every 100 ms: each read would be in time, the whole
+            // (3.2 s) never.
+            for _ in 0..32 {
+                if b.write_all(&[7]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let start = std::time::Instant::now();
+        let mut buf = [0u8; 32];
+        let err = read_exact(
+            &mut a,
+            &mut buf,
+            Deadline::after(Duration::from_millis(200)),
+            "reading a hello",
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::HandshakeTimeout { .. }), "{err:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the deadline stretched to {:?}",
+            start.elapsed()
+        );
+        drop(a);
+        t.join().unwrap();
     }
 
     #[test]

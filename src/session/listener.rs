@@ -2,7 +2,7 @@
 //! TCP handshake or rdma_cm; [`SessionListener`] accepts many peers onto
 //! one host.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use crate::backend::QueuePair;
 use crate::buf::RemoteAccess;
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
+use crate::deadline::Deadline;
 use crate::Error;
 
 /// The device and protection domain of a verbs host.
@@ -277,10 +278,16 @@ fn exchange(
 ) -> Result<Hello, SessionError> {
     let remote = tcp::exchange(stream, endpoint, timeout)?;
     let failed = |e: std::io::Error| SessionError::Connect(format!("exchanging hellos: {e}"));
-    stream.set_read_timeout(Some(timeout)).map_err(failed)?;
     stream.write_all(&hello.encode()).map_err(failed)?;
     let mut bytes = [0u8; HELLO_LEN];
-    stream.read_exact(&mut bytes).map_err(failed)?;
+    // One deadline for the whole hello: a peer trickling its bytes cannot
+    // hold the accept (and every peer behind it) for a timeout per byte.
+    tcp::read_exact(
+        stream,
+        &mut bytes,
+        Deadline::after(timeout),
+        "reading the peer's session hello",
+    )?;
     let peer = Hello::decode(&bytes)
         .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
     host.with_qp(prepared, |qp| qp.connect(&remote))?;
