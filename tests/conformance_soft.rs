@@ -41,6 +41,14 @@ impl Fabric for Soft {
         self.dev.connect(&a, &b).unwrap();
         (a, b)
     }
+    fn qp_on(
+        &self,
+        cq: &SoftCq,
+        srq: Option<&SoftSrq>,
+        config: QpConfig,
+    ) -> Result<SoftQp, rdma_ring::Error> {
+        self.dev.create_qp_on(&self.pd, cq, srq, config)
+    }
     fn events(&self) -> SoftAsyncEvents {
         self.dev.async_events().unwrap()
     }

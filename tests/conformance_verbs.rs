@@ -63,6 +63,14 @@ impl Fabric for Verbs {
         b.connect(&ea).unwrap();
         (a, b)
     }
+    fn qp_on(
+        &self,
+        cq: &VerbsCq,
+        srq: Option<&VerbsSrq>,
+        config: QpConfig,
+    ) -> Result<VerbsQp, rdma_ring::Error> {
+        self.dev.create_qp_on(&self.pd, cq, srq, config)
+    }
     fn events(&self) -> VerbsAsyncEvents {
         self.dev.async_events().unwrap()
     }

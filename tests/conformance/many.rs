@@ -183,6 +183,27 @@ pub fn scatter_gather_on_the_device<F: Fabric>(f: &F) {
 
 /// The device raises the shared receive queue's low-water event once the
 /// queue falls below the armed limit, and the ring hands it out.
+/// A shared receive queue once destroyed takes no queue pair: the
+/// backend refuses it rather than hand the device a freed queue.
+pub fn a_queue_pair_on_a_destroyed_srq_is_refused<F: Fabric>(f: &F) {
+    use rdma_ring::backend::SharedReceiveQueue;
+    let cq = f.cq(16);
+    let mut srq = f.srq(SrqConfig {
+        max_wr: 4,
+        max_sge: 1,
+    });
+    assert!(
+        f.qp_on(&cq, Some(&srq), small()).is_ok(),
+        "a live queue takes one"
+    );
+    srq.destroy().unwrap();
+    assert!(
+        f.qp_on(&cq, Some(&srq), small()).is_err(),
+        "a queue pair on a destroyed shared receive queue"
+    );
+    assert!(f.qp_on(&cq, None, small()).is_ok(), "the device goes on");
+}
+
 pub fn srq_limit_event<F: Fabric>(f: &F) {
     let mut server = Ring::with_cq(f.cq(256), ring_config());
     server.watch_events(f.events());

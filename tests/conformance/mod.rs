@@ -42,6 +42,14 @@ pub trait Fabric {
         srq: Option<&SrqOf<Self>>,
         config: QpConfig,
     ) -> (Self::Qp, Self::Qp);
+    /// A queue pair on `cq` (taking receives from `srq`), not connected;
+    /// the backend's error if it refuses one.
+    fn qp_on(
+        &self,
+        cq: &CqOf<Self>,
+        srq: Option<&SrqOf<Self>>,
+        config: QpConfig,
+    ) -> Result<Self::Qp, rdma_ring::Error>;
     fn events(&self) -> Self::Events;
 }
 
@@ -447,6 +455,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn many_queue_pairs_on_one_cq_and_srq() { conformance::many::many_queue_pairs_on_one_cq_and_srq(&$make) }
         $(#[$attr])* #[test] fn scatter_gather_on_the_device() { conformance::many::scatter_gather_on_the_device(&$make) }
         $(#[$attr])* #[test] fn srq_limit_event() { conformance::many::srq_limit_event(&$make) }
+        $(#[$attr])* #[test] fn a_queue_pair_on_a_destroyed_srq_is_refused() { conformance::many::a_queue_pair_on_a_destroyed_srq_is_refused(&$make) }
         $(#[$attr])* #[test] fn detach_with_work_in_flight() { conformance::many::detach_with_work_in_flight(&$make) }
         $(#[$attr])* #[test] fn doorbells_seen_by_the_device() { conformance::many::doorbells_seen_by_the_device(&$make) }
         $(#[$attr])* #[test] fn a_failing_unsignaled_request_gets_its_own_completion() { conformance::many::a_failing_unsignaled_request_gets_its_own_completion(&$make) }

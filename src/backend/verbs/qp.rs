@@ -82,6 +82,14 @@ impl VerbsQp {
                 )),
             });
         }
+        // A destroyed queue's `ibv_srq` is freed memory: it must never
+        // reach `ibv_create_qp`.
+        if srq.is_some_and(VerbsSrq::is_destroyed) {
+            return Err(Error::Verbs {
+                verb: "ibv_create_qp",
+                source: std::io::Error::other("the shared receive queue was destroyed"),
+            });
+        }
         if srq.is_some_and(|s| s.caps().pd != pd.id) {
             return Err(Error::Verbs {
                 verb: "ibv_create_qp",

@@ -80,6 +80,12 @@ impl VerbsSrq {
     pub(super) fn raw(&self) -> *mut ibv_srq {
         self.srq
     }
+
+    /// Whether [`destroy`](SharedReceiveQueue::destroy) succeeded: the
+    /// `ibv_srq` is then freed, and nothing may hand it to the library.
+    pub(super) fn is_destroyed(&self) -> bool {
+        self.destroyed
+    }
 }
 
 // SAFETY: receives posted with `ibv_post_srq_recv` are consumed at most once
