@@ -1258,3 +1258,55 @@ fn refused_refill_receives_name_their_shared_receive_queue() {
     drop(ring.close());
     assert_eq!(refill_pool.available(), 8);
 }
+
+/// A queue pair made on this ring's completion queue but on another
+/// ring's shared receive queue (never attached) consumes the other
+/// ring's receive; its completion, naming a `wr_id` this ring also
+/// uses, must not hand back this ring's receive, which is still posted.
+#[test]
+fn a_completion_from_another_ring_s_shared_queue_releases_nothing() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut r1: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let mut r2: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let s1 = r1
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    let s2 = r2
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    let pool = BufferPool::new(&pd, 64, 8).unwrap();
+    r1.srq_submission(s1)
+        .push(Recv::new(pool.take().unwrap()).user_data(1))
+        .unwrap();
+    r1.submit().unwrap();
+    r2.srq_submission(s2)
+        .push(Recv::new(pool.take().unwrap()).user_data(2))
+        .unwrap();
+    r2.submit().unwrap();
+
+    let rogue = dev
+        .create_qp_on(&pd, r1.cq(), r2.srq(s2), config())
+        .unwrap();
+    let sender = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&rogue, &sender).unwrap();
+    let mut sender = Ring::new(sender, RingConfig::default());
+    sender
+        .submission()
+        .push(Send::new(pool.take().unwrap().slice(0..4)))
+        .unwrap();
+    sender.submit().unwrap();
+    assert_eq!(sender.completion().wait(1).unwrap().len(), 1);
+
+    // The rogue's completion lands on r1's queue: reported, not acted on.
+    let mut out = Vec::new();
+    let reaped = r1.completion().reap(&mut out);
+    assert!(
+        matches!(reaped, Err(Error::UnknownWrId { .. })),
+        "{reaped:?}"
+    );
+    assert!(out.is_empty(), "r1 handed back a receive still posted");
+    assert_eq!(r1.srq_posted(s1), Some(1));
+    assert_eq!(r1.srq(s1).unwrap().posted(), 1, "the device still holds it");
+    drop(rogue);
+}

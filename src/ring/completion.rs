@@ -420,7 +420,19 @@ impl<Q: QueuePair> Ring<Q> {
                 true
             }
             QueueRef::Srq(srq) => {
+                // Only a queue pair on this queue, attached or detached
+                // from it, can have taken one of its receives: another
+                // number (a queue pair on another ring's queue that
+                // completes here, whose receives' `wr_id`s ours share)
+                // names none of them, and the receive is still posted.
                 let consumer = self.qp_by_num(raw.qp_num);
+                let ours = match consumer.and_then(|h| self.qps.get(h.key)) {
+                    Some(slot) => slot.srq == Some(srq),
+                    None => self.srqs.get(srq).is_some_and(|s| s.had(raw.qp_num)),
+                };
+                if !ours {
+                    return false;
+                }
                 if let Some(slot) = consumer.and_then(|h| self.qps.get_mut(h.key)) {
                     slot.stats.cqes += 1;
                     if !raw.status.is_success() {

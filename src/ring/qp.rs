@@ -210,6 +210,9 @@ impl<Q: QueuePair> Ring<Q> {
         }
         let key = self.qps.insert(slot).expect("grown above");
         self.by_qpn.insert(caps.qp_num, key);
+        if let Some(slot) = srq.and_then(|srq| self.srqs.get_mut(srq)) {
+            slot.join(caps.qp_num);
+        }
         self.cqe_reserved += reserve;
         let handle = QpHandle { ring: self.id, key };
         if self.default_qp().is_none() {
@@ -291,6 +294,9 @@ impl<Q: QueuePair> Ring<Q> {
         let slot = self.qps.remove(key).expect("checked above");
         drained &= slot.outstanding() == 0 && slot.drain.is_none();
         self.by_qpn.remove(&slot.caps.qp_num);
+        if let Some(srq) = slot.srq.and_then(|srq| self.srqs.get_mut(srq)) {
+            srq.leave(slot.caps.qp_num);
+        }
         self.cqe_reserved -= usize::from(slot.marker_reserved);
         self.dirty.retain(|q| *q != QueueRef::Qp(key));
         if self.default_qp == Some(qp) {

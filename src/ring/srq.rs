@@ -1,6 +1,8 @@
 //! Shared receive queues held by a ring: pushing receives to them, their
 //! credits, the low-water mark, and refilling them from a buffer pool.
 
+use std::collections::VecDeque;
+
 use super::lifecycle::Owner;
 use super::submission::Posting;
 use super::{InFlight, Key, QueueRef, Ring, SrqHandle};
@@ -49,11 +51,36 @@ pub(super) struct SrqSlot<S> {
     pub(super) dirty: bool,
     pub(super) refill: Option<SrqRefill>,
     pub(super) doorbells: u64,
+    /// Numbers of queue pairs detached from it (the latest
+    /// [`FORMER_KEPT`]): a receive one of them took may still be reported.
+    former: VecDeque<u32>,
 }
+
+/// Detached queue pairs' numbers a shared receive queue remembers.
+const FORMER_KEPT: usize = 1024;
 
 impl<S> SrqSlot<S> {
     fn slab_share(&self) -> usize {
         2 * self.caps.max_wr as usize
+    }
+
+    /// Queue pair `qpn` takes its receives from this queue: its number
+    /// names it now, not a former holder of the number.
+    pub(super) fn join(&mut self, qpn: u32) {
+        self.former.retain(|&n| n != qpn);
+    }
+
+    /// Queue pair `qpn` was detached from this queue.
+    pub(super) fn leave(&mut self, qpn: u32) {
+        if self.former.len() == FORMER_KEPT {
+            self.former.pop_front();
+        }
+        self.former.push_back(qpn);
+    }
+
+    /// Whether queue pair `qpn` was detached from this queue.
+    pub(super) fn had(&self, qpn: u32) -> bool {
+        self.former.contains(&qpn)
     }
 }
 
@@ -132,6 +159,7 @@ impl<Q: QueuePair> Ring<Q> {
             dirty: false,
             refill: None,
             doorbells: 0,
+            former: VecDeque::new(),
         };
         self.reserve_slots(slot.slab_share());
         if self.srqs.len() == self.srqs.capacity() {
