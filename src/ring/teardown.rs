@@ -4,6 +4,7 @@
 use super::lifecycle::Owner;
 use super::{Completion, Key, QueueRef, Ring};
 use crate::backend::{QueuePair, SharedReceiveQueue};
+use crate::buf::SingleBuf;
 use crate::deadline::Deadline;
 use crate::error::Error;
 
@@ -158,8 +159,10 @@ impl<Q: QueuePair> Ring<Q> {
             if matches!(op.owner, Owner::Queue) {
                 self.queued_in_flight -= 1;
             }
+            // The length from the buffer's range, not through a slice of
+            // its bytes: the device may be writing them.
             for buf in op.bufs.iter() {
-                crate::leak::record_buffer(buf.len());
+                crate::leak::record_buffer(buf.single_len());
             }
             std::mem::forget(op.bufs);
         }
@@ -175,7 +178,7 @@ impl<Q: QueuePair> Drop for Ring<Q> {
         for op in self.slab.drain() {
             if op.posted {
                 for buf in op.bufs.iter() {
-                    crate::leak::record_buffer(buf.len());
+                    crate::leak::record_buffer(buf.single_len());
                 }
                 std::mem::forget(op.bufs);
             }
