@@ -349,6 +349,20 @@ fn local_depths(dev: &VerbsDevice) -> Depths {
     )
 }
 
+/// The depths to accept a request with, given ours (`local`: what we can
+/// answer, what we can issue) and the request event's. The kernel reports
+/// a request's depths from the listener's side: its
+/// `responder_resources` is how many READs and atomics the requester
+/// will issue (we answer that many, up to what we can), its
+/// `initiator_depth` how many the requester can answer (we issue no more,
+/// nor more than we can). At least one each.
+fn accept_depths(local: Depths, responder_resources: u8, initiator_depth: u8) -> Depths {
+    (
+        local.0.min(responder_resources.max(1)),
+        local.1.min(initiator_depth.max(1)),
+    )
+}
+
 fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -> rdma_conn_param {
     rdma_conn_param {
         private_data: if private.is_empty() {
@@ -655,12 +669,10 @@ impl CmRequest {
                 return Err(e);
             }
         };
-        // Answer no more READs/atomics than we can, nor issue more than the
-        // requester can answer.
-        let (responder, initiator) = local_depths(dev);
-        let depths = (
-            responder.min(self.initiator_depth.max(1)),
-            initiator.min(self.responder_resources.max(1)),
+        let depths = accept_depths(
+            local_depths(dev),
+            self.responder_resources,
+            self.initiator_depth,
         );
         let private = std::mem::take(&mut self.private);
         Ok(CmQp::new(qp, id, Role::Accepting(depths), config, private))
@@ -884,5 +896,23 @@ impl Drop for CmQp {
                 rdma_sys::rdma_disconnect(self.id.id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accept_depths;
+
+    #[test]
+    fn a_request_s_depths_are_read_from_the_listener_s_side() {
+        // A requester that issues 16 READs and answers 1 (reported to the
+        // listener as responder_resources 16, initiator_depth 1).
+        assert_eq!(accept_depths((16, 16), 16, 1), (16, 1));
+        // The other way round.
+        assert_eq!(accept_depths((16, 16), 1, 16), (1, 16));
+        // Never beyond what this side can do.
+        assert_eq!(accept_depths((4, 2), 16, 16), (4, 2));
+        // At least one each.
+        assert_eq!(accept_depths((16, 16), 0, 0), (1, 1));
     }
 }
