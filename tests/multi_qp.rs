@@ -1310,3 +1310,60 @@ fn a_completion_from_another_ring_s_shared_queue_releases_nothing() {
     assert_eq!(r1.srq(s1).unwrap().posted(), 1, "the device still holds it");
     drop(rogue);
 }
+
+/// A queue pair made on the ring's shared receive queue and connected
+/// before it is attached (as a server does during a handshake) may take
+/// receives at once: announced, their completions are applied (naming no
+/// queue pair yet), and the queue's count goes down; after the attach
+/// they name it.
+#[test]
+fn receives_taken_before_the_attach_count_once_announced() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    let pool = BufferPool::new(&pd, 64, 8).unwrap();
+    for i in 0..2u64 {
+        ring.srq_submission(srq)
+            .push(Recv::new(pool.take().unwrap()).user_data(i))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    let qp = dev
+        .create_qp_on(&pd, ring.cq(), ring.srq(srq), config())
+        .unwrap();
+    ring.expect_on_srq(srq, qp.qpn()).unwrap();
+    let client = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &client).unwrap();
+    let mut client = Ring::new(client, RingConfig::default());
+    let send = |client: &mut Ring<SoftQp>| {
+        client
+            .submission()
+            .push(Send::new(pool.take().unwrap().slice(0..3)))
+            .unwrap();
+        client.submit().unwrap();
+        client.completion().wait(1).unwrap();
+    };
+    send(&mut client);
+    let early = ring.completion().wait(1).unwrap();
+    assert_eq!(
+        (early[0].user_data(), early[0].byte_len(), early[0].qp()),
+        (0, 3, None)
+    );
+    assert_eq!(ring.srq_posted(srq), Some(1));
+    let handle = ring.attach(qp).unwrap();
+    send(&mut client);
+    let late = ring.completion().wait(1).unwrap();
+    assert_eq!((late[0].user_data(), late[0].qp()), (1, Some(handle)));
+    assert_eq!(ring.srq_posted(srq), Some(0));
+    let mut other: Ring<SoftQp> = Ring::with_cq(dev.create_cq(8).unwrap(), RingConfig::default());
+    let foreign = other
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    assert!(
+        ring.expect_on_srq(foreign, 1).is_err(),
+        "a queue the ring does not hold"
+    );
+}

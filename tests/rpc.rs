@@ -353,15 +353,20 @@ fn an_unanswered_call_times_out_under_a_reactor_too() {
     let client = server.connect_soft_with(config).unwrap();
     let (done, result) = std::sync::mpsc::channel();
     let call = client.call_async(b"never");
+    // A later deadline too: the timer is told again once the first passed.
+    let later = client.call_async_with_timeout(b"never either", Duration::from_millis(500));
     let t0 = Instant::now();
     let caller = std::thread::spawn(move || {
-        let _ = done.send(futures::executor::block_on(call));
+        let _ = done.send(futures::executor::block_on(futures::future::join(
+            call, later,
+        )));
     });
-    let got = result
+    let (first, second) = result
         .recv_timeout(Duration::from_secs(10))
-        .expect("the call was never woken at its deadline");
-    assert_eq!(got, Err(RpcError::Timeout(Duration::from_millis(200))));
-    assert!(t0.elapsed() >= Duration::from_millis(200));
+        .expect("the calls were never woken at their deadlines");
+    assert_eq!(first, Err(RpcError::Timeout(Duration::from_millis(200))));
+    assert_eq!(second, Err(RpcError::Timeout(Duration::from_millis(500))));
+    assert!(t0.elapsed() >= Duration::from_millis(500));
     caller.join().unwrap();
     for g in waiting.lock().unwrap().drain(..) {
         let _ = g.send(());
@@ -639,6 +644,11 @@ fn a_client_that_floods_after_closing_is_cut_off() {
     let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
     let good = server.connect_soft().unwrap();
     let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    // Attached (its hello on the way, unread), so what follows meets an
+    // open connection that then closes.
+    wait_for("the client to be attached", || {
+        server.stats().clients_accepted == 2
+    });
     let pool = BufferPool::new(&*pd, 64, 64).unwrap();
     let mut ring = Ring::new(qp, RingConfig::default());
     let mut sq = ring.submission();

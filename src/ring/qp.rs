@@ -111,7 +111,10 @@ impl<Q: QueuePair> Ring<Q> {
     /// shared receive queue, on one this ring holds
     /// ([`add_srq`](Self::add_srq)). Memory for its operations is allocated
     /// here, once. Refused (with the queue pair back) if the ring is closed
-    /// or failed, or the queue pair does not fit.
+    /// or failed, or the queue pair does not fit. One on a shared receive
+    /// queue that may take receives before it is attached (connected
+    /// first) is announced first, with
+    /// [`expect_on_srq`](Self::expect_on_srq).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};

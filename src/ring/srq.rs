@@ -51,8 +51,9 @@ pub(super) struct SrqSlot<S> {
     pub(super) dirty: bool,
     pub(super) refill: Option<SrqRefill>,
     pub(super) doorbells: u64,
-    /// Numbers of queue pairs detached from it (the latest
-    /// [`FORMER_KEPT`]): a receive one of them took may still be reported.
+    /// Numbers of queue pairs on it that are not attached: detached from
+    /// it, or announced before attaching (the latest [`FORMER_KEPT`]). A
+    /// receive one of them took may be reported.
     former: VecDeque<u32>,
 }
 
@@ -70,7 +71,8 @@ impl<S> SrqSlot<S> {
         self.former.retain(|&n| n != qpn);
     }
 
-    /// Queue pair `qpn` was detached from this queue.
+    /// Queue pair `qpn` takes receives from this queue without being
+    /// attached: detached from it, or announced.
     pub(super) fn leave(&mut self, qpn: u32) {
         if self.former.len() == FORMER_KEPT {
             self.former.pop_front();
@@ -78,7 +80,7 @@ impl<S> SrqSlot<S> {
         self.former.push_back(qpn);
     }
 
-    /// Whether queue pair `qpn` was detached from this queue.
+    /// Whether queue pair `qpn` is on this queue without being attached.
     pub(super) fn had(&self, qpn: u32) -> bool {
         self.former.contains(&qpn)
     }
@@ -190,6 +192,44 @@ impl<Q: QueuePair> Ring<Q> {
     pub fn srq_submission(&mut self, srq: SrqHandle) -> SrqSubmission<'_, Q> {
         let srq = self.srq_key(srq);
         SrqSubmission { ring: self, srq }
+    }
+
+    /// Announces queue pair number `qp_num`, made on shared receive queue
+    /// `srq` and not attached yet (connected first, say, and attached
+    /// once its handshake is done). A receive of the queue is handed back
+    /// only on a completion naming a queue pair on that queue: attached,
+    /// detached from it, or announced here. Any other number may be a
+    /// queue pair on another ring's queue whose `wr_id` only looks like
+    /// one of ours, while our receive is still posted, so such a
+    /// completion is reported ([`Error::UnknownWrId`]) and not acted on;
+    /// a receive a queue pair took before it was attached or announced
+    /// stays counted as posted until the queue is removed. The latest
+    /// 1024 numbers announced or detached are remembered.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let mut ring = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), ring.srq(srq), QpConfig::default()).unwrap();
+    /// ring.expect_on_srq(srq, qp.qpn()).unwrap();
+    /// // ... connect it, and let it take receives; then:
+    /// ring.attach(qp).unwrap();
+    /// ```
+    pub fn expect_on_srq(&mut self, srq: SrqHandle, qp_num: u32) -> Result<(), Error> {
+        let key = self
+            .srq_key(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        if self.by_qpn.contains_key(&qp_num) {
+            // Attached: its number already names it.
+            return Ok(());
+        }
+        let slot = self.srqs.get_mut(key).expect("found above");
+        slot.join(qp_num);
+        slot.leave(qp_num);
+        Ok(())
     }
 
     /// Receives posted to `srq` and not yet consumed (pushed ones not

@@ -79,12 +79,48 @@ struct ClientShared<Q: QueuePair + std::marker::Send + 'static> {
     /// The completion channel, for whichever waiter drives.
     events: Option<Arc<dyn CompletionEvents>>,
     notifier: OnceLock<Notifier>,
+    /// The deadline the timer will tell this client of, if any: the
+    /// earliest of its waiting calls' when it was set.
+    timer_armed: Mutex<Option<Instant>>,
     /// The handshake's socket, kept open while connected: each side
     /// watches it for the other's end.
     socket: Option<std::net::TcpStream>,
 }
 
+impl<Q: QueuePair + std::marker::Send + 'static> super::timer::Target for ClientShared<Q> {
+    fn fired(&self, at: Instant) {
+        {
+            let mut armed = self.timer_armed.lock().unwrap_or_else(|p| p.into_inner());
+            if *armed == Some(at) {
+                *armed = None;
+            }
+        }
+        // Every waiting call looks: those whose time is up resolve, and the
+        // first of the rest to wait again sets the next deadline.
+        self.wakers.wake_by_ref();
+    }
+}
+
 impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
+    /// Sees that a call waiting until `deadline` is woken by then. With
+    /// no notifier thread ticking and no busy polling, only a completion
+    /// would wake it, and an unanswered call would wait for ever; so the
+    /// timer is asked to tell this client, unless it will already be
+    /// told by then.
+    fn wake_at(self: &Arc<Self>, deadline: Instant) {
+        if self.busy || self.notifier.get().is_some() {
+            return;
+        }
+        let mut armed = self.timer_armed.lock().unwrap_or_else(|p| p.into_inner());
+        if armed.is_some_and(|at| at <= deadline) {
+            return;
+        }
+        let target: Arc<dyn super::timer::Target> = Arc::clone(self) as _;
+        if super::timer::tell_at(deadline, Arc::downgrade(&target)) {
+            *armed = Some(deadline);
+        }
+    }
+
     fn lock(&self) -> Locked<'_, Q> {
         let deferral = Deferral::start();
         Locked {
@@ -473,6 +509,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
             busy: wakeup == Wakeup::Busy,
             events: events.clone(),
             notifier: OnceLock::new(),
+            timer_armed: Mutex::new(None),
             socket: self
                 .socket
                 .filter(|socket| socket.set_nonblocking(true).is_ok()),
@@ -566,7 +603,6 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
             deadline: Instant::now().checked_add(timeout),
             timeout,
             call: Some(started),
-            timer_set: false,
         }
     }
 
@@ -625,8 +661,6 @@ pub struct CallFuture<Q: QueuePair + std::marker::Send + 'static> {
     timeout: Duration,
     /// The call's id, or why it could not start; `None` once resolved.
     call: Option<Result<u64, RpcError>>,
-    /// Whether the timer wakes it at its deadline.
-    timer_set: bool,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
@@ -645,14 +679,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
                 self.call = Some(Ok(id));
-                // With no notifier thread ticking and no busy polling, only
-                // a completion wakes the call: a timer must wake it when
-                // its time is up, or an unanswered call waits for ever.
-                if !self.timer_set && !self.shared.busy && self.shared.notifier.get().is_none() {
-                    self.timer_set = true;
-                    if let Some(deadline) = self.deadline {
-                        super::timer::wake_at(deadline, &self.shared.wakers);
-                    }
+                if let Some(deadline) = self.deadline {
+                    self.shared.wake_at(deadline);
                 }
                 Poll::Pending
             }

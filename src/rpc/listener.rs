@@ -166,7 +166,7 @@ fn handshake_tcp(
             step: "accepting over TCP",
             reason: e.to_string(),
         })?;
-    let qp = shared.with_queues(|cq, srq| {
+    let qp = shared.make_qp(|cq, srq| {
         fabric
             .dev
             .create_qp_on(&fabric.pd, cq, Some(srq), server_qp_config(&shared.config))
@@ -216,7 +216,7 @@ fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
             .fabric
             .downcast_ref::<VerbsFabric>()
             .expect("a verbs server");
-        let made = shared.with_queues(|cq, srq| {
+        let made = shared.make_qp(|cq, srq| {
             request.create_qp_on(
                 &fabric.dev,
                 &fabric.pd,

@@ -118,15 +118,26 @@ impl<Q: QueuePair> ServerShared<Q> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` with the completion queue and shared receive queue new
-    /// connections' queue pairs are made on.
-    pub(super) fn with_queues<R>(&self, f: impl FnOnce(&Q::Cq, &Q::Srq) -> R) -> R {
-        let state = self.lock();
+    /// Makes a new connection's queue pair with `make`, on the server's
+    /// completion queue and shared receive queue. It is connected before
+    /// the poller attaches it, and a client may send at once: the ring is
+    /// told its number, so the receives it takes before then count.
+    pub(super) fn make_qp<E>(
+        &self,
+        make: impl FnOnce(&Q::Cq, &Q::Srq) -> Result<Q, E>,
+    ) -> Result<Q, E> {
+        let mut state = self.lock();
         let srq = state.ring.srq(state.srq).expect("the server's queue");
-        f(state.ring.cq(), srq)
+        let qp = make(state.ring.cq(), srq)?;
+        let handle = state.srq;
+        state
+            .ring
+            .expect_on_srq(handle, qp.caps().qp_num)
+            .expect("the server's queue");
+        Ok(qp)
     }
 
-    /// Hands a connected queue pair (made by [`with_queues`]) to the
+    /// Hands a connected queue pair (made by [`make_qp`](Self::make_qp)) to the
     /// poller, which greets it; `watch` is the handshake's socket, kept
     /// open by the client for the connection's life, whose end tells that
     /// the client's process is gone. Refused (the queue pair dropped, so
@@ -503,7 +514,7 @@ impl RpcServer<SoftQp> {
             .fabric
             .downcast_ref::<SoftFabric>()
             .expect("a soft server");
-        let server_qp = self.shared.with_queues(|cq, srq| {
+        let server_qp = self.shared.make_qp(|cq, srq| {
             fabric.dev.create_qp_on(
                 &fabric.pd,
                 cq,

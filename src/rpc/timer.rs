@@ -4,23 +4,27 @@
 //! answer (a server whose handler never finishes, or that died after its
 //! device took the request) would never see its timeout pass. One thread
 //! for the process, started on first use, sleeps until the earliest
-//! deadline and wakes that client's waiting calls, which then find their
-//! time is up.
+//! deadline and tells its client, which wakes its waiting calls; they
+//! find whether their time is up. A client keeps about one deadline here
+//! at a time (its earliest), not one per call.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::task::Wake;
 use std::time::Instant;
 
-use super::waking::CallWakers;
+/// Whom a deadline is for.
+pub(super) trait Target: Send + Sync {
+    /// Deadline `at` passed.
+    fn fired(&self, at: Instant);
+}
 
-/// A deadline, and whose calls to wake at it.
+/// A deadline, and whom to tell at it.
 struct Due {
     at: Instant,
     /// Orders deadlines that fall at the same instant.
     seq: u64,
-    wakers: Weak<CallWakers>,
+    target: Weak<dyn Target>,
 }
 
 impl PartialEq for Due {
@@ -77,76 +81,76 @@ impl Timer {
                 continue;
             }
             let due = deadlines.heap.pop().expect("peeked");
-            // Wakers run unlocked: one may poll its task inline.
+            // Told unlocked: it wakes tasks, and one may run inline.
             drop(deadlines);
-            if let Some(wakers) = due.wakers.upgrade() {
-                wakers.wake_by_ref();
+            if let Some(target) = due.target.upgrade() {
+                target.fired(due.at);
             }
             deadlines = self.deadlines.lock().unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
-/// Wakes the calls waiting on `wakers` at `at` (if the client is still
-/// there). If the timer thread cannot be started, nothing wakes them: the
-/// caller's own wake-ups remain.
-pub(super) fn wake_at(at: Instant, wakers: &Arc<CallWakers>) {
-    static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
+/// Tells `target` at `at` (if it is still there). Returns false, keeping
+/// nothing, if the timer thread could not be started.
+pub(super) fn tell_at(at: Instant, target: Weak<dyn Target>) -> bool {
+    static TIMER: OnceLock<Option<Arc<Timer>>> = OnceLock::new();
     let timer = TIMER.get_or_init(|| {
         let timer = Arc::new(Timer::default());
         let runs = Arc::clone(&timer);
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("rdma-ring-rpc-timer".into())
-            .spawn(move || runs.run());
-        timer
+            .spawn(move || runs.run())
+            .ok()
+            .map(|_| timer)
     });
+    let Some(timer) = timer else {
+        return false;
+    };
     let mut deadlines = timer.deadlines.lock().unwrap_or_else(|p| p.into_inner());
     let seq = deadlines.next_seq;
     deadlines.next_seq += 1;
-    deadlines.heap.push(Due {
-        at,
-        seq,
-        wakers: Arc::downgrade(wakers),
-    });
+    deadlines.heap.push(Due { at, seq, target });
     drop(deadlines);
     timer.changed.notify_one();
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
-    use std::task::Waker;
+    use std::sync::Mutex;
     use std::time::Duration;
 
-    struct Flag(AtomicBool);
+    #[derive(Default)]
+    struct Told(Mutex<Vec<Instant>>);
 
-    impl Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, AtomicOrdering::SeqCst);
+    impl Target for Told {
+        fn fired(&self, at: Instant) {
+            self.0.lock().unwrap().push(at);
         }
     }
 
     #[test]
-    fn the_earliest_deadline_wakes_first_and_only_at_its_time() {
-        let (early, late) = (
-            Arc::new(CallWakers::default()),
-            Arc::new(CallWakers::default()),
-        );
-        let (early_flag, late_flag) = (
-            Arc::new(Flag(AtomicBool::new(false))),
-            Arc::new(Flag(AtomicBool::new(false))),
-        );
-        early.register(1, &Waker::from(Arc::clone(&early_flag)));
-        late.register(1, &Waker::from(Arc::clone(&late_flag)));
+    fn the_earliest_deadline_is_told_first_and_only_at_its_time() {
+        let (early, late) = (Arc::new(Told::default()), Arc::new(Told::default()));
         let start = Instant::now();
-        wake_at(start + Duration::from_secs(30), &late);
-        wake_at(start + Duration::from_millis(50), &early);
-        while !early_flag.0.load(AtomicOrdering::SeqCst) {
-            assert!(start.elapsed() < Duration::from_secs(10), "never woken");
+        let (soon, later) = (
+            start + Duration::from_millis(50),
+            start + Duration::from_secs(30),
+        );
+        let weak = |t: &Arc<Told>| -> Weak<dyn Target> {
+            let t: Arc<dyn Target> = t.clone();
+            Arc::downgrade(&t)
+        };
+        assert!(tell_at(later, weak(&late)));
+        assert!(tell_at(soon, weak(&early)));
+        while early.0.lock().unwrap().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never told");
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(start.elapsed() >= Duration::from_millis(50), "woken early");
-        assert!(!late_flag.0.load(AtomicOrdering::SeqCst));
+        assert!(Instant::now() >= soon, "told early");
+        assert_eq!(*early.0.lock().unwrap(), [soon]);
+        assert!(late.0.lock().unwrap().is_empty());
     }
 }
