@@ -245,7 +245,7 @@ async fn a_sent_region_comes_home_when_its_lease_ends() {
 
 #[tokio::test]
 async fn a_lease_runs_from_when_the_region_was_sent_not_from_when_it_is_taken() {
-    let lease = Duration::from_secs(2);
+    let lease = Duration::from_secs(6);
     let config = SessionConfig {
         lease,
         ..SessionConfig::default()
@@ -255,14 +255,14 @@ async fn a_lease_runs_from_when_the_region_was_sent_not_from_when_it_is_taken() 
     let region = client.alloc_local_mr(bytes(64)).unwrap();
     client.send_local_mr(region, RemoteAccess::READ).unwrap();
     // The server's user takes the region a while after it arrived.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let held = within(server.receive_remote_mr()).await.unwrap();
     let expires = held.expires_at().expect("a lease");
     // The client takes it back at `sent + lease` (or a little after): the
     // server's clock must not promise more than that, beyond the time
     // the message took to arrive.
     assert!(
-        expires <= sent + lease + Duration::from_millis(500),
+        expires <= sent + lease + Duration::from_secs(1),
         "the lease ends {:?} after it was sent, for a lease of {lease:?}",
         expires - sent
     );

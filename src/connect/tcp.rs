@@ -194,9 +194,13 @@ pub fn connect_qp(
 /// Opens a TCP stream to the first of `addr`'s addresses that answers
 /// within `timeout` each, for a [`handshake`].
 pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<TcpStream, Error> {
-    let failed = |e: std::io::Error| Error::Handshake {
-        step: "connecting over TCP",
-        reason: e.to_string(),
+    let failed = |e: std::io::Error| {
+        let step = "connecting over TCP";
+        let reason = e.to_string();
+        match e.kind() {
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => Error::HandshakeTimeout { step, reason },
+            _ => Error::Handshake { step, reason },
+        }
     };
     let mut last = None;
     for addr in addr.to_socket_addrs().map_err(failed)? {

@@ -287,7 +287,8 @@ fn exchange(
         &mut bytes,
         Deadline::after(timeout),
         "reading the peer's session hello",
-    )?;
+    )
+    .map_err(|e| SessionError::Connect(format!("exchanging hellos: {e}")))?;
     let peer = Hello::decode(&bytes)
         .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
     host.with_qp(prepared, |qp| qp.connect(&remote))?;

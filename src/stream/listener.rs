@@ -210,7 +210,8 @@ impl RdmaCmListener {
     }
 
     /// Like [`accept_timeout`](Self::accept_timeout), waiting as long as
-    /// it takes.
+    /// it takes: a peer whose handshake times out is dropped, and the wait
+    /// goes on.
     pub fn accept(&self) -> io::Result<RdmaStream<CmQp>> {
         loop {
             match self.accept_timeout(Duration::from_secs(3600)) {

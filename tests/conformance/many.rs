@@ -181,8 +181,6 @@ pub fn scatter_gather_on_the_device<F: Fabric>(f: &F) {
     assert_eq!(&got[0].bufs()[1][..40], &[6u8; 40]);
 }
 
-/// The device raises the shared receive queue's low-water event once the
-/// queue falls below the armed limit, and the ring hands it out.
 /// A shared receive queue once destroyed takes no queue pair: the
 /// backend refuses it rather than hand the device a freed queue.
 pub fn a_queue_pair_on_a_destroyed_srq_is_refused<F: Fabric>(f: &F) {
@@ -204,6 +202,8 @@ pub fn a_queue_pair_on_a_destroyed_srq_is_refused<F: Fabric>(f: &F) {
     assert!(f.qp_on(&cq, None, small()).is_ok(), "the device goes on");
 }
 
+/// The device raises the shared receive queue's low-water event once the
+/// queue falls below the armed limit, and the ring hands it out.
 pub fn srq_limit_event<F: Fabric>(f: &F) {
     let mut server = Ring::with_cq(f.cq(256), ring_config());
     server.watch_events(f.events());
