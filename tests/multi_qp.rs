@@ -144,13 +144,26 @@ unsafe impl CompletionQueue for Rewriting {
     }
 }
 
-/// The queue pair type for a `Rewriting` queue.
-struct OnRewriting(SoftQp);
+/// A soft queue pair whose completion queue type is `C` and shared
+/// receive queue type `S` (test wrappers of the soft ones).
+struct OnSoft<C, S>(SoftQp, std::marker::PhantomData<fn() -> (C, S)>);
 
-// SAFETY: everything is the soft queue pair's.
-unsafe impl QueuePair for OnRewriting {
-    type Cq = Rewriting;
-    type Srq = SoftSrq;
+impl<C, S> OnSoft<C, S> {
+    fn new(qp: SoftQp) -> Self {
+        OnSoft(qp, std::marker::PhantomData)
+    }
+}
+
+// SAFETY: everything is the soft queue pair's; its completions reach the
+// wrapping `C` (made over its queue by the test), its receives come from
+// the soft queue a wrapping `S` holds.
+unsafe impl<C, S> QueuePair for OnSoft<C, S>
+where
+    C: CompletionQueue + std::marker::Send,
+    S: rdma_ring::backend::SharedReceiveQueue + std::marker::Send,
+{
+    type Cq = C;
+    type Srq = S;
     fn caps(&self) -> QpCaps {
         self.0.caps()
     }
@@ -165,10 +178,13 @@ unsafe impl QueuePair for OnRewriting {
     fn set_error(&mut self) -> Result<(), Error> {
         self.0.set_error()
     }
-    fn take_cq(&mut self) -> Option<Rewriting> {
+    fn take_cq(&mut self) -> Option<C> {
         None
     }
 }
+
+/// The queue pair type for a `Rewriting` queue.
+type OnRewriting = OnSoft<Rewriting, SoftSrq>;
 
 /// A completion that names queue pair A with the `wr_id` of an operation
 /// posted on queue pair B never releases B's operation; nor does one that
@@ -193,7 +209,7 @@ fn a_completion_of_one_queue_pair_never_releases_another_s_operation() {
         let peer = dev.create_qp(&pd, config()).unwrap();
         dev.connect(&qp, &peer).unwrap();
         let num = qp.qpn();
-        (ring.attach(OnRewriting(qp)).unwrap(), num, peer)
+        (ring.attach(OnRewriting::new(qp)).unwrap(), num, peer)
     };
     let (a, a_num, _pa) = make(&mut ring);
     let (b, _b_num, _pb) = make(&mut ring);
@@ -1190,30 +1206,7 @@ unsafe impl rdma_ring::backend::SharedReceiveQueue for Refusing {
 }
 
 /// The queue pair type for a `Refusing` shared receive queue.
-struct OnRefusing(SoftQp);
-
-// SAFETY: everything is the soft queue pair's.
-unsafe impl QueuePair for OnRefusing {
-    type Cq = SoftCq;
-    type Srq = Refusing;
-    fn caps(&self) -> QpCaps {
-        self.0.caps()
-    }
-    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
-        // SAFETY: passed through.
-        unsafe { self.0.post_send(wrs, sges) }
-    }
-    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-        // SAFETY: passed through.
-        unsafe { self.0.post_recv(wrs, sges) }
-    }
-    fn set_error(&mut self) -> Result<(), Error> {
-        self.0.set_error()
-    }
-    fn take_cq(&mut self) -> Option<SoftCq> {
-        None
-    }
-}
+type OnRefusing = OnSoft<SoftCq, Refusing>;
 
 /// Receives of a refill the device refused come back flushed, naming the
 /// shared receive queue they were pushed to, and their chunks go home.
