@@ -985,6 +985,45 @@ fn awaiting_operations_on_several_queue_pairs() {
     drop(exposed);
 }
 
+/// A queue pair on a ring's completion queue that the ring never
+/// attached, connected to a peer of its own.
+struct Stray {
+    qp: SoftQp,
+    peer: SoftQp,
+}
+
+impl Stray {
+    fn on(dev: &SoftDevice, pd: &SoftPd, cq: &SoftCq) -> Stray {
+        let qp = dev.create_qp_on(pd, cq, None, config()).unwrap();
+        let peer = dev.create_qp(pd, config()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        Stray { qp, peer }
+    }
+
+    /// Puts one completion naming nothing of the ring's (`wr_id`
+    /// 0xdead_beef) into its completion queue.
+    fn complete_unknown(&mut self, dev: &SoftDevice) {
+        use rdma_ring::backend::{SendFlags, SendOpcode, SgeSpan};
+        let empty = SgeSpan { start: 0, len: 0 };
+        let mut send = SendWr::new(1, SendOpcode::Send, empty);
+        send.flags = SendFlags::SIGNALED;
+        // SAFETY: no scatter/gather element: the device touches no memory.
+        unsafe {
+            self.qp
+                .post_recv(
+                    &[RecvWr {
+                        wr_id: 0xdead_beef,
+                        sges: empty,
+                    }],
+                    &[],
+                )
+                .unwrap();
+            self.peer.post_send(&[send], &[]).unwrap();
+        }
+        dev.progress();
+    }
+}
+
 /// Wakes nothing; records that it was woken.
 struct WokenFlag(std::sync::atomic::AtomicBool);
 
@@ -1002,7 +1041,6 @@ impl futures::task::ArcWake for WokenFlag {
 /// come for them: their tasks slept for ever.)
 #[test]
 fn an_unknown_completion_does_not_stop_the_driver_short() {
-    use rdma_ring::backend::{SendOpcode, SgeSpan};
     use rdma_ring::future::{AsyncRing, Wakeup};
     use std::future::Future;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1020,9 +1058,7 @@ fn an_unknown_completion_does_not_stop_the_driver_short() {
     let client = dev.create_qp(&pd, config()).unwrap();
     dev.connect(&qp, &client).unwrap();
     let handle = server.attach(qp).unwrap();
-    let mut stray = dev.create_qp_on(&pd, server.cq(), None, config()).unwrap();
-    let mut stray_peer = dev.create_qp(&pd, config()).unwrap();
-    dev.connect(&stray, &stray_peer).unwrap();
+    let mut stray = Stray::on(&dev, &pd, server.cq());
     let ring = AsyncRing::new(server, Wakeup::Reactor).unwrap();
     let pool = BufferPool::new(&pd, 64, 16).unwrap();
 
@@ -1040,23 +1076,7 @@ fn an_unknown_completion_does_not_stop_the_driver_short() {
 
     // The stray's completion goes into the queue first, then eight of
     // the ring's: two full batches of four and one more.
-    let empty = SgeSpan { start: 0, len: 0 };
-    let mut send = SendWr::new(1, SendOpcode::Send, empty);
-    send.flags = rdma_ring::backend::SendFlags::SIGNALED;
-    // SAFETY: no scatter/gather element: the device touches no memory.
-    unsafe {
-        stray
-            .post_recv(
-                &[RecvWr {
-                    wr_id: 0xdead_beef,
-                    sges: empty,
-                }],
-                &[],
-            )
-            .unwrap();
-        stray_peer.post_send(&[send], &[]).unwrap();
-    }
-    dev.progress();
+    stray.complete_unknown(&dev);
     let mut client = Ring::new(client, RingConfig::default());
     let mut sq = client.submission();
     for i in 0..8u8 {
@@ -1095,8 +1115,6 @@ fn an_unknown_completion_does_not_stop_the_driver_short() {
 /// their messages, not as flushed.
 #[test]
 fn closing_goes_past_an_unknown_completion_to_the_filled_shared_receives() {
-    use rdma_ring::backend::{SendOpcode, SgeSpan};
-
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let ring_config = RingConfig {
@@ -1113,9 +1131,7 @@ fn closing_goes_past_an_unknown_completion_to_the_filled_shared_receives() {
     let client = dev.create_qp(&pd, config()).unwrap();
     dev.connect(&qp, &client).unwrap();
     server.attach(qp).unwrap();
-    let mut stray = dev.create_qp_on(&pd, server.cq(), None, config()).unwrap();
-    let mut stray_peer = dev.create_qp(&pd, config()).unwrap();
-    dev.connect(&stray, &stray_peer).unwrap();
+    let mut stray = Stray::on(&dev, &pd, server.cq());
     let pool = BufferPool::new(&pd, 64, 16).unwrap();
     for i in 0..4u64 {
         server
@@ -1125,23 +1141,7 @@ fn closing_goes_past_an_unknown_completion_to_the_filled_shared_receives() {
     }
     server.submit().unwrap();
 
-    let empty = SgeSpan { start: 0, len: 0 };
-    let mut send = SendWr::new(1, SendOpcode::Send, empty);
-    send.flags = rdma_ring::backend::SendFlags::SIGNALED;
-    // SAFETY: no scatter/gather element: the device touches no memory.
-    unsafe {
-        stray
-            .post_recv(
-                &[RecvWr {
-                    wr_id: 0xdead_beef,
-                    sges: empty,
-                }],
-                &[],
-            )
-            .unwrap();
-        stray_peer.post_send(&[send], &[]).unwrap();
-    }
-    dev.progress();
+    stray.complete_unknown(&dev);
     let mut client = Ring::new(client, RingConfig::default());
     let mut sq = client.submission();
     for i in 0..3u8 {
