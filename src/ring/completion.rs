@@ -420,11 +420,12 @@ impl<Q: QueuePair> Ring<Q> {
                 true
             }
             QueueRef::Srq(srq) => {
-                // Only a queue pair on this queue, attached or detached
-                // from it, can have taken one of its receives: another
-                // number (a queue pair on another ring's queue that
-                // completes here, whose receives' `wr_id`s ours share)
-                // names none of them, and the receive is still posted.
+                // Only a queue pair on this queue (attached, detached from
+                // it, or announced with `expect_on_srq`) can have taken
+                // one of its receives: another number (a queue pair on
+                // another ring's queue that completes here, whose
+                // receives' `wr_id`s ours share) names none of them, and
+                // the receive is still posted.
                 let consumer = self.qp_by_num(raw.qp_num);
                 let ours = match consumer.and_then(|h| self.qps.get(h.key)) {
                     Some(slot) => slot.srq == Some(srq),
