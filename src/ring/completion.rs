@@ -419,46 +419,52 @@ impl<Q: QueuePair> Ring<Q> {
                 self.finish(key, raw.status, None, None, false, handle);
                 true
             }
-            QueueRef::Srq(srq) => {
-                // Only a queue pair on this queue (attached, detached from
-                // it, or announced with `expect_on_srq`) can have taken
-                // one of its receives: another number (a queue pair on
-                // another ring's queue that completes here, whose
-                // receives' `wr_id`s ours share) names none of them, and
-                // the receive is still posted.
-                let consumer = self.qp_by_num(raw.qp_num);
-                let ours = match consumer.and_then(|h| self.qps.get(h.key)) {
-                    Some(slot) => slot.srq == Some(srq),
-                    None => self.srqs.get(srq).is_some_and(|s| s.had(raw.qp_num)),
-                };
-                if !ours {
-                    return false;
-                }
-                if let Some(slot) = consumer.and_then(|h| self.qps.get_mut(h.key)) {
-                    slot.stats.cqes += 1;
-                    if !raw.status.is_success() {
-                        slot.record_error(raw.status);
-                    }
-                }
-                if let Some(slot) = self.srqs.get_mut(srq) {
-                    slot.outstanding -= 1;
-                }
-                let byte_len = if raw.status.is_success() {
-                    raw.byte_len
-                } else {
-                    0
-                };
-                self.finish(
-                    key,
-                    raw.status,
-                    Some(byte_len),
-                    raw.imm,
-                    raw.by_write_imm,
-                    consumer,
-                );
-                true
+            QueueRef::Srq(srq) => self.process_srq(key, srq, raw),
+        }
+    }
+
+    /// Applies a CQE of shared receive queue `srq`'s receive `key`. Out of
+    /// line: its checks would otherwise weigh on the queue pairs' path,
+    /// which every send takes.
+    #[inline(never)]
+    fn process_srq(&mut self, key: Key, srq: Key, raw: RawCompletion) -> bool {
+        // Only a queue pair on this queue (attached, detached from
+        // it, or announced with `expect_on_srq`) can have taken
+        // one of its receives: another number (a queue pair on
+        // another ring's queue that completes here, whose
+        // receives' `wr_id`s ours share) names none of them, and
+        // the receive is still posted.
+        let consumer = self.qp_by_num(raw.qp_num);
+        let ours = match consumer.and_then(|h| self.qps.get(h.key)) {
+            Some(slot) => slot.srq == Some(srq),
+            None => self.srqs.get(srq).is_some_and(|s| s.had(raw.qp_num)),
+        };
+        if !ours {
+            return false;
+        }
+        if let Some(slot) = consumer.and_then(|h| self.qps.get_mut(h.key)) {
+            slot.stats.cqes += 1;
+            if !raw.status.is_success() {
+                slot.record_error(raw.status);
             }
         }
+        if let Some(slot) = self.srqs.get_mut(srq) {
+            slot.outstanding -= 1;
+        }
+        let byte_len = if raw.status.is_success() {
+            raw.byte_len
+        } else {
+            0
+        };
+        self.finish(
+            key,
+            raw.status,
+            Some(byte_len),
+            raw.imm,
+            raw.by_write_imm,
+            consumer,
+        );
+        true
     }
 
     /// Completes, in posting order, the sends of queue pair `qp` posted
