@@ -381,19 +381,7 @@ impl<Q: QueuePair> Ring<Q> {
                 });
                 if kind.is_recv() {
                     slot.outstanding_recv -= 1;
-                    let byte_len = if raw.status.is_success() {
-                        raw.byte_len
-                    } else {
-                        0
-                    };
-                    self.finish(
-                        key,
-                        raw.status,
-                        Some(byte_len),
-                        raw.imm,
-                        raw.by_write_imm,
-                        handle,
-                    );
+                    self.finish_received(key, &raw, handle);
                     return true;
                 }
                 // RC completes a send queue in order: everything posted
@@ -435,22 +423,28 @@ impl<Q: QueuePair> Ring<Q> {
         // receives' `wr_id`s ours share) names none of them, and
         // the receive is still posted.
         let consumer = self.qp_by_num(raw.qp_num);
-        let ours = match consumer.and_then(|h| self.qps.get(h.key)) {
-            Some(slot) => slot.srq == Some(srq),
-            None => self.srqs.get(srq).is_some_and(|s| s.had(raw.qp_num)),
-        };
-        if !ours {
-            return false;
-        }
-        if let Some(slot) = consumer.and_then(|h| self.qps.get_mut(h.key)) {
-            slot.stats.cqes += 1;
-            if !raw.status.is_success() {
-                slot.record_error(raw.status);
+        match consumer.and_then(|h| self.qps.get_mut(h.key)) {
+            Some(slot) if slot.srq == Some(srq) => {
+                slot.stats.cqes += 1;
+                if !raw.status.is_success() {
+                    slot.record_error(raw.status);
+                }
             }
+            Some(_) => return false,
+            None if self.srqs.get(srq).is_some_and(|s| s.had(raw.qp_num)) => {}
+            None => return false,
         }
         if let Some(slot) = self.srqs.get_mut(srq) {
             slot.outstanding -= 1;
         }
+        self.finish_received(key, &raw, consumer);
+        true
+    }
+
+    /// Hands a receive's completion to its owner: the bytes that came,
+    /// unless it failed.
+    #[inline(always)]
+    fn finish_received(&mut self, key: Key, raw: &RawCompletion, qp: Option<QpHandle>) {
         let byte_len = if raw.status.is_success() {
             raw.byte_len
         } else {
@@ -462,9 +456,8 @@ impl<Q: QueuePair> Ring<Q> {
             Some(byte_len),
             raw.imm,
             raw.by_write_imm,
-            consumer,
+            qp,
         );
-        true
     }
 
     /// Completes, in posting order, the sends of queue pair `qp` posted

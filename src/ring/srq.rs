@@ -80,6 +80,13 @@ impl<S> SrqSlot<S> {
         self.former.push_back(qpn);
     }
 
+    /// Queue pair `qpn` will take receives from this queue before it is
+    /// attached (remembered once, however often announced).
+    pub(super) fn announce(&mut self, qpn: u32) {
+        self.join(qpn);
+        self.leave(qpn);
+    }
+
     /// Whether queue pair `qpn` is on this queue without being attached.
     pub(super) fn had(&self, qpn: u32) -> bool {
         self.former.contains(&qpn)
@@ -226,9 +233,10 @@ impl<Q: QueuePair> Ring<Q> {
             // Attached: its number already names it.
             return Ok(());
         }
-        let slot = self.srqs.get_mut(key).expect("found above");
-        slot.join(qp_num);
-        slot.leave(qp_num);
+        self.srqs
+            .get_mut(key)
+            .expect("found above")
+            .announce(qp_num);
         Ok(())
     }
 
