@@ -6,6 +6,7 @@ set -euo pipefail
 size="$1" batch="$2" depth="$3" iters="$4" lat_iters="$5"
 ours=target/release/examples/rdma-ring-perf
 rounds=3
+. scripts/lib/vm-listen.sh
 
 # pair LOG COMMAND...: COMMAND as the server, then as the client of
 # 127.0.0.1; the client's output goes to LOG. Fails if either side does
@@ -16,7 +17,7 @@ pair() {
     shift
     "$@" > /tmp/server.log 2>&1 &
     local server=$!
-    sleep 1
+    wait_for_listener "$server" "$(listen_port "$@")"
     if ! "$@" 127.0.0.1 > "$log" 2>&1; then
         kill "$server" 2>/dev/null || true
         wait "$server" 2>/dev/null || true

@@ -4,6 +4,7 @@ set -euo pipefail
 calls="$1"
 examples=target/release/examples
 port=7500
+. scripts/lib/vm-listen.sh
 
 # run NAME CLIENTS SIZE: one benchmark; prints "rps p50 p99".
 run() {
@@ -15,13 +16,13 @@ run() {
         rdma-ring)
             "$examples/rpc_server" --device rxe0 --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
             local server=$!
-            sleep 1
+            wait_for_listener "$server" "$port"
             "$examples/rpc_client" --device rxe0 --connect "127.0.0.1:$port" --bench \
                 --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
         tcp)
             "$examples/rpc_server" --tcp --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
             local server=$!
-            sleep 1
+            wait_for_listener "$server" "$port"
             "$examples/rpc_client" --tcp "127.0.0.1:$port" --bench \
                 --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
     esac

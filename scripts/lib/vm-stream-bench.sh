@@ -5,6 +5,7 @@ bw_count="$1" lat_count="$2"
 bench=target/release/examples/stream_bench
 addr=10.99.0.1
 port=7490
+. scripts/lib/vm-listen.sh
 
 # run_pair NAME SIZE COUNT: one transfer test; prints "Gb/s usec/xfer".
 run_pair() {
@@ -14,17 +15,17 @@ run_pair() {
         rdma-ring)
             "$bench" --cm --listen "$addr:$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            sleep 1
+            wait_for_listener "$server" "$port"
             "$bench" --cm --connect "$addr:$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
         rstream | riostream)
             "$name" -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            sleep 1
+            wait_for_listener "$server" "$port"
             "$name" -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
         tcp)
             rstream -T s -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            sleep 1
+            wait_for_listener "$server" "$port"
             rstream -T s -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
     esac
     local status=0

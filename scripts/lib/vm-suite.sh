@@ -11,6 +11,7 @@ stream="$3"
 rpc="$4"
 session="$5"
 examples=target/debug/examples
+. scripts/lib/vm-listen.sh
 
 # server_and_client SERVER SERVER-ARGS -- CLIENT CLIENT-ARGS: runs example
 # SERVER in the background and example CLIENT, and fails if either does.
@@ -27,7 +28,7 @@ server_and_client() {
     shift
     "$examples/$name" "${server[@]}" > "/tmp/$name-server.log" 2>&1 &
     local pid=$!
-    sleep 1
+    wait_for_listener "$pid" "$(listen_port "${server[@]}")"
     if ! "$examples/$client" "$@"; then
         cat "/tmp/$name-server.log"
         echo "the $client client failed" >&2
