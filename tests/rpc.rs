@@ -289,23 +289,25 @@ fn a_call_times_out_and_the_client_goes_on() {
     let server =
         RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
     let config = RpcConfig {
-        call_timeout: Duration::from_millis(200),
+        call_timeout: Duration::from_millis(1000),
         ..RpcConfig::default()
     };
     let client = server.connect_soft_with(config).unwrap();
     let t0 = Instant::now();
     assert_eq!(
         client.call(b"never"),
-        Err(RpcError::Timeout(Duration::from_millis(200)))
+        Err(RpcError::Timeout(Duration::from_millis(1000)))
     );
-    assert!(t0.elapsed() >= Duration::from_millis(200));
+    assert!(t0.elapsed() >= Duration::from_millis(1000));
     // A timeout of its own, per call.
     let t0 = Instant::now();
     assert_eq!(
         client.call_with_timeout(b"never", Duration::from_millis(50)),
         Err(RpcError::Timeout(Duration::from_millis(50)))
     );
-    assert!(t0.elapsed() < Duration::from_millis(190));
+    // Well under the client's own 1 s, so a loaded machine cannot blur
+    // the two.
+    assert!(t0.elapsed() < Duration::from_millis(900));
     let late = client.call_async_with_timeout(b"never", Duration::from_millis(50));
     assert_eq!(
         futures::executor::block_on(late),
@@ -757,7 +759,7 @@ fn callers_that_sleep_at_once_are_woken_in_every_wakeup_mode() {
 fn shutdown_is_prompt_when_clients_close_and_bounded_when_they_do_not() {
     let dev = SoftDevice::new();
     let config = RpcConfig {
-        release_timeout: Duration::from_millis(500),
+        release_timeout: Duration::from_millis(1500),
         ..RpcConfig::default()
     };
     let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
@@ -767,7 +769,7 @@ fn shutdown_is_prompt_when_clients_close_and_bounded_when_they_do_not() {
     let t0 = Instant::now();
     server.shutdown().unwrap();
     assert!(
-        t0.elapsed() < Duration::from_millis(400),
+        t0.elapsed() < Duration::from_millis(1200),
         "{:?}",
         t0.elapsed()
     );
@@ -787,7 +789,7 @@ fn shutdown_is_prompt_when_clients_close_and_bounded_when_they_do_not() {
     server.shutdown().unwrap();
     let took = t0.elapsed();
     assert!(
-        (Duration::from_millis(500)..Duration::from_secs(3)).contains(&took),
+        (Duration::from_millis(1500)..Duration::from_secs(5)).contains(&took),
         "{took:?}"
     );
     assert_eq!(server.stats().clients_left, 0);
