@@ -16,8 +16,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// * `QpFatal`, `QpRequestError`, `QpAccessError` of an attached queue
     ///   pair: it is in error with `FatalErr` (unless it already was: the
     ///   first status stays), moved there if the device did not; its work
-    ///   comes back flushed (what was never posted from the next reap),
-    ///   and it takes no more work;
+    ///   comes back flushed (what was never posted after what was, so its
+    ///   completions keep the order its work was pushed in), and it takes
+    ///   no more work;
     /// * `CqError` of the ring's completion queue: the ring takes no more
     ///   work and polls the queue no more (its completions were lost), as
     ///   when a poll fails; work pushed and never posted comes back
@@ -69,7 +70,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 let handle = slot.handle;
                 // Unposted work first: a drain marker goes behind what was
                 // posted.
-                flush_unposted(
+                self.parked_any |= flush_unposted(
                     slot,
                     handle,
                     self.bufs.table(),
@@ -114,7 +115,8 @@ impl<Q: QueuePair> FixedRing<Q> {
 
     /// Moves queue pair `qp` to error, as for a peer a connection manager
     /// reported gone: its work comes back flushed (`WrFlushErr`; what was
-    /// never posted from the next reap), and it takes no more work (detach
+    /// never posted after what was, as the work was pushed), and it takes
+    /// no more work (detach
     /// it to release it). Fails if the device refuses to move it: the ring
     /// still gives it no more work, but what it posted comes back only as
     /// the device completes it.
@@ -139,7 +141,7 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     pub fn fail_qp(&mut self, qp: FixedQp) -> Result<(), Error> {
         let slot = attached_mut(&mut self.qps, qp)?;
-        flush_unposted(
+        self.parked_any |= flush_unposted(
             slot,
             qp,
             self.bufs.table(),

@@ -1,7 +1,7 @@
 //! One queue pair of the fixed ring: its sends and receives in rings
 //! indexed by sequence number, which is also the `wr_id`.
 
-use crate::backend::{QueuePair, RecvWr, SendWr, Sge, WcStatus};
+use crate::backend::{RecvWr, SendWr, Sge, WcStatus};
 use crate::op::{Limits, OpKind};
 
 /// A `wr_id`: the slot in the ring (16 bits) of its queue pair, or of its
@@ -184,9 +184,13 @@ pub(super) struct AttachedQp<Q> {
     /// Set by the first failed completion or post; the queue pair then
     /// takes no more work.
     pub(super) error: Option<WcStatus>,
+    /// Flushed completions of work it never posted, held back while
+    /// posted work is out: a queue pair's completions come out in the
+    /// order its work was pushed, flushes included.
+    pub(super) parked: Vec<super::FixedCompletion>,
 }
 
-impl<Q: QueuePair> AttachedQp<Q> {
+impl<Q> AttachedQp<Q> {
     /// Whether anything posted has not come back.
     pub(super) fn busy(&self) -> bool {
         self.sends.head < self.sends.posted || self.recvs.head < self.recvs.posted

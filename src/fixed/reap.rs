@@ -37,6 +37,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 }
             }
         }
+        self.hand_parked(out);
         Ok(())
     }
 
@@ -137,6 +138,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             return Ok(());
         }
         self.reap_device(out)?;
+        self.hand_parked(out);
         if self.refilling {
             self.refill_srqs();
             // A refill stopped by a refused post: its receives, flushed,
@@ -187,7 +189,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 self.keep_for_next_reap(out);
                 return Err(Error::RingFailed(why));
             }
-            let possible = out.len() + self.posted_outstanding();
+            let possible = out.len() + self.posted_outstanding() + self.parked_len();
             let timed_out = deadline.expired();
             if possible < min || timed_out {
                 self.keep_for_next_reap(out);
@@ -227,8 +229,12 @@ impl<Q: QueuePair> FixedRing<Q> {
                 }
             }
         }
+        if self.parked_any {
+            self.release_parked();
+        }
         // A failure the poll met flushed unposted work into the ring's
-        // list meanwhile: keep both.
+        // list meanwhile, and parked work may have been released: keep
+        // both, after what was polled.
         ready.append(&mut self.ready);
         self.ready = ready;
         polled
@@ -268,6 +274,52 @@ impl<Q: QueuePair> FixedRing<Q> {
             );
         }
         Ok(n)
+    }
+
+    /// Hands out the parked completions of the queue pairs whose posted
+    /// work is all back, after a poll. Through the ready list, which a
+    /// sink that panics leaves holding what it was not handed; and after
+    /// the poll's loop, not in it, so the loop keeps the sink in registers.
+    #[inline(always)]
+    pub(super) fn hand_parked(&mut self, out: &mut impl CompletionSink) {
+        if self.parked_any && self.release_parked() {
+            out.put_ready(&mut self.ready);
+        }
+    }
+
+    /// Moves the parked completions of the queue pairs whose posted work
+    /// is all back to the ready list (after that work, as their work was
+    /// pushed); returns whether it moved any.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn release_parked(&mut self) -> bool {
+        let mut still = false;
+        let mut moved = false;
+        for slot in self.qps.iter_mut().flatten() {
+            if slot.parked.is_empty() {
+                continue;
+            }
+            if slot.busy() {
+                still = true;
+            } else {
+                self.ready.append(&mut slot.parked);
+                moved = true;
+            }
+        }
+        self.parked_any = still;
+        moved
+    }
+
+    /// How many parked completions wait for posted work to come back.
+    pub(super) fn parked_len(&self) -> usize {
+        if !self.parked_any {
+            return 0;
+        }
+        self.qps
+            .iter()
+            .flatten()
+            .map(|slot| slot.parked.len())
+            .sum()
     }
 }
 

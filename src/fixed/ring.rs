@@ -176,6 +176,10 @@ pub struct FixedRing<Q: QueuePair> {
     pub(super) refill_stopped: bool,
     /// Shut down (by `close`); `Drop` has nothing left to do.
     closed: bool,
+    /// Whether a queue pair may hold parked completions
+    /// ([`AttachedQp::parked`]), for reaps to hand out once its posted
+    /// work is back.
+    pub(super) parked_any: bool,
 }
 
 #[inline(always)]
@@ -228,6 +232,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             refilling: false,
             refill_stopped: false,
             closed: false,
+            parked_any: false,
         }
     }
 
@@ -302,6 +307,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             recvs_taken_ahead: 0,
             dirty: false,
             error: None,
+            parked: Vec::new(),
             qp,
         });
         // The drain marker's entry, kept until detach.
@@ -448,7 +454,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// The ring takes no more work (the first reason stays): what was
-    /// pushed and never posted comes back flushed from the next reap.
+    /// pushed and never posted comes back flushed from the next reap,
+    /// without waiting for posted work, which may never come back.
     #[cold]
     pub(super) fn fail(&mut self, why: &'static str) {
         self.failed.get_or_insert(why);
@@ -456,7 +463,11 @@ impl<Q: QueuePair> FixedRing<Q> {
         for slot in self.qps.iter_mut().flatten() {
             let handle = slot.handle;
             flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+            // The ring reaps no more: what waited for posted work goes
+            // now, as that work may never come back.
+            self.ready.append(&mut slot.parked);
         }
+        self.parked_any = false;
         self.flush_srqs_unposted();
     }
 
@@ -468,6 +479,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             && self.ready.is_empty()
             && self.qps.iter().flatten().all(|slot| {
                 !slot.busy()
+                    && slot.parked.is_empty()
                     && slot.sends.tail == slot.sends.posted
                     && slot.recvs.tail == slot.recvs.posted
             })
@@ -556,7 +568,8 @@ impl<Q: QueuePair> FixedRing<Q> {
             slot.dirty = false;
             let handle = slot.handle;
             if slot.error.is_some() {
-                flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+                self.parked_any |=
+                    flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
                 continue;
             }
             match post(slot, handle, table, &mut self.ready, &mut self.cq_free) {
@@ -564,6 +577,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 Err((n, error)) => {
                     posted += n;
                     first_error.get_or_insert(error);
+                    self.parked_any |= !slot.parked.is_empty();
                 }
             }
         }
@@ -600,7 +614,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Removes a queue pair and hands it back. Its work never posted comes
     /// back flushed from the next reap; if it has work in flight, it is
     /// moved to error and its flushed completions are drained first (the
-    /// other queue pairs' completions meanwhile wait for the next reap).
+    /// other queue pairs' completions meanwhile wait for the next reap),
+    /// and come out before what it never posted.
     /// If the device does not flush everything within `drain_timeout`, it
     /// stays attached, in error, and [`Error::Timeout`] is returned.
     ///
@@ -644,7 +659,7 @@ impl<Q: QueuePair> FixedRing<Q> {
     pub fn detach(&mut self, handle: FixedQp) -> Result<Q, Error> {
         let table = self.bufs.table();
         let slot = attached_mut(&mut self.qps, handle)?;
-        flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
+        self.parked_any |= flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         // One on a shared receive queue goes to error even when idle: once
         // detached, it must take none of the queue's receives.
         let on_srq = slot.srq.is_some();
@@ -666,8 +681,12 @@ impl<Q: QueuePair> FixedRing<Q> {
             while busy(self) {
                 let mut ready = std::mem::take(&mut self.ready);
                 let polled = self.reap_device(&mut ready);
+                if self.parked_any {
+                    self.release_parked();
+                }
                 // A failure the poll met flushed unposted work into the
-                // ring's list meanwhile: keep both.
+                // ring's list meanwhile, and parked work may have been
+                // released: keep both, after what was polled.
                 ready.append(&mut self.ready);
                 self.ready = ready;
                 polled?;
@@ -685,7 +704,9 @@ impl<Q: QueuePair> FixedRing<Q> {
             let _ = self.reap_queued_into_ready();
         }
         self.dirty.retain(|&i| i as usize != handle.index());
-        let slot = self.qps[handle.index()].take().expect("checked above");
+        let mut slot = self.qps[handle.index()].take().expect("checked above");
+        // Its posted work is all back: what it never posted follows.
+        self.ready.append(&mut slot.parked);
         self.resume[handle.index()] = (slot.sends.tail, slot.recvs.tail);
         self.cq_free += 1;
         if let Some(srq) = slot.srq {
@@ -1005,14 +1026,23 @@ fn post<Q: QueuePair>(
 }
 
 /// Hands back the queue pair's pushed, unposted work as flushed
-/// completions.
+/// completions: into `ready`, or, while work it posted is still out, into
+/// its parked list, to follow that work out (a queue pair's completions
+/// come out in the order its work was pushed). Returns whether it parked
+/// any.
 pub(super) fn flush_unposted<Q>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,
     table: u64,
     ready: &mut Vec<FixedCompletion>,
     cq_free: &mut usize,
-) {
+) -> bool {
+    let unposted = slot.sends.tail - slot.sends.posted + slot.recvs.tail - slot.recvs.posted;
+    if unposted == 0 {
+        return false;
+    }
+    let park = slot.busy() || !slot.parked.is_empty();
+    let ready = if park { &mut slot.parked } else { ready };
     for seq in slot.sends.posted..slot.sends.tail {
         let entry = slot.sends.get(seq);
         ready.push(flushed(
@@ -1033,14 +1063,14 @@ pub(super) fn flush_unposted<Q>(
             OpKind::Recv,
         ));
     }
-    *cq_free +=
-        (slot.sends.tail - slot.sends.posted + slot.recvs.tail - slot.recvs.posted) as usize;
+    *cq_free += unposted as usize;
     slot.sends.tail = slot.sends.posted;
     slot.recvs.tail = slot.recvs.posted;
     slot.send_wrs.clear();
     slot.send_sges.clear();
     slot.recv_wrs.clear();
     slot.recv_sges.clear();
+    park
 }
 
 pub(super) fn flushed(
@@ -1164,7 +1194,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         out.append(&mut self.ready);
         for slot in self.qps.iter_mut().flatten() {
             let handle = slot.handle;
-            flush_unposted(slot, handle, table, out, &mut self.cq_free);
+            self.parked_any |= flush_unposted(slot, handle, table, out, &mut self.cq_free);
             // Idle ones on a shared receive queue too: they must stop
             // taking its receives before it is destroyed.
             if slot.busy() || slot.srq.is_some() {
@@ -1176,9 +1206,17 @@ impl<Q: QueuePair> FixedRing<Q> {
             if self.reap_device(out).is_err() || deadline.expired() {
                 break;
             }
+            self.hand_parked(out);
             std::thread::yield_now();
         }
         let mut drained = !self.qps.iter().flatten().any(AttachedQp::busy);
+        // What was never posted follows what was, drained or not (a
+        // failed poll moved it to the ready list).
+        out.append(&mut self.ready);
+        for slot in self.qps.iter_mut().flatten() {
+            out.append(&mut slot.parked);
+        }
+        self.parked_any = false;
         if self.srqs.iter().any(Option::is_some) {
             drained = self.release_srqs(drained, out) && drained;
         }

@@ -249,11 +249,12 @@ impl<Q: QueuePair> Ring<Q> {
             .sum()
     }
 
-    /// Detaches queue pair `qp`: operations pushed and not submitted come
-    /// back flushed; if it has work in flight, it is moved to error and its
-    /// flushed completions are drained from the shared completion queue
-    /// (completions of the other queue pairs are handled as usual
-    /// meanwhile); only then are its buffers released to their owners. On a
+    /// Detaches queue pair `qp`: if it has work in flight, it is moved to
+    /// error and its flushed completions are drained from the shared
+    /// completion queue (completions of the other queue pairs are handled
+    /// as usual meanwhile); only then are its buffers released to their
+    /// owners. Operations pushed and not submitted come back flushed after
+    /// those, so its completions keep the order its work was pushed in. On a
     /// shared receive queue, it then waits (up to
     /// [`RingConfig::last_wqe_timeout`](super::RingConfig::last_wqe_timeout),
     /// if the ring watches events) for the device to say it will take no
@@ -313,9 +314,16 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Moves queue pair `key` to error and reaps until its work has all come
-    /// back, or `deadline`. Returns whether it did.
+    /// back, or `deadline`; then flushes what it never posted, which so
+    /// comes out after what it did. Returns whether it drained.
     pub(super) fn drain_qp(&mut self, key: Key, deadline: Deadline) -> bool {
-        self.flush_pending(QueueRef::Qp(key));
+        let unposted = self.take_pending(QueueRef::Qp(key));
+        let drained = self.drain_posted(key, deadline);
+        self.flush_unposted(unposted);
+        drained
+    }
+
+    fn drain_posted(&mut self, key: Key, deadline: Deadline) -> bool {
         if !self.start_drain(key, true) {
             return false;
         }

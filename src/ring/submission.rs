@@ -558,10 +558,19 @@ impl<Q: QueuePair> Ring<Q> {
     /// Hands every pushed-but-unsubmitted operation of `queue` back as a
     /// flushed completion (teardown).
     pub(super) fn flush_pending(&mut self, queue: QueueRef) {
-        let keys: Vec<Key> = match queue {
+        let keys = self.take_pending(queue);
+        self.flush_unposted(keys);
+    }
+
+    /// Takes `queue`'s pushed-but-unsubmitted operations off its lists
+    /// (they stay in the slab): a drain flushes them once the work the
+    /// queue posted is back, so a queue pair's completions come out in the
+    /// order its work was pushed.
+    pub(super) fn take_pending(&mut self, queue: QueueRef) -> Vec<Key> {
+        match queue {
             QueueRef::Qp(key) => {
                 let Some(slot) = self.qps.get_mut(key) else {
-                    return;
+                    return Vec::new();
                 };
                 slot.send_sges.clear();
                 slot.recv_sges.clear();
@@ -574,7 +583,7 @@ impl<Q: QueuePair> Ring<Q> {
             }
             QueueRef::Srq(key) => {
                 let Some(slot) = self.srqs.get_mut(key) else {
-                    return;
+                    return Vec::new();
                 };
                 slot.sges.clear();
                 slot.pending
@@ -582,7 +591,12 @@ impl<Q: QueuePair> Ring<Q> {
                     .map(|wr| Key::from_wr_id(wr.wr_id))
                     .collect()
             }
-        };
+        }
+    }
+
+    /// Hands operations [`take_pending`](Self::take_pending) took back as
+    /// flushed completions.
+    pub(super) fn flush_unposted(&mut self, keys: Vec<Key>) {
         for key in keys {
             self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
         }

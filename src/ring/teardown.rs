@@ -11,9 +11,10 @@ use crate::error::Error;
 impl<Q: QueuePair> Ring<Q> {
     /// Closes the ring and hands back every operation it still holds, each
     /// with its buffers: completions already reaped, then operations flushed
-    /// by moving every queue pair to error, then the receives still posted
-    /// to shared receive queues (after the queue pairs and those queues are
-    /// destroyed). Operations the device did not return within
+    /// by moving every queue pair to error (what each never posted after
+    /// what it did, so a queue pair's keep the order its work was pushed
+    /// in), then the receives still posted to shared receive queues (after
+    /// the queue pairs and those queues are destroyed). Operations the device did not return within
     /// [`RingConfig::drain_timeout`](super::RingConfig) are leaked (their
     /// memory is never freed while the NIC may use it) and are not in the
     /// list.
@@ -48,9 +49,12 @@ impl<Q: QueuePair> Ring<Q> {
         self.closed = true;
         let qps = self.qps.keys();
         let srqs = self.srqs.keys();
-        for &key in &qps {
-            self.flush_pending(QueueRef::Qp(key));
-        }
+        // What the queue pairs never posted comes back after what they
+        // did, below.
+        let unposted: Vec<Vec<Key>> = qps
+            .iter()
+            .map(|&key| self.take_pending(QueueRef::Qp(key)))
+            .collect();
         for &key in &srqs {
             self.flush_pending(QueueRef::Srq(key));
         }
@@ -80,6 +84,9 @@ impl<Q: QueuePair> Ring<Q> {
         // message filled, say) are taken while their queue pairs are still
         // known, so none is mistaken for an unconsumed receive below.
         self.reap_queued();
+        for keys in unposted {
+            self.flush_unposted(keys);
+        }
         let mut drained = true;
         for &key in &qps {
             if busy(self, key) {
