@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rdma_ring::backend::soft::{Progress, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
+use rdma_ring::backend::soft::{Progress, QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{
     AsyncEvent, PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge, WcStatus,
 };
@@ -191,13 +191,13 @@ fn a_fixed_queue_pair_failed_by_an_event_hands_back_posted_work_first() {
     assert_eq!((keys(sends), keys(recvs)), (vec![1, 2], vec![10, 11]));
 }
 
-/// A queue pair whose move to error is taken but not acted on until the
-/// test says so: its posted work stays out meanwhile.
-struct SlowToFail(SoftQp);
+/// A queue pair that does not act on a move to error: it takes it (with
+/// `false`) or refuses it (with `true`). Its posted work stays out.
+struct StaysUp(SoftQp, bool);
 
 // SAFETY: the soft queue pair's, except that `set_error` does nothing
 // (the work stays posted, so no buffer is handed back early).
-unsafe impl QueuePair for SlowToFail {
+unsafe impl QueuePair for StaysUp {
     type Cq = SoftCq;
     type Srq = SoftSrq;
     fn caps(&self) -> QpCaps {
@@ -212,18 +212,23 @@ unsafe impl QueuePair for SlowToFail {
         unsafe { self.0.post_recv(wrs, sges) }
     }
     fn set_error(&mut self) -> Result<(), rdma_ring::Error> {
-        Ok(())
+        match self.1 {
+            true => Err(rdma_ring::Error::Soft("refused")),
+            false => Ok(()),
+        }
     }
     fn take_cq(&mut self) -> Option<SoftCq> {
         self.0.take_cq()
     }
 }
 
-#[test]
-fn a_wait_counts_the_work_held_back_behind_posted_work() {
+/// A ring of one queue pair that does not act on a move to error
+/// (refusing it with `refuse`), with a receive posted (user data 1) and
+/// one pushed (2).
+fn one_posted_one_pushed(refuse: bool) -> (FixedRing<StaysUp>, FixedQp, QpControl, SoftQp) {
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
-    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let (mut qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
     let control = qp.control();
     let cq = qp.take_cq().unwrap();
     let config = FixedRingConfig {
@@ -232,7 +237,7 @@ fn a_wait_counts_the_work_held_back_behind_posted_work() {
     };
     let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), config);
     let conn = ring
-        .attach(SlowToFail(qp))
+        .attach(StaysUp(qp, refuse))
         .unwrap_or_else(|_| panic!("attach"));
     for user_data in [1, 2] {
         let slot = ring.take_buf().unwrap();
@@ -242,6 +247,12 @@ fn a_wait_counts_the_work_held_back_behind_posted_work() {
             ring.submit().unwrap();
         }
     }
+    (ring, conn, control, peer)
+}
+
+#[test]
+fn a_wait_counts_the_work_held_back_behind_posted_work() {
+    let (mut ring, conn, control, _peer) = one_posted_one_pushed(false);
     ring.fail_qp(conn).unwrap();
     // One receive posted and still out, one held back behind it: two can
     // still come, so the wait runs to its timeout rather than refusing.
@@ -270,4 +281,19 @@ fn detaching_a_fixed_queue_pair_hands_back_posted_work_first() {
         (vec![(1, OK), (2, FLUSH)], vec![(10, FLUSH), (11, FLUSH)])
     );
     drop(qp);
+}
+
+#[test]
+fn work_never_posted_is_not_held_behind_a_queue_pair_the_device_will_not_fail() {
+    // Nothing would bring the posted receive back: holding the pushed one
+    // behind it would hold it for ever.
+    let (mut ring, conn, control, _peer) = one_posted_one_pushed(true);
+    assert!(ring.fail_qp(conn).is_err());
+    let mut out = Vec::new();
+    ring.reap(&mut out).unwrap();
+    let seen: Vec<_> = out.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(seen, [(2, FLUSH)]);
+    control.inject_fatal();
+    let done = ring.wait(1).unwrap();
+    assert_eq!((done[0].user_data(), done[0].status()), (1, FLUSH));
 }

@@ -1,7 +1,7 @@
 //! The device's asynchronous events, and failing a queue pair on request,
 //! as the fixed ring applies them.
 
-use super::ring::{attached_mut, enter_error, flush_unposted};
+use super::ring::{attached_mut, enter_error, fail_slot};
 use super::FixedQp;
 use super::FixedRing;
 use crate::backend::{AsyncEvent, QueuePair, WcStatus};
@@ -68,17 +68,16 @@ impl<Q: QueuePair> FixedRing<Q> {
                     return false;
                 };
                 let handle = slot.handle;
-                // Unposted work first: a drain marker goes behind what was
-                // posted.
-                self.parked_any |= flush_unposted(
+                // A device that refuses leaves the drain to time out.
+                let (parked, _) = fail_slot(
                     slot,
                     handle,
+                    WcStatus::FatalErr,
                     self.bufs.table(),
                     &mut self.ready,
                     &mut self.cq_free,
                 );
-                // A device that refuses leaves the drain to time out.
-                let _ = enter_error(slot, handle, WcStatus::FatalErr);
+                self.parked_any |= parked;
                 true
             }
             AsyncEvent::CqError { cq } if cq == self.cq_id => {
@@ -116,9 +115,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Moves queue pair `qp` to error, as for a peer a connection manager
     /// reported gone: its work comes back flushed (`WrFlushErr`; what was
     /// never posted after what was, as the work was pushed), and it takes
-    /// no more work (detach
-    /// it to release it). Fails if the device refuses to move it: the ring
-    /// still gives it no more work, but what it posted comes back only as
+    /// no more work (detach it to release it). Fails if the device refuses
+    /// to move it: the ring still gives it no more work, what it never
+    /// posted comes back from the next reap, and what it posted only as
     /// the device completes it.
     ///
     /// ```
@@ -141,13 +140,15 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     pub fn fail_qp(&mut self, qp: FixedQp) -> Result<(), Error> {
         let slot = attached_mut(&mut self.qps, qp)?;
-        self.parked_any |= flush_unposted(
+        let (parked, entered) = fail_slot(
             slot,
             qp,
+            WcStatus::WrFlushErr,
             self.bufs.table(),
             &mut self.ready,
             &mut self.cq_free,
         );
-        enter_error(slot, qp, WcStatus::WrFlushErr)
+        self.parked_any |= parked;
+        entered
     }
 }

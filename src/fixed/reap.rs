@@ -153,9 +153,9 @@ impl<Q: QueuePair> FixedRing<Q> {
 
     /// Polls until at least `min` completions are ready, up to the
     /// configured `wait_timeout`, and returns them (all that are ready).
-    /// Fails at once if fewer than `min` can still come (posted work is
-    /// all that can); on an error, what was reaped stays for the next
-    /// call.
+    /// Fails at once if fewer than `min` can still come (posted work, and
+    /// flushed work held back behind it, are all that can); on an error,
+    /// what was reaped stays for the next call.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

@@ -520,8 +520,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Returns how many work requests were posted.
     ///
     /// If the device refuses a post, that queue pair goes to error: the
-    /// refused work requests and those after them come back flushed from
-    /// the next reap, the posted ones as the device flushes them; the
+    /// posted work requests come back as the device completes or flushes
+    /// them, then the refused ones and those after them, flushed; the
     /// other queue pairs are posted as usual and the first error is
     /// returned. Work pushed for a queue pair already in error comes back
     /// flushed without being posted. Receives a shared receive queue
@@ -659,17 +659,29 @@ impl<Q: QueuePair> FixedRing<Q> {
     pub fn detach(&mut self, handle: FixedQp) -> Result<Q, Error> {
         let table = self.bufs.table();
         let slot = attached_mut(&mut self.qps, handle)?;
-        self.parked_any |= flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         // One on a shared receive queue goes to error even when idle: once
         // detached, it must take none of the queue's receives.
         let on_srq = slot.srq.is_some();
         let busy = slot.busy();
-        if on_srq {
-            // A device that refuses leaves it attached: detached, it would
-            // go on taking the queue's receives.
-            enter_error(slot, handle, WcStatus::WrFlushErr)?;
-        } else if busy {
-            let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
+        if on_srq || busy {
+            let status = WcStatus::WrFlushErr;
+            let (parked, entered) = fail_slot(
+                slot,
+                handle,
+                status,
+                table,
+                &mut self.ready,
+                &mut self.cq_free,
+            );
+            self.parked_any |= parked;
+            if on_srq {
+                // A device that refuses leaves it attached: detached, it
+                // would go on taking the queue's receives.
+                entered?;
+            }
+        } else {
+            self.parked_any |=
+                flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
         }
         if busy {
             let deadline = Deadline::after(self.config.drain_timeout);
@@ -1018,8 +1030,8 @@ fn post<Q: QueuePair>(
     match refused {
         None => Ok(posted),
         Some(error) => {
-            flush_unposted(slot, handle, table, ready, cq_free);
-            let _ = enter_error(slot, handle, WcStatus::WrFlushErr);
+            // The caller sees what stays parked.
+            let _ = fail_slot(slot, handle, WcStatus::WrFlushErr, table, ready, cq_free);
             Err((posted, error))
         }
     }
@@ -1098,6 +1110,30 @@ pub(super) fn flushed(
 /// queue pair takes no more work either way; the error is the device's
 /// refusal to move it (then nothing is posted, and its posted work comes
 /// back only as the device completes it).
+/// Moves a queue pair to error, its unposted work flushed first (a drain
+/// marker goes behind what was posted): parked behind its posted work if
+/// that is sure to come back (the device moved the queue pair to error,
+/// and a signaled send closes its send queue), else handed to `ready` now,
+/// as nothing would release it. Returns whether any stays parked, and the
+/// device's answer.
+pub(super) fn fail_slot<Q: QueuePair>(
+    slot: &mut AttachedQp<Q>,
+    handle: FixedQp,
+    status: WcStatus,
+    table: u64,
+    ready: &mut Vec<FixedCompletion>,
+    cq_free: &mut usize,
+) -> (bool, Result<(), Error>) {
+    flush_unposted(slot, handle, table, ready, cq_free);
+    let entered = enter_error(slot, handle, status);
+    let comes_back =
+        entered.is_ok() && (slot.last_signaled || slot.sends.head == slot.sends.posted);
+    if !comes_back {
+        ready.append(&mut slot.parked);
+    }
+    (!slot.parked.is_empty(), entered)
+}
+
 pub(super) fn enter_error<Q: QueuePair>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,

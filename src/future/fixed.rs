@@ -372,7 +372,7 @@ impl<Q: QueuePair> Inner<Q> {
         }
         self.unposted_ops = 0;
         self.submits += 1;
-        // What the device refuses comes back flushed from the next reap.
+        // What the device refuses comes back flushed, after what it took.
         ring.submit()
     }
 
@@ -764,7 +764,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Applies one of the device's asynchronous events as
     /// [`FixedRing::apply_event`] does, and returns whether it concerned
     /// the ring. What it brings back (work of a queue pair now in error
-    /// that was never posted) goes to its futures at once, flushed; after
+    /// that was never posted) goes to its futures flushed, once the work
+    /// that queue pair posted is back (at once if the device refused to
+    /// move it to error); after
     /// a failure of the completion queue or the device, work never posted
     /// resolves so too, and every future of posted work with
     /// [`Error::RingFailed`].
@@ -802,7 +804,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     }
 
     /// Moves queue pair `qp` to error, as [`FixedRing::fail_qp`] does; what
-    /// it brings back goes to its futures (flushed).
+    /// it brings back goes to its futures (flushed), what it never posted
+    /// after what it did.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
@@ -822,7 +825,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         self.shared.with(|inner| {
             let ring = inner.ring.as_mut().ok_or(Error::Closed)?;
             // Even if the device refuses to move it, what was never posted
-            // is back: to its futures.
+            // comes back (at once then, as nothing it posted may): to its
+            // futures.
             let failed = ring.fail_qp(qp);
             let _ = inner.reap();
             failed
