@@ -60,6 +60,10 @@ pub struct FixedAdversary {
     runs: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
+    /// Per queue pair, the last send handed back: a queue pair's sends
+    /// come back in the order they were pushed (ids rise), flushes of
+    /// work never posted included.
+    last_send: std::collections::HashMap<FixedQp, u64>,
     /// Tokens handed back, their slots poisoned, never used again, and
     /// their slots' indexes (no slot may be handed back twice).
     graveyard: Vec<FixedBuf>,
@@ -157,6 +161,7 @@ impl FixedAdversary {
             runs: 0,
             pushed: HashSet::new(),
             returned: HashSet::new(),
+            last_send: std::collections::HashMap::new(),
             graveyard: Vec::new(),
             buried_slots: HashSet::new(),
             returned_ops: 0,
@@ -421,6 +426,14 @@ impl FixedAdversary {
                     "an op that was never pushed came back"
                 );
                 assert!(self.returned.insert(id), "op {id} came back twice");
+                if c.kind() != rdma_ring::op::OpKind::Recv {
+                    let last = self.last_send.insert(c.qp(), id).unwrap_or(0);
+                    assert!(
+                        last < id,
+                        "send {id} of {:?} came back after send {last}",
+                        c.qp()
+                    );
+                }
             }
             self.returned_ops += 1;
             if !c.status().is_success() {
