@@ -648,3 +648,44 @@ fn a_stream_refused_as_async_still_delivers_what_was_written() {
     let got = reader.join().unwrap().expect("an orderly end of stream");
     assert!(got == data[..written], "{} of {written} bytes", got.len());
 }
+
+/// An async stream whose completion queue fails (it overruns here,
+/// flooded by a stray queue pair on it) fails its reads with an error, as
+/// a blocking stream does, rather than waiting for ever for completions
+/// that cannot come.
+#[test]
+fn an_async_stream_on_a_failed_completion_queue_fails_its_reads() {
+    use futures::io::AsyncReadExt;
+    use rdma_ring::backend::{CompletionQueue, QpConfig, QueuePair, RecvWr, SgeSpan};
+    let dev = SoftDevice::new();
+    let (a, _b, _, _) = pair_with_controls(&dev, small());
+    let mut a = a.into_async(Wakeup::Busy).unwrap();
+    let stray_pd = dev.alloc_pd();
+    let _stray = a.ring().with_ring(|ring| {
+        let mut stray = dev
+            .create_qp_on(&stray_pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        stray.set_error().unwrap();
+        for _ in 0..ring.cq().entries() + 8 {
+            let wr = RecvWr {
+                wr_id: 0,
+                sges: SgeSpan::default(),
+            };
+            // SAFETY: no memory is named.
+            let _ = unsafe { stray.post_recv(&[wr], &[]) };
+        }
+        stray
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        let read = futures::executor::block_on(a.read(&mut buf));
+        let _ = tx.send(read.map_err(|e| (e.kind(), e.to_string())));
+    });
+    let read = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the read waited on a failed completion queue");
+    let (kind, why) = read.expect_err("nothing was sent to read");
+    assert_eq!(kind, ErrorKind::ConnectionReset, "{why}");
+    assert!(why.contains("overrun"), "{why}");
+}

@@ -317,9 +317,13 @@ impl<Q: QueuePair> Ring<Q> {
             match self.cq.poll(&mut self.scratch) {
                 Ok(n) => n,
                 Err(e) => {
-                    if matches!(e, Error::CqOverrun) {
-                        self.failed = Some("completion queue overrun");
-                    }
+                    // A queue that fails to poll gives nothing more back:
+                    // the ring takes no more work, and owners that wait
+                    // (a stream, say) can tell, as with the fixed ring.
+                    self.failed.get_or_insert(match e {
+                        Error::CqOverrun => "completion queue overrun",
+                        _ => "its completion queue failed",
+                    });
                     return Err(e);
                 }
             }

@@ -149,6 +149,15 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
         }
         let conn = &mut self.conn;
         self.ring.with_ring(|mut ring| {
+            // A ring whose completion queue or device failed gives nothing
+            // more back: the stream fails, as a blocking one does when its
+            // reap fails, rather than waiting for ever. (What it reaped
+            // before is applied above.)
+            if let Some(why) = ring.failure() {
+                conn.fail(Failure::Transport(format!(
+                    "the stream's ring failed: {why}"
+                )));
+            }
             let pushed = conn.pump(&mut ring.submission());
             if pushed {
                 if let Err(e) = ring.submit() {
