@@ -28,6 +28,16 @@
 //! the queue pair moves to error, and futures still pending resolve with
 //! a flush error (and their buffers) instead of hanging.
 //!
+//! A ring whose completion queue or device failed
+//! ([`Ring::failure`](crate::ring::Ring::failure), through
+//! [`AsyncRing::with_ring`]) can no longer tell when the device is done
+//! with a posted operation's buffer, so an [`OpFuture`] of one stays
+//! pending: its buffer is never handed back while the device may use it.
+//! Code that awaits with a deadline checks the failure when the deadline
+//! passes. ([`AsyncFixedRing`]'s futures resolve with
+//! [`Error::RingFailed`] instead: their slot
+//! stays with the ring.)
+//!
 //! # Wake-up sources
 //!
 //! Something must notice completions and wake the tasks awaiting them.
