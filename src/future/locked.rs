@@ -30,6 +30,14 @@ pub struct LockedRing<'a, Q: QueuePair> {
 impl<Q: QueuePair> LockedRing<'_, Q> {
     /// The submission side: push operations whose completions go to the
     /// [`CompletionStream`](crate::future::CompletionStream) (or to [`completion`](Self::completion)).
+    ///
+    /// What is pushed here goes out at the next submit: yours
+    /// ([`submit`](Self::submit), which hands back what the device
+    /// refuses), or one the adapter makes for an awaited operation. What
+    /// the device refuses at the adapter's submit comes back through the
+    /// completion stream as flushed at once, so it can come out ahead of
+    /// completions of work its queue pair posted before it (a device
+    /// refuses part of a post only when it is out of room or failing).
     pub fn submission(&mut self) -> crate::ring::SubmissionQueue<'_, Q> {
         self.ring.submission()
     }
