@@ -316,16 +316,7 @@ impl<Q: QueuePair> Ring<Q> {
         } else {
             match self.cq.poll(&mut self.scratch) {
                 Ok(n) => n,
-                Err(e) => {
-                    // A queue that fails to poll gives nothing more back:
-                    // the ring takes no more work, and owners that wait
-                    // (a stream, say) can tell, as with the fixed ring.
-                    self.failed.get_or_insert(match e {
-                        Error::CqOverrun => "completion queue overrun",
-                        _ => "its completion queue failed",
-                    });
-                    return Err(e);
-                }
+                Err(e) => return Err(self.poll_failed(e)),
             }
         };
         let mut unknown = None;
@@ -498,6 +489,19 @@ impl<Q: QueuePair> Ring<Q> {
         slot.outstanding_send -= released;
         slot.stats.implicit += implicit;
         self.stats.implicit += implicit;
+    }
+
+    /// A queue that fails to poll gives nothing more back: the ring takes
+    /// no more work, and owners that wait (a stream, say) can tell, as
+    /// with the fixed ring. Out of line, off the reap path.
+    #[cold]
+    #[inline(never)]
+    fn poll_failed(&mut self, error: Error) -> Error {
+        self.failed.get_or_insert(match error {
+            Error::CqOverrun => "completion queue overrun",
+            _ => "its completion queue failed",
+        });
+        error
     }
 
     /// The idle-time looks: device events, and peers that left.
