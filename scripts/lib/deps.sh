@@ -11,7 +11,9 @@ ensure_packages() {
     shift
     local missing=""
     for p in "$@"; do
-        dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+        # `dpkg -s` also succeeds for a package removed but not purged.
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing="$missing $p"
     done
     if [ -n "$missing" ]; then
         echo "==> installing $what:$missing"
@@ -28,11 +30,23 @@ ensure_build_deps() {
     fi
 }
 
+# rustfmt and clippy, which a minimal rustup profile leaves out.
+ensure_lint_tools() {
+    if { ! cargo fmt --version || ! cargo clippy --version; } >/dev/null 2>&1; then
+        if command -v rustup >/dev/null 2>&1; then
+            rustup component add rustfmt clippy
+        else
+            echo "error: cargo fmt or cargo clippy is missing, and there is no rustup to add them" >&2
+            exit 1
+        fi
+    fi
+}
+
 # What the Soft-RoCE VM needs: QEMU, a stock Debian kernel (its rdma_rxe
 # module is Soft-RoCE), the rdma-core user space, and virtme-ng.
 ensure_vm_deps() {
     ensure_packages "Soft-RoCE VM packages" qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers \
-        ibverbs-utils rdmacm-utils perftest iproute2 kmod busybox-static
+        ibverbs-utils rdmacm-utils perftest iproute2 kmod busybox-static python3 python3-pip
     # vng runs virtme-run from PATH: put pip's script directory first, so
     # both are found whatever wraps python3 (pyenv shims need a rehash).
     local scripts
@@ -46,6 +60,8 @@ ensure_vm_deps() {
 }
 
 ensure_cargo_fuzz() {
+    # libfuzzer-sys compiles libFuzzer's C++.
+    ensure_packages "fuzzing build tools" g++ make
     if ! cargo fuzz --version >/dev/null 2>&1; then
         echo "==> installing cargo-fuzz"
         cargo install cargo-fuzz --locked

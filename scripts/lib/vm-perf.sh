@@ -17,7 +17,12 @@ pair() {
     shift
     "$@" > /tmp/server.log 2>&1 &
     local server=$!
-    wait_for_listener "$server" "$(listen_port "$@")"
+    if ! wait_for_listener "$server" "$(listen_port "$@")"; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        cat /tmp/server.log
+        return 1
+    fi
     if ! "$@" 127.0.0.1 > "$log" 2>&1; then
         kill "$server" 2>/dev/null || true
         wait "$server" 2>/dev/null || true
@@ -33,6 +38,19 @@ pair() {
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# whole FILE...: every file holds one figure per round (a run whose figure
+# could not be read must not leave a median of fewer, or an empty line
+# sorted as 0).
+whole() {
+    local f
+    for f in "$@"; do
+        if [ "$(grep -cE '^[0-9]+(\.[0-9]+)?$' "$f")" -ne "$rounds" ] || [ "$(wc -l < "$f")" -ne "$rounds" ]; then
+            echo "$f: expected $rounds figures, got: $(tr '\n' ' ' < "$f")" >&2
+            cat /tmp/theirs.log /tmp/ours.log >&2
+            exit 1
+        fi
+    done
+}
 runs() { tr '\n' ' ' < "$1"; }
 
 # perftest's result lines: bw "#bytes #iterations BW-peak BW-average
@@ -81,6 +99,7 @@ for op in write read send atomic; do
                 ours_json t_p50_us >> /tmp/fixed-async.txt
             fi
         done
+        whole /tmp/theirs.txt /tmp/ours.txt /tmp/async.txt /tmp/fixed.txt /tmp/fixed-async.txt
         theirs="$(median < /tmp/theirs.txt)" mine="$(median < /tmp/ours.txt)" awaited="$(median < /tmp/async.txt)" fixed="$(median < /tmp/fixed.txt)" fixed_awaited="$(median < /tmp/fixed-async.txt)"
         if [ -z "$theirs" ] || [ -z "$mine" ] || [ -z "$awaited" ] || [ -z "$fixed" ] || [ -z "$fixed_awaited" ]; then
             echo "$op $test: could not read a figure (perftest '$theirs', ring '$mine', async '$awaited', fixed '$fixed', fixed async '$fixed_awaited')" >&2
@@ -114,6 +133,7 @@ for _ in $(seq "$rounds"); do
     pair /tmp/ours.log "$ours" write bw -d rxe0 -x 1 -p 18600 -n "$iters" -t 16 -Q 16 -s "$size" -I 220 --json --fixed --async --coalesce
     ours_json mpps >> /tmp/fixed-async.txt
 done
+whole /tmp/ours.txt /tmp/async.txt /tmp/fixed-async.txt
 sync1="$(median < /tmp/ours.txt)" coalesced="$(median < /tmp/async.txt)" fixed_coalesced="$(median < /tmp/fixed-async.txt)"
 echo "sync, post list 1: $sync1 Mpps (runs: $(runs /tmp/ours.txt)); awaited, coalesced: $coalesced Mpps (runs: $(runs /tmp/async.txt)); ratio $(awk -v a="$coalesced" -v b="$sync1" 'BEGIN { printf "%.2f", a / b }')"
 echo "fixed-buffer ring awaited, coalesced: $fixed_coalesced Mpps (runs: $(runs /tmp/fixed-async.txt)); ratio to sync $(awk -v a="$fixed_coalesced" -v b="$sync1" 'BEGIN { printf "%.2f", a / b }')"
