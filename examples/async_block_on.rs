@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use rdma_ring::future::Wakeup;
 
 async fn main_async() -> Result<(), String> {
-    let device = async_common::device_arg()?;
+    let device = async_common::device_arg("async_block_on")?;
     println!("device: {device}; executor: futures::executor::block_on, woken by a notifier thread");
     if device == "soft" {
         return async_common::exercise(&async_common::endpoints(Wakeup::Thread)?).await;

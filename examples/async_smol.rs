@@ -42,7 +42,7 @@ async fn run<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
 }
 
 async fn main_async() -> Result<(), String> {
-    let device = async_common::device_arg()?;
+    let device = async_common::device_arg("async_smol")?;
     println!("device: {device}; executor: smol, woken through async-io's Async");
     if device == "soft" {
         return run(async_common::endpoints(Wakeup::Reactor)?).await;

@@ -48,7 +48,7 @@ async fn run<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
 }
 
 async fn main_async() -> Result<(), String> {
-    let device = async_common::device_arg()?;
+    let device = async_common::device_arg("async_tokio")?;
     println!("device: {device}; executor: tokio, woken through AsyncFd");
     if device == "soft" {
         return run(async_common::endpoints(Wakeup::Reactor)?).await;

@@ -11,6 +11,8 @@
 //! cargo run --example file_transfer -- --device rxe0 --connect 127.0.0.1:7510 --size 67108864
 //! ```
 
+mod one_process;
+
 use std::alloc::Layout;
 use std::io::Read;
 use std::pin::Pin;
@@ -75,7 +77,7 @@ struct Plan {
 
 fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut device, mut gid, mut listen, mut connect) = ("soft".to_string(), None, None, None);
+    let (mut device, mut gid, mut listen, mut connect) = (None::<String>, None, None, None);
     let (mut file, mut size, mut chunk, mut depth) = (None, 16u64 << 20, 1u32 << 20, 4u32);
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| {
@@ -83,7 +85,7 @@ fn run() -> Result<()> {
                 .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
         };
         match arg.as_str() {
-            "--device" => device = value("--device")?,
+            "--device" => device = Some(value("--device")?),
             "--gid-index" => gid = Some(value("--gid-index")?.parse::<u8>()?),
             "--listen" => listen = Some(value("--listen")?),
             "--connect" => connect = Some(value("--connect")?),
@@ -93,7 +95,7 @@ fn run() -> Result<()> {
             "--depth" => depth = value("--depth")?.parse()?,
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return Ok(());
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
         }
@@ -104,7 +106,7 @@ fn run() -> Result<()> {
     let source = || -> Result<Source> {
         Ok(match &file {
             Some(path) => {
-                let f = std::fs::File::open(path)?;
+                let f = std::fs::File::open(path).map_err(|e| format!("--file {path}: {e}"))?;
                 let len = f.metadata()?.len();
                 Source::File(f, len)
             }
@@ -112,33 +114,72 @@ fn run() -> Result<()> {
         })
     };
     let plan = Plan { chunk, depth };
-    let mut builder = SessionBuilder::default();
-    if device != "soft" {
-        builder = builder.device(&device);
-    }
-    if let Some(index) = gid {
-        builder = builder.gid_index(index);
-    }
     match (listen, connect) {
-        (None, None) if device == "soft" => {
+        (None, None) => {
+            if let Some(name) = device.as_deref().filter(|&d| d != "soft") {
+                return Err(format!(
+                    "--device {name} needs --listen or --connect: one process runs on the soft device only; {USAGE}"
+                )
+                .into());
+            }
+            if gid.is_some() {
+                return Err(format!("--gid-index needs --listen or --connect; {USAGE}").into());
+            }
+            let source = source()?;
             println!("device: soft (in-process), both sides in one process");
             let (sender, receiver) =
                 SessionHost::soft_pair(&SoftDevice::new(), SessionConfig::default())?;
+            // The thread owns its session, so a receiver that fails closes
+            // it on the way out and the sender's next step fails at once.
             let receiving =
                 std::thread::spawn(move || futures::executor::block_on(receive(&receiver)));
-            futures::executor::block_on(send(&sender, source()?, &plan))?;
-            receiving.join().map_err(|_| "the receiver panicked")?
+            let sent = futures::executor::block_on(send(&sender, source, &plan));
+            // Closed before the join, for the same reason the other way round.
+            drop(sender);
+            one_process::verdict(("receiver", receiving.join()), ("sender", sent)).map(|_| ())
         }
         (Some(addr), None) => {
+            let (builder, device) = builder(device, gid)?;
             println!("device: {device}; receiving on {addr}");
             futures::executor::block_on(receive(&builder.listen(addr.as_str())?))
         }
         (None, Some(addr)) => {
+            let source = source()?;
+            let (builder, device) = builder(device, gid)?;
             println!("device: {device}; sending to {addr}");
-            futures::executor::block_on(send(&builder.connect(addr.as_str())?, source()?, &plan))
+            futures::executor::block_on(send(&builder.connect(addr.as_str())?, source, &plan))
         }
-        _ => Err(USAGE.into()),
+        (Some(_), Some(_)) => {
+            Err(format!("--listen and --connect exclude each other; {USAGE}").into())
+        }
     }
+}
+
+/// A builder on `device` or, without one, on the first RDMA device, named
+/// here so that what is printed is what is opened; and the device's name.
+fn builder(device: Option<String>, gid: Option<u8>) -> Result<(SessionBuilder, String)> {
+    let name = match device {
+        Some(name) if name == "soft" => {
+            return Err(format!(
+                "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
+            )
+            .into())
+        }
+        Some(name) => name,
+        None => {
+            let names = rdma_ring::backend::verbs::device_names()?;
+            let first = names.first().ok_or(
+                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
+            )?;
+            println!("no --device given: using {first}, the first RDMA device");
+            first.clone()
+        }
+    };
+    let mut builder = SessionBuilder::default().device(&name);
+    if let Some(index) = gid {
+        builder = builder.gid_index(index);
+    }
+    Ok((builder, name))
 }
 
 /// FNV-1a, 64 bits.

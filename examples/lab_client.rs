@@ -10,37 +10,29 @@
 //! ```
 
 mod lab_common;
+mod one_process;
 
 use std::process::ExitCode;
 
-use lab_common::Result;
+use lab_common::{Result, Side};
 
 fn main() -> ExitCode {
     lab_common::finish("lab_client", run())
 }
 
 fn run() -> Result<()> {
-    let Some(args) = lab_common::args()? else {
-        return Ok(());
+    let args = lab_common::args(Side::Client)?;
+    let Some(addr) = &args.addr else {
+        return lab_common::both_on_soft();
     };
-    match &args.connect {
-        None if args.device == "soft" => lab_common::both_on_soft(),
-        None => Err(format!(
-            "--connect ADDR is needed with a device; {}",
-            lab_common::USAGE
-        )
-        .into()),
-        Some(addr) => {
-            let builder = lab_common::builder(&args);
-            if args.cm {
-                println!("rdma_cm: connecting to {addr}");
-                let session = builder.connect_cm(addr.parse()?)?;
-                futures::executor::block_on(lab_common::client(&session))
-            } else {
-                println!("device: {}; connecting to {addr}", args.device);
-                let session = builder.connect(addr.as_str())?;
-                futures::executor::block_on(lab_common::client(&session))
-            }
-        }
+    if args.cm {
+        println!("rdma_cm: connecting to {addr}");
+        let session = lab_common::cm_builder(&args).connect_cm(addr.parse()?)?;
+        futures::executor::block_on(lab_common::client(&session))
+    } else {
+        let (builder, device) = lab_common::device_builder(&args)?;
+        println!("device: {device}; connecting to {addr}");
+        let session = builder.connect(addr.as_str())?;
+        futures::executor::block_on(lab_common::client(&session))
     }
 }

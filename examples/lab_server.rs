@@ -11,38 +11,30 @@
 //! and [`lab_client`](lab_client.rs) on the other side.
 
 mod lab_common;
+mod one_process;
 
 use std::process::ExitCode;
 
-use lab_common::Result;
+use lab_common::{Result, Side};
 
 fn main() -> ExitCode {
     lab_common::finish("lab_server", run())
 }
 
 fn run() -> Result<()> {
-    let Some(args) = lab_common::args()? else {
-        return Ok(());
+    let args = lab_common::args(Side::Server)?;
+    let Some(addr) = &args.addr else {
+        return lab_common::both_on_soft();
     };
-    match &args.listen {
-        None if args.device == "soft" => lab_common::both_on_soft(),
-        None => Err(format!(
-            "--listen ADDR is needed with a device; {}",
-            lab_common::USAGE
-        )
-        .into()),
-        Some(addr) => {
-            let builder = lab_common::builder(&args);
-            if args.cm {
-                let listener = builder.bind_cm(addr.parse()?)?;
-                println!("rdma_cm: listening on {addr}");
-                let session = listener.accept()?;
-                futures::executor::block_on(lab_common::server(&session))
-            } else {
-                println!("device: {}; listening on {addr}", args.device);
-                let session = builder.listen(addr.as_str())?;
-                futures::executor::block_on(lab_common::server(&session))
-            }
-        }
+    if args.cm {
+        let listener = lab_common::cm_builder(&args).bind_cm(addr.parse()?)?;
+        println!("rdma_cm: listening on {addr}");
+        let session = listener.accept()?;
+        futures::executor::block_on(lab_common::server(&session))
+    } else {
+        let (builder, device) = lab_common::device_builder(&args)?;
+        println!("device: {device}; listening on {addr}");
+        let session = builder.listen(addr.as_str())?;
+        futures::executor::block_on(lab_common::server(&session))
     }
 }

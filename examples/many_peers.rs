@@ -15,13 +15,16 @@
 //! ```
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+mod one_process;
 
 use rdma_ring::backend::soft::SoftDevice;
 use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair, SrqConfig};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::op::{OpKind, Read, Recv, SendImm, Write};
-use rdma_ring::ring::{QpHandle, Ring, RingConfig, SrqRefill};
+use rdma_ring::ring::{Completion, QpHandle, Ring, RingConfig, SrqRefill};
 
 const SLICE: usize = 4096;
 const USAGE: &str = "usage: many_peers [--device soft|NAME] [--clients N] [--rounds R]";
@@ -49,7 +52,7 @@ struct Options {
     rounds: u32,
 }
 
-fn options() -> Result<Option<Options>> {
+fn options() -> Result<Options> {
     let mut options = Options {
         device: None,
         clients: 64,
@@ -67,7 +70,7 @@ fn options() -> Result<Option<Options>> {
             "--rounds" => options.rounds = value("--rounds")?.parse()?,
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return Ok(None);
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
         }
@@ -75,13 +78,11 @@ fn options() -> Result<Option<Options>> {
     if options.clients == 0 || options.clients > 4096 || options.rounds == 0 {
         return Err(format!("--clients must be 1..=4096 and --rounds at least 1; {USAGE}").into());
     }
-    Ok(Some(options))
+    Ok(options)
 }
 
 fn run() -> Result<()> {
-    let Some(options) = options()? else {
-        return Ok(());
-    };
+    let options = options()?;
     let device = match options.device.clone() {
         Some(name) => name,
         None => match hardware_devices().first() {
@@ -230,10 +231,41 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
+/// How long either side waits for a completion before giving up.
+const PATIENCE: Duration = Duration::from_secs(60);
+/// How often a waiting side looks whether the other side failed.
+const TICK: Duration = Duration::from_millis(50);
+
 fn ring_config() -> RingConfig {
     RingConfig {
-        wait_timeout: Duration::from_secs(60),
+        wait_timeout: TICK,
         ..RingConfig::default()
+    }
+}
+
+/// Waits for at least one completion into `out`, up to `PATIENCE`; gives
+/// up within a tick once `other_failed` is set, since what this side waits
+/// for will then never come.
+fn wait_some<Q: QueuePair>(
+    ring: &mut Ring<Q>,
+    out: &mut Vec<Completion>,
+    other_failed: &AtomicBool,
+    other: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match ring.completion().wait_into(1, out) {
+            Ok(_) => return Ok(()),
+            Err(rdma_ring::Error::Timeout(_)) => {
+                if other_failed.load(Ordering::Acquire) {
+                    return Err(format!("stopped waiting: the {other} failed").into());
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!("no completion in {PATIENCE:?}").into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
@@ -307,67 +339,86 @@ fn serve<F: Fabric>(fabric: &F, options: &Options) -> Result<()> {
     let memory = &memory;
     // The server keeps its queue pairs up until the clients are done.
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let server_thread =
-        std::thread::scope(|scope| -> Result<(Vec<ServerCounts>, u64, Vec<u64>)> {
-            let server_handle =
-                scope.spawn(move || -> Result<(Vec<ServerCounts>, u64, Vec<u64>)> {
-                    let index_of = |h: QpHandle| qps.iter().position(|&q| q == h);
-                    let mut counts = vec![ServerCounts::default(); n];
-                    let mut expected = n * rounds as usize;
-                    let mut done = Vec::new();
-                    while expected > 0 {
-                        done.clear();
-                        server.completion().wait_into(1, &mut done)?;
-                        for c in done.drain(..) {
-                            c.result()?;
-                            if c.kind() != OpKind::Recv {
-                                continue; // an acknowledgement went out
-                            }
-                            let i = c
-                                .qp()
-                                .and_then(index_of)
-                                .ok_or("a receive from an unknown queue pair")?;
-                            let (round, from) =
-                                (c.imm().unwrap_or(0) >> 16, c.imm().unwrap_or(0) & 0xffff);
-                            check(from as usize == i, || {
-                                format!("qp {i} got client {from}'s message")
-                            })?;
-                            // SAFETY: client i wrote its slice before sending this
-                            // message on the same queue pair (RC delivers in order),
-                            // and writes again only after our acknowledgement.
-                            let bytes = unsafe { &memory.as_slice()[i * SLICE..(i + 1) * SLICE] };
-                            let bad = (0..SLICE).find(|&at| bytes[at] != pattern(i, round, at));
-                            check(bad.is_none(), || {
-                                format!("client {i} round {round}: byte {bad:?} differs")
-                            })?;
-                            counts[i].received += 1;
-                            counts[i].checked_bytes += SLICE;
-                            let ack = server_pd_pool.take()?;
-                            server
-                                .submission_on(qps[i])
-                                .push(SendImm::new(ack.slice(0..8), c.imm().unwrap_or(0)))
-                                .map_err(|r| r.into_parts().0)?;
-                            counts[i].acks += 1;
-                            expected -= 1;
+    // Set by a side that failed, so that the other stops waiting for it.
+    let (server_failed, clients_failed) = (AtomicBool::new(false), AtomicBool::new(false));
+    let (server_failed, clients_failed) = (&server_failed, &clients_failed);
+    let ((counts, server_doorbells, per_qp), ()) = std::thread::scope(|scope| {
+        let server_handle = scope.spawn(move || {
+            let mut serve = || -> Result<(Vec<ServerCounts>, u64, Vec<u64>)> {
+                let index_of = |h: QpHandle| qps.iter().position(|&q| q == h);
+                let mut counts = vec![ServerCounts::default(); n];
+                let mut expected = n * rounds as usize;
+                let mut done = Vec::new();
+                while expected > 0 {
+                    done.clear();
+                    wait_some(&mut server, &mut done, clients_failed, "clients")?;
+                    for c in done.drain(..) {
+                        c.result()?;
+                        if c.kind() != OpKind::Recv {
+                            continue; // an acknowledgement went out
                         }
-                        // One doorbell per connection that has acknowledgements.
-                        server.submit()?;
+                        let i = c
+                            .qp()
+                            .and_then(index_of)
+                            .ok_or("a receive from an unknown queue pair")?;
+                        let (round, from) =
+                            (c.imm().unwrap_or(0) >> 16, c.imm().unwrap_or(0) & 0xffff);
+                        check(from as usize == i, || {
+                            format!("qp {i} got client {from}'s message")
+                        })?;
+                        // SAFETY: client i wrote its slice before sending this
+                        // message on the same queue pair (RC delivers in order),
+                        // and writes again only after our acknowledgement.
+                        let bytes = unsafe { &memory.as_slice()[i * SLICE..(i + 1) * SLICE] };
+                        let bad = (0..SLICE).find(|&at| bytes[at] != pattern(i, round, at));
+                        check(bad.is_none(), || {
+                            format!("client {i} round {round}: byte {bad:?} differs")
+                        })?;
+                        counts[i].received += 1;
+                        counts[i].checked_bytes += SLICE;
+                        let ack = server_pd_pool.take()?;
+                        server
+                            .submission_on(qps[i])
+                            .push(SendImm::new(ack.slice(0..8), c.imm().unwrap_or(0)))
+                            .map_err(|r| r.into_parts().0)?;
+                        counts[i].acks += 1;
+                        expected -= 1;
                     }
-                    // The last acknowledgements complete before the ring goes.
-                    let mut tail = Vec::new();
-                    while server.in_flight() > server.srq_posted(srq).unwrap_or(0) {
-                        server.completion().reap(&mut tail)?;
+                    // One doorbell per connection that has acknowledgements.
+                    server.submit()?;
+                }
+                // The last acknowledgements complete before the ring goes,
+                // and each must have succeeded; every message has arrived,
+                // so a receive now is one too many.
+                while server.in_flight() > server.srq_posted(srq).unwrap_or(0) {
+                    done.clear();
+                    wait_some(&mut server, &mut done, clients_failed, "clients")?;
+                    for c in done.drain(..) {
+                        c.result()?;
+                        check(c.kind() != OpKind::Recv, || {
+                            "a message after the last round".into()
+                        })?;
                     }
-                    let _ = stopped.recv();
-                    let doorbells = server.stats().doorbells;
-                    let per_qp = qps
-                        .iter()
-                        .map(|&h| server.qp_stats(h).map_or(0, |s| s.doorbells))
-                        .collect();
-                    Ok((counts, doorbells, per_qp))
-                });
+                }
+                let _ = stopped.recv();
+                let doorbells = server.stats().doorbells;
+                let per_qp = qps
+                    .iter()
+                    .map(|&h| server.qp_stats(h).map_or(0, |s| s.doorbells))
+                    .collect();
+                Ok((counts, doorbells, per_qp))
+            };
+            let result = serve();
+            // Told before the ring (and its queue pairs) goes, which can
+            // take a while when operations are still in flight.
+            if result.is_err() {
+                server_failed.store(true, Ordering::Release);
+            }
+            result
+        });
 
-            // The clients, all on one ring, as a state machine per connection.
+        // The clients, all on one ring, as a state machine per connection.
+        let mut clients = || -> Result<()> {
             for round in 0..rounds {
                 for (i, &h) in client_qps.iter().enumerate() {
                     let mut data = client_pool.take()?;
@@ -394,7 +445,7 @@ fn serve<F: Fabric>(fabric: &F, options: &Options) -> Result<()> {
                 let mut done = Vec::new();
                 while outstanding > 0 {
                     done.clear();
-                    client.completion().wait_into(1, &mut done)?;
+                    wait_some(&mut client, &mut done, server_failed, "server")?;
                     for c in done.drain(..) {
                         c.result()?;
                         outstanding -= 1;
@@ -426,12 +477,18 @@ fn serve<F: Fabric>(fabric: &F, options: &Options) -> Result<()> {
                     format!("round {round}: a client missed its acknowledgement")
                 })?;
             }
-            drop(stop);
-            server_handle
-                .join()
-                .map_err(|_| "the server thread panicked")?
-        })?;
-    let (counts, server_doorbells, per_qp) = server_thread;
+            Ok(())
+        };
+        let clients_result = clients();
+        if clients_result.is_err() {
+            clients_failed.store(true, Ordering::Release);
+        }
+        drop(stop);
+        one_process::verdict(
+            ("server", server_handle.join()),
+            ("clients", clients_result),
+        )
+    })?;
     let client_doorbells = client.stats().doorbells;
     println!(
         "connection  server received  bytes checked  acks  server doorbells  client doorbells"

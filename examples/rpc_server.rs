@@ -18,10 +18,10 @@ mod rpc_common;
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use rdma_ring::backend::QueuePair;
-use rdma_ring::rpc::{AsyncHandler, Caller, ResponseFuture, RpcConfig, RpcServer, Service};
+#[cfg(feature = "verbs")]
+use rdma_ring::rpc::RpcServer;
+use rdma_ring::rpc::{AsyncHandler, Caller, ResponseFuture, RpcConfig, Service};
 use rpc_common::{echo, Flags, HandlerKind, KvStore, Result};
 
 const USAGE: &str = "usage: rpc_server [--listen ADDR] [--device NAME] [--cm | --tcp] \
@@ -154,12 +154,13 @@ fn serve(
 
 /// Serves until `exit_after` clients came and went (or forever), then
 /// shuts down and prints what the server did.
-fn wait<Q: QueuePair + Send + 'static>(
+#[cfg(feature = "verbs")]
+fn wait<Q: rdma_ring::backend::QueuePair + Send + 'static>(
     server: &RpcServer<Q>,
     exit_after: Option<usize>,
 ) -> Result<()> {
     loop {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let stats = server.stats();
         if let Some(n) = exit_after {
             if stats.clients_accepted >= n as u64 && stats.clients_open == 0 {

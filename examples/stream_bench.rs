@@ -13,6 +13,8 @@
 //! stream_bench -S 64 -C 10000                                     # soft device, one process
 //! ```
 
+mod one_process;
+
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -37,7 +39,9 @@ fn main() -> ExitCode {
 
 #[derive(Clone)]
 struct Args {
-    device: String,
+    /// `None`: the soft device without an address, the first RDMA device
+    /// with one.
+    device: Option<String>,
     cm: bool,
     tcp: bool,
     listen: Option<String>,
@@ -49,7 +53,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut args = std::env::args().skip(1);
     let mut parsed = Args {
-        device: "soft".into(),
+        device: None,
         cm: false,
         tcp: false,
         listen: None,
@@ -63,7 +67,7 @@ fn parse() -> Result<Args> {
                 .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
         };
         match arg.as_str() {
-            "--device" => parsed.device = value("--device")?,
+            "--device" => parsed.device = Some(value("--device")?),
             "--cm" => parsed.cm = true,
             "--tcp" => parsed.tcp = true,
             "--listen" => parsed.listen = Some(value("--listen")?),
@@ -79,6 +83,25 @@ fn parse() -> Result<Args> {
     }
     if parsed.size == 0 || parsed.count == 0 {
         return Err("-S and -C must be at least 1".into());
+    }
+    // Every transport flag must be heard: a run that silently fell back to
+    // another transport would print figures for the wrong one.
+    let addressed = parsed.listen.is_some() || parsed.connect.is_some();
+    let device = parsed.device.as_deref();
+    if parsed.tcp && (parsed.cm || device.is_some()) {
+        return Err(format!("--tcp excludes --cm and --device; {USAGE}").into());
+    }
+    if parsed.cm && device.is_some() {
+        return Err(format!(
+            "--device does not apply to --cm: rdma_cm uses the device that routes to the address; {USAGE}"
+        )
+        .into());
+    }
+    if !addressed && (parsed.tcp || parsed.cm || device.is_some_and(|d| d != "soft")) {
+        return Err(format!(
+            "--tcp, --cm and --device NAME need --listen or --connect: one process runs on the soft device only; {USAGE}"
+        )
+        .into());
     }
     Ok(parsed)
 }
@@ -97,10 +120,11 @@ fn run() -> Result<()> {
             let (client, server) =
                 RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default())?;
             let server_args = args.clone();
+            // Each side owns its end, so a side that fails closes it on the
+            // way out and the other's read fails at once.
             let server = std::thread::spawn(move || serve(server, &server_args));
-            let result = client_loop(client, &args, "rdma-ring/soft");
-            server.join().map_err(|_| "the server thread panicked")??;
-            result
+            let client = client_loop(client, &args, "rdma-ring/soft");
+            one_process::verdict(("server", server.join()), ("client", client)).map(|_| ())
         }
         (Some(addr), None) if args.tcp => {
             let listener = std::net::TcpListener::bind(addr)?;
@@ -125,12 +149,30 @@ mod verbs {
     use rdma_ring::backend::verbs::VerbsDevice;
     use rdma_ring::stream::{RdmaCmListener, RdmaListener};
 
+    /// `--device`, or without it the first RDMA device, saying so.
+    fn open(args: &Args) -> Result<VerbsDevice> {
+        match args.device.as_deref() {
+            Some("soft") => Err(format!(
+                "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
+            )
+            .into()),
+            Some(name) => Ok(VerbsDevice::open(name)?),
+            None => {
+                let dev = VerbsDevice::open_first()?.ok_or(
+                    "no RDMA device on this machine: name one with --device, use --cm or --tcp, or leave out the address for the soft device",
+                )?;
+                println!("no --device given: using {}, the first RDMA device", dev.name());
+                Ok(dev)
+            }
+        }
+    }
+
     pub fn listen(args: &Args, addr: &str) -> Result<()> {
         if args.cm {
             let listener = RdmaCmListener::bind(addr.parse()?, StreamConfig::default())?;
             serve(listener.accept()?, args)
         } else {
-            let dev = VerbsDevice::open(&args.device)?;
+            let dev = open(args)?;
             let listener = RdmaListener::bind_with(addr, &dev, StreamConfig::default())?;
             serve(listener.accept()?, args)
         }
@@ -141,7 +183,7 @@ mod verbs {
             let stream = RdmaStream::connect_cm(addr.parse()?, StreamConfig::default())?;
             client_loop(stream, args, name)
         } else {
-            let dev = VerbsDevice::open(&args.device)?;
+            let dev = open(args)?;
             let stream = RdmaStream::connect_with(addr, &dev, StreamConfig::default())?;
             client_loop(stream, args, name)
         }

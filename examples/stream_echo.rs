@@ -12,6 +12,8 @@
 //! cargo run --example stream_echo -- --cm --connect 10.99.0.1:7481
 //! ```
 
+mod one_process;
+
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::process::ExitCode;
@@ -39,7 +41,9 @@ fn main() -> ExitCode {
 }
 
 struct Args {
-    device: String,
+    /// `None`: the soft device without an address, the first RDMA device
+    /// with one.
+    device: Option<String>,
     cm: bool,
     listen: Option<String>,
     connect: Option<String>,
@@ -48,7 +52,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut args = std::env::args().skip(1);
     let mut parsed = Args {
-        device: "soft".into(),
+        device: None,
         cm: false,
         listen: None,
         connect: None,
@@ -59,7 +63,7 @@ fn parse() -> Result<Args> {
                 .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
         };
         match arg.as_str() {
-            "--device" => parsed.device = value("--device")?,
+            "--device" => parsed.device = Some(value("--device")?),
             "--cm" => parsed.cm = true,
             "--listen" => parsed.listen = Some(value("--listen")?),
             "--connect" => parsed.connect = Some(value("--connect")?),
@@ -70,7 +74,20 @@ fn parse() -> Result<Args> {
             other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
         }
     }
-    Ok(parsed)
+    match (&parsed.listen, &parsed.connect, parsed.device.as_deref()) {
+        (None, None, Some(name)) if name != "soft" => Err(format!(
+            "one process runs on the soft device only; for {name} use --listen and --connect"
+        )
+        .into()),
+        (None, None, _) if parsed.cm => {
+            Err(format!("--cm needs --listen or --connect; {USAGE}").into())
+        }
+        (_, _, Some(name)) if parsed.cm => Err(format!(
+            "--device {name} does not apply to --cm: rdma_cm uses the device that routes to the address; {USAGE}"
+        )
+        .into()),
+        _ => Ok(parsed),
+    }
 }
 
 fn run() -> Result<()> {
@@ -78,23 +95,37 @@ fn run() -> Result<()> {
     let config = StreamConfig::default();
     match (&args.listen, &args.connect) {
         (None, None) => {
-            if args.device != "soft" {
-                return Err(format!(
-                    "one process runs on the soft device only; for {} use --listen and --connect",
-                    args.device
-                )
-                .into());
-            }
             println!("device: soft (in-process); server and client in one process");
             let (client, server) = RdmaStream::soft_pair(&SoftDevice::new(), config)?;
+            // Each side owns its end, so a side that fails closes it on the
+            // way out and the other's read fails at once.
             let server = std::thread::spawn(move || serve(server));
-            client_session(client)?;
-            server.join().map_err(|_| "the server thread panicked")??;
-            Ok(())
+            let client = client_session(client);
+            one_process::verdict(("server", server.join()), ("client", client)).map(|_| ())
         }
         (Some(addr), None) => listen(&args, addr, config),
         (None, Some(addr)) => connect(&args, addr, config),
         _ => Err(format!("--listen and --connect exclude each other; {USAGE}").into()),
+    }
+}
+
+/// `device`, or without one the first RDMA device, saying so.
+#[cfg(feature = "verbs")]
+fn open(device: Option<&str>) -> Result<rdma_ring::backend::verbs::VerbsDevice> {
+    use rdma_ring::backend::verbs::VerbsDevice;
+    match device {
+        Some("soft") => Err(format!(
+            "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
+        )
+        .into()),
+        Some(name) => Ok(VerbsDevice::open(name)?),
+        None => {
+            let dev = VerbsDevice::open_first()?.ok_or(
+                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
+            )?;
+            println!("no --device given: using {}, the first RDMA device", dev.name());
+            Ok(dev)
+        }
     }
 }
 
@@ -106,11 +137,11 @@ fn listen(args: &Args, addr: &str, config: StreamConfig) -> Result<()> {
         println!("listening over rdma_cm on {addr}");
         serve(listener.accept()?)
     } else {
-        let dev = rdma_ring::backend::verbs::VerbsDevice::open(&args.device)?;
+        let dev = open(args.device.as_deref())?;
         let listener = RdmaListener::bind_with(addr, &dev, config)?;
         println!(
             "device: {}; listening on {addr} (TCP handshake)",
-            args.device
+            dev.name()
         );
         serve(listener.accept()?)
     }
@@ -122,10 +153,10 @@ fn connect(args: &Args, addr: &str, config: StreamConfig) -> Result<()> {
         println!("connecting over rdma_cm to {addr}");
         client_session(RdmaStream::connect_cm(addr.parse()?, config)?)
     } else {
-        let dev = rdma_ring::backend::verbs::VerbsDevice::open(&args.device)?;
+        let dev = open(args.device.as_deref())?;
         println!(
             "device: {}; connecting to {addr} (TCP handshake)",
-            args.device
+            dev.name()
         );
         client_session(RdmaStream::connect_with(addr, &dev, config)?)
     }

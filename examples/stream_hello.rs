@@ -10,6 +10,8 @@
 //! cargo run --example stream_hello -- --device rxe0 --connect 127.0.0.1:7482   # client
 //! ```
 
+mod one_process;
+
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
@@ -38,50 +40,78 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut device, mut listen_at, mut connect_to) = ("soft".to_string(), None, None);
+    let (mut device, mut listen_at, mut connect_to) = (None::<String>, None, None);
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| {
             args.next()
                 .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
         };
         match arg.as_str() {
-            "--device" => device = value("--device")?,
+            "--device" => device = Some(value("--device")?),
             "--listen" => listen_at = Some(value("--listen")?),
             "--connect" => connect_to = Some(value("--connect")?),
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return Ok(());
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
         }
     }
     match (listen_at, connect_to) {
         (None, None) => {
+            if let Some(name) = device.as_deref().filter(|&d| d != "soft") {
+                return Err(format!(
+                    "one process runs on the soft device only; for {name} use --listen and --connect"
+                )
+                .into());
+            }
             println!("device: soft (in-process)");
             let (client, server) =
                 RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default())?;
+            // Each side owns its end, so a side that fails closes it on the
+            // way out and the other's read fails at once.
             let server = std::thread::spawn(move || server_main(server));
-            client_main(client)?;
-            server.join().map_err(|_| "the server thread panicked")?
+            let client = client_main(client);
+            one_process::verdict(("server", server.join()), ("client", client)).map(|_| ())
         }
-        (Some(addr), None) => listen(&device, &addr),
-        (None, Some(addr)) => connect(&device, &addr),
+        (Some(addr), None) => listen(device.as_deref(), &addr),
+        (None, Some(addr)) => connect(device.as_deref(), &addr),
         _ => Err(format!("--listen and --connect exclude each other; {USAGE}").into()),
     }
 }
 
+/// `device`, or without one the first RDMA device, saying so.
 #[cfg(feature = "verbs")]
-fn listen(device: &str, addr: &str) -> Result<()> {
-    let dev = rdma_ring::backend::verbs::VerbsDevice::open(device)?;
+fn open(device: Option<&str>) -> Result<rdma_ring::backend::verbs::VerbsDevice> {
+    use rdma_ring::backend::verbs::VerbsDevice;
+    match device {
+        Some("soft") => Err(format!(
+            "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
+        )
+        .into()),
+        Some(name) => Ok(VerbsDevice::open(name)?),
+        None => {
+            let dev = VerbsDevice::open_first()?.ok_or(
+                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
+            )?;
+            println!("no --device given: using {}, the first RDMA device", dev.name());
+            Ok(dev)
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn listen(device: Option<&str>, addr: &str) -> Result<()> {
+    let dev = open(device)?;
     let listener = rdma_ring::stream::RdmaListener::bind_with(addr, &dev, StreamConfig::default())?;
-    println!("device: {device}; server listening on {addr}");
+    println!("device: {}; server listening on {addr}", dev.name());
     server_main(listener.accept()?)
 }
 
 #[cfg(feature = "verbs")]
-fn connect(device: &str, addr: &str) -> Result<()> {
-    let dev = rdma_ring::backend::verbs::VerbsDevice::open(device)?;
-    println!("device: {device}; client connecting to {addr}");
+fn connect(device: Option<&str>, addr: &str) -> Result<()> {
+    let dev = open(device)?;
+    println!("device: {}; client connecting to {addr}", dev.name());
     client_main(RdmaStream::connect_with(
         addr,
         &dev,
@@ -90,12 +120,12 @@ fn connect(device: &str, addr: &str) -> Result<()> {
 }
 
 #[cfg(not(feature = "verbs"))]
-fn listen(_: &str, _: &str) -> Result<()> {
+fn listen(_: Option<&str>, _: &str) -> Result<()> {
     Err("built without the verbs feature: only the soft device".into())
 }
 
 #[cfg(not(feature = "verbs"))]
-fn connect(_: &str, _: &str) -> Result<()> {
+fn connect(_: Option<&str>, _: &str) -> Result<()> {
     Err("built without the verbs feature: only the soft device".into())
 }
 

@@ -22,22 +22,24 @@ pub struct Endpoints<P, Q: QueuePair + Send + 'static> {
     pub b: AsyncRing<Q>,
 }
 
-/// `--device soft|NAME` from the command line (default: soft).
-pub fn device_arg() -> Result<String, String> {
+/// `--device soft|NAME` from `example`'s command line (default: soft);
+/// `--help` prints the usage and exits.
+pub fn device_arg(example: &str) -> Result<String, String> {
+    let usage = format!("usage: {example} [--device soft|NAME]");
     let mut args = std::env::args().skip(1);
     let mut device = "soft".to_string();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--device" => {
-                device = args
-                    .next()
-                    .ok_or("--device needs a value: soft or a device name")?
+                device = args.next().ok_or_else(|| {
+                    format!("--device needs a value: soft or a device name; {usage}")
+                })?
             }
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: [--device soft|NAME]"
-                ))
+            "-h" | "--help" => {
+                println!("{usage}");
+                std::process::exit(0);
             }
+            other => return Err(format!("unknown argument {other:?}; {usage}")),
         }
     }
     Ok(device)
@@ -134,6 +136,9 @@ pub async fn exercise<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
     let doorbells = e.a.with_ring(|r| r.stats().doorbells);
     e.a.submit().map_err(|s| s.to_string())?;
     let rung = e.a.with_ring(|r| r.stats().doorbells) - doorbells;
+    check(rung == 1, || {
+        format!("pushed {CHUNKS} writes with {rung} doorbells, not one")
+    })?;
     for (result, chunk) in join_all(writes).await {
         result.map_err(err)?;
         drop(chunk);
@@ -215,7 +220,9 @@ pub async fn exercise<P: ProtectionDomain, Q: QueuePair + Send + 'static>(
     })?;
     println!("dropped a pending receive: its chunk came back only after the ring flushed it");
 
-    drop(e.b.clone());
+    // B is done too: closed as A was, so that no queue pair is left open
+    // on its memory when that memory is taken back and checked.
+    e.b.close();
     let counters = counters.into_inner().map_err(|r| r.to_string())?;
     check(counters[..] == [42, 105], || {
         format!("counters are {counters:?}")

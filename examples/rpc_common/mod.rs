@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -256,6 +255,9 @@ pub fn bench<C: Send + 'static>(
         all.extend(t.join().map_err(|_| "a client thread panicked")??);
     }
     let elapsed = t0.elapsed();
+    if all.is_empty() {
+        return Err("no call was measured: --calls must be at least 1".into());
+    }
     all.sort();
     let pct =
         |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
@@ -273,14 +275,14 @@ pub fn bench<C: Send + 'static>(
 
 /// The same handlers over TCP: a thread per connection, frames of a
 /// 4-byte little-endian length and the bytes; the handler behind a lock,
-/// as one poller would run it. Returns the listener's thread.
+/// as one poller would run it. Returns when `exit_after` connections
+/// came and went (or never, without it).
 pub fn serve_tcp(
     listener: TcpListener,
     kind: HandlerKind,
     exit_after: Option<usize>,
 ) -> Result<()> {
     let store = Arc::new(std::sync::Mutex::new(KvStore::default()));
-    let closed = Arc::new(AtomicUsize::new(0));
     let mut conns = Vec::new();
     let caller = Caller {
         client_id: 0,
@@ -291,7 +293,6 @@ pub fn serve_tcp(
         let mut stream = stream?;
         stream.set_nodelay(true)?;
         let store = Arc::clone(&store);
-        let closed = Arc::clone(&closed);
         conns.push(std::thread::spawn(move || {
             let mut resp = Vec::new();
             while let Ok(req) = read_frame(&mut stream) {
@@ -307,7 +308,6 @@ pub fn serve_tcp(
                     break;
                 }
             }
-            closed.fetch_add(1, Ordering::SeqCst);
         }));
         if exit_after.is_some_and(|n| accepted + 1 >= n) {
             break;
@@ -319,10 +319,21 @@ pub fn serve_tcp(
     Ok(())
 }
 
+/// The largest frame `read_frame` takes: the length comes from the peer,
+/// and is allocated before the bytes arrive.
+pub const MAX_FRAME: usize = 64 << 20;
+
 pub fn read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len)?;
-    let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes: more than the {MAX_FRAME}-byte cap"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
     stream.read_exact(&mut buf)?;
     Ok(buf)
 }
@@ -342,49 +353,55 @@ pub fn tcp_call(stream: &mut TcpStream, req: &[u8]) -> Result<Vec<u8>> {
 
 /// A simple flag parser: `--name value` pairs and bare `--switch`es.
 pub struct Flags {
-    args: Vec<String>,
+    /// Each flag given, in order, with its value if it took one.
+    given: Vec<(String, Option<String>)>,
     usage: &'static str,
 }
 
 impl Flags {
     /// Parses the command line: `switches` stand alone, `valued` flags
-    /// take a value; anything else is refused.
+    /// take a value, and a flag in both takes the next argument as its
+    /// value unless that is a flag itself; anything else is refused.
+    /// `--help` prints the usage and exits.
     pub fn parse(usage: &'static str, switches: &[&str], valued: &[&str]) -> Result<Flags> {
         let args: Vec<String> = std::env::args().skip(1).collect();
         if args.iter().any(|a| a == "-h" || a == "--help") {
             println!("{usage}");
             std::process::exit(0);
         }
-        let mut i = 0;
-        while i < args.len() {
-            if !args[i].starts_with("--") {
-                return Err(format!("unexpected argument {:?}; {usage}", args[i]).into());
+        let mut given = Vec::new();
+        let mut args = args.into_iter().peekable();
+        while let Some(flag) = args.next() {
+            if !flag.starts_with("--") {
+                return Err(format!("unexpected argument {flag:?}; {usage}").into());
             }
-            let flag = args[i].as_str();
-            if !switches.contains(&flag) && !valued.contains(&flag) {
-                return Err(format!("unknown flag {flag:?}; {usage}").into());
-            }
-            if valued.contains(&flag) {
-                if i + 1 >= args.len() {
-                    return Err(format!("{} needs a value; {usage}", args[i]).into());
-                }
-                i += 1;
-            }
-            i += 1;
+            let (switch, takes_value) = (
+                switches.contains(&flag.as_str()),
+                valued.contains(&flag.as_str()),
+            );
+            let value = match (switch, takes_value) {
+                (false, false) => return Err(format!("unknown flag {flag:?}; {usage}").into()),
+                (true, false) => None,
+                (false, true) => Some(
+                    args.next()
+                        .ok_or_else(|| format!("{flag} needs a value; {usage}"))?,
+                ),
+                (true, true) => args.next_if(|next| !next.starts_with("--")),
+            };
+            given.push((flag, value));
         }
-        Ok(Flags { args, usage })
+        Ok(Flags { given, usage })
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.args.iter().any(|a| a == name)
+        self.given.iter().any(|(flag, _)| flag == name)
     }
 
     pub fn value(&self, name: &str) -> Option<&str> {
-        self.args
+        self.given
             .iter()
-            .position(|a| a == name)
-            .and_then(|i| self.args.get(i + 1))
-            .map(String::as_str)
+            .find(|(flag, _)| flag == name)
+            .and_then(|(_, value)| value.as_deref())
     }
 
     pub fn parsed<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T>
