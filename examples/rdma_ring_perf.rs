@@ -4,8 +4,8 @@
 //! time), or the fixed-buffer ring (`--fixed`: the same loop as the sync
 //! path over slots of one registration; with `--async`, awaited through
 //! `AsyncFixedRing`). Server and client as two processes (endpoints over a TCP
-//! handshake), or both in one process (`--loopback`, also on the soft
-//! device).
+//! handshake, the client's plan first, which the server checks against its
+//! own), or both in one process (`--loopback`, also on the soft device).
 //!
 //! ```text
 //! rdma-ring-perf write bw -d rxe0 -x 1                 # server
@@ -18,14 +18,19 @@
 //! is the time to its completion (the responder's ACK), a SEND's half the
 //! round trip of a ping-pong (the server echoes), as `ib_send_lat` reports.
 
+use std::cell::Cell;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use rdma_ring::backend::soft::{Progress, SoftDevice};
-use rdma_ring::backend::{ProtectionDomain, QpConfig, QueuePair};
+use rdma_ring::backend::{
+    PostError, ProtectionDomain, QpCaps, QpConfig, QueuePair, RecvWr, SendFlags, SendWr, Sge,
+};
 use rdma_ring::buf::{BaseBuf, BufferPool, ExposedBuf, PoolChunk, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     FetchAddFixed, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing,
@@ -49,12 +54,33 @@ enum Op {
     Atomic,
 }
 
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Mode {
     /// Bandwidth and message rate.
     Bw,
-    /// Latency percentiles, one operation at a time.
+    /// Latency percentiles, one operation at a time (so -t, -l and -Q do
+    /// not apply).
     Lat,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bw => "bw",
+            Mode::Lat => "lat",
+        }
+    }
 }
 
 /// perftest's bandwidth and latency tests through rdma-ring.
@@ -68,35 +94,51 @@ struct Args {
     #[arg(value_enum)]
     mode: Mode,
     /// The server to connect to (client side); without it, and without
-    /// --loopback, this process is the server.
+    /// --loopback, this process is the server. Server and client must be
+    /// given the same op, mode, sizes, -t and -I: the server refuses a
+    /// client whose plan differs.
     host: Option<String>,
-    /// Message size in bytes (default 65536 for bw, 2 for lat; atomics: 8).
-    #[arg(short = 's', long)]
+    /// Message size in bytes (default 65536 for bw, 2 for lat; atomics
+    /// always move 8).
+    #[arg(short = 's', long, conflicts_with = "all")]
     size: Option<usize>,
     /// Every size from 2 bytes to 8 MiB (or --max-size), doubling.
     #[arg(short = 'a', long)]
     all: bool,
-    /// Largest size of --all.
-    #[arg(long, default_value_t = 8 << 20)]
-    max_size: usize,
-    /// Operations per size (default 5000 for bw, 1000 for lat).
+    /// Largest size of --all, from 2 to 8388608 [default: 8388608].
+    #[arg(long, requires = "all")]
+    max_size: Option<usize>,
+    /// Operations per size, at least 1 (default 5000 for bw, 1000 for lat).
     #[arg(short = 'n', long)]
     iters: Option<u64>,
-    /// Operations outstanding at once (tasks with --async).
-    #[arg(short = 't', long, default_value_t = 128)]
-    tx_depth: usize,
-    /// Work requests per post (one doorbell each).
-    #[arg(short = 'l', long, default_value_t = 1)]
-    post_list: usize,
-    /// A completion every this many work requests.
-    #[arg(short = 'Q', long, default_value_t = 100)]
-    cq_mod: usize,
-    /// Largest message posted inline (WRITE and SEND).
+    /// Operations outstanding at once (tasks with --async); bw only, as
+    /// latency runs one at a time [default: 128]. Lowered, and the header
+    /// says so, to keep each side's buffers within 256 MiB (all of the
+    /// largest size), and for SEND to half the receives the server keeps
+    /// posted.
+    #[arg(short = 't', long)]
+    tx_depth: Option<usize>,
+    /// Work requests per post (one doorbell each); bw only, and not with
+    /// --async, where each task posts its own operation (--coalesce
+    /// shares doorbells) [default: 1].
+    #[arg(short = 'l', long)]
+    post_list: Option<usize>,
+    /// CQ moderation: ask for a CQE every this many work requests; bw only
+    /// [default: 100]. The ring also asks one for the last work request of
+    /// every post, so a CQE is asked at least every min(Q, l) operations
+    /// (--fixed first rounds Q down to a power of two; --async posts each
+    /// operation alone, so asks one for each, unless --coalesce). The
+    /// header and the JSON (`cqe_per_op`) give the CQEs actually asked per
+    /// operation.
+    #[arg(short = 'Q', long)]
+    cq_mod: Option<usize>,
+    /// Largest message posted inline (WRITE and SEND, and the echo of a
+    /// SEND latency server).
     #[arg(short = 'I', long, default_value_t = 220)]
     inline_size: usize,
     /// Device: a verbs device name, `soft` or `noop` (the soft device with
-    /// no execution cost, --loopback only); default: the first device,
-    /// else soft.
+    /// no execution cost; both --loopback only); default: the first
+    /// device, else soft.
     #[arg(short = 'd', long)]
     ib_dev: Option<String>,
     /// GID index (verbs).
@@ -106,7 +148,7 @@ struct Args {
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
     /// Both sides in this process (two queue pairs of one device).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "host")]
     loopback: bool,
     /// The awaited path: --tx-depth tasks, each awaiting one operation at
     /// a time (futures adapter, busy polling; with --fixed, the
@@ -130,6 +172,20 @@ struct Args {
     plot: Option<String>,
 }
 
+/// Receives a SEND server keeps posted at most, as perftest's rx-depth.
+const RX_DEPTH: usize = 512;
+
+/// Each side's buffers (all of the largest size, since a posted receive
+/// cannot be taken back to post a larger one) stay within this, so `-a`
+/// up to 8 MiB fits a 2 GiB VM with both sides in one process.
+const BUF_BUDGET: usize = 256 << 20;
+
+/// The largest message: RDMA's limit (and the fixed-buffer ring's slots).
+const MAX_MESSAGE: usize = 1 << 31;
+
+/// The largest size of `-a`, as perftest's.
+const MAX_ALL: usize = 8 << 20;
+
 impl Args {
     fn sizes(&self) -> Vec<usize> {
         if self.op == Op::Atomic {
@@ -138,7 +194,7 @@ impl Args {
         if self.all {
             let mut sizes = Vec::new();
             let mut s = 2;
-            while s <= self.max_size.min(8 << 20) {
+            while s <= self.max_size.unwrap_or(MAX_ALL) {
                 sizes.push(s);
                 s *= 2;
             }
@@ -150,6 +206,12 @@ impl Args {
         })]
     }
 
+    /// Every buffer's size: the largest message, and room for an atomic's
+    /// word.
+    fn largest(&self) -> usize {
+        self.sizes().into_iter().max().unwrap_or(8).max(8)
+    }
+
     fn iters(&self) -> u64 {
         self.iters.unwrap_or(match self.mode {
             Mode::Bw => 5000,
@@ -157,38 +219,132 @@ impl Args {
         })
     }
 
+    fn tx_depth(&self) -> usize {
+        self.tx_depth.unwrap_or(128)
+    }
+
+    fn cq_mod(&self) -> usize {
+        self.cq_mod.unwrap_or(100)
+    }
+
+    /// Operations outstanding at once: `-t` in bw mode within the memory
+    /// budget (and, for SEND, half the server's receives, so a server a
+    /// little behind in reposting does not starve the sender), 1 for
+    /// latency.
     fn depth(&self) -> usize {
         match self.mode {
-            Mode::Bw => self.tx_depth,
             Mode::Lat => 1,
+            Mode::Bw if self.op == Op::Send => self.tx_depth().min((self.recv_depth() / 2).max(1)),
+            Mode::Bw => self.tx_depth().min((BUF_BUDGET / self.largest()).max(1)),
         }
+    }
+
+    /// Work requests per post, within the depth.
+    fn post_list(&self) -> usize {
+        self.post_list.unwrap_or(1).min(self.depth())
+    }
+
+    /// Receives a SEND server keeps posted, all of the largest size.
+    fn recv_depth(&self) -> usize {
+        (BUF_BUDGET / self.largest()).clamp(1, RX_DEPTH)
+    }
+
+    /// Buffers the client holds at once: one per outstanding operation,
+    /// and in a SEND ping-pong the echo's receive too.
+    fn client_bufs(&self) -> usize {
+        let per_op = if self.op == Op::Send && self.mode == Mode::Lat {
+            2
+        } else {
+            1
+        };
+        self.depth() * per_op
     }
 
     fn qp_config(&self) -> QpConfig {
         QpConfig {
-            max_send_wr: self.tx_depth as u32 + 1,
+            max_send_wr: self.tx_depth() as u32 + 1,
             max_recv_wr: RX_DEPTH as u32,
             max_inline_data: self.inline_size as u32,
+            // A SEND that finds the receiver momentarily without a receive
+            // (a server thread descheduled under TCG) waits for it, as
+            // perftest's do, rather than failing the run; the watchdog
+            // still fails a receiver that never comes back. (The verbs
+            // backend caps this at 6.)
+            rnr_retry: if self.op == Op::Send && self.mode == Mode::Bw {
+                7
+            } else {
+                QpConfig::default().rnr_retry
+            },
             ..QpConfig::default()
         }
     }
 
     fn check(&self) -> Result<()> {
-        if self.tx_depth == 0 || self.post_list == 0 || self.post_list > self.tx_depth {
+        if self.iters == Some(0) {
+            return Err("-n/--iters must be at least 1".into());
+        }
+        if self.mode == Mode::Lat {
+            // Latency runs one operation at a time, each its own post with
+            // its own CQE: these would change nothing.
+            for (given, flag) in [
+                (self.tx_depth.is_some(), "-t/--tx-depth"),
+                (self.post_list.is_some(), "-l/--post-list"),
+                (self.cq_mod.is_some(), "-Q/--cq-mod"),
+            ] {
+                if given {
+                    return Err(format!(
+                        "{flag} applies to bandwidth only: latency runs one operation at a time"
+                    )
+                    .into());
+                }
+            }
+        }
+        if self.awaited && self.post_list.is_some_and(|l| l > 1) {
+            let why = "-l/--post-list does nothing with --async: each task posts its own \
+                       operation (--coalesce shares doorbells among them)";
+            return Err(why.into());
+        }
+        let post_list = self.post_list.unwrap_or(1);
+        if self.tx_depth() == 0 || post_list == 0 || post_list > self.tx_depth() {
             return Err("need 0 < --post-list <= --tx-depth".into());
         }
-        if self.cq_mod == 0 {
+        if self.cq_mod() == 0 {
             return Err("--cq-mod must be positive".into());
         }
-        if self.sizes().contains(&0) {
-            return Err("--size must be positive".into());
+        if self.op == Op::Atomic && (self.all || self.size.is_some_and(|s| s != 8)) {
+            return Err("atomics move 8 bytes: -s and -a do not apply".into());
+        }
+        if let Some(max) = self.max_size {
+            if !(2..=MAX_ALL).contains(&max) {
+                return Err(
+                    format!("--max-size must be from 2 to {MAX_ALL} (8 MiB), not {max}").into(),
+                );
+            }
+        }
+        if let Some(size) = self.size {
+            if size == 0 || size > MAX_MESSAGE {
+                return Err(
+                    format!("--size must be from 1 to {MAX_MESSAGE} (2 GiB), not {size}").into(),
+                );
+            }
+        }
+        if self.mode == Mode::Lat {
+            // Every latency sample is kept, for the percentiles.
+            let samples = usize::try_from(self.iters())
+                .ok()
+                .and_then(|n| n.checked_mul(std::mem::size_of::<f64>()));
+            if samples.is_none_or(|bytes| bytes > 1 << 30) {
+                return Err(format!(
+                    "-n {}: latency keeps every sample; at most {} per size",
+                    self.iters(),
+                    (1usize << 30) / std::mem::size_of::<f64>()
+                )
+                .into());
+            }
         }
         Ok(())
     }
 }
-
-/// Receives a SEND server keeps posted, as perftest's rx-depth.
-const RX_DEPTH: usize = 512;
 
 /// One size's figures.
 #[derive(Clone, Debug)]
@@ -196,20 +352,40 @@ struct Row {
     bytes: usize,
     iters: u64,
     secs: f64,
+    /// Send work requests posted with a CQE asked for.
+    signaled: u64,
     /// Latencies in µs, sorted (lat mode).
     lat: Vec<f64>,
 }
 
+/// perftest's MB: 2^20 bytes.
+const MB: f64 = 1048576.0;
+
 impl Row {
     fn mbps(&self) -> f64 {
-        self.iters as f64 * self.bytes as f64 / self.secs / 1e6
+        self.iters as f64 * self.bytes as f64 / self.secs / MB
     }
     fn mpps(&self) -> f64 {
         self.iters as f64 / self.secs / 1e6
     }
+    fn cqe_per_op(&self) -> f64 {
+        self.signaled as f64 / self.iters as f64
+    }
     fn pct(&self, p: f64) -> f64 {
         let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
-        self.lat[i]
+        self.lat[i.min(self.lat.len() - 1)]
+    }
+    /// The `p` percentile, if there are samples enough for it to be more
+    /// than the maximum (100 for p99, 1000 for p99.9).
+    fn tail(&self, p: f64) -> Option<f64> {
+        let needed = (1.0 / (1.0 - p)).round() as usize;
+        (self.lat.len() >= needed).then(|| self.pct(p))
+    }
+    fn min(&self) -> f64 {
+        self.lat[0]
+    }
+    fn max(&self) -> f64 {
+        self.lat[self.lat.len() - 1]
     }
 }
 
@@ -227,6 +403,14 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<()> {
     args.check()?;
     let device = args.ib_dev.clone().unwrap_or_else(default_device);
+    let in_process = matches!(device.as_str(), "soft" | "noop");
+    if in_process && !args.loopback {
+        return Err(format!(
+            "the {device} device lives in one process: add --loopback, or name a verbs device \
+             with -d for a server and a client"
+        )
+        .into());
+    }
     let rows = if args.loopback {
         loopback(args, &device)?
     } else {
@@ -269,12 +453,114 @@ fn loopback(args: &Args, device: &str) -> Result<Vec<Row>> {
     }
 }
 
-/// The memory the client targets: room for `tx_depth` of the largest size.
+/// The memory the client targets: a slot of the largest size for each
+/// outstanding operation, up to 16 (they may share).
 fn expose<P: ProtectionDomain>(pd: &P, args: &Args) -> Result<ExposedBuf<Vec<u8>>> {
-    let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
-    let bytes = largest * args.depth().min(16);
+    let bytes = args.largest() * args.depth().min(16);
     let rights = RemoteAccess::READ | RemoteAccess::WRITE | RemoteAccess::ATOMIC;
     Ok(ExposedBuf::new(pd, vec![0u8; bytes], rights)?)
+}
+
+/// What the server must agree to before anything is set up: what it
+/// sizes its memory and queue pair from, and what makes the two sides'
+/// loops match (a `send lat` client waits for echoes a `send bw` server
+/// never sends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Plan {
+    op: Op,
+    mode: Mode,
+    sizes: Vec<usize>,
+    depth: usize,
+    inline: usize,
+}
+
+/// The first word of a plan, so that another program (or another version)
+/// on the port is told apart from a plan that differs.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+const PLAN_MAGIC: &str = "rdma-ring-perf/1";
+
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+impl Plan {
+    fn of(args: &Args) -> Plan {
+        Plan {
+            op: args.op,
+            mode: args.mode,
+            sizes: args.sizes(),
+            depth: args.depth(),
+            inline: args.inline_size,
+        }
+    }
+
+    fn encode(&self) -> String {
+        let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
+        format!(
+            "{PLAN_MAGIC} op={} mode={} sizes={} depth={} inline={}",
+            self.op.name(),
+            self.mode.name(),
+            sizes.join(","),
+            self.depth,
+            self.inline
+        )
+    }
+
+    fn decode(line: &str) -> Result<Plan> {
+        let mut words = line.split(' ');
+        if words.next() != Some(PLAN_MAGIC) {
+            return Err("not an rdma-ring-perf client of this version".into());
+        }
+        let (mut op, mut mode, mut sizes, mut depth, mut inline) = (None, None, None, None, None);
+        for word in words {
+            let (key, value) = word
+                .split_once('=')
+                .ok_or_else(|| format!("a plan with {word:?} in it"))?;
+            let number = || {
+                value
+                    .parse::<usize>()
+                    .map_err(|_| format!("a plan with {key}={value:?}"))
+            };
+            match key {
+                "op" => op = Op::from_str(value, false).ok(),
+                "mode" => mode = Mode::from_str(value, false).ok(),
+                "sizes" => {
+                    sizes = Some(
+                        value
+                            .split(',')
+                            .map(|s| s.parse::<usize>())
+                            .collect::<std::result::Result<Vec<_>, _>>()
+                            .map_err(|_| format!("a plan with sizes={value:?}"))?,
+                    )
+                }
+                "depth" => depth = Some(number()?),
+                "inline" => inline = Some(number()?),
+                _ => {} // something a later version adds
+            }
+        }
+        match (op, mode, sizes, depth, inline) {
+            (Some(op), Some(mode), Some(sizes), Some(depth), Some(inline)) => Ok(Plan {
+                op,
+                mode,
+                sizes,
+                depth,
+                inline,
+            }),
+            _ => Err(format!("an incomplete plan: {line:?}").into()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let sizes = match self.sizes.as_slice() {
+            [one] => format!("size {one}"),
+            [first, .., last] => format!("sizes {first} to {last}"),
+            [] => "no sizes".into(),
+        };
+        format!(
+            "{} {}, {sizes}, depth {}, inline {}",
+            self.op.name(),
+            self.mode.name(),
+            self.depth,
+            self.inline
+        )
+    }
 }
 
 /// How the client tells the server where it is in the plan.
@@ -283,6 +569,73 @@ trait Handoff {
     fn begin(&mut self, size: usize) -> Result<()>;
     /// After it: the server has seen everything.
     fn end(&mut self) -> Result<()>;
+    /// Fails if the other side has stopped (called now and then while a
+    /// size waits for completions, so that a dead server is named rather
+    /// than waited out).
+    fn check(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How long a size may go without a completion before the run fails.
+const STALL: Duration = Duration::from_secs(30);
+/// How often a waiting loop asks whether the other side is still there.
+const PEER_CHECK: Duration = Duration::from_secs(1);
+
+/// Fails a measurement loop that stops making progress: a peer gone or a
+/// queue pair stuck would otherwise spin for ever.
+struct Watchdog<'a> {
+    sync: &'a mut dyn Handoff,
+    size: usize,
+    total: u64,
+    idle: u32,
+    done: u64,
+    since: Instant,
+    peer_checked: Instant,
+}
+
+impl<'a> Watchdog<'a> {
+    fn new(sync: &'a mut dyn Handoff, size: usize, total: u64) -> Self {
+        let now = Instant::now();
+        Watchdog {
+            sync,
+            size,
+            total,
+            idle: 0,
+            done: 0,
+            since: now,
+            peer_checked: now,
+        }
+    }
+
+    /// A poll found nothing, with `done` operations complete so far.
+    fn idle(&mut self, done: u64) -> Result<()> {
+        self.idle = self.idle.wrapping_add(1);
+        // The clock only every so many empty polls: they are the loop's
+        // fast path.
+        if self.idle % 1024 != 0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if done != self.done {
+            self.done = done;
+            self.since = now;
+        } else if now.duration_since(self.since) >= STALL {
+            return Err(format!(
+                "no completion for {} s at {} B ({done} of {} operations done): the peer \
+                 stopped answering, or the queue pair is stuck",
+                STALL.as_secs(),
+                self.size,
+                self.total
+            )
+            .into());
+        }
+        if now.duration_since(self.peer_checked) >= PEER_CHECK {
+            self.peer_checked = now;
+            self.sync.check()?;
+        }
+        Ok(())
+    }
 }
 
 /// The server side of SEND tests: receives posted (before the peer may
@@ -291,16 +644,22 @@ trait Handoff {
 struct SendServer<Q: QueuePair> {
     ring: Ring<Q>,
     pool: BufferPool,
-    echo: bool,
+    rx_depth: usize,
+    /// Largest echo posted inline; `None` without echoes.
+    echo: Option<usize>,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
     fn new<P: ProtectionDomain>(args: &Args, pd: &P, qp: Q) -> Result<Self> {
-        let largest = args.sizes().into_iter().max().unwrap_or(8);
-        // Echoed buffers are out of the pool until their sends complete.
-        let pool = BufferPool::new(pd, largest, RX_DEPTH + 64)?;
+        let rx_depth = args.recv_depth();
+        let echo = (args.mode == Mode::Lat).then_some(args.inline_size);
+        // An echoed buffer is out of the pool until its send completes (a
+        // fresh one takes its place in the receive queue): one at a time,
+        // with one to spare.
+        let spare = if echo.is_some() { 2 } else { 0 };
+        let pool = BufferPool::new(pd, args.largest(), rx_depth + spare)?;
         let mut ring = Ring::new(qp, RingConfig::default());
-        for _ in 0..RX_DEPTH {
+        for _ in 0..rx_depth {
             ring.submission()
                 .push(Recv::new(pool.take()?))
                 .map_err(|r| r.to_string())?;
@@ -309,7 +668,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
         Ok(SendServer {
             ring,
             pool,
-            echo: args.mode == Mode::Lat,
+            rx_depth,
+            echo,
         })
     }
 
@@ -319,24 +679,58 @@ impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
     }
 
     fn start(self) -> Running {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = std::sync::Arc::clone(&stop);
-        let SendServer { ring, pool, echo } = self;
-        let thread = std::thread::spawn(move || serve_sends(ring, &pool, echo, &flag));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || serve_sends(self, &flag));
         Running { stop, thread }
     }
 }
 
 /// A running [`SendServer`].
 struct Running {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Result<()>>,
 }
 
 impl Running {
+    /// Whether the thread has stopped by itself (it only does on an
+    /// error, which [`stop`](Self::stop) returns).
+    fn failed(&self) -> bool {
+        self.thread.is_finished()
+    }
+
     fn stop(self) -> Result<()> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().map_err(|_| "the receiver panicked")?
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| "the receiving thread panicked")?
+            .map_err(|e| format!("receiving: {e}").into())
+    }
+}
+
+/// The server's thread, seen from the client's loops in this process.
+struct Local<'a>(Option<&'a Running>);
+
+impl Local<'_> {
+    fn alive(&self) -> Result<()> {
+        match self.0 {
+            Some(running) if running.failed() => {
+                Err("the server's receiving thread stopped".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Handoff for Local<'_> {
+    fn begin(&mut self, _size: usize) -> Result<()> {
+        self.alive()
+    }
+    fn end(&mut self) -> Result<()> {
+        self.alive()
+    }
+    fn check(&mut self) -> Result<()> {
+        self.alive()
     }
 }
 
@@ -353,26 +747,30 @@ fn loopback_pair<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     } else {
         (None, Some(qb))
     };
-    let rows = measure_all(args, pd, qa, target.remote(), &mut NoSync);
-    if let Some(server) = server {
-        server.stop()?;
+    let rows = measure_all(args, pd, qa, target.remote(), &mut Local(server.as_ref()));
+    // The server's own error first: the client mostly sees only what it
+    // caused. Both when both failed, since either may be the cause.
+    match (server.map_or(Ok(()), Running::stop), rows) {
+        (Ok(()), rows) => rows,
+        (Err(s), Ok(_)) => Err(format!("server: {s}").into()),
+        (Err(s), Err(c)) => Err(format!("server: {s}; client: {c}").into()),
     }
-    rows
 }
 
-/// Keeps `RX_DEPTH` receives posted; with `echo`, sends each message back
+/// Keeps `rx_depth` receives posted; with an echo, sends each message back
 /// in the buffer it arrived in (a fresh buffer takes its place in the
 /// receive queue, and the echoed one returns to the pool when its send
 /// completes), so no reply ever waits for a buffer.
-fn serve_sends<Q: QueuePair>(
-    mut ring: Ring<Q>,
-    pool: &BufferPool,
-    echo: bool,
-    stop: &std::sync::atomic::AtomicBool,
-) -> Result<()> {
+fn serve_sends<Q: QueuePair>(server: SendServer<Q>, stop: &AtomicBool) -> Result<()> {
+    let SendServer {
+        mut ring,
+        pool,
+        rx_depth,
+        echo,
+    } = server;
     let mut got = Vec::new();
-    let mut posted = RX_DEPTH;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    let mut posted = rx_depth;
+    while !stop.load(Ordering::Relaxed) {
         ring.completion().reap(&mut got)?;
         if got.is_empty() {
             continue;
@@ -388,12 +786,20 @@ fn serve_sends<Q: QueuePair>(
             posted -= 1;
             let len = c.byte_len() as usize;
             let chunk: PoolChunk = c.into_buf().downcast().map_err(|_| "a foreign buffer")?;
-            if echo {
-                sq.push(Send::new(chunk.slice(..len)).signaled())
-                    .map_err(|r| r.to_string())?;
+            match echo {
+                // As perftest's echo, inline when the client's sends are.
+                Some(inline) if len <= inline => {
+                    sq.push(Send::new(chunk.slice(..len)).inline().signaled())
+                        .map_err(|r| r.to_string())?;
+                }
+                Some(_) => {
+                    sq.push(Send::new(chunk.slice(..len)).signaled())
+                        .map_err(|r| r.to_string())?;
+                }
+                None => {}
             }
         }
-        while posted < RX_DEPTH {
+        while posted < rx_depth {
             let Ok(chunk) = pool.take() else { break };
             sq.push(Recv::new(chunk)).map_err(|r| r.to_string())?;
             posted += 1;
@@ -403,15 +809,67 @@ fn serve_sends<Q: QueuePair>(
     Ok(())
 }
 
-/// In one process the server's thread needs no telling.
-struct NoSync;
+/// A queue pair that counts the send work requests posted with a CQE
+/// asked for: the fixed-buffer rings keep no such count (the owned ring
+/// does, in its stats), and the header should say what was asked, not
+/// what `-Q` hoped for.
+struct Counted<Q> {
+    qp: Q,
+    signaled: Arc<AtomicU64>,
+}
 
-impl Handoff for NoSync {
-    fn begin(&mut self, _size: usize) -> Result<()> {
-        Ok(())
+// SAFETY: every call goes to the wrapped queue pair unchanged, and what
+// the wrapper adds (counting flags of work requests already posted)
+// touches no memory a work request names, so the wrapped queue pair's
+// promises are this one's.
+unsafe impl<Q: QueuePair> QueuePair for Counted<Q> {
+    type Cq = Q::Cq;
+    type Srq = Q::Srq;
+
+    fn caps(&self) -> QpCaps {
+        self.qp.caps()
     }
-    fn end(&mut self) -> Result<()> {
-        Ok(())
+
+    unsafe fn post_send(
+        &mut self,
+        wrs: &[SendWr],
+        sges: &[Sge],
+    ) -> std::result::Result<(), PostError> {
+        // SAFETY: the caller's promises, passed on whole.
+        let posted = unsafe { self.qp.post_send(wrs, sges) };
+        let accepted = match &posted {
+            Ok(()) => wrs.len(),
+            Err(e) => e.accepted.min(wrs.len()),
+        };
+        let signaled = wrs[..accepted]
+            .iter()
+            .filter(|wr| wr.flags.contains(SendFlags::SIGNALED))
+            .count() as u64;
+        // One writer, the ring's thread: no locked add on the post path.
+        let count = self.signaled.load(Ordering::Relaxed);
+        self.signaled.store(count + signaled, Ordering::Relaxed);
+        posted
+    }
+
+    unsafe fn post_recv(
+        &mut self,
+        wrs: &[RecvWr],
+        sges: &[Sge],
+    ) -> std::result::Result<(), PostError> {
+        // SAFETY: as for `post_send`.
+        unsafe { self.qp.post_recv(wrs, sges) }
+    }
+
+    fn set_error(&mut self) -> std::result::Result<(), rdma_ring::Error> {
+        self.qp.set_error()
+    }
+
+    fn take_cq(&mut self) -> Option<Self::Cq> {
+        self.qp.take_cq()
+    }
+
+    fn peer_disconnected(&mut self) -> std::result::Result<bool, rdma_ring::Error> {
+        self.qp.peer_disconnected()
     }
 }
 
@@ -422,22 +880,24 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
     remote: RemoteSlice,
     sync: &mut dyn Handoff,
 ) -> Result<Vec<Row>> {
+    if args.fixed {
+        return measure_fixed(args, pd, qp, remote, sync);
+    }
     let ring_config = RingConfig {
-        signal_interval: args.cq_mod.min(args.tx_depth),
+        signal_interval: args.cq_mod().min(args.depth()),
         ..RingConfig::default()
     };
-    let largest = args.sizes().into_iter().max().unwrap_or(8).max(8);
-    if args.fixed {
-        return measure_fixed(args, pd, qp, remote, largest, sync);
-    }
-    let pool = BufferPool::new(pd, largest, args.tx_depth.max(2) + 1)?;
+    let pool = BufferPool::new(pd, args.largest(), args.client_bufs())?;
     let mut rows = Vec::new();
     if args.awaited {
         let ring = AsyncRing::new(Ring::new(qp, ring_config), Wakeup::Busy)?;
         ring.coalesce_doorbells(args.coalesce);
         for size in args.sizes() {
             sync.begin(size)?;
-            rows.push(measure_async(args, &ring, &pool, remote, size)?);
+            let before = ring.with_ring(|r| r.stats().signaled);
+            let mut row = measure_async(args, &ring, &pool, remote, size, sync)?;
+            row.signaled = ring.with_ring(|r| r.stats().signaled) - before;
+            rows.push(row);
             sync.end()?;
         }
     } else {
@@ -445,7 +905,7 @@ fn measure_all<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
         let mut perf = SyncRing {
             ring: &mut ring,
             pool: &pool,
-            done: Vec::with_capacity(args.tx_depth),
+            done: Vec::with_capacity(args.depth()),
         };
         rows = measure_sizes(args, &mut perf, remote, sync)?;
     }
@@ -462,10 +922,13 @@ fn measure_sizes<R: PerfRing>(
     let mut rows = Vec::new();
     for size in args.sizes() {
         sync.begin(size)?;
-        rows.push(match args.mode {
-            Mode::Bw => bw(args, ring, remote, size)?,
-            Mode::Lat => lat(args, ring, remote, size)?,
-        });
+        let before = ring.signaled();
+        let mut row = match args.mode {
+            Mode::Bw => bw(args, ring, remote, size, sync)?,
+            Mode::Lat => lat(args, ring, remote, size, sync)?,
+        };
+        row.signaled = ring.signaled() - before;
+        rows.push(row);
         sync.end()?;
     }
     Ok(rows)
@@ -494,6 +957,8 @@ trait PerfRing {
     fn reap(&mut self, bufs: &mut Vec<Self::Buf>) -> Result<usize>;
     /// A buffer the loop is done with.
     fn give_back(&mut self, buf: Self::Buf) -> Result<()>;
+    /// Send work requests posted so far with a CQE asked for.
+    fn signaled(&self) -> u64;
 }
 
 fn text<T>(r: rdma_ring::Rejected<T>) -> String {
@@ -570,6 +1035,9 @@ impl<Q: QueuePair> PerfRing for SyncRing<'_, Q> {
         // Dropped, a chunk goes back to its pool.
         Ok(())
     }
+    fn signaled(&self) -> u64 {
+        self.ring.stats().signaled
+    }
 }
 
 /// The pool chunk inside a completed operation's buffer.
@@ -587,8 +1055,9 @@ fn chunk_of(c: Completion) -> Result<PoolChunk> {
 
 /// The fixed-buffer ring over its slots.
 struct FixedPerf<'a, Q: QueuePair> {
-    ring: &'a mut FixedRing<Q>,
+    ring: &'a mut FixedRing<Counted<Q>>,
     qp: FixedQp,
+    signaled: &'a AtomicU64,
 }
 
 impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
@@ -625,29 +1094,43 @@ impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
         self.ring.put_buf(buf).map_err(text)?;
         Ok(())
     }
+    fn signaled(&self) -> u64 {
+        self.signaled.load(Ordering::Relaxed)
+    }
 }
 
-/// Bandwidth: `--tx-depth` operations outstanding, pushed `--post-list`
+/// Bandwidth: the depth's operations outstanding, pushed `--post-list`
 /// to a doorbell.
-fn bw<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize) -> Result<Row> {
+fn bw<R: PerfRing>(
+    args: &Args,
+    ring: &mut R,
+    remote: RemoteSlice,
+    size: usize,
+    sync: &mut dyn Handoff,
+) -> Result<Row> {
     let iters = args.iters();
+    let post_list = args.post_list();
     let slots = slots(args, remote, size)?;
-    let mut bufs = (0..args.tx_depth)
+    let mut bufs = (0..args.depth())
         .map(|_| ring.take())
         .collect::<Result<Vec<_>>>()?;
+    let mut watchdog = Watchdog::new(sync, size, iters);
     let (mut posted, mut completed) = (0u64, 0u64);
     let start = Instant::now();
     while completed < iters {
-        while bufs.len() >= args.post_list && posted < iters {
-            let n = args.post_list.min((iters - posted) as usize);
+        while bufs.len() >= post_list && posted < iters {
+            let n = post_list.min((iters - posted) as usize);
             for _ in 0..n {
-                let buf = bufs.pop().expect("counted");
+                let buf = bufs.pop().ok_or("a buffer short")?;
                 ring.push(args, buf, slots[posted as usize % slots.len()], size)?;
                 posted += 1;
             }
             ring.submit()?;
         }
-        completed += ring.reap(&mut bufs)? as u64;
+        match ring.reap(&mut bufs)? {
+            0 => watchdog.idle(completed)?,
+            n => completed += n as u64,
+        }
     }
     let secs = start.elapsed().as_secs_f64();
     for buf in bufs {
@@ -657,19 +1140,29 @@ fn bw<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize) 
         bytes: size,
         iters,
         secs,
+        signaled: 0,
         lat: Vec::new(),
     })
 }
 
 /// Latency: one operation at a time (a SEND with the receive for its
 /// echo), busy polling, as perftest does.
-fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize) -> Result<Row> {
+fn lat<R: PerfRing>(
+    args: &Args,
+    ring: &mut R,
+    remote: RemoteSlice,
+    size: usize,
+    sync: &mut dyn Handoff,
+) -> Result<Row> {
     let iters = args.iters();
     let slot = slots(args, remote, size)?[0];
-    let mut lat = Vec::with_capacity(iters as usize);
+    let mut lat = Vec::new();
+    lat.try_reserve_exact(iters as usize)
+        .map_err(|_| format!("no memory for {iters} latency samples"))?;
     let mut back = Vec::with_capacity(2);
+    let mut watchdog = Watchdog::new(sync, size, iters);
     let start = Instant::now();
-    for _ in 0..iters {
+    for i in 0..iters {
         let t = Instant::now();
         let mut expect = 1;
         if args.op == Op::Send {
@@ -682,7 +1175,10 @@ fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize)
         ring.submit()?;
         let mut seen = 0;
         while seen < expect {
-            seen += ring.reap(&mut back)?;
+            match ring.reap(&mut back)? {
+                0 => watchdog.idle(i)?,
+                n => seen += n,
+            }
         }
         for buf in back.drain(..) {
             ring.give_back(buf)?;
@@ -696,6 +1192,7 @@ fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize)
         bytes: size,
         iters,
         secs,
+        signaled: 0,
         lat,
     })
 }
@@ -703,18 +1200,23 @@ fn lat<R: PerfRing>(args: &Args, ring: &mut R, remote: RemoteSlice, size: usize)
 fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static>(
     args: &Args,
     pd: &P,
-    mut qp: Q,
+    qp: Q,
     remote: RemoteSlice,
-    largest: usize,
     sync: &mut dyn Handoff,
 ) -> Result<Vec<Row>> {
+    let signaled = Arc::new(AtomicU64::new(0));
+    let mut qp = Counted {
+        qp,
+        signaled: Arc::clone(&signaled),
+    };
     let cq = qp
         .take_cq()
         .ok_or("the queue pair has no completion queue of its own")?;
-    let slot_len = u32::try_from(largest).map_err(|_| "--max-size too large")?;
-    let bufs = FixedBufs::new(pd, args.tx_depth as u32 + 2, slot_len)?;
+    let slot_len = u32::try_from(args.largest()).map_err(|_| "the largest size is too large")?;
+    let slots = u32::try_from(args.client_bufs()).map_err(|_| "--tx-depth too large")?;
+    let bufs = FixedBufs::new(pd, slots, slot_len)?;
     let config = FixedRingConfig {
-        signal_interval: args.cq_mod.min(args.tx_depth) as u32,
+        signal_interval: args.cq_mod().min(args.depth()) as u32,
         ..FixedRingConfig::default()
     };
     let mut ring = FixedRing::new(cq, bufs, config);
@@ -725,7 +1227,10 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
         let mut rows = Vec::new();
         for size in args.sizes() {
             sync.begin(size)?;
-            rows.push(measure_fixed_async(args, &ring, qp, remote, size)?);
+            let before = signaled.load(Ordering::Relaxed);
+            let mut row = measure_fixed_async(args, &ring, qp, remote, size, sync)?;
+            row.signaled = signaled.load(Ordering::Relaxed) - before;
+            rows.push(row);
             sync.end()?;
         }
         return Ok(rows);
@@ -734,6 +1239,7 @@ fn measure_fixed<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     let mut perf = FixedPerf {
         ring: &mut ring,
         qp,
+        signaled: &signaled,
     };
     measure_sizes(args, &mut perf, remote, sync)
 }
@@ -788,7 +1294,7 @@ fn succeeded(c: FixedCompletion) -> Result<FixedBuf> {
     Ok(c.into_buf())
 }
 
-/// The awaited path over the fixed-buffer ring: `--tx-depth` tasks, each
+/// The awaited path over the fixed-buffer ring: the depth's tasks, each
 /// with its own slot, awaiting one operation at a time.
 fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
     args: &Args,
@@ -796,8 +1302,11 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
     qp: FixedQp,
     remote: RemoteSlice,
     size: usize,
+    sync: &mut dyn Handoff,
 ) -> Result<Row> {
-    run_tasks(args, remote, size, |slot, mine| async move {
+    let done = Cell::new(0u64);
+    let done = &done;
+    run_tasks(args, remote, size, sync, done, |slot, mine| async move {
         let mut lat = Vec::new();
         let mut buf = ring.take_buf().ok_or("the slots are all taken")?;
         let ping_pong = args.op == Op::Send && args.mode == Mode::Lat;
@@ -821,6 +1330,7 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
                 let us = t.elapsed().as_secs_f64() * 1e6;
                 lat.push(if args.op == Op::Send { us / 2.0 } else { us });
             }
+            done.set(done.get() + 1);
         }
         ring.put_buf(buf).map_err(text)?;
         if let Some(b) = echo_buf {
@@ -836,8 +1346,11 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
     pool: &BufferPool,
     remote: RemoteSlice,
     size: usize,
+    sync: &mut dyn Handoff,
 ) -> Result<Row> {
-    run_tasks(args, remote, size, |slot, mine| async move {
+    let done = Cell::new(0u64);
+    let done = &done;
+    run_tasks(args, remote, size, sync, done, |slot, mine| async move {
         let mut lat = Vec::new();
         for _ in 0..mine {
             // Timed only for latency: bandwidth runs read no clock per
@@ -864,28 +1377,51 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
                 let us = t.elapsed().as_secs_f64() * 1e6;
                 lat.push(if args.op == Op::Send { us / 2.0 } else { us });
             }
+            done.set(done.get() + 1);
         }
         Ok(lat)
     })
 }
 
-/// Runs `--tx-depth` tasks (one at a time for latency) on one executor
-/// thread, each `one_task(slot, operations)` returning its latencies, with
-/// the run's operations shared out, and makes the size's row.
+/// Runs the depth's tasks (one for latency) on one executor thread, each
+/// `one_task(slot, operations)` returning its latencies and counting its
+/// operations into `done`, with the run's operations shared out, and
+/// makes the size's row.
 fn run_tasks<F: std::future::Future<Output = Result<Vec<f64>>>>(
     args: &Args,
     remote: RemoteSlice,
     size: usize,
+    sync: &mut dyn Handoff,
+    done: &Cell<u64>,
     one_task: impl Fn(RemoteSlice, u64) -> F,
 ) -> Result<Row> {
+    use futures::future::Either;
     let iters = args.iters();
     let slots = slots(args, remote, size)?;
     let tasks = args.depth() as u64;
+    let mut watchdog = Watchdog::new(sync, size, iters);
+    // Polled beside the tasks on every round of the executor (it wakes
+    // itself, as the busy-polled operations do), to fail a run that
+    // stops.
+    let watch = std::future::poll_fn(|cx| match watchdog.idle(done.get()) {
+        Ok(()) => {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+        Err(e) => std::task::Poll::Ready(e),
+    });
     let start = Instant::now();
-    let all = futures::executor::block_on(futures::future::join_all((0..tasks).map(|task| {
+    let work = futures::future::join_all((0..tasks).map(|task| {
         let mine = iters / tasks + u64::from(task < iters % tasks);
         one_task(slots[task as usize % slots.len()], mine)
-    })));
+    }));
+    let all = match futures::executor::block_on(futures::future::select(
+        std::pin::pin!(work),
+        std::pin::pin!(watch),
+    )) {
+        Either::Left((all, _)) => all,
+        Either::Right((stalled, _)) => return Err(stalled),
+    };
     let secs = start.elapsed().as_secs_f64();
     let mut lat = Vec::new();
     for task in all {
@@ -894,14 +1430,21 @@ fn run_tasks<F: std::future::Future<Output = Result<Vec<f64>>>>(
     lat.sort_by(f64::total_cmp);
     Ok(Row {
         bytes: size,
-        iters: args.iters(),
+        iters,
         secs,
+        signaled: 0,
         lat: if args.mode == Mode::Lat {
             lat
         } else {
             Vec::new()
         },
     })
+}
+
+/// CQEs asked per operation over the whole run.
+fn cqe_per_op(rows: &[Row]) -> f64 {
+    let ops: u64 = rows.iter().map(|r| r.iters).sum();
+    rows.iter().map(|r| r.signaled).sum::<u64>() as f64 / ops.max(1) as f64
 }
 
 fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
@@ -915,24 +1458,56 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
     };
     let line = "-".repeat(86);
     println!("{line}");
+    let knobs = match args.mode {
+        Mode::Bw if args.awaited => format!("tasks {}", args.depth()),
+        Mode::Bw => format!("tx depth {} | post list {}", args.depth(), args.post_list()),
+        Mode::Lat => "one at a time".into(),
+    };
+    let asked = match args.mode {
+        Mode::Bw => format!(" (-Q {})", args.cq_mod()),
+        Mode::Lat => String::new(),
+    };
     println!(
-        " rdma-ring-perf {} | device {device} | {path} path | tx depth {} | post list {} | CQ moderation {} | inline {}",
-        format!("{:?} {:?}", args.op, args.mode).to_lowercase(),
-        args.tx_depth,
-        args.post_list,
-        args.cq_mod,
+        " rdma-ring-perf {} {} | device {device} | {path} path | {knobs} | CQEs asked per op {:.3}{asked} | inline {}",
+        args.op.name(),
+        args.mode.name(),
+        cqe_per_op(rows),
         args.inline_size
     );
+    if args.mode == Mode::Bw && args.depth() < args.tx_depth() {
+        let why = if args.op == Op::Send {
+            format!(
+                "half the {} receives of {} B the server keeps posted",
+                args.recv_depth(),
+                args.largest()
+            )
+        } else {
+            format!("buffers of {} B", args.largest())
+        };
+        let post_list = match args.post_list {
+            Some(l) if l > args.post_list() => {
+                format!(", and post list {} with it", args.post_list())
+            }
+            _ => String::new(),
+        };
+        println!(
+            " depth {} rather than -t {}{post_list}: each side's buffers are kept within {} MiB \
+             ({why}); a smaller --max-size or -s allows more",
+            args.depth(),
+            args.tx_depth(),
+            BUF_BUDGET >> 20
+        );
+    }
     println!("{line}");
     match args.mode {
         Mode::Bw => {
             println!(
-                " {:>10} {:>12} {:>16} {:>14}",
-                "#bytes", "#iterations", "BW average[MB/s]", "MsgRate[Mpps]"
+                " {:>10} {:>12} {:>18} {:>14}",
+                "#bytes", "#iterations", "BW average[MB/sec]", "MsgRate[Mpps]"
             );
             for r in rows {
                 println!(
-                    " {:>10} {:>12} {:>16.2} {:>14.6}",
+                    " {:>10} {:>12} {:>18.2} {:>14.6}",
                     r.bytes,
                     r.iters,
                     r.mbps(),
@@ -942,7 +1517,7 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
         }
         Mode::Lat => {
             println!(
-                " {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                " {:>10} {:>12} {:>10} {:>10} {:>10} {:>11} {:>10}",
                 "#bytes",
                 "#iterations",
                 "t_min[us]",
@@ -951,16 +1526,19 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
                 "t_p99.9[us]",
                 "t_max[us]"
             );
+            // A tail percentile of too few samples is only the maximum
+            // again.
+            let tail = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
             for r in rows {
                 println!(
-                    " {:>10} {:>12} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                    " {:>10} {:>12} {:>10.2} {:>10.2} {:>10} {:>11} {:>10.2}",
                     r.bytes,
                     r.iters,
-                    r.lat[0],
+                    r.min(),
                     r.pct(0.5),
-                    r.pct(0.99),
-                    r.pct(0.999),
-                    r.lat[r.lat.len() - 1]
+                    tail(r.tail(0.99)),
+                    tail(r.tail(0.999)),
+                    r.max()
                 );
             }
         }
@@ -976,56 +1554,92 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
     Ok(())
 }
 
+/// A JSON string, escaped.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A JSON number with `decimals`, or `null` for what JSON cannot hold
+/// (infinity after a run too short for the clock).
+fn json_num(v: Option<f64>, decimals: usize) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{v:.decimals$}"),
+        _ => "null".into(),
+    }
+}
+
 fn json(args: &Args, device: &str, rows: &[Row]) -> String {
-    let rows: Vec<String> = rows
+    let results: Vec<String> = rows
         .iter()
         .map(|r| {
             let lat = if r.lat.is_empty() {
                 String::new()
             } else {
                 format!(
-                    ",\"t_min_us\":{:.3},\"t_p50_us\":{:.3},\"t_p99_us\":{:.3},\"t_p999_us\":{:.3},\"t_max_us\":{:.3}",
-                    r.lat[0],
-                    r.pct(0.5),
-                    r.pct(0.99),
-                    r.pct(0.999),
-                    r.lat[r.lat.len() - 1]
+                    ",\"t_min_us\":{},\"t_p50_us\":{},\"t_p99_us\":{},\"t_p999_us\":{},\"t_max_us\":{}",
+                    json_num(Some(r.min()), 3),
+                    json_num(Some(r.pct(0.5)), 3),
+                    json_num(r.tail(0.99), 3),
+                    json_num(r.tail(0.999), 3),
+                    json_num(Some(r.max()), 3)
                 )
             };
             format!(
-                "{{\"bytes\":{},\"iterations\":{},\"seconds\":{:.6},\"mb_per_s\":{:.3},\"mpps\":{:.6}{lat}}}",
+                "{{\"bytes\":{},\"iterations\":{},\"seconds\":{},\"mb_per_s\":{},\"mpps\":{},\"cqe_per_op\":{}{lat}}}",
                 r.bytes,
                 r.iters,
-                r.secs,
-                r.mbps(),
-                r.mpps()
+                json_num(Some(r.secs), 6),
+                json_num(Some(r.mbps()), 3),
+                json_num(Some(r.mpps()), 6),
+                json_num(Some(r.cqe_per_op()), 4)
             )
         })
         .collect();
+    let path = match (args.fixed, args.awaited) {
+        (true, true) => "fixed-awaited",
+        (true, false) => "fixed",
+        (false, true) => "awaited",
+        (false, false) => "sync",
+    };
+    // `mb_per_s` is in perftest's MB (`mb_bytes`), `tx_depth` and
+    // `post_list` are what ran (`tx_depth_asked` what -t said), `cq_mod`
+    // is -Q and `cqe_per_op` what it came to.
     format!(
-        "{{\"tool\":\"rdma-ring-perf\",\"op\":\"{:?}\",\"mode\":\"{:?}\",\"device\":\"{device}\",\"path\":\"{}\",\"tx_depth\":{},\"post_list\":{},\"cq_mod\":{},\"inline\":{},\"results\":[{}]}}",
-        args.op,
-        args.mode,
-        if args.fixed && args.awaited {
-            "fixed-awaited"
-        } else if args.fixed {
-            "fixed"
-        } else if args.awaited {
-            "awaited"
-        } else {
-            "sync"
-        },
-        args.tx_depth,
-        args.post_list,
-        args.cq_mod,
+        "{{\"tool\":\"rdma-ring-perf\",\"op\":{},\"mode\":{},\"device\":{},\"path\":{},\"tx_depth\":{},\"tx_depth_asked\":{},\"post_list\":{},\"cq_mod\":{},\"cqe_per_op\":{},\"inline\":{},\"mb_bytes\":{},\"results\":[{}]}}",
+        json_str(args.op.name()),
+        json_str(args.mode.name()),
+        json_str(device),
+        json_str(path),
+        args.depth(),
+        args.tx_depth(),
+        args.post_list(),
+        args.cq_mod(),
+        json_num(Some(cqe_per_op(rows)), 4),
         args.inline_size,
-        rows.join(",")
+        MB as u64,
+        results.join(",")
     )
-    .to_lowercase()
 }
 
 fn plot(args: &Args, rows: &[Row], file: &str) -> Result<()> {
     use plotters::prelude::*;
+    if rows.is_empty() {
+        return Err("nothing to plot".into());
+    }
     let root = SVGBackend::new(file, (900, 700)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(350);
@@ -1035,12 +1649,15 @@ fn plot(args: &Args, rows: &[Row], file: &str) -> Result<()> {
         xs.iter().copied().fold(f64::MIN, f64::max),
     );
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
-    let title = format!("rdma-ring-perf {:?} {:?}", args.op, args.mode).to_lowercase();
+    let title = format!("rdma-ring-perf {} {}", args.op.name(), args.mode.name());
     for (area, name, value) in [
         (&top, "message rate [Mpps]", Row::mpps as fn(&Row) -> f64),
-        (&bottom, "bandwidth [MB/s]", Row::mbps as fn(&Row) -> f64),
+        (&bottom, "bandwidth [MB/sec]", Row::mbps as fn(&Row) -> f64),
     ] {
-        let ys: Vec<f64> = rows.iter().map(value).collect();
+        let ys: Vec<f64> = rows
+            .iter()
+            .map(|r| Some(value(r)).filter(|v| v.is_finite()).unwrap_or(0.0))
+            .collect();
         let y1 = ys.iter().copied().fold(0.0, f64::max).max(1e-9) * 1.1;
         let mut chart = ChartBuilder::on(area)
             .caption(format!("{title}: {name}"), ("sans-serif", 18))
@@ -1074,13 +1691,22 @@ mod verbs {
     use super::*;
     use rdma_ring::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd};
     use rdma_ring::connect::tcp;
+    use std::io::ErrorKind;
+    use std::net::SocketAddr;
 
     const TIMEOUT: Duration = Duration::from_secs(30);
+    /// How often a server waiting on its client looks at its receiving
+    /// thread.
+    const TICK: Duration = Duration::from_secs(1);
     /// What the client tells the server before each size, and after.
     const BEGIN: u8 = b'B';
     const END: u8 = b'E';
     const READY: u8 = b'R';
     const BYE: u8 = b'Q';
+    /// Either side, failing: this byte, then the error on one line.
+    const FAIL: u8 = b'F';
+    /// The longest line either side reads.
+    const MAX_LINE: usize = 4096;
 
     fn open(args: &Args, name: &str) -> Result<(VerbsDevice, VerbsPd)> {
         let dev = VerbsDevice::open_with(
@@ -1104,16 +1730,96 @@ mod verbs {
         loopback_pair(args, &pd, qa, qb)
     }
 
-    /// The server: waits for one client, then follows its plan. Its
-    /// receives (for SEND) are posted before the handshake.
+    /// One byte, `None` at the end of the stream.
+    fn read_byte(stream: &mut TcpStream) -> std::io::Result<Option<u8>> {
+        let mut byte = [0u8; 1];
+        loop {
+            match stream.read(&mut byte) {
+                Ok(0) => return Ok(None),
+                Ok(_) => return Ok(Some(byte[0])),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn timed_out(e: &std::io::Error) -> bool {
+        matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+    }
+
+    /// A line within `TIMEOUT`, read a byte at a time so that nothing of
+    /// what follows it (the endpoint records) is taken with it.
+    fn read_line(stream: &mut TcpStream) -> Result<String> {
+        let deadline = Instant::now() + TIMEOUT;
+        let mut line = Vec::new();
+        loop {
+            match read_byte(stream) {
+                Ok(None) => return Err("the connection closed".into()),
+                Ok(Some(b'\n')) => break,
+                Ok(Some(_)) if line.len() >= MAX_LINE => {
+                    return Err(format!("a line longer than {MAX_LINE} bytes").into())
+                }
+                Ok(Some(byte)) => line.push(byte),
+                Err(e) if timed_out(&e) && Instant::now() < deadline => {}
+                Err(e) if timed_out(&e) => {
+                    return Err(format!("nothing for {} s", TIMEOUT.as_secs()).into())
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        String::from_utf8(line).map_err(|_| "a line that is not text".into())
+    }
+
+    /// Tells the peer this side failed, if it still listens.
+    fn tell_failure(stream: &mut TcpStream, e: &dyn std::fmt::Display) {
+        let text = e.to_string().replace(['\n', '\r'], " ");
+        let mut line = vec![FAIL];
+        line.extend_from_slice(text.as_bytes());
+        line.push(b'\n');
+        // The peer may be gone already: this is only a courtesy.
+        let _ = stream.write_all(&line);
+    }
+
+    /// Reads the client's plan and accepts it if it is this server's.
+    fn agree(stream: &mut TcpStream, args: &Args, peer: SocketAddr) -> Result<()> {
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_write_timeout(Some(TIMEOUT))?;
+        let line = read_line(stream)
+            .map_err(|e| format!("reading the plan of the client at {peer}: {e}"))?;
+        let theirs = match Plan::decode(&line) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let _ = writeln!(stream, "ERR {e}");
+                return Err(format!("the client at {peer}: {e}").into());
+            }
+        };
+        let ours = Plan::of(args);
+        if theirs != ours {
+            let why = format!(
+                "the client asks for {}, the server was started for {}: give both sides \
+                 the same op, mode, -s/-a/--max-size, -t and -I",
+                theirs.describe(),
+                ours.describe()
+            );
+            let _ = writeln!(stream, "ERR {why}");
+            return Err(format!("refused the client at {peer}: {why}").into());
+        }
+        writeln!(stream, "OK")?;
+        Ok(())
+    }
+
+    /// The server: waits for one client, checks its plan, then follows
+    /// it. Its receives (for SEND) are posted before the handshake.
     pub fn server(args: &Args, name: &str) -> Result<()> {
         let (dev, pd) = open(args, name)?;
-        let listener = TcpListener::bind(("0.0.0.0", args.port))?;
+        let listener = TcpListener::bind(("0.0.0.0", args.port))
+            .map_err(|e| format!("port {}: {e}", args.port))?;
         println!(
             "rdma-ring-perf: server on {name}, waiting on port {}",
             args.port
         );
         let (mut stream, peer_addr) = listener.accept()?;
+        agree(&mut stream, args, peer_addr)?;
         let qp = dev.create_qp(&pd, args.qp_config())?;
         let target = expose(&pd, args)?;
         // A SEND server's receives go in before the handshake, so no SEND
@@ -1128,28 +1834,66 @@ mod verbs {
         };
         stream.write_all(&target.remote().encode())?;
         let running = server.map(SendServer::start);
-        let served = serve_plan(&mut stream);
-        if let Some(running) = running {
-            running.stop()?;
+        let served = serve_plan(&mut stream, running.as_ref());
+        // The receiving thread's own error, if it had one, says more than
+        // what the plan ran into because of it.
+        let stopped = running.map_or(Ok(()), Running::stop);
+        let result = stopped.and(served);
+        if let Err(e) = &result {
+            tell_failure(&mut stream, e);
         }
-        served?;
+        result?;
         println!("rdma-ring-perf: client {peer_addr} done");
         Ok(())
     }
 
-    /// Answers BEGIN with READY and END with READY until BYE.
-    fn serve_plan(stream: &mut TcpStream) -> Result<()> {
-        stream.set_read_timeout(None)?;
-        let mut byte = [0u8; 1];
+    /// Answers BEGIN with READY and END with READY until BYE, watching the
+    /// receiving thread (if any) all the while. Between sizes the client
+    /// has `TIMEOUT` to go on; during one, as long as it makes progress
+    /// (it fails itself, and tells, after `STALL` without).
+    fn serve_plan(stream: &mut TcpStream, receiving: Option<&Running>) -> Result<()> {
+        stream.set_read_timeout(Some(TICK))?;
+        let mut in_size = false;
+        let mut heard = Instant::now();
         loop {
-            if stream.read(&mut byte)? == 0 {
-                return Ok(()); // the client left
+            let byte = match read_byte(stream) {
+                Ok(Some(byte)) => byte,
+                Ok(None) => {
+                    let why = "the client closed the connection before it was done (see its \
+                               output)";
+                    return Err(why.into());
+                }
+                Err(e) if timed_out(&e) => {
+                    if receiving.is_some_and(Running::failed) {
+                        return Err("the receiving thread stopped".into());
+                    }
+                    if !in_size && heard.elapsed() >= TIMEOUT {
+                        return Err(format!(
+                            "the client said nothing for {} s between sizes",
+                            TIMEOUT.as_secs()
+                        )
+                        .into());
+                    }
+                    continue;
+                }
+                Err(e) => return Err(format!("the connection to the client: {e}").into()),
+            };
+            heard = Instant::now();
+            if receiving.is_some_and(Running::failed) {
+                return Err("the receiving thread stopped".into());
             }
-            match byte[0] {
-                BEGIN | END => stream.write_all(&[READY])?,
+            match byte {
+                BEGIN => in_size = true,
+                END => in_size = false,
                 BYE => return Ok(()),
+                FAIL => {
+                    stream.set_read_timeout(Some(TIMEOUT))?;
+                    let why = read_line(stream).unwrap_or_else(|e| format!("(unreadable: {e})"));
+                    return Err(format!("the client failed: {why}").into());
+                }
                 other => return Err(format!("unexpected byte {other:#04x} from the client").into()),
             }
+            stream.write_all(&[READY])?;
         }
     }
 
@@ -1157,13 +1901,33 @@ mod verbs {
 
     impl RemoteSync<'_> {
         fn say(&mut self, byte: u8) -> Result<()> {
-            self.0.write_all(&[byte])?;
-            let mut answer = [0u8; 1];
-            self.0.read_exact(&mut answer)?;
-            if answer[0] != READY {
-                return Err("the server did not answer".into());
+            self.0
+                .write_all(&[byte])
+                .map_err(|e| format!("the connection to the server: {e}"))?;
+            match read_byte(self.0) {
+                Ok(Some(READY)) => Ok(()),
+                Ok(Some(FAIL)) => Err(self.failure()),
+                Ok(Some(other)) => {
+                    Err(format!("the server answered with byte {other:#04x}").into())
+                }
+                Ok(None) => Err(Self::gone()),
+                Err(e) if timed_out(&e) => {
+                    Err(format!("the server did not answer within {} s", TIMEOUT.as_secs()).into())
+                }
+                Err(e) => Err(format!("the connection to the server: {e}").into()),
             }
-            Ok(())
+        }
+
+        fn gone() -> Box<dyn std::error::Error + std::marker::Send + Sync> {
+            "the server closed the connection (see its output)".into()
+        }
+
+        /// The server's error, after its FAIL byte.
+        fn failure(&mut self) -> Box<dyn std::error::Error + std::marker::Send + Sync> {
+            match read_line(self.0) {
+                Ok(why) => format!("the server failed: {why}").into(),
+                Err(e) => format!("the server failed (its reason unreadable: {e})").into(),
+            }
         }
     }
 
@@ -1173,6 +1937,24 @@ mod verbs {
         }
         fn end(&mut self) -> Result<()> {
             self.say(END)
+        }
+        /// The server says nothing unasked unless it failed (or left):
+        /// look without waiting.
+        fn check(&mut self) -> Result<()> {
+            let mut byte = [0u8; 1];
+            self.0.set_nonblocking(true)?;
+            let peeked = self.0.peek(&mut byte);
+            self.0.set_nonblocking(false)?;
+            match peeked {
+                Ok(0) => Err(Self::gone()),
+                Ok(_) if byte[0] == FAIL => {
+                    let _ = read_byte(self.0);
+                    Err(self.failure())
+                }
+                Ok(_) => Err(format!("the server sent byte {:#04x} unasked", byte[0]).into()),
+                Err(e) if timed_out(&e) || e.kind() == ErrorKind::Interrupted => Ok(()),
+                Err(e) => Err(format!("the connection to the server: {e}").into()),
+            }
         }
     }
 
@@ -1190,6 +1972,23 @@ mod verbs {
                 Err(e) => return Err(e.into()),
             }
         };
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_write_timeout(Some(TIMEOUT))?;
+        writeln!(stream, "{}", Plan::of(args).encode())?;
+        let verdict = read_line(&mut stream).map_err(|e| {
+            format!(
+                "the server did not answer the plan ({e}): is it rdma-ring-perf of this version?"
+            )
+        })?;
+        if let Some(why) = verdict.strip_prefix("ERR ") {
+            return Err(format!("the server refused: {why}").into());
+        }
+        if verdict != "OK" {
+            return Err(format!(
+                "the server answered the plan with {verdict:?}: is it rdma-ring-perf of this version?"
+            )
+            .into());
+        }
         let qp = dev.create_qp(&pd, args.qp_config())?;
         // SEND latency's echoes find receives posted by the measurement
         // itself, each before its send.
@@ -1198,9 +1997,12 @@ mod verbs {
         stream.set_read_timeout(Some(TIMEOUT))?;
         stream.read_exact(&mut record)?;
         let remote = RemoteSlice::decode(&record)?;
-        let rows = measure_all(args, &pd, qp, remote, &mut RemoteSync(&mut stream))?;
-        stream.write_all(&[BYE])?;
-        Ok(rows)
+        let rows = measure_all(args, &pd, qp, remote, &mut RemoteSync(&mut stream));
+        match &rows {
+            Ok(_) => stream.write_all(&[BYE])?,
+            Err(e) => tell_failure(&mut stream, e),
+        }
+        rows
     }
 }
 
