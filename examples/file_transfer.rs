@@ -11,6 +11,7 @@
 //! cargo run --example file_transfer -- --device rxe0 --connect 127.0.0.1:7510 --size 67108864
 //! ```
 
+mod device_choice;
 mod one_process;
 
 use std::alloc::Layout;
@@ -158,23 +159,7 @@ fn run() -> Result<()> {
 /// A builder on `device` or, without one, on the first RDMA device, named
 /// here so that what is printed is what is opened; and the device's name.
 fn builder(device: Option<String>, gid: Option<u8>) -> Result<(SessionBuilder, String)> {
-    let name = match device {
-        Some(name) if name == "soft" => {
-            return Err(format!(
-                "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
-            )
-            .into())
-        }
-        Some(name) => name,
-        None => {
-            let names = rdma_ring::backend::verbs::device_names()?;
-            let first = names.first().ok_or(
-                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
-            )?;
-            println!("no --device given: using {first}, the first RDMA device");
-            first.clone()
-        }
-    };
+    let name = device_choice::for_address(device.as_deref(), USAGE, "")?;
     let mut builder = SessionBuilder::default().device(&name);
     if let Some(index) = gid {
         builder = builder.gid_index(index);

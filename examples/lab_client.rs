@@ -9,6 +9,7 @@
 //! cargo run --example lab_client -- --cm --connect 10.99.0.1:7501            # rdma_cm
 //! ```
 
+mod device_choice;
 mod lab_common;
 mod one_process;
 

@@ -10,6 +10,7 @@
 //! ```
 //! and [`lab_client`](lab_client.rs) on the other side.
 
+mod device_choice;
 mod lab_common;
 mod one_process;
 

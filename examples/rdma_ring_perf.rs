@@ -19,7 +19,10 @@
 //! round trip of a ping-pong (the server echoes), as `ib_send_lat` reports.
 
 use std::cell::Cell;
+// The control connection of two processes, which need the verbs backend.
+#[cfg(feature = "verbs")]
 use std::io::{Read as _, Write as _};
+#[cfg(feature = "verbs")]
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -13,6 +13,7 @@
 //! stream_bench -S 64 -C 10000                                     # soft device, one process
 //! ```
 
+mod device_choice;
 mod one_process;
 
 use std::io::{Read, Write};
@@ -151,20 +152,9 @@ mod verbs {
 
     /// `--device`, or without it the first RDMA device, saying so.
     fn open(args: &Args) -> Result<VerbsDevice> {
-        match args.device.as_deref() {
-            Some("soft") => Err(format!(
-                "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
-            )
-            .into()),
-            Some(name) => Ok(VerbsDevice::open(name)?),
-            None => {
-                let dev = VerbsDevice::open_first()?.ok_or(
-                    "no RDMA device on this machine: name one with --device, use --cm or --tcp, or leave out the address for the soft device",
-                )?;
-                println!("no --device given: using {}, the first RDMA device", dev.name());
-                Ok(dev)
-            }
-        }
+        let name =
+            device_choice::for_address(args.device.as_deref(), USAGE, "use --cm or --tcp, ")?;
+        Ok(VerbsDevice::open(&name)?)
     }
 
     pub fn listen(args: &Args, addr: &str) -> Result<()> {

@@ -12,6 +12,7 @@
 //! cargo run --example stream_echo -- --cm --connect 10.99.0.1:7481
 //! ```
 
+mod device_choice;
 mod one_process;
 
 use std::io::{Read, Write};
@@ -112,21 +113,8 @@ fn run() -> Result<()> {
 /// `device`, or without one the first RDMA device, saying so.
 #[cfg(feature = "verbs")]
 fn open(device: Option<&str>) -> Result<rdma_ring::backend::verbs::VerbsDevice> {
-    use rdma_ring::backend::verbs::VerbsDevice;
-    match device {
-        Some("soft") => Err(format!(
-            "--listen and --connect need a real device: the soft device lives in one process; {USAGE}"
-        )
-        .into()),
-        Some(name) => Ok(VerbsDevice::open(name)?),
-        None => {
-            let dev = VerbsDevice::open_first()?.ok_or(
-                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
-            )?;
-            println!("no --device given: using {}, the first RDMA device", dev.name());
-            Ok(dev)
-        }
-    }
+    let name = device_choice::for_address(device, USAGE, "")?;
+    Ok(rdma_ring::backend::verbs::VerbsDevice::open(&name)?)
 }
 
 #[cfg(feature = "verbs")]

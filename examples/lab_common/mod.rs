@@ -292,16 +292,7 @@ pub fn cm_builder(args: &Args) -> SessionBuilder {
 /// the first RDMA device, named here so that what is printed is what is
 /// opened; and the device's name.
 pub fn device_builder(args: &Args) -> Result<(SessionBuilder, String)> {
-    let name = match &args.device {
-        Some(name) => name.clone(),
-        None => {
-            let names = rdma_ring::backend::verbs::device_names()?;
-            let first = names.first().ok_or(
-                "no RDMA device on this machine: name one with --device, or leave out the address for the soft device",
-            )?;
-            println!("no --device given: using {first}, the first RDMA device");
-            first.clone()
-        }
-    };
+    let name =
+        crate::device_choice::for_address(args.device.as_deref(), "see --help", "use --cm, ")?;
     Ok((cm_builder(args).device(&name), name))
 }
