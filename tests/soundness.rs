@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdma_ring::backend::soft::{Progress, SoftCq, SoftDevice, SoftQp, SoftSrq};
 use rdma_ring::backend::{PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge, WcStatus};
 use rdma_ring::buf::{
-    BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, StableBuf, StableBufMut,
+    BaseBuf, BufferPool, ExposedBuf, RegisteredBuf, RemoteAccess, SgList, StableBuf, StableBufMut,
 };
 use rdma_ring::op::{Read, Recv, Send, Write};
 use rdma_ring::ring::{Ring, RingConfig};
@@ -347,4 +347,43 @@ fn huge_sizes_and_offsets_are_errors_not_panics() {
     let slice = refused.into_value().slice(8..64);
     let refused = slice.word(usize::MAX - 3).unwrap_err();
     assert!(matches!(refused.error(), Error::OutOfBounds { .. }));
+}
+
+/// A view of no bytes posts no scatter/gather element, alone or in a
+/// list: some devices read an element's zero length as 2^31, which under a
+/// pool's key would reach the chunks beside it. The operations still run.
+#[test]
+fn a_view_of_no_bytes_names_no_memory() {
+    use rdma_ring::buf::IoBuf;
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let pool = BufferPool::new(&pd, 64, 8).unwrap();
+    let mut sges = Vec::new();
+    pool.take().unwrap().slice(3..3).push_sges(&mut sges);
+    assert!(sges.is_empty(), "{sges:?}");
+    let list = SgList::new(vec![
+        pool.take().unwrap().slice(0..4),
+        pool.take().unwrap().slice(5..5),
+    ]);
+    list.push_sges(&mut sges);
+    assert_eq!(sges.iter().map(|s| s.len).collect::<Vec<_>>(), [4]);
+
+    let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let mut empty = pool.take().unwrap();
+    empty.as_mut().fill(7);
+    ring.submission()
+        .push(Write::new(empty.slice(0..0), target.remote()).user_data(1))
+        .unwrap();
+    ring.submission()
+        .push(Write::new(list, target.remote()).user_data(2))
+        .unwrap();
+    ring.submit().unwrap();
+    let done = ring.completion().wait(2).unwrap();
+    let seen: Vec<_> = done
+        .iter()
+        .map(|c| (c.user_data(), c.status(), c.byte_len()))
+        .collect();
+    assert_eq!(seen, [(1, WcStatus::Success, 0), (2, WcStatus::Success, 4)]);
 }

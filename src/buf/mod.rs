@@ -125,7 +125,13 @@ macro_rules! single_io_buf {
             }
             #[inline]
             fn push_sges(&self, out: &mut Vec<$crate::backend::Sge>) {
-                out.push($crate::buf::SingleBuf::sge(self));
+                let sge = $crate::buf::SingleBuf::sge(self);
+                // No element for no bytes: some devices read a zero
+                // length as 2^31, which under a pool's or an arena's key
+                // would reach its neighbours.
+                if sge.len != 0 {
+                    out.push(sge);
+                }
             }
             #[inline]
             fn foreign_pd(&self, pd: $crate::backend::PdId) -> Option<$crate::backend::PdId> {

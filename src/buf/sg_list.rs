@@ -92,7 +92,14 @@ impl<L: BufList> IoBuf for SgList<L> {
         self.list.as_slice().len()
     }
     fn push_sges(&self, out: &mut Vec<Sge>) {
-        out.extend(self.list.as_slice().iter().map(SingleBuf::sge));
+        // No element for no bytes (see the single buffers' `push_sges`).
+        out.extend(
+            self.list
+                .as_slice()
+                .iter()
+                .map(SingleBuf::sge)
+                .filter(|sge| sge.len != 0),
+        );
     }
     fn foreign_pd(&self, pd: PdId) -> Option<PdId> {
         self.list
