@@ -371,8 +371,7 @@ fn a_view_of_no_bytes_names_no_memory() {
     let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
     let mut ring = Ring::new(qp, RingConfig::default());
     let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
-    let mut empty = pool.take().unwrap();
-    empty.as_mut().fill(7);
+    let empty = pool.take().unwrap();
     ring.submission()
         .push(Write::new(empty.slice(0..0), target.remote()).user_data(1))
         .unwrap();

@@ -19,6 +19,17 @@ listen_port() {
     echo 18515
 }
 
+# stop_server PID LOG: stops a server (one never seen listening, or whose
+# client failed) and shows its log on standard error.
+stop_server() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    {
+        echo "--- the server's log:"
+        cat "$2"
+    } >&2
+}
+
 # wait_for_listener PID PORT: returns once something listens on PORT, as a
 # TCP socket (ss) or as an rdma_cm identifier (rdma resource), or once
 # process PID has exited (its caller's wait then reports it). Fails after
@@ -29,7 +40,10 @@ wait_for_listener() {
         if [ -n "$(ss -Hltn "sport = :$port")" ]; then
             return 0
         fi
-        if rdma resource show cm_id 2>/dev/null | grep -q "state LISTEN .*src-addr [^ ]*:$port "; then
+        # Captured first: `grep -q` stopping early could fail the pipe.
+        local ids
+        ids="$(rdma resource show cm_id 2>/dev/null || true)"
+        if grep -q "state LISTEN .*src-addr [^ ]*:$port " <<< "$ids"; then
             return 0
         fi
         if ! kill -0 "$pid" 2>/dev/null; then

@@ -18,15 +18,12 @@ pair() {
     "$@" > /tmp/server.log 2>&1 &
     local server=$!
     if ! wait_for_listener "$server" "$(listen_port "$@")"; then
-        kill "$server" 2>/dev/null || true
-        wait "$server" 2>/dev/null || true
-        cat /tmp/server.log
+        stop_server "$server" /tmp/server.log
         return 1
     fi
     if ! "$@" 127.0.0.1 > "$log" 2>&1; then
-        kill "$server" 2>/dev/null || true
-        wait "$server" 2>/dev/null || true
-        cat "$log" /tmp/server.log
+        cat "$log"
+        stop_server "$server" /tmp/server.log
         echo "the client side of '$*' failed" >&2
         return 1
     fi

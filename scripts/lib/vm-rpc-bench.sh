@@ -16,13 +16,21 @@ run() {
         rdma-ring)
             "$examples/rpc_server" --device rxe0 --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
             local server=$!
-            wait_for_listener "$server" "$port"
+            if ! wait_for_listener "$server" "$port"; then
+                stop_server "$server" /tmp/server.log
+                echo "FAILED"
+                return 0
+            fi
             "$examples/rpc_client" --device rxe0 --connect "127.0.0.1:$port" --bench \
                 --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
         tcp)
             "$examples/rpc_server" --tcp --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
             local server=$!
-            wait_for_listener "$server" "$port"
+            if ! wait_for_listener "$server" "$port"; then
+                stop_server "$server" /tmp/server.log
+                echo "FAILED"
+                return 0
+            fi
             "$examples/rpc_client" --tcp "127.0.0.1:$port" --bench \
                 --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
     esac

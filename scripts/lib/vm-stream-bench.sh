@@ -15,17 +15,29 @@ run_pair() {
         rdma-ring)
             "$bench" --cm --listen "$addr:$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            wait_for_listener "$server" "$port"
+            if ! wait_for_listener "$server" "$port"; then
+                stop_server "$server" /tmp/server.log
+                echo "FAILED"
+                return 0
+            fi
             "$bench" --cm --connect "$addr:$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
         rstream | riostream)
             "$name" -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            wait_for_listener "$server" "$port"
+            if ! wait_for_listener "$server" "$port"; then
+                stop_server "$server" /tmp/server.log
+                echo "FAILED"
+                return 0
+            fi
             "$name" -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
         tcp)
             rstream -T s -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
-            wait_for_listener "$server" "$port"
+            if ! wait_for_listener "$server" "$port"; then
+                stop_server "$server" /tmp/server.log
+                echo "FAILED"
+                return 0
+            fi
             rstream -T s -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
     esac
     local status=0

@@ -521,7 +521,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     ///
     /// If the device refuses a post, that queue pair goes to error: the
     /// posted work requests come back as the device completes or flushes
-    /// them, then the refused ones and those after them, flushed; the
+    /// them, then the refused ones and those after them, flushed (at once
+    /// if the device also refuses to move the queue pair to error, as then
+    /// nothing may bring the posted ones back); the
     /// other queue pairs are posted as usual and the first error is
     /// returned. Work pushed for a queue pair already in error comes back
     /// flushed without being posted. Receives a shared receive queue
@@ -1104,12 +1106,6 @@ pub(super) fn flushed(
     }
 }
 
-/// Moves the queue pair to error, so the device flushes its outstanding
-/// work; if its last posted send asked for no completion, posts a
-/// signaled marker behind it, whose flushed completion releases it. The
-/// queue pair takes no more work either way; the error is the device's
-/// refusal to move it (then nothing is posted, and its posted work comes
-/// back only as the device completes it).
 /// Moves a queue pair to error, its unposted work flushed first (a drain
 /// marker goes behind what was posted): parked behind its posted work if
 /// that is sure to come back (the device moved the queue pair to error,
@@ -1134,6 +1130,12 @@ pub(super) fn fail_slot<Q: QueuePair>(
     (!slot.parked.is_empty(), entered)
 }
 
+/// Moves the queue pair to error, so the device flushes its outstanding
+/// work; if its last posted send asked for no completion, posts a
+/// signaled marker behind it, whose flushed completion releases it. The
+/// queue pair takes no more work either way; the error is the device's
+/// refusal to move it (then nothing is posted, and its posted work comes
+/// back only as the device completes it).
 pub(super) fn enter_error<Q: QueuePair>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,
