@@ -217,9 +217,15 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// Polls into the ring's list of ready completions until the
     /// completion queue has nothing more to give now.
     pub(super) fn reap_queued_into_ready(&mut self) -> Result<(), Error> {
+        self.poll_into_ready(self.cq_entries / POLL_BATCH + 1)
+    }
+
+    /// Polls the device into the ring's list of ready completions, up to
+    /// `polls` times (less if a poll comes back short of a full batch).
+    pub(super) fn poll_into_ready(&mut self, polls: usize) -> Result<(), Error> {
         let mut ready = std::mem::take(&mut self.ready);
         let mut polled = Ok(());
-        for _ in 0..=self.cq_entries / POLL_BATCH {
+        for _ in 0..polls {
             match self.reap_device(&mut ready) {
                 Ok(n) if n < POLL_BATCH => break,
                 Ok(_) => {}

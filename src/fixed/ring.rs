@@ -693,17 +693,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                     .is_some_and(AttachedQp::busy)
             };
             while busy(self) {
-                let mut ready = std::mem::take(&mut self.ready);
-                let polled = self.reap_device(&mut ready);
-                if self.parked_any {
-                    self.release_parked();
-                }
-                // A failure the poll met flushed unposted work into the
-                // ring's list meanwhile, and parked work may have been
-                // released: keep both, after what was polled.
-                ready.append(&mut self.ready);
-                self.ready = ready;
-                polled?;
+                self.poll_into_ready(1)?;
                 // What that poll brought in counts, even at the deadline.
                 if deadline.expired() && busy(self) {
                     return Err(Error::Timeout(self.config.drain_timeout));

@@ -14,7 +14,8 @@ impl<Q: QueuePair> Ring<Q> {
     /// by moving every queue pair to error (what each never posted after
     /// what it did, so a queue pair's keep the order its work was pushed
     /// in), then the receives still posted to shared receive queues (after
-    /// the queue pairs and those queues are destroyed). Operations the device did not return within
+    /// the queue pairs and those queues are destroyed). Operations the
+    /// device did not return within
     /// [`RingConfig::drain_timeout`](super::RingConfig) are leaked (their
     /// memory is never freed while the NIC may use it) and are not in the
     /// list.
