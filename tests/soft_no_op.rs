@@ -7,7 +7,9 @@
 //! pair of a shared queue). No-op mode takes a shortcut behind an empty
 //! send queue, so this checks the shortcut and the general path it hands
 //! over to agree with the model, and that a later mode finds the queue
-//! pair's send numbering where the shortcut left it.
+//! pair's send numbering where the shortcut left it. A send's slot stays
+//! held until a polled CQE (its own or a later send's) gives it back, as
+//! on hardware, so a send queue fills with work that has long run.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,7 @@ use rdma_ring::Error;
 const MAX_SGE: u32 = 2;
 const MAX_INLINE: u32 = 32;
 const CQ_DEPTH: u32 = 6;
+const SEND_DEPTH: u32 = 8;
 
 /// One work request as the strategy makes it: where its span starts and
 /// how long it is (possibly past the end of the list), whether it is
@@ -65,6 +68,13 @@ fn step() -> impl Strategy<Value = Step> {
 #[derive(Default)]
 struct Model {
     cqes: Vec<(u64, WcStatus, u32)>,
+    /// The send sequence number of each CQE in `cqes`: what polling it
+    /// gives back.
+    cqe_seqs: Vec<u64>,
+    /// Send work requests accepted (the last one's sequence number).
+    accepted: u64,
+    /// The last send whose slot a polled CQE gave back.
+    released_through: u64,
     overrun: bool,
     send_posts: u64,
     send_wrs: u64,
@@ -82,6 +92,21 @@ impl Model {
             return;
         }
         self.cqes.push(cqe);
+        self.cqe_seqs.push(self.accepted);
+    }
+
+    /// Takes the next `n` CQEs as a poll does, giving back their slots.
+    fn poll(&mut self, n: usize) -> Vec<(u64, WcStatus, u32)> {
+        let n = n.min(self.cqes.len());
+        for seq in self.cqe_seqs.drain(..n) {
+            self.released_through = self.released_through.max(seq);
+        }
+        self.cqes.drain(..n).collect()
+    }
+
+    /// Sends whose slots are not yet given back.
+    fn held(&self) -> u64 {
+        self.accepted - self.released_through
     }
 
     /// The post's outcome: how many were accepted and why the next was
@@ -92,6 +117,9 @@ impl Model {
         self.next_id += wrs.len() as u64;
         for (i, wr) in wrs.iter().enumerate() {
             let id = first + i as u64;
+            if self.held() >= u64::from(SEND_DEPTH) {
+                return (i, Some("send queue full"));
+            }
             let end = (wr.start + wr.len) as usize;
             if end > lens.len() {
                 return (i, Some("scatter/gather span out of range"));
@@ -104,6 +132,7 @@ impl Model {
                 return (i, Some("inline payload exceeds max_inline_data"));
             }
             self.send_wrs += 1;
+            self.accepted += 1;
             if self.overrun {
                 self.push((id, WcStatus::WrFlushErr, 0));
             } else if wr.signaled {
@@ -123,6 +152,7 @@ fn run(steps: Vec<Step>, shared: bool) -> Result<(), TestCaseError> {
     let pd = dev.alloc_pd();
     let config = QpConfig {
         cq_entries: CQ_DEPTH,
+        max_send_wr: SEND_DEPTH,
         max_send_sge: MAX_SGE,
         max_inline_data: MAX_INLINE,
         ..QpConfig::default()
@@ -206,7 +236,7 @@ fn run(steps: Vec<Step>, shared: bool) -> Result<(), TestCaseError> {
                 let mut out = [RawCompletion::default(); 4];
                 match cq.poll(&mut out[..max]) {
                     Ok(n) => {
-                        let want: Vec<_> = model.cqes.drain(..n.min(model.cqes.len())).collect();
+                        let want = model.poll(n);
                         let got: Vec<_> = out[..n]
                             .iter()
                             .map(|c| (c.wr_id, c.status, c.byte_len))
@@ -242,6 +272,7 @@ fn run(steps: Vec<Step>, shared: bool) -> Result<(), TestCaseError> {
     let mut out = [RawCompletion::default(); CQ_DEPTH as usize];
     let before = cq.poll(&mut out).unwrap();
     prop_assert_eq!(before, model.cqes.len());
+    model.poll(before);
     dev.set_progress(Progress::Manual);
     let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
     let sge = Sge {
@@ -255,7 +286,17 @@ fn run(steps: Vec<Step>, shared: bool) -> Result<(), TestCaseError> {
     write.rkey = target.remote().rkey();
     // SAFETY: the element names bytes of `local`, and the WRITE targets
     // `target`'s; both outlive the step below, which runs it.
-    unsafe { qp.post_send(&[write], &[sge]) }.unwrap();
+    let posted = unsafe { qp.post_send(&[write], &[sge]) };
+    if model.held() >= u64::from(SEND_DEPTH) {
+        // Unsignaled sends after the last CQE keep their slots for good.
+        let refused = posted.expect_err("a send queue full of unreleased sends");
+        prop_assert!(matches!(
+            refused.error,
+            Error::PostRejected("send queue full")
+        ));
+        return Ok(());
+    }
+    posted.unwrap();
     prop_assert_eq!(control.queued_sends(), 1);
     prop_assert!(control.step());
     prop_assert_eq!(cq.poll(&mut out).unwrap(), 1);

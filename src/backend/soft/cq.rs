@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::state::{release_slots, DeviceState, QueuedCqe};
 use super::{events, kick_rnr_timer, Progress, Shared, SoftEvents};
 use crate::backend::{CompletionEvents, CompletionQueue, CqId, RawCompletion};
 use crate::error::Error;
@@ -53,16 +54,19 @@ unsafe impl CompletionQueue for SoftCq {
             kick_rnr_timer(&self.shared, &mut state);
             self.shared.notify(&state);
         }
+        let DeviceState { cqs, qps, srqs, .. } = &mut *state;
         // Not `ok_or`: its error, built eagerly, is dropped on every poll.
-        let Some(cq) = state.cq(self.index) else {
+        let Some(cq) = cqs.get_mut(self.index).and_then(Option::as_mut) else {
             return Err(Error::Soft("completion queue destroyed"));
         };
         let mut n = 0;
         while let Some(slot) = out.get_mut(n) {
-            let Some(cqe) = cq.queue.pop_front() else {
+            let Some(QueuedCqe { cqe, release }) = cq.queue.pop_front() else {
                 break;
             };
             *slot = cqe;
+            // Polled: its work's queue slots are free again.
+            release_slots(qps, srqs, slot.qp_num as usize, release);
             n += 1;
         }
         if n == 0 && cq.overrun {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::state::{DeviceState, QpState, QueuedSend};
+use super::state::{DeviceState, QpState, QueuedSend, SlotRelease};
 use crate::backend::{Access, RawCompletion, SendFlags, SendOpcode, WcStatus};
 
 /// How long one RNR retry waits when the device progresses by itself.
@@ -83,6 +83,7 @@ impl DeviceState {
                             imm: None,
                             by_write_imm: false,
                         },
+                        SlotRelease::sends_through(queued.seq),
                     );
                 }
             } else {
@@ -99,6 +100,7 @@ impl DeviceState {
                         imm: None,
                         by_write_imm: false,
                     },
+                    SlotRelease::sends_through(queued.seq),
                 );
                 self.enter_error(qpn);
             }
@@ -185,6 +187,7 @@ impl DeviceState {
                 }
                 self.copy_pieces(&local, &target);
                 let imm = (wr.opcode == SendOpcode::SendImm).then_some(wr.imm);
+                let release = self.recv_release(peer_qpn);
                 self.push_cqe(
                     peer_qpn,
                     RawCompletion {
@@ -195,6 +198,7 @@ impl DeviceState {
                         imm,
                         by_write_imm: false,
                     },
+                    release,
                 );
                 Outcome::Complete(WcStatus::Success)
             }
@@ -259,6 +263,7 @@ impl DeviceState {
     /// with immediate: the buffer is untouched).
     fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, by_write_imm: bool) {
         let recv = self.take_receive(peer).expect("receive checked present");
+        let release = self.recv_release(peer);
         self.push_cqe(
             peer,
             RawCompletion {
@@ -269,12 +274,14 @@ impl DeviceState {
                 imm,
                 by_write_imm,
             },
+            release,
         );
     }
 
     /// The peer's receive fails (its buffer is bad or too small); the peer
     /// goes to error.
     fn fail_receive(&mut self, peer: usize, wr_id: u64, status: WcStatus) {
+        let release = self.recv_release(peer);
         self.push_cqe(
             peer,
             RawCompletion {
@@ -285,6 +292,7 @@ impl DeviceState {
                 imm: None,
                 by_write_imm: false,
             },
+            release,
         );
         self.enter_error(peer);
     }

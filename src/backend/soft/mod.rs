@@ -11,6 +11,13 @@
 //! overrun; asynchronous events ([`SoftDevice::async_events`]). It never
 //! opens a socket.
 //!
+//! Queue depths are held as hardware holds them: a work request keeps its
+//! slot in its send, receive or shared receive queue until its CQE is
+//! polled (an unsignaled send, until a later send's CQE is), not merely
+//! until it ran. A caller that counts its room from completions it has
+//! reaped never sees "queue full"; one that counts from work that ran
+//! does, here as on a NIC.
+//!
 //! Execution follows the device's [`Progress`] mode: [`Progress::Auto`]
 //! executes inside every post and poll (normal use); [`Progress::Manual`]
 //! executes only in [`SoftDevice::progress`] and [`QpControl::step`], so
@@ -279,6 +286,7 @@ impl SoftDevice {
                 ..config
             },
             queue: std::collections::VecDeque::with_capacity(config.max_wr as usize),
+            held: 0,
             limit: 0,
             attached: 0,
         }));

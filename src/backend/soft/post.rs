@@ -3,7 +3,7 @@
 //! (no-op mode) completed at once. Queue pairs and shared receive queues
 //! post through here.
 
-use super::state::{flushed, DeviceState, QpState, QueuedRecv, QueuedSend};
+use super::state::{flushed, DeviceState, QpState, QueuedRecv, QueuedSend, SlotRelease};
 use super::Progress;
 use crate::backend::{PostError, RawCompletion, RecvWr, SendFlags, SendWr, Sge, SgeSpan, WcStatus};
 use crate::error::Error;
@@ -89,6 +89,10 @@ pub(super) fn complete_sends_at_once(
     };
     let max_sge = qp.config.max_send_sge as usize;
     let max_inline = u64::from(qp.config.max_inline_data);
+    // As many as the queue has slots for (slots whose CQEs were polled);
+    // the general path refuses the rest.
+    let room = u64::from(qp.config.max_send_wr).saturating_sub(qp.sends_held());
+    let wrs = &wrs[..wrs.len().min(room as usize)];
     let mut taken = 0;
     // A reason, not a `PostError`: the loop stays small (the general
     // path's checks, written out).
@@ -107,10 +111,12 @@ pub(super) fn complete_sends_at_once(
             break;
         }
         if wr.flags.contains(SendFlags::SIGNALED) {
-            if !cq.push_unless_full(no_op_send(wr.wr_id, qpn, list)) {
+            let seq = qp.next_seq + taken as u64;
+            let release = SlotRelease::sends_through(seq);
+            if !cq.push_unless_full(no_op_send(wr.wr_id, qpn, list), release) {
                 break;
             }
-            qp.report_send(qp.next_seq + taken as u64);
+            qp.report_send(seq);
         }
         taken += 1;
     }
@@ -138,7 +144,9 @@ pub(super) fn post_each_send(
     let progress = state.progress;
     for (i, wr) in wrs.iter().enumerate().skip(start) {
         let qp = state.qp(qpn).expect("the caller found it");
-        if qp.sq.len() >= qp.config.max_send_wr as usize {
+        // Its depth bounds work whose CQE (or a later send's) is not yet
+        // polled, not only work waiting to run.
+        if qp.sends_held() >= u64::from(qp.config.max_send_wr) {
             return Err(refuse(i, "send queue full"));
         }
         let list = elements(i, wr.sges, sges, qp.config.max_send_sge, TOO_MANY_SENDS)?;
@@ -150,15 +158,16 @@ pub(super) fn post_each_send(
         qp.counters.send_wrs += 1;
         let seq = qp.take_seq();
         let cq = qp.cq;
+        let release = SlotRelease::sends_through(seq);
         if qp.state == QpState::Error {
             qp.report_send(seq);
-            state.push_cqe(qpn, flushed(wr.wr_id, qpn));
+            state.push_cqe(qpn, flushed(wr.wr_id, qpn), release);
         } else if progress == Progress::NoOp && qp.sq.is_empty() {
             // Completing at once is only in order behind nothing: a work
             // request queued earlier (in another mode) must run first.
             if wr.flags.contains(SendFlags::SIGNALED) {
                 qp.report_send(seq);
-                state.push_cqe_on(cq, qpn, no_op_send(wr.wr_id, qpn, list));
+                state.push_cqe_on(cq, qpn, no_op_send(wr.wr_id, qpn, list), release);
             }
         } else {
             qp.sq.push_back(QueuedSend {
@@ -183,7 +192,7 @@ pub(super) fn post_each_recv(
     let progress = state.progress;
     for (i, wr) in wrs.iter().enumerate() {
         let qp = state.qp(qpn).expect("the caller found it");
-        if qp.rq.len() >= qp.config.max_recv_wr as usize {
+        if qp.recvs_held >= qp.config.max_recv_wr {
             return Err(refuse(i, "receive queue full"));
         }
         let list = elements(
@@ -194,8 +203,9 @@ pub(super) fn post_each_recv(
             "more scatter/gather elements than max_recv_sge",
         )?;
         qp.counters.recv_wrs += 1;
+        qp.recvs_held += 1;
         if qp.state == QpState::Error {
-            state.push_cqe(qpn, flushed(wr.wr_id, qpn));
+            state.push_cqe(qpn, flushed(wr.wr_id, qpn), SlotRelease::RECV);
         } else if progress == Progress::NoOp && qp.rq.is_empty() {
             state.push_cqe(
                 qpn,
@@ -207,6 +217,7 @@ pub(super) fn post_each_recv(
                     imm: None,
                     by_write_imm: false,
                 },
+                SlotRelease::RECV,
             );
         } else {
             qp.rq.push_back(QueuedRecv {

@@ -67,7 +67,9 @@ impl SoftSrq {
 /// Checks each receive, then queues it.
 fn push_receives(srq: &mut SrqEntry, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
     for (i, wr) in wrs.iter().enumerate() {
-        if srq.queue.len() >= srq.config.max_wr as usize {
+        // Its depth bounds receives whose CQEs are not yet polled, not
+        // only those waiting for a message.
+        if srq.held >= srq.config.max_wr {
             return Err(refuse(i, "shared receive queue full"));
         }
         let list = elements(
@@ -81,6 +83,7 @@ fn push_receives(srq: &mut SrqEntry, wrs: &[RecvWr], sges: &[Sge]) -> Result<(),
             wr_id: wr.wr_id,
             sges: list.iter().copied().collect(),
         });
+        srq.held += 1;
     }
     Ok(())
 }

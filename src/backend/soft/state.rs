@@ -88,10 +88,70 @@ pub(super) struct QueuedRecv {
     pub(super) sges: SgeList,
 }
 
+/// The queue slots a CQE gives back once it is polled. Hardware reuses a
+/// work request's slot only when its completion (for an unsignaled send,
+/// a later send's) has been polled, not when the work ran; a device that
+/// freed slots earlier would let a ring that counts its room wrongly
+/// overfill a queue unseen. One word, so that a queued CQE stays small:
+/// a send sequence number, or a receive's tag bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SlotRelease(u64);
+
+impl SlotRelease {
+    const RECV_BIT: u64 = 1 << 63;
+    const SRQ_BIT: u64 = 1 << 62;
+
+    /// One receive of the queue pair's own receive queue.
+    pub(super) const RECV: SlotRelease = SlotRelease(Self::RECV_BIT);
+
+    /// The queue pair's send work requests up to sequence number `seq`
+    /// (RC completes a send queue in order; numbers stay far below 2^62).
+    #[inline]
+    pub(super) fn sends_through(seq: u64) -> Self {
+        debug_assert!(seq & (Self::RECV_BIT | Self::SRQ_BIT) == 0);
+        SlotRelease(seq)
+    }
+
+    /// One receive of shared receive queue `index`.
+    #[inline]
+    pub(super) fn srq_recv(index: usize) -> Self {
+        SlotRelease(Self::SRQ_BIT | index as u64)
+    }
+}
+
+/// A CQE waiting to be polled, with the slots it gives back then.
+pub(super) struct QueuedCqe {
+    pub(super) cqe: RawCompletion,
+    pub(super) release: SlotRelease,
+}
+
+/// Gives back the slots a polled CQE of queue pair `qpn` held (nothing if
+/// its queue is gone).
+#[inline]
+pub(super) fn release_slots(
+    qps: &mut [Option<QpEntry>],
+    srqs: &mut [Option<SrqEntry>],
+    qpn: usize,
+    release: SlotRelease,
+) {
+    let bits = release.0;
+    if bits & SlotRelease::SRQ_BIT != 0 {
+        if let Some(Some(srq)) = srqs.get_mut((bits & !SlotRelease::SRQ_BIT) as usize) {
+            srq.held -= 1;
+        }
+    } else if let Some(Some(qp)) = qps.get_mut(qpn) {
+        if bits & SlotRelease::RECV_BIT == 0 {
+            qp.sends_released_through = qp.sends_released_through.max(bits);
+        } else {
+            qp.recvs_held -= 1;
+        }
+    }
+}
+
 pub(super) struct CqEntry {
     pub(super) id: CqId,
     pub(super) entries: u32,
-    pub(super) queue: VecDeque<RawCompletion>,
+    pub(super) queue: VecDeque<QueuedCqe>,
     pub(super) overrun: bool,
     pub(super) events: Option<EventSource>,
     /// Whether its `SoftCq` still exists (nobody polls it otherwise).
@@ -104,14 +164,14 @@ impl CqEntry {
     /// overrun that follows touches every queue pair on it, which only
     /// [`DeviceState::overrun`] can reach.
     #[inline]
-    pub(super) fn push_unless_full(&mut self, cqe: RawCompletion) -> bool {
+    pub(super) fn push_unless_full(&mut self, cqe: RawCompletion, release: SlotRelease) -> bool {
         if self.overrun {
             return true;
         }
         if self.queue.len() >= self.entries as usize {
             return false;
         }
-        self.queue.push_back(cqe);
+        self.queue.push_back(QueuedCqe { cqe, release });
         if let Some(events) = self.events.as_mut() {
             events.on_cqe();
         }
@@ -124,6 +184,9 @@ pub(super) struct SrqEntry {
     pub(super) pd: PdId,
     pub(super) config: SrqConfig,
     pub(super) queue: VecDeque<QueuedRecv>,
+    /// Receives posted whose CQEs have not been polled (those queued
+    /// among them): what the queue's depth bounds.
+    pub(super) held: u32,
     /// The armed low-water mark; 0 when disarmed.
     pub(super) limit: u32,
     /// Queue pairs that take receives from it.
@@ -142,6 +205,11 @@ pub(super) struct QpEntry {
     pub(super) rq: VecDeque<QueuedRecv>,
     /// Sequence number of the next send work request posted.
     pub(super) next_seq: u64,
+    /// The last send work request whose slot a polled CQE gave back (and,
+    /// in order, every earlier one's).
+    pub(super) sends_released_through: u64,
+    /// Receives posted to its own queue whose CQEs have not been polled.
+    pub(super) recvs_held: u32,
     /// The last send work request whose completion (and so, RC being in
     /// order, every earlier one's) the device has reported.
     pub(super) reported_through: u64,
@@ -168,11 +236,20 @@ impl QpEntry {
                 config.max_recv_wr as usize
             }),
             next_seq: 1,
+            sends_released_through: 0,
+            recvs_held: 0,
             reported_through: 0,
             rnr: None,
             fault: None,
             counters: QpCounters::default(),
         }
+    }
+
+    /// Send work requests posted whose slots no polled CQE has given
+    /// back: what the send queue's depth bounds.
+    #[inline]
+    pub(super) fn sends_held(&self) -> u64 {
+        self.next_seq - 1 - self.sends_released_through
     }
 
     /// Numbers the next send work request in posting order.
@@ -276,22 +353,28 @@ impl DeviceState {
     /// queue is unusable from then on, every queue pair on it goes to error
     /// with its work requests gone without CQEs (the ring then cannot
     /// drain, and leaks their buffers), and a `CqError` event is raised.
-    pub(super) fn push_cqe(&mut self, qpn: usize, cqe: RawCompletion) {
+    pub(super) fn push_cqe(&mut self, qpn: usize, cqe: RawCompletion, release: SlotRelease) {
         let Some(cq_index) = self.qp(qpn).map(|qp| qp.cq) else {
             return;
         };
-        self.push_cqe_on(cq_index, qpn, cqe);
+        self.push_cqe_on(cq_index, qpn, cqe, release);
     }
 
     /// [`push_cqe`](Self::push_cqe) for a caller that knows the queue
     /// pair's completion queue (`qpn`'s, as `QpEntry::cq` names it).
     #[inline]
-    pub(super) fn push_cqe_on(&mut self, cq_index: usize, qpn: usize, cqe: RawCompletion) {
+    pub(super) fn push_cqe_on(
+        &mut self,
+        cq_index: usize,
+        qpn: usize,
+        cqe: RawCompletion,
+        release: SlotRelease,
+    ) {
         debug_assert_eq!(self.qp(qpn).map(|qp| qp.cq), Some(cq_index));
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
-        if !cq.push_unless_full(cqe) {
+        if !cq.push_unless_full(cqe, release) {
             self.overrun(cq_index);
         }
     }
@@ -332,10 +415,14 @@ impl DeviceState {
             if let Some(qp) = self.qp(qpn) {
                 qp.report_send(queued.seq);
             }
-            self.push_cqe(qpn, flushed(queued.wr.wr_id, qpn));
+            self.push_cqe(
+                qpn,
+                flushed(queued.wr.wr_id, qpn),
+                SlotRelease::sends_through(queued.seq),
+            );
         }
         for recv in recvs {
-            self.push_cqe(qpn, flushed(recv.wr_id, qpn));
+            self.push_cqe(qpn, flushed(recv.wr_id, qpn), SlotRelease::RECV);
         }
         if on_srq && was != QpState::Error {
             self.raise(AsyncEvent::LastWqeReached { qp_num: qpn as u32 });
@@ -349,6 +436,15 @@ impl DeviceState {
         match qp.srq {
             Some(srq) => self.srq(srq).is_some_and(|s| !s.queue.is_empty()),
             None => !qp.rq.is_empty(),
+        }
+    }
+
+    /// What the CQE of a receive queue pair `qpn` took gives back: a slot
+    /// of its shared receive queue, or of its own.
+    pub(super) fn recv_release(&mut self, qpn: usize) -> SlotRelease {
+        match self.qp(qpn).and_then(|qp| qp.srq) {
+            Some(srq) => SlotRelease::srq_recv(srq),
+            None => SlotRelease::RECV,
         }
     }
 

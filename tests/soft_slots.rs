@@ -1,0 +1,305 @@
+//! The soft device holds a queue's slots as hardware does: until the CQE
+//! that gives them back is polled, not merely until the work ran. A ring
+//! that counted its room from work that ran, rather than from completions
+//! it reaped, would overfill a NIC's queue; here it is refused as it would
+//! be there, so the rings' own tests and fuzzers would see it.
+
+use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
+use rdma_ring::backend::{
+    CompletionQueue, PostError, QpConfig, QueuePair, RawCompletion, RecvWr, SendFlags, SendOpcode,
+    SendWr, Sge, SgeSpan, SharedReceiveQueue, SrqConfig, WcStatus,
+};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+use rdma_ring::Error;
+
+const DEPTH: u32 = 4;
+
+fn config() -> QpConfig {
+    QpConfig {
+        max_send_wr: DEPTH,
+        max_recv_wr: DEPTH,
+        ..QpConfig::default()
+    }
+}
+
+fn refused_as(result: Result<(), PostError>, reason: &str) {
+    let refused = result.expect_err("a full queue");
+    assert_eq!(refused.accepted, 0);
+    assert!(
+        matches!(refused.error, Error::PostRejected(r) if r == reason),
+        "refused with {:?}, expected {reason:?}",
+        refused.error
+    );
+}
+
+/// WRITEs of 8 bytes of `local` to `target`, `signaled[i]` saying which
+/// ask for a CQE; `wr_id`s from `first`.
+fn writes(
+    first: u64,
+    signaled: &[bool],
+    local: &RegisteredBuf,
+    target: &ExposedBuf<Vec<u8>>,
+) -> (Vec<SendWr>, Vec<Sge>) {
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: 8,
+        lkey: local.lkey(),
+    };
+    let wrs = signaled
+        .iter()
+        .enumerate()
+        .map(|(i, &signaled)| {
+            let mut wr = SendWr::new(
+                first + i as u64,
+                SendOpcode::Write,
+                SgeSpan { start: 0, len: 1 },
+            );
+            if signaled {
+                wr.flags |= SendFlags::SIGNALED;
+            }
+            wr.remote_addr = target.remote().addr();
+            wr.rkey = target.remote().rkey();
+            wr
+        })
+        .collect();
+    (wrs, vec![sge])
+}
+
+fn post_writes(
+    qp: &mut SoftQp,
+    first: u64,
+    signaled: &[bool],
+    local: &RegisteredBuf,
+    target: &ExposedBuf<Vec<u8>>,
+) -> Result<(), PostError> {
+    let (wrs, sges) = writes(first, signaled, local, target);
+    // SAFETY: every element names bytes of `local` and every WRITE targets
+    // `target`; both outlive the test's device work, which runs within it.
+    unsafe { qp.post_send(&wrs, &sges) }
+}
+
+fn poll(cq: &mut impl CompletionQueue, max: usize) -> Vec<RawCompletion> {
+    let mut out = vec![RawCompletion::default(); max];
+    let n = cq.poll(&mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+#[test]
+fn a_send_keeps_its_slot_until_its_completion_is_polled() {
+    for progress in [Progress::Manual, Progress::Auto, Progress::NoOp] {
+        let dev = SoftDevice::with_progress(progress);
+        let pd = dev.alloc_pd();
+        let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+        let mut cq = qp.take_cq().unwrap();
+        let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+        let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+
+        post_writes(&mut qp, 0, &[true; DEPTH as usize], &local, &target).unwrap();
+        dev.progress();
+        assert_eq!(qp.control().queued_sends(), 0, "{progress:?}: all ran");
+        // Every WRITE ran, but no CQE was polled: the queue is full.
+        refused_as(
+            post_writes(&mut qp, 10, &[true], &local, &target),
+            "send queue full",
+        );
+        let first = poll(&mut cq, 1);
+        assert_eq!(first[0].wr_id, 0);
+        // One CQE polled, one slot back, and no more.
+        post_writes(&mut qp, 10, &[true], &local, &target).unwrap();
+        refused_as(
+            post_writes(&mut qp, 11, &[true], &local, &target),
+            "send queue full",
+        );
+        dev.progress();
+        let rest = poll(&mut cq, 8);
+        assert_eq!(
+            rest.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            [1, 2, 3, 10]
+        );
+        post_writes(&mut qp, 20, &[true; DEPTH as usize], &local, &target).unwrap();
+    }
+}
+
+#[test]
+fn unsignaled_sends_keep_their_slots_until_a_later_completion_is_polled() {
+    for progress in [Progress::Manual, Progress::NoOp] {
+        let dev = SoftDevice::with_progress(progress);
+        let pd = dev.alloc_pd();
+        let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+        let mut cq = qp.take_cq().unwrap();
+        let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+        let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+
+        // Three unsignaled: they run and never give their slots back alone.
+        post_writes(&mut qp, 0, &[false; 3], &local, &target).unwrap();
+        dev.progress();
+        assert!(poll(&mut cq, 4).is_empty());
+        post_writes(&mut qp, 3, &[true], &local, &target).unwrap();
+        dev.progress();
+        refused_as(
+            post_writes(&mut qp, 4, &[true], &local, &target),
+            "send queue full",
+        );
+        // The signaled one's CQE gives back all four.
+        assert_eq!(
+            poll(&mut cq, 4).iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            [3]
+        );
+        post_writes(&mut qp, 4, &[true; DEPTH as usize], &local, &target).unwrap();
+    }
+}
+
+#[test]
+fn flushed_sends_give_their_slots_back_as_their_completions_are_polled() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut cq = qp.take_cq().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+
+    post_writes(&mut qp, 0, &[false; DEPTH as usize], &local, &target).unwrap();
+    qp.set_error().unwrap();
+    assert_eq!(qp.control().state(), Some(QpState::Error));
+    // Each flushed send has a CQE; until they are polled, a post (which
+    // would only be flushed) finds the queue full.
+    refused_as(
+        post_writes(&mut qp, 10, &[true], &local, &target),
+        "send queue full",
+    );
+    let flushed = poll(&mut cq, 2);
+    assert!(flushed.iter().all(|c| c.status == WcStatus::WrFlushErr));
+    post_writes(&mut qp, 10, &[true, true], &local, &target).unwrap();
+    refused_as(
+        post_writes(&mut qp, 12, &[true], &local, &target),
+        "send queue full",
+    );
+    let rest = poll(&mut cq, 8);
+    assert_eq!(
+        rest.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        [2, 3, 10, 11]
+    );
+}
+
+/// Posts `n` receives of 8 bytes of `local` from `wr_id` `first`.
+fn recvs(first: u64, n: usize, local: &RegisteredBuf) -> (Vec<RecvWr>, Vec<Sge>) {
+    let sges = vec![
+        Sge {
+            addr: local.as_ptr() as u64,
+            len: 8,
+            lkey: local.lkey(),
+        };
+        n
+    ];
+    let wrs = (0..n)
+        .map(|i| RecvWr {
+            wr_id: first + i as u64,
+            sges: SgeSpan {
+                start: i as u32,
+                len: 1,
+            },
+        })
+        .collect();
+    (wrs, sges)
+}
+
+/// Sends of 8 bytes, each signaled, from `qp`.
+fn sends(qp: &mut SoftQp, n: usize, local: &RegisteredBuf) {
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: 8,
+        lkey: local.lkey(),
+    };
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|i| {
+            let mut wr = SendWr::new(
+                100 + i as u64,
+                SendOpcode::Send,
+                SgeSpan { start: 0, len: 1 },
+            );
+            wr.flags |= SendFlags::SIGNALED;
+            wr
+        })
+        .collect();
+    // SAFETY: the element names bytes of `local`, which outlives the
+    // device's work, run within the test.
+    unsafe { qp.post_send(&wrs, &[sge]) }.unwrap();
+}
+
+#[test]
+fn a_receive_keeps_its_slot_until_its_completion_is_polled() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut sender, mut receiver) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut receiver_cq = receiver.take_cq().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+
+    let (wrs, sges) = recvs(0, DEPTH as usize, &local);
+    // SAFETY: every element names bytes of `local`, which outlives the
+    // device's work, run within the test.
+    unsafe { receiver.post_recv(&wrs, &sges) }.unwrap();
+    sends(&mut sender, DEPTH as usize, &local);
+    dev.progress();
+    // Every receive took a message; none was polled.
+    let (more, more_sges) = recvs(10, 1, &local);
+    // SAFETY: as above.
+    refused_as(
+        unsafe { receiver.post_recv(&more, &more_sges) },
+        "receive queue full",
+    );
+    assert_eq!(poll(&mut receiver_cq, 1)[0].wr_id, 0);
+    // SAFETY: as above.
+    unsafe { receiver.post_recv(&more, &more_sges) }.unwrap();
+    let (again, again_sges) = recvs(11, 1, &local);
+    // SAFETY: as above.
+    refused_as(
+        unsafe { receiver.post_recv(&again, &again_sges) },
+        "receive queue full",
+    );
+}
+
+#[test]
+fn a_shared_receive_keeps_its_slot_until_its_completion_is_polled() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16).unwrap();
+    let mut srq = dev
+        .create_srq(
+            &pd,
+            SrqConfig {
+                max_wr: DEPTH,
+                max_sge: 1,
+            },
+        )
+        .unwrap();
+    let receiver = dev.create_qp_on(&pd, &cq, Some(&srq), config()).unwrap();
+    let mut sender = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&sender, &receiver).unwrap();
+    let mut cq = cq;
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+
+    let (wrs, sges) = recvs(0, DEPTH as usize, &local);
+    // SAFETY: every element names bytes of `local`, which outlives the
+    // device's work, run within the test.
+    unsafe { srq.post_recv(&wrs, &sges) }.unwrap();
+    sends(&mut sender, 2, &local);
+    dev.progress();
+    assert_eq!(srq.posted(), 2, "two receives wait for messages");
+    let (more, more_sges) = recvs(10, 1, &local);
+    // SAFETY: as above.
+    refused_as(
+        unsafe { srq.post_recv(&more, &more_sges) },
+        "shared receive queue full",
+    );
+    let got = poll(&mut cq, 1);
+    assert_eq!((got[0].wr_id, got[0].qp_num), (0, receiver.qpn()));
+    // SAFETY: as above.
+    unsafe { srq.post_recv(&more, &more_sges) }.unwrap();
+    // SAFETY: as above.
+    refused_as(
+        unsafe { srq.post_recv(&more, &more_sges) },
+        "shared receive queue full",
+    );
+    drop(receiver);
+}
