@@ -46,11 +46,14 @@ impl DeviceState {
                         since: Instant::now(),
                     });
                     wait.attempts += 1;
+                    // `retry` retries, each a timer's wait after the last
+                    // NAK: none at 0, which fails at the first NAK (in auto
+                    // mode, the time since the first NAK counts them).
                     let exhausted = retry < 7
                         && if manual {
                             wait.attempts > u32::from(retry)
                         } else {
-                            wait.since.elapsed() > RNR_TIMER * (u32::from(retry) + 1)
+                            wait.since.elapsed() >= RNR_TIMER * u32::from(retry)
                         };
                     if !exhausted {
                         break;

@@ -1,8 +1,12 @@
-//! The soft device holds a queue's slots as hardware does: until the CQE
-//! that gives them back is polled, not merely until the work ran. A ring
-//! that counted its room from work that ran, rather than from completions
-//! it reaped, would overfill a NIC's queue; here it is refused as it would
-//! be there, so the rings' own tests and fuzzers would see it.
+//! Where the soft device keeps hardware's rules that a lenient test
+//! double would let slide, so that the rings' tests and fuzzers see what a
+//! NIC would do to them.
+//!
+//! A queue's slots stay held until the CQE that gives them back is polled,
+//! not merely until the work ran: a ring that counted its room from work
+//! that ran, rather than from completions it reaped, would overfill a
+//! NIC's queue, and is refused here as it would be there. And
+//! `rnr_retry = 0` means no retry.
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
 use rdma_ring::backend::{
@@ -302,4 +306,27 @@ fn a_shared_receive_keeps_its_slot_until_its_completion_is_polled() {
         "shared receive queue full",
     );
     drop(receiver);
+}
+
+/// `rnr_retry = 0` allows no retry: the first RNR NAK fails the send, in
+/// auto mode as in manual mode.
+#[test]
+fn no_rnr_retry_fails_at_the_first_nak() {
+    for progress in [Progress::Manual, Progress::Auto] {
+        let dev = SoftDevice::with_progress(progress);
+        let pd = dev.alloc_pd();
+        let config = QpConfig {
+            rnr_retry: 0,
+            ..config()
+        };
+        let (mut sender, _receiver) = dev.connected_pair(&pd, &pd, config).unwrap();
+        let mut cq = sender.take_cq().unwrap();
+        let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+        sends(&mut sender, 1, &local);
+        dev.progress();
+        let done = poll(&mut cq, 1);
+        assert_eq!(done.len(), 1, "{progress:?}: failed at once");
+        assert_eq!(done[0].status, WcStatus::RnrRetryExcErr, "{progress:?}");
+        assert_eq!(sender.control().counters().rnr_naks, 1, "{progress:?}");
+    }
 }
