@@ -5,13 +5,15 @@
 //! A queue's slots stay held until the CQE that gives them back is polled,
 //! not merely until the work ran: a ring that counted its room from work
 //! that ran, rather than from completions it reaped, would overfill a
-//! NIC's queue, and is refused here as it would be there. And
-//! `rnr_retry = 0` means no retry.
+//! NIC's queue, and is refused here as it would be there. `rnr_retry = 0`
+//! means no retry. And a responder that an access violation puts in error
+//! says so with an affiliated event, so a ring learns of it without a
+//! completion of its own.
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
 use rdma_ring::backend::{
-    CompletionQueue, PostError, QpConfig, QueuePair, RawCompletion, RecvWr, SendFlags, SendOpcode,
-    SendWr, Sge, SgeSpan, SharedReceiveQueue, SrqConfig, WcStatus,
+    AsyncEvent, AsyncEventSource, CompletionQueue, PostError, QpConfig, QueuePair, RawCompletion,
+    RecvWr, SendFlags, SendOpcode, SendWr, Sge, SgeSpan, SharedReceiveQueue, SrqConfig, WcStatus,
 };
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
 use rdma_ring::Error;
@@ -329,4 +331,29 @@ fn no_rnr_retry_fails_at_the_first_nak() {
         assert_eq!(done[0].status, WcStatus::RnrRetryExcErr, "{progress:?}");
         assert_eq!(sender.control().counters().rnr_naks, 1, "{progress:?}");
     }
+}
+
+/// A WRITE under a key the responder never gave out fails the requester
+/// with a remote access error, and the responder, moved to error too, is
+/// told with `QpAccessError` on its queue pair.
+#[test]
+fn a_responders_access_violation_raises_its_event() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let events = dev.async_events().unwrap();
+    let pd = dev.alloc_pd();
+    let (mut requester, responder) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut cq = requester.take_cq().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::READ).unwrap();
+    post_writes(&mut requester, 0, &[true], &local, &target).unwrap();
+    dev.progress();
+    assert_eq!(poll(&mut cq, 1)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(responder.control().state(), Some(QpState::Error));
+    assert_eq!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::QpAccessError {
+            qp_num: responder.qpn()
+        })
+    );
+    assert_eq!(events.next_event().unwrap(), None);
 }

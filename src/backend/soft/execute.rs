@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::state::{DeviceState, QpState, QueuedSend, SlotRelease};
-use crate::backend::{Access, RawCompletion, SendFlags, SendOpcode, WcStatus};
+use crate::backend::{Access, AsyncEvent, RawCompletion, SendFlags, SendOpcode, WcStatus};
 
 /// How long one RNR retry waits when the device progresses by itself.
 pub(super) const RNR_TIMER: Duration = Duration::from_millis(5);
@@ -301,9 +301,13 @@ impl DeviceState {
     }
 
     /// A remote access violation NAKs the requester and, as on RC hardware
-    /// (class C error), moves the responder to error too.
+    /// (class C error), moves the responder to error too, telling its
+    /// owner with an affiliated event.
     fn responder_error(&mut self, peer: usize, status: WcStatus) -> Outcome {
         self.enter_error(peer);
+        self.raise(AsyncEvent::QpAccessError {
+            qp_num: peer as u32,
+        });
         Outcome::Complete(status)
     }
 }
