@@ -6,9 +6,9 @@
 //! not merely until the work ran: a ring that counted its room from work
 //! that ran, rather than from completions it reaped, would overfill a
 //! NIC's queue, and is refused here as it would be there. `rnr_retry = 0`
-//! means no retry. And a responder that an access violation puts in error
-//! says so with an affiliated event, so a ring learns of it without a
-//! completion of its own.
+//! means no retry. And a responder that an access violation or an invalid
+//! request puts in error says so with an affiliated event, so a ring
+//! learns of it without a completion of its own.
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
 use rdma_ring::backend::{
@@ -356,4 +356,119 @@ fn a_responders_access_violation_raises_its_event() {
         })
     );
     assert_eq!(events.next_event().unwrap(), None);
+}
+
+/// A misaligned atomic is an invalid request: the requester's completion
+/// says so, and the responder goes to error with `QpRequestError`.
+#[test]
+fn a_misaligned_atomic_fails_the_responder_too() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let events = dev.async_events().unwrap();
+    let pd = dev.alloc_pd();
+    let (mut requester, responder) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut cq = requester.take_cq().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 16], RemoteAccess::ATOMIC).unwrap();
+    let mut add = SendWr::new(1, SendOpcode::FetchAdd, SgeSpan { start: 0, len: 1 });
+    add.flags |= SendFlags::SIGNALED;
+    add.remote_addr = target.remote().addr() + 4;
+    add.rkey = target.remote().rkey();
+    add.compare_add = 1;
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: 8,
+        lkey: local.lkey(),
+    };
+    // SAFETY: the element names `local`'s 8 bytes and the atomic targets
+    // `target`'s; both outlive the device's work, run within the test.
+    unsafe { requester.post_send(&[add], &[sge]) }.unwrap();
+    dev.progress();
+    assert_eq!(poll(&mut cq, 1)[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(responder.control().state(), Some(QpState::Error));
+    assert_eq!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::QpRequestError {
+            qp_num: responder.qpn()
+        })
+    );
+}
+
+/// A responder on a shared receive queue reports its access error before
+/// it says it will take no more receives from the queue.
+#[test]
+fn an_access_error_comes_before_the_last_receive_event() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let events = dev.async_events().unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16).unwrap();
+    let srq = dev
+        .create_srq(
+            &pd,
+            SrqConfig {
+                max_wr: DEPTH,
+                max_sge: 1,
+            },
+        )
+        .unwrap();
+    let responder = dev.create_qp_on(&pd, &cq, Some(&srq), config()).unwrap();
+    let mut requester = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&requester, &responder).unwrap();
+    let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::READ).unwrap();
+    post_writes(&mut requester, 0, &[true], &local, &target).unwrap();
+    dev.progress();
+    let qp_num = responder.qpn();
+    assert_eq!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::QpAccessError { qp_num })
+    );
+    assert_eq!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::LastWqeReached { qp_num })
+    );
+    drop((responder, cq));
+}
+
+/// The receives a shared receive queue gave out come back to it when the
+/// completion queue holding their unpolled CQEs is destroyed: nobody can
+/// poll those any more, and the queue pairs on other completion queues
+/// must not find the queue full for good.
+#[test]
+fn a_dropped_completion_queue_gives_back_its_shared_receives() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+    let mut srq = dev
+        .create_srq(
+            &pd,
+            SrqConfig {
+                max_wr: DEPTH,
+                max_sge: 1,
+            },
+        )
+        .unwrap();
+    let a = dev.create_qp_on(&pd, &cq_a, Some(&srq), config()).unwrap();
+    let b = dev.create_qp_on(&pd, &cq_b, Some(&srq), config()).unwrap();
+    let mut sender = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&sender, &a).unwrap();
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+    let (wrs, sges) = recvs(0, DEPTH as usize, &local);
+    // SAFETY: every element names bytes of `local`, which outlives the
+    // device's work, run within the test.
+    unsafe { srq.post_recv(&wrs, &sges) }.unwrap();
+    sends(&mut sender, 2, &local);
+    dev.progress();
+    let (more, more_sges) = recvs(10, 1, &local);
+    // SAFETY: as above.
+    refused_as(
+        unsafe { srq.post_recv(&more, &more_sges) },
+        "shared receive queue full",
+    );
+    // A's completion queue goes with its two unpolled CQEs.
+    drop(a);
+    drop(cq_a);
+    let (two, two_sges) = recvs(10, 2, &local);
+    // SAFETY: as above.
+    unsafe { srq.post_recv(&two, &two_sges) }.unwrap();
+    drop((b, cq_b));
 }

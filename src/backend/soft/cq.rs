@@ -93,7 +93,7 @@ impl Drop for SoftCq {
                 cq.owned = false;
             }
         } else {
-            state.cqs[self.index] = None;
+            state.remove_cq(self.index);
         }
     }
 }

@@ -235,7 +235,7 @@ impl DeviceState {
                     Err(status) => return self.responder_error(peer_qpn, status),
                 };
                 if remote % 8 != 0 {
-                    return Outcome::Complete(WcStatus::RemInvReqErr);
+                    return self.responder_error(peer_qpn, WcStatus::RemInvReqErr);
                 }
                 // SAFETY: `remote` is 8 bytes inside a live registration with
                 // atomic rights and 8-aligned (checked above); registrations
@@ -300,14 +300,19 @@ impl DeviceState {
         self.enter_error(peer);
     }
 
-    /// A remote access violation NAKs the requester and, as on RC hardware
-    /// (class C error), moves the responder to error too, telling its
-    /// owner with an affiliated event.
+    /// A remote access violation or an invalid request (a misaligned
+    /// atomic) NAKs the requester and, as on RC hardware (class C error),
+    /// moves the responder to error too, telling its owner with an
+    /// affiliated event: `QpAccessError` or `QpRequestError`.
+    /// The event comes before the error's others (a queue pair on a shared
+    /// receive queue says it will take no more receives after it).
     fn responder_error(&mut self, peer: usize, status: WcStatus) -> Outcome {
-        self.enter_error(peer);
-        self.raise(AsyncEvent::QpAccessError {
-            qp_num: peer as u32,
+        let qp_num = peer as u32;
+        self.raise(match status {
+            WcStatus::RemAccessErr => AsyncEvent::QpAccessError { qp_num },
+            _ => AsyncEvent::QpRequestError { qp_num },
         });
+        self.enter_error(peer);
         Outcome::Complete(status)
     }
 }

@@ -65,14 +65,15 @@ fn no_op_send(wr_id: u64, qpn: usize, list: &[Sge]) -> RawCompletion {
 
 /// No-op mode's send path, behind an empty send queue of a connected
 /// queue pair: each work request completes as soon as it passes the
-/// post's checks, so nothing is queued and the queue stays empty (so
-/// never full: a queue pair holds at least one send, `create_qp_on`
-/// sees to that). The same checks, counters and CQEs as the general
-/// path in `post_send`, with the queue pair and its completion queue
-/// looked up once instead of per work request. Returns how many it took:
-/// all of them, or fewer when the completion queue is full at the next
-/// one, which the general path then takes (an overrun reaches every
-/// queue pair on the queue). A queue gone from under its queue pair
+/// post's checks, so nothing is queued (though each keeps its slot until
+/// a CQE that gives it back is polled). The same checks, counters and
+/// CQEs as the general path in `post_send`, with the queue pair and its
+/// completion queue looked up once instead of per work request. Returns
+/// how many it took: all of them, or fewer when the send queue has no
+/// slot for the next (which the general path then refuses) or the
+/// completion queue is full at the next one (which the general path then
+/// takes: an overrun reaches every queue pair on the queue). A queue gone
+/// from under its queue pair
 /// cannot happen (`SoftCq`'s drop keeps an entry in use); if it did, the
 /// general path would take it all.
 #[inline]
@@ -132,7 +133,7 @@ pub(super) fn complete_sends_at_once(
 /// checked, then queued, completed at once (no-op mode, behind an empty
 /// queue) or flushed (a queue pair in error). Out of line: no-op mode
 /// behind an empty queue, which benchmarks measure, comes here only at
-/// a completion queue's overrun.
+/// a full send queue or a completion queue's overrun.
 #[inline(never)]
 pub(super) fn post_each_send(
     state: &mut DeviceState,

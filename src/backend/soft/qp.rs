@@ -137,7 +137,7 @@ impl Drop for SoftQp {
         // pair.
         let cq_in_use = state.qps.iter().flatten().any(|other| other.cq == qp.cq);
         if !cq_in_use && state.cq(qp.cq).is_some_and(|cq| !cq.owned) {
-            state.cqs[qp.cq] = None;
+            state.remove_cq(qp.cq);
         }
     }
 }

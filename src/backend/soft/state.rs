@@ -336,6 +336,23 @@ impl DeviceState {
         self.qps.get_mut(qpn).and_then(Option::as_mut)
     }
 
+    /// Removes completion queue `index`, giving back the slots its
+    /// unpolled CQEs held (a shared receive queue's may serve queue pairs
+    /// on other completion queues).
+    pub(super) fn remove_cq(&mut self, index: usize) {
+        let Some(cq) = self.cqs.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        for queued in cq.queue {
+            release_slots(
+                &mut self.qps,
+                &mut self.srqs,
+                queued.cqe.qp_num as usize,
+                queued.release,
+            );
+        }
+    }
+
     pub(super) fn cq(&mut self, index: usize) -> Option<&mut CqEntry> {
         self.cqs.get_mut(index).and_then(Option::as_mut)
     }
