@@ -278,9 +278,12 @@ fn main() {
 
 /// `fixed-batch`: as `fixed`, each round's pushes through one
 /// [`PushBatch`](rdma_ring::fixed::PushBatch), which checks the ring and
-/// the queue pair once, and its completions handed to a closure as they
-/// are made ([`reap_each`](FixedRing::reap_each)), with no list to fill
-/// and read back. Out of line, as `fixed_awaited_all`.
+/// the queue pair once, posted with
+/// [`submit_qp`](FixedRing::submit_qp) (that queue pair's doorbell, with
+/// no walk over the ring's list of queue pairs with pushed work), and its
+/// completions handed to a closure as they are made
+/// ([`reap_each`](FixedRing::reap_each)), with no list to fill and read
+/// back. Out of line, as `fixed_awaited_all`.
 #[inline(never)]
 fn fixed_batch(qp: SoftQp, pd: &SoftPd, targets: &[RemoteSlice], rounds: usize) {
     let batch = targets.len();
@@ -299,7 +302,7 @@ fn fixed_batch(qp: SoftQp, pd: &SoftPd, targets: &[RemoteSlice], rounds: usize) 
                 .unwrap();
             i += 1;
         }
-        ring.submit().unwrap();
+        ring.submit_qp(handle).unwrap();
         while free.len() < batch {
             ring.reap_each(|c| {
                 assert!(c.status().is_success());

@@ -1,9 +1,12 @@
-//! The fixed ring's batch of pushes (`FixedRing::batch`) and its reap
-//! into a closure (`FixedRing::reap_each`): a batch refuses what `push`
-//! refuses, with the operation handed back, checks the ring and the queue
-//! pair once, and loses nothing however it ends; `reap_each` hands out
-//! what `reap` does, and a closure that panics never gets a completion
-//! twice. A property test runs the same work both ways and compares.
+//! The fixed ring's batch of pushes (`FixedRing::batch`), its submit of
+//! one queue pair (`FixedRing::submit_qp`) and its reap into a closure
+//! (`FixedRing::reap_each`): a batch refuses what `push` refuses, with the
+//! operation handed back, checks the ring and the queue pair once, and
+//! loses nothing however it ends; `submit_qp` posts what `submit` posts
+//! for that queue pair, shared receive queues first, and leaves the
+//! others'; `reap_each` hands out what `reap` does, and a closure that
+//! panics never gets a completion twice. A property test runs the same
+//! work both ways and compares.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -664,6 +667,10 @@ fn run(steps: &[Step], batched: bool) -> Vec<Seen> {
             Step::FailQp => log.push(Seen::Submitted(
                 s.ring.fail_qp(s.qp).map(|()| 0).map_err(|e| format!("{e}")),
             )),
+            // Batched, one queue pair's doorbell: as the ring's submit.
+            Step::Submit if batched => log.push(Seen::Submitted(
+                s.ring.submit_qp(s.qp).map_err(|e| format!("{e}")),
+            )),
             Step::Submit => log.push(Seen::Submitted(s.ring.submit().map_err(|e| format!("{e}")))),
             Step::Reap => {
                 let mut out = Vec::new();
@@ -704,4 +711,84 @@ proptest! {
         let batched = run(&steps, true);
         prop_assert_eq!(one_by_one, batched);
     }
+}
+
+/// `submit_qp` rings one queue pair's doorbell: another queue pair's
+/// pushed work waits for the ring's submit, as does work pushed to the
+/// first one after it; receives pushed to a shared receive queue go
+/// first; a handle of no attached queue pair is refused and posts nothing.
+#[test]
+fn submit_qp_posts_one_queue_pair_and_the_shared_receives_first() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(64).unwrap();
+    let mut ring = FixedRing::new(
+        cq,
+        FixedBufs::new(&pd, 16, 64).unwrap(),
+        FixedRingConfig::default(),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap())
+        .unwrap();
+    let (a, b) = (
+        dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+            .unwrap(),
+        dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+            .unwrap(),
+    );
+    let (pa, pb) = (
+        dev.create_qp(&pd, QpConfig::default()).unwrap(),
+        dev.create_qp(&pd, QpConfig::default()).unwrap(),
+    );
+    dev.connect(&a, &pa).unwrap();
+    dev.connect(&b, &pb).unwrap();
+    let (control_a, control_b) = (a.control(), b.control());
+    let (a, b) = (
+        ring.attach(a).unwrap_or_else(|_| panic!("attach")),
+        ring.attach(b).unwrap_or_else(|_| panic!("attach")),
+    );
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let write = |ring: &mut FixedRing<SoftQp>, qp, id| {
+        let slot = ring.take_buf().unwrap();
+        ring.push(qp, WriteFixed::new(slot, 8, target.remote()).user_data(id))
+            .unwrap();
+    };
+    for _ in 0..2 {
+        let slot = ring.take_buf().unwrap();
+        ring.push_srq(srq, RecvFixed::new(slot)).unwrap();
+    }
+    write(&mut ring, a, 1);
+    write(&mut ring, a, 2);
+    write(&mut ring, b, 3);
+
+    // A handle of no attached queue pair: refused, nothing posted.
+    let mut detached_ring = setup(QpConfig::default(), 2, FixedRingConfig::default());
+    let foreign = detached_ring.qp;
+    drop(detached_ring.ring.detach(foreign).unwrap());
+    assert!(matches!(
+        ring.submit_qp(foreign),
+        Err(Error::NotAttached(_))
+    ));
+    assert_eq!(ring.srq_posted(srq).unwrap(), 0);
+
+    // The shared receives and a's two writes, one doorbell for a.
+    assert_eq!(ring.submit_qp(a).unwrap(), 4);
+    assert_eq!(ring.srq_posted(srq).unwrap(), 2);
+    assert_eq!(control_a.counters().send_posts, 1);
+    assert_eq!(control_b.counters().send_posts, 0, "b's write waits");
+    // Pushed to a after its doorbell: goes with the ring's submit.
+    write(&mut ring, a, 4);
+    assert_eq!(ring.submit().unwrap(), 2);
+    assert_eq!(control_a.counters().send_wrs, 3);
+    assert_eq!(control_b.counters().send_wrs, 1);
+    assert_eq!(ring.submit().unwrap(), 0);
+    let mut ids: Vec<u64> = reap_each_until(&mut ring, 4)
+        .iter()
+        .map(|c| {
+            assert!(c.status().is_success());
+            c.user_data()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3, 4]);
 }

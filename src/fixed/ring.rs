@@ -551,35 +551,30 @@ impl<Q: QueuePair> FixedRing<Q> {
     pub fn submit(&mut self) -> Result<usize, Error> {
         let table = self.bufs.table();
         let mut posted = 0;
-        let mut first_error = None;
         // Shared receive queues first, as receives go first on each queue
         // pair.
-        if self.srqs_dirty {
-            match self.post_srqs() {
-                Ok(n) => posted += n,
-                Err((n, error)) => {
-                    posted += n;
-                    first_error = Some(error);
-                }
-            }
-        }
+        let mut first_error = if self.srqs_dirty {
+            self.submit_srqs(&mut posted)
+        } else {
+            None
+        };
         for &index in &self.dirty {
             let Some(slot) = self.qps[index as usize].as_mut() else {
                 continue;
             };
             slot.dirty = false;
-            let handle = slot.handle;
-            if slot.error.is_some() {
-                self.parked_any |=
-                    flush_unposted(slot, handle, table, &mut self.ready, &mut self.cq_free);
-                continue;
-            }
-            match post(slot, handle, table, &mut self.ready, &mut self.cq_free) {
+            let result = submit_slot(
+                slot,
+                table,
+                &mut self.ready,
+                &mut self.cq_free,
+                &mut self.parked_any,
+            );
+            match result {
                 Ok(n) => posted += n,
                 Err((n, error)) => {
                     posted += n;
                     first_error.get_or_insert(error);
-                    self.parked_any |= !slot.parked.is_empty();
                 }
             }
         }
@@ -587,6 +582,88 @@ impl<Q: QueuePair> FixedRing<Q> {
         match first_error {
             None => Ok(posted),
             Some(error) => Err(error),
+        }
+    }
+
+    /// Posts what queue pair `qp` was pushed, as [`submit`](Self::submit)
+    /// does for each queue pair (after the receives pushed to shared
+    /// receive queues, which go first), and leaves the other queue pairs'
+    /// work for a later submit: one queue pair's doorbell rung now. Returns
+    /// how many work requests were posted (shared receive queues'
+    /// included); fails as `submit` does, or with [`Error::NotAttached`]
+    /// if `qp` names no attached queue pair. With one queue pair to post,
+    /// it does less than `submit`, which walks its list of queue pairs
+    /// with pushed work.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let cq = dev.create_cq(16).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let (qa, qb) = (
+    /// #     dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap(),
+    /// #     dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap(),
+    /// # );
+    /// # let (pa, pb) = (dev.create_qp(&pd, QpConfig::default()).unwrap(), dev.create_qp(&pd, QpConfig::default()).unwrap());
+    /// # dev.connect(&qa, &pa).unwrap();
+    /// # dev.connect(&qb, &pb).unwrap();
+    /// let (a, b) = (ring.attach(qa).unwrap(), ring.attach(qb).unwrap());
+    /// for conn in [a, a, b] {
+    ///     let slot = ring.take_buf().unwrap();
+    ///     ring.push(conn, WriteFixed::new(slot, 8, target.remote())).unwrap();
+    /// }
+    /// assert_eq!(ring.submit_qp(a).unwrap(), 2); // b's write waits
+    /// assert_eq!(ring.submit().unwrap(), 1);
+    /// ```
+    pub fn submit_qp(&mut self, qp: FixedQp) -> Result<usize, Error> {
+        let table = self.bufs.table();
+        let mut posted = 0;
+        let mut first_error = None;
+        if self.srqs_dirty {
+            // A handle refused posts nothing.
+            attached_mut(&mut self.qps, qp)?;
+            first_error = self.submit_srqs(&mut posted);
+        }
+        // Left on the list of queue pairs with pushed work, if it is
+        // there: `submit` finds nothing more to post for it.
+        let slot = attached_mut(&mut self.qps, qp)?;
+        let result = submit_slot(
+            slot,
+            table,
+            &mut self.ready,
+            &mut self.cq_free,
+            &mut self.parked_any,
+        );
+        match result {
+            Ok(n) => posted += n,
+            Err((n, error)) => {
+                posted += n;
+                first_error.get_or_insert(error);
+            }
+        }
+        match first_error {
+            None => Ok(posted),
+            Some(error) => Err(error),
+        }
+    }
+
+    /// Posts the shared receive queues' pushed receives, adding to
+    /// `posted`; the first refusal, if any.
+    #[cold]
+    fn submit_srqs(&mut self, posted: &mut usize) -> Option<Error> {
+        match self.post_srqs() {
+            Ok(n) => {
+                *posted += n;
+                None
+            }
+            Err((n, error)) => {
+                *posted += n;
+                Some(error)
+            }
         }
     }
 
@@ -954,8 +1031,33 @@ pub(super) fn push_onto<Q, O: FixedOp>(
     Ok((own_user_data, work.kind == OpKind::Recv))
 }
 
+/// Posts the work pushed to the queue pair in `slot`, or, if it is in
+/// error, hands that work back flushed (parked behind what it posted);
+/// on a refusal, the posted count and the error. `parked_any` is raised
+/// when something is left parked.
+#[inline(always)]
+fn submit_slot<Q: QueuePair>(
+    slot: &mut AttachedQp<Q>,
+    table: u64,
+    ready: &mut Vec<FixedCompletion>,
+    cq_free: &mut usize,
+    parked_any: &mut bool,
+) -> Result<usize, (usize, Error)> {
+    let handle = slot.handle;
+    if slot.error.is_some() {
+        *parked_any |= flush_unposted(slot, handle, table, ready, cq_free);
+        return Ok(0);
+    }
+    let result = post(slot, handle, table, ready, cq_free);
+    if result.is_err() {
+        *parked_any |= !slot.parked.is_empty();
+    }
+    result
+}
+
 /// Posts a queue pair's pushed work; on a refusal, the posted count and
 /// the error.
+#[inline(always)]
 fn post<Q: QueuePair>(
     slot: &mut AttachedQp<Q>,
     handle: FixedQp,
