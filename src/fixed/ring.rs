@@ -517,7 +517,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// receives, then one per queue pair with sends (so a request's reply
     /// finds the receive pushed with it). The last send of
     /// each queue pair asks for a completion, so every send comes back.
-    /// Returns how many work requests were posted.
+    /// Returns how many work requests were posted. ([`submit_qp`](Self::submit_qp)
+    /// posts one queue pair's.)
     ///
     /// If the device refuses a post, that queue pair goes to error: the
     /// posted work requests come back as the device completes or flushes

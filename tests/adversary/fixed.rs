@@ -86,6 +86,8 @@ pub struct FixedAdversary {
     /// refused by a batch (as it opened, or there).
     pub batched: usize,
     pub batch_refused: usize,
+    /// Submits made, every third through one queue pair's `submit_qp`.
+    submits: u64,
 }
 
 /// The tag of the refill's receives: no pushed operation's.
@@ -175,6 +177,7 @@ impl FixedAdversary {
             refill_returned: 0,
             batched: 0,
             batch_refused: 0,
+            submits: 0,
         }
     }
 
@@ -202,8 +205,15 @@ impl FixedAdversary {
             RingStep::Push { qp, kind, signaled } => self.push(qp, kind, signaled),
             RingStep::Submit => {
                 // A refused post's work comes back flushed from the next
-                // reap.
-                let _ = self.ring.submit();
+                // reap. Every third submit rings one queue pair's doorbell
+                // alone (the others' work waits for a later submit).
+                self.submits += 1;
+                let _ = if self.submits % 3 == 0 {
+                    let qp = self.handles[(self.submits / 3) as usize % self.handles.len()];
+                    self.ring.submit_qp(qp)
+                } else {
+                    self.ring.submit()
+                };
                 self.device.after_submit();
             }
             RingStep::Poll => self.poll(),
