@@ -13,8 +13,9 @@ use crate::error::{Error, Rejected};
 /// made once when it opened: that the ring has not failed, that the handle
 /// names an attached queue pair, that the queue pair is not in error.
 /// None of those can change while the batch borrows the ring. What was
-/// pushed goes out with the next [`submit`](FixedRing::submit), as any
-/// push does; dropping the batch (or forgetting it) loses nothing.
+/// pushed goes out with the next [`submit`](FixedRing::submit) (or
+/// [`submit_qp`](FixedRing::submit_qp) of its queue pair), as any push
+/// does; dropping the batch (or forgetting it) loses nothing.
 ///
 /// ```
 /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

@@ -179,7 +179,8 @@ pub(super) struct AttachedQp<Q> {
     /// Receives already handed back (out of order) whose entries `head`
     /// has not passed yet.
     pub(super) recvs_taken_ahead: u64,
-    /// In the ring's list of queue pairs with work to post.
+    /// In the ring's list of queue pairs pushed to since the last submit
+    /// (possibly with nothing left to post, after `submit_qp`).
     pub(super) dirty: bool,
     /// Set by the first failed completion or post; the queue pair then
     /// takes no more work.

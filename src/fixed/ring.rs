@@ -149,7 +149,8 @@ pub struct FixedRing<Q: QueuePair> {
     /// Completion queue entries that no pushed or outstanding work, and no
     /// queue pair's drain marker, may need.
     pub(super) cq_free: usize,
-    /// Queue pairs with pushed work, to post at the next submit.
+    /// Queue pairs pushed to since the last submit, to post then (one
+    /// whose work `submit_qp` posted stays, with nothing left to post).
     pub(super) dirty: Vec<u32>,
     pub(super) cqes: Box<[RawCompletion; POLL_BATCH]>,
     /// Completions made outside a poll (work never posted, drains), handed
@@ -374,7 +375,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Pushes an operation for `qp`; it is posted by the next
-    /// [`submit`](Self::submit). Refused, and handed back whole: a handle
+    /// [`submit`](Self::submit) (or [`submit_qp`](Self::submit_qp) of
+    /// `qp`). Refused, and handed back whole: a handle
     /// naming nothing, a queue pair in error, a token of another table, an
     /// operation that does not fit its slot, the remote slice, or the queue
     /// pair's limits, a full send or receive queue, or a completion queue
@@ -513,9 +515,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Posts everything pushed since the last submit: one doorbell per
-    /// shared receive queue with receives, then one per queue pair with
-    /// receives, then one per queue pair with sends (so a request's reply
-    /// finds the receive pushed with it). The last send of
+    /// shared receive queue with receives, then, queue pair by queue
+    /// pair, one for its receives and one for its sends (so a request's
+    /// reply finds the receive pushed with it to that queue pair, or to a
+    /// shared receive queue). The last send of
     /// each queue pair asks for a completion, so every send comes back.
     /// Returns how many work requests were posted. ([`submit_qp`](Self::submit_qp)
     /// posts one queue pair's.)
@@ -587,8 +590,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// Posts what queue pair `qp` was pushed, as [`submit`](Self::submit)
-    /// does for each queue pair (after the receives pushed to shared
-    /// receive queues, which go first), and leaves the other queue pairs'
+    /// does for each queue pair (after the receives pushed to every shared
+    /// receive queue, which go first), and leaves the other queue pairs'
     /// work for a later submit: one queue pair's doorbell rung now. Returns
     /// how many work requests were posted (shared receive queues'
     /// included); fails as `submit` does, or with [`Error::NotAttached`]

@@ -50,7 +50,8 @@ pub struct Device {
     pub srq_sends: usize,
     pub peer_region: ExposedBuf<Vec<u8>>,
     pub knobs: Shared,
-    /// What happened, for coverage reports.
+    /// What happened, for coverage reports: posts taken in part, and
+    /// overclaimed (as the device bent them, counted at each submit).
     pub partial_posts: usize,
     pub overclaims: usize,
     pub forged: usize,
@@ -152,12 +153,10 @@ impl Device {
             Step::Submit => return RingStep::Submit,
             Step::SubmitTaking(n) => {
                 self.knobs.lock().unwrap().accept = Some(n);
-                self.partial_posts += 1;
                 return RingStep::Submit;
             }
             Step::SubmitOverclaiming(n) => {
                 self.knobs.lock().unwrap().overclaim = Some(n);
-                self.overclaims += 1;
                 return RingStep::Submit;
             }
             Step::Poll => return RingStep::Poll,
@@ -224,11 +223,14 @@ impl Device {
         let _ = self.peers[qp].submit();
     }
 
-    /// Knobs a post did not use do not linger.
-    pub fn after_submit(&self) {
+    /// Knobs a post did not use do not linger; the posts they bent are
+    /// counted (a submit that posted nothing bent nothing).
+    pub fn after_submit(&mut self) {
         let mut knobs = self.knobs.lock().unwrap();
         knobs.accept = None;
         knobs.overclaim = None;
+        self.partial_posts = knobs.bent_partial;
+        self.overclaims = knobs.bent_overclaims;
     }
 
     /// The peers reap what they can (their completions do not matter).

@@ -59,6 +59,10 @@ pub struct Knobs {
     history: Vec<RawCompletion>,
     /// Every `wr_id` ever posted, so forged ones never name a real one.
     posted: HashSet<u64>,
+    /// Posts the knobs bent: taken in part, and overclaimed (a knob a
+    /// post never reached bent nothing).
+    bent_partial: usize,
+    bent_overclaims: usize,
 }
 
 impl Knobs {
@@ -113,6 +117,8 @@ fn post_bent<T, W: Copy>(
         (Some(n), _) => (n.min(wrs.len()), None),
         (None, extra) => (wrs.len(), extra),
     };
+    bent.bent_partial += usize::from(take < wrs.len());
+    bent.bent_overclaims += usize::from(overclaim.is_some());
     drop(bent);
     post(queue, &wrs[..take])?;
     if take < wrs.len() {
