@@ -248,18 +248,64 @@ pub struct Rejected<T> {
 
 impl<T> Rejected<T> {
     /// Pairs an error with the value it hands back.
+    ///
+    /// ```
+    /// use rdma_ring::{Error, Rejected};
+    /// // A refusal hands the job back, so the caller can retry it elsewhere.
+    /// fn offer(open: bool, job: Vec<u8>) -> Result<(), Rejected<Vec<u8>>> {
+    ///     if open { Ok(()) } else { Err(Rejected::new(Error::Closed, job)) }
+    /// }
+    /// let job = offer(false, vec![1, 2, 3]).unwrap_err().into_value();
+    /// assert_eq!(job, vec![1, 2, 3]);
+    /// ```
     pub fn new(error: Error, value: T) -> Self {
         Rejected { error, value }
     }
     /// Why the call was refused.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(16).unwrap(), RingConfig::default());
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// // No queue pair is attached, so the receive has nowhere to go.
+    /// let refused = ring.submission().push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::NoQueuePair));
+    /// ```
     pub fn error(&self) -> &Error {
         &self.error
     }
     /// The value handed back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::RegisteredBuf;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// // Zero bytes cannot be registered; the allocation comes back unused.
+    /// let mem: Vec<u8> = Vec::with_capacity(64);
+    /// let mem = RegisteredBuf::new(&pd, mem).unwrap_err().into_value();
+    /// assert_eq!(mem.capacity(), 64);
+    /// ```
     pub fn into_value(self) -> T {
         self.value
     }
     /// Both parts.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::{BaseBuf, RegisteredBuf};
+    /// use rdma_ring::Error;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u64; 2].into_boxed_slice()).unwrap();
+    /// let (error, buf) = buf.word(16).unwrap_err().into_parts();
+    /// assert!(matches!(error, Error::OutOfBounds { start: 16, end: 24, len: 16 }));
+    /// assert_eq!(buf.len(), 16);
+    /// ```
     pub fn into_parts(self) -> (Error, T) {
         (self.error, self.value)
     }

@@ -37,6 +37,23 @@ pub struct Leaked {
 }
 
 /// What the crate has leaked so far, process-wide.
+///
+/// ```
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::leak::leaked;
+/// let dev = SoftDevice::new();
+/// let pd = dev.alloc_pd();
+/// let buf = RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap();
+/// let before = leaked();
+/// // The device may still reach memory it could not deregister, so
+/// // dropping the buffer keeps that memory instead of freeing it.
+/// dev.fail_deregistrations(1);
+/// drop(buf);
+/// let after = leaked();
+/// assert_eq!(after.regions - before.regions, 1);
+/// assert_eq!(after.bytes - before.bytes, 4096);
+/// ```
 pub fn leaked() -> Leaked {
     Leaked {
         regions: REGIONS.load(Ordering::Relaxed),

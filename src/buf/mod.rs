@@ -75,6 +75,17 @@ pub(crate) mod sealed {
 /// ```
 pub trait IoBuf: sealed::Sealed + Send + 'static {
     /// Number of bytes an operation on this buffer moves.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::{BaseBuf, IoBuf, RegisteredBuf, SgList};
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let a = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// let b = RegisteredBuf::new(&pd, vec![0u8; 32]).unwrap();
+    /// assert_eq!(a.bytes_len(), 64);
+    /// // A list moves the bytes of all its buffers.
+    /// assert_eq!(SgList::new([a.slice(..16), b.slice(..)]).bytes_len(), 48);
+    /// ```
     fn bytes_len(&self) -> usize;
     #[doc(hidden)]
     fn sge_count(&self) -> usize;
@@ -94,9 +105,34 @@ pub trait IoBuf: sealed::Sealed + Send + 'static {
 /// A buffer that is one registered range: the crate's buffer types and
 /// views of them, but not a scatter/gather list. Any such buffer can be
 /// type-erased into an [`OwnedBuf`].
+///
+/// ```
+/// # use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::buf::{OwnedBuf, ReadOnlyBuf, RegisteredBuf, SingleBuf};
+/// # let pd = SoftDevice::new().alloc_pd();
+/// // Buffers of different types, erased so that one list holds both.
+/// let bufs: Vec<OwnedBuf> = vec![
+///     RegisteredBuf::new(&pd, vec![1u8; 16]).unwrap().into_owned(),
+///     ReadOnlyBuf::new(&pd, &b"static data"[..]).unwrap().into_owned(),
+/// ];
+/// assert!(bufs[0].is_writable());
+/// assert!(!bufs[1].is_writable());
+/// ```
 pub trait SingleBuf: IoBuf + Sized {
     /// The buffer, with its type erased (as a completion hands it back;
     /// [`OwnedBuf::downcast`] restores it).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::{ReadOnlyBuf, RegisteredBuf, SingleBuf};
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let owned = RegisteredBuf::new(&pd, vec![3u8; 8]).unwrap().into_owned();
+    /// assert_eq!(&owned[..], &[3u8; 8]);
+    /// // The erased buffer still knows its type: a wrong guess hands it back.
+    /// let owned = owned.downcast::<ReadOnlyBuf>().unwrap_err();
+    /// let buf: RegisteredBuf = owned.downcast().unwrap();
+    /// assert_eq!(buf.len(), 8);
+    /// ```
     fn into_owned(self) -> OwnedBuf;
     #[doc(hidden)]
     fn single_len(&self) -> usize;
@@ -154,9 +190,43 @@ pub(crate) use single_io_buf;
 
 /// A local buffer the NIC may write: the target of READ, RECV and atomics.
 /// Registered with local write rights.
+///
+/// ```
+/// # use rdma_ring::backend::{soft::{SoftDevice, SoftQp}, QpConfig};
+/// use rdma_ring::buf::{BufferPool, ExposedBuf, IoBufMut, RegisteredBuf, RemoteAccess, RemoteSlice};
+/// use rdma_ring::op::Read;
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// # let mut ring = Ring::new(qp, RingConfig::default());
+/// let exposed = ExposedBuf::new(&pd, vec![7u8; 16], RemoteAccess::READ).unwrap();
+/// // A READ lands in local memory, so it takes any buffer the NIC may write.
+/// fn read_into<B: IoBufMut>(ring: &mut Ring<SoftQp>, buf: B, from: RemoteSlice) -> Vec<u8> {
+///     ring.submission().push(Read::new(buf, from)).unwrap();
+///     ring.submit().unwrap();
+///     ring.completion().wait(1).unwrap()[0].buf().to_vec()
+/// }
+/// let pool = BufferPool::new(&pd, 16, 1).unwrap();
+/// assert_eq!(read_into(&mut ring, pool.take().unwrap(), exposed.remote()), [7u8; 16]);
+/// let own = RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap();
+/// assert_eq!(read_into(&mut ring, own, exposed.remote()), [7u8; 16]);
+/// ```
 pub trait IoBufMut: IoBuf {}
 
 /// A whole registered buffer (not a view), which can be sliced.
+///
+/// ```
+/// # use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::buf::{BaseBuf, IoBuf, RegisteredBuf};
+/// # let pd = SoftDevice::new().alloc_pd();
+/// let buf = RegisteredBuf::new(&pd, (0u8..64).collect::<Vec<u8>>()).unwrap();
+/// let view = buf.slice(8..12);
+/// // An operation on the view moves only these 4 bytes.
+/// assert_eq!(view.bytes_len(), 4);
+/// assert_eq!(&view[..], &[8, 9, 10, 11]);
+/// assert_eq!(view.into_inner().len(), 64);
+/// ```
 pub trait BaseBuf: SingleBuf {
     #[doc(hidden)]
     fn into_base(self) -> Base;
@@ -170,12 +240,35 @@ pub trait BaseBuf: SingleBuf {
     /// # Panics
     ///
     /// If the range is out of bounds, as slice indexing does.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::{BaseBuf, RegisteredBuf};
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// let buf = RegisteredBuf::new(&pd, b"header:payload".to_vec()).unwrap();
+    /// let payload = buf.slice(7..);
+    /// assert_eq!(&payload[..], b"payload");
+    /// assert_eq!((payload.start(), payload.end()), (7, 14));
+    /// ```
     fn slice(self, range: impl std::ops::RangeBounds<usize>) -> Slice<Self> {
         Slice::new(self, range)
     }
 
     /// The 8 bytes at `offset` as the local target of an atomic. Fails,
     /// handing the buffer back, unless they are in bounds and 8-aligned.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::buf::{BaseBuf, RegisteredBuf};
+    /// use rdma_ring::Error;
+    /// # let pd = SoftDevice::new().alloc_pd();
+    /// // Memory of u64s starts 8-aligned, so offset 8 is aligned and 4 is not.
+    /// let buf = RegisteredBuf::new(&pd, vec![0u64; 4].into_boxed_slice()).unwrap();
+    /// let refused = buf.word(4).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::Misaligned { .. }));
+    /// let word = refused.into_value().word(8).unwrap();
+    /// assert_eq!(word.offset(), 8);
+    /// ```
     fn word(self, offset: usize) -> Result<Word<Self>, crate::Rejected<Self>>
     where
         Self: IoBufMut,

@@ -420,6 +420,21 @@ fn ready_qp(id: &CmId, qp: &VerbsQp, depths: Option<Depths>) -> Result<(), Error
 /// ([`CmRoute::create_qp`] or [`CmRoute::create_qp_on`]), put it in a ring
 /// and post the receives the peer's first messages need, then
 /// [`CmQp::connect`].
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm;
+/// let timeout = Duration::from_secs(10);
+/// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
+/// let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+/// // Post the receives the peer's first messages need here, then connect.
+/// qp.connect(b"hello", timeout).unwrap();
+/// ```
 pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmRoute, Error> {
     let id = CmId::new()?;
     let (mut dst, _) = sockaddr(&addr);
@@ -458,6 +473,24 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmRoute, Error> {
 /// The queue pair has a completion queue of its own. To post receives
 /// before the peer may send, or to use a shared completion queue, connect
 /// in steps: [`resolve`], [`CmRoute::create_qp_on`], [`CmQp::connect`].
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::net::SocketAddr;
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm;
+/// # let dev = VerbsDevice::open("rxe0").unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// let addr: SocketAddr = "10.99.0.1:7472".parse().unwrap();
+/// let timeout = Duration::from_secs(10);
+/// // More private data than rdma_cm carries is refused before anything is sent.
+/// let too_long = [0u8; cm::MAX_PRIVATE_DATA + 1];
+/// assert!(cm::connect(&dev, &pd, addr, QpConfig::default(), &too_long, timeout).is_err());
+/// let qp = cm::connect(&dev, &pd, addr, QpConfig::default(), b"hello", timeout).unwrap();
+/// assert!(qp.qp().is_connected());
+/// ```
 pub fn connect(
     dev: &VerbsDevice,
     pd: &VerbsPd,
@@ -474,6 +507,20 @@ pub fn connect(
 
 /// A route to a listener, resolved by [`resolve`]: create the queue pair
 /// on it.
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm;
+/// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), Duration::from_secs(10)).unwrap();
+/// # let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+/// // In INIT until `connect`, so receives can be posted first.
+/// assert!(!qp.qp().is_connected());
+/// ```
 pub struct CmRoute {
     id: CmId,
 }
@@ -488,12 +535,39 @@ impl std::fmt::Debug for CmRoute {
 
 impl CmRoute {
     /// The RDMA device rdma_cm routed through: open that one.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::connect::cm;
+    /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), Duration::from_secs(10)).unwrap();
+    /// // rdma_cm chose the device from the address; the queue pair must be on it.
+    /// let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.device_name()
     }
 
     /// A queue pair for this connection, in INIT, with a completion queue
     /// of its own. `dev` must be the device the route goes through.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::buf::RegisteredBuf;
+    /// use rdma_ring::connect::cm;
+    /// use rdma_ring::op::Recv;
+    /// use rdma_ring::ring::{Ring, RingConfig};
+    /// # let timeout = std::time::Duration::from_secs(10);
+    /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
+    /// # let dev = rdma_ring::backend::verbs::VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let mut ring = Ring::new(route.create_qp(&dev, &pd, QpConfig::default()).unwrap(), RingConfig::default());
+    /// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap())).unwrap();
+    /// ring.submit().unwrap(); // posted in INIT, before the peer can send
+    /// ring.qp().connect(b"hello", timeout).unwrap();
+    /// ```
     pub fn create_qp(
         self,
         dev: &VerbsDevice,
@@ -507,6 +581,25 @@ impl CmRoute {
 
     /// A queue pair for this connection, in INIT, on a shared completion
     /// queue (and shared receive queue, if given).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm;
+    /// use rdma_ring::ring::{Ring, RingConfig};
+    /// # let timeout = std::time::Duration::from_secs(10);
+    /// # let dev = rdma_ring::backend::verbs::VerbsDevice::open("rxe0").unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// // Two connections, one completion queue, one ring.
+    /// let mut ring = Ring::with_cq(dev.create_cq(1024).unwrap(), RingConfig::default());
+    /// for addr in ["10.99.0.1:7472", "10.99.0.2:7472"] {
+    ///     let route = cm::resolve(addr.parse().unwrap(), timeout).unwrap();
+    ///     let qp = route.create_qp_on(&dev, &pd, ring.cq(), None, QpConfig::default()).unwrap();
+    ///     let handle = ring.attach(qp).unwrap();
+    ///     ring.qp_of(handle).unwrap().connect(b"hello", timeout).unwrap();
+    /// }
+    /// assert_eq!(ring.qps().len(), 2);
+    /// ```
     pub fn create_qp_on(
         self,
         dev: &VerbsDevice,
@@ -522,6 +615,19 @@ impl CmRoute {
 }
 
 /// An rdma_cm listener.
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm::CmListener;
+/// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+/// let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let qp = listener.accept(&dev, &pd, QpConfig::default(), b"welcome", Duration::from_secs(60)).unwrap();
+/// assert!(qp.qp().is_connected());
+/// ```
 pub struct CmListener {
     id: CmId,
 }
@@ -534,6 +640,14 @@ impl std::fmt::Debug for CmListener {
 
 impl CmListener {
     /// Listens on `addr` (an address of an RDMA device's interface).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("0.0.0.0:7472".parse().unwrap()).unwrap();
+    /// // On the wildcard address, requests may arrive through any device.
+    /// assert_eq!(listener.device_name(), None);
+    /// ```
     pub fn bind(addr: SocketAddr) -> Result<CmListener, Error> {
         let id = CmId::new()?;
         let (mut sa, _) = sockaddr(&addr);
@@ -553,6 +667,15 @@ impl CmListener {
 
     /// The RDMA device the listener is bound to, when it was bound to an
     /// address of one device's interface (`None` for a wildcard address).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// // Bound to one interface's address, so to that interface's device.
+    /// let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+    /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.device_name()
     }
@@ -562,6 +685,25 @@ impl CmListener {
     /// ([`CmRequest::create_qp`] or [`CmRequest::create_qp_on`]), put it in
     /// a ring and post the receives the peer's first messages need, then
     /// [`CmQp::accept`]. A request dropped unanswered is rejected.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::buf::RegisteredBuf;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// use rdma_ring::op::Recv;
+    /// use rdma_ring::ring::{Ring, RingConfig};
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// # let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let mut ring = Ring::new(request.create_qp(&dev, &pd, QpConfig::default()).unwrap(), RingConfig::default());
+    /// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap())).unwrap();
+    /// ring.submit().unwrap(); // posted in INIT, before the peer can send
+    /// ring.qp().accept(b"welcome", Duration::from_secs(10)).unwrap();
+    /// ```
     pub fn request(&self, timeout: Duration) -> Result<CmRequest, Error> {
         let request = self.id.expect(
             ev::RDMA_CM_EVENT_CONNECT_REQUEST,
@@ -582,6 +724,20 @@ impl CmListener {
     /// the result. The queue pair has a completion queue of its own; to
     /// post receives before accepting, or to use a shared completion
     /// queue, accept in steps ([`CmListener::request`]).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// # let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let qp = listener.accept(&dev, &pd, QpConfig::default(), b"welcome", Duration::from_secs(60)).unwrap();
+    /// // rdma_cm pads the request's private data with zeros: compare a prefix.
+    /// assert!(qp.peer_private_data().starts_with(b"hello"));
+    /// ```
     pub fn accept(
         &self,
         dev: &VerbsDevice,
@@ -598,6 +754,23 @@ impl CmListener {
 }
 
 /// A connection request a listener received, not yet answered.
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm::CmListener;
+/// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+/// # let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// while let Ok(request) = listener.request(Duration::from_secs(60)) {
+///     if request.private_data().starts_with(b"hello") {
+///         let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+///         qp.accept(b"welcome", Duration::from_secs(10)).unwrap();
+///     } // any other request is dropped, which rejects it
+/// }
+/// ```
 pub struct CmRequest {
     /// `None` once handed to a queue pair.
     id: Option<CmId>,
@@ -617,11 +790,33 @@ impl std::fmt::Debug for CmRequest {
 impl CmRequest {
     /// The private data the requester sent (padded by rdma_cm; see
     /// [`CmQp::peer_private_data`]).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// // Padding makes the length unknowable, so the peer sent a length byte first.
+    /// let (len, rest) = request.private_data().split_first().unwrap();
+    /// assert_eq!(rest.get(..usize::from(*len)), Some(&b"hello"[..]));
+    /// ```
     pub fn private_data(&self) -> &[u8] {
         &self.private
     }
 
     /// The RDMA device the request arrived on.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("0.0.0.0:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// // On the wildcard address, each request names the device it came through.
+    /// let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.as_ref().and_then(CmId::device_name)
     }
@@ -629,6 +824,22 @@ impl CmRequest {
     /// A queue pair for this request, in INIT, with a completion queue of
     /// its own. `dev` must be the device the request arrived on (else the
     /// request is rejected).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// # let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+    /// assert!(!qp.qp().is_connected()); // in INIT until accepted
+    /// qp.accept(b"welcome", Duration::from_secs(10)).unwrap();
+    /// assert!(qp.qp().is_connected());
+    /// ```
     pub fn create_qp(
         mut self,
         dev: &VerbsDevice,
@@ -641,6 +852,25 @@ impl CmRequest {
 
     /// A queue pair for this request, in INIT, on a shared completion queue
     /// (and shared receive queue, if given).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = rdma_ring::backend::verbs::VerbsDevice::open("rxe0").unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// // Four peers, one completion queue, one ring.
+    /// let mut ring = Ring::with_cq(dev.create_cq(4096).unwrap(), RingConfig::default());
+    /// for _ in 0..4 {
+    ///     let request = listener.request(Duration::from_secs(60)).unwrap();
+    ///     let qp = request.create_qp_on(&dev, &pd, ring.cq(), None, QpConfig::default()).unwrap();
+    ///     let handle = ring.attach(qp).unwrap();
+    ///     ring.qp_of(handle).unwrap().accept(b"welcome", Duration::from_secs(10)).unwrap();
+    /// }
+    /// ```
     pub fn create_qp_on(
         mut self,
         dev: &VerbsDevice,
@@ -679,6 +909,18 @@ impl CmRequest {
     }
 
     /// Rejects the request.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// // Only peers of protocol version 1 get in; the others' connect fails.
+    /// if request.private_data().first() != Some(&1) {
+    ///     request.reject();
+    /// }
+    /// ```
     pub fn reject(self) {
         drop(self);
     }
@@ -707,6 +949,22 @@ enum Role {
 /// [`accept`](Self::accept) lets the peer send. The ring notices when the
 /// peer disconnects (or the device goes away) and moves the queue pair to
 /// error. Dropping it disconnects.
+///
+/// ```no_run
+/// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::cm;
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = VerbsDevice::open("rxe0").unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// let addr = "10.99.0.1:7472".parse().unwrap();
+/// let qp = cm::connect(&dev, &pd, addr, QpConfig::default(), b"hello", Duration::from_secs(10)).unwrap();
+/// // A queue pair like any other: a ring drives it.
+/// let ring = Ring::new(qp, RingConfig::default());
+/// assert!(ring.qp().qp().is_connected());
+/// ```
 pub struct CmQp {
     // Field order: the queue pair is destroyed before its id.
     qp: VerbsQp,
@@ -742,6 +1000,22 @@ impl CmQp {
     /// Connects (the requesting side, after [`CmRoute::create_qp`]),
     /// sending `private_data`. Receives posted before this are in place
     /// before the peer can send.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm;
+    /// let timeout = Duration::from_secs(10);
+    /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
+    /// # let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+    /// qp.connect(b"hello", timeout).unwrap();
+    /// // A queue pair connects once.
+    /// assert!(qp.connect(b"hello", timeout).is_err());
+    /// ```
     pub fn connect(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
         use std::sync::atomic::Ordering;
         check_private(private_data)?;
@@ -795,6 +1069,23 @@ impl CmQp {
     /// Accepts the request (the listening side, after
     /// [`CmRequest::create_qp`]), answering with `private_data`. Receives
     /// posted before this are in place before the peer can send.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let timeout = Duration::from_secs(10);
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// # let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+    /// qp.accept(b"welcome", timeout).unwrap();
+    /// // A request is answered once.
+    /// assert!(qp.accept(b"welcome", timeout).is_err());
+    /// ```
     pub fn accept(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
         use std::sync::atomic::Ordering;
         check_private(private_data)?;
@@ -828,11 +1119,39 @@ impl CmQp {
     /// delivers it padded with zeros to the transport's fixed size (56
     /// bytes in a request, 196 in a reply on InfiniBand and RoCE), so frame
     /// what you send (a length prefix, or a fixed-size record).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm;
+    /// # let dev = VerbsDevice::open("rxe0").unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let addr = "10.99.0.1:7472".parse().unwrap();
+    /// let qp = cm::connect(&dev, &pd, addr, QpConfig::default(), b"hello", Duration::from_secs(10)).unwrap();
+    /// // The reply arrives padded with zeros: compare a prefix.
+    /// assert!(qp.peer_private_data().starts_with(b"welcome"));
+    /// ```
     pub fn peer_private_data(&self) -> &[u8] {
         self.peer_private_data.get().map_or(&[], Vec::as_slice)
     }
 
     /// The queue pair.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// use rdma_ring::connect::cm;
+    /// # let dev = VerbsDevice::open("rxe0").unwrap();
+    /// # let pd = dev.alloc_pd().unwrap();
+    /// let addr = "10.99.0.1:7472".parse().unwrap();
+    /// let qp = cm::connect(&dev, &pd, addr, QpConfig::default(), b"hello", Duration::from_secs(10)).unwrap();
+    /// assert!(qp.qp().is_connected());
+    /// println!("QPN {} on {}", qp.qp().qpn(), dev.name());
+    /// ```
     pub fn qp(&self) -> &VerbsQp {
         &self.qp
     }

@@ -99,6 +99,20 @@ fn set_write_timeout(stream: &TcpStream, timeout: Duration) -> Result<(), Error>
 
 /// Sends `local` and returns the peer's endpoint, each way within
 /// `timeout`.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use std::time::Duration;
+/// use rdma_ring::connect::{tcp, Endpoint};
+/// let ep = |qpn| Endpoint { qpn, psn: 7, lid: 0, gid: [0; 16], mtu: 5, rd_atomic: 16, init_rd_atomic: 16 };
+/// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// # let mut ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+/// # let (mut theirs, _) = listener.accept().unwrap();
+/// let timeout = Duration::from_secs(5);
+/// let peer = std::thread::spawn(move || tcp::exchange(&mut theirs, &ep(2), timeout).unwrap());
+/// assert_eq!(tcp::exchange(&mut ours, &ep(1), timeout).unwrap(), ep(2));
+/// assert_eq!(peer.join().unwrap(), ep(1));
+/// ```
 pub fn exchange(
     stream: &mut TcpStream,
     local: &Endpoint,
@@ -116,6 +130,21 @@ pub fn exchange(
 
 /// After both queue pairs are connected: tells the peer we are ready and
 /// waits until it is too.
+///
+/// ```
+/// use std::io::Write;
+/// use std::net::{TcpListener, TcpStream};
+/// use std::time::Duration;
+/// use rdma_ring::connect::tcp;
+/// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// # let mut ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+/// # let (mut theirs, _) = listener.accept().unwrap();
+/// let timeout = Duration::from_secs(5);
+/// // A peer that answers anything but the ready byte is not ready.
+/// theirs.write_all(b"?").unwrap();
+/// let err = tcp::ready(&mut ours, timeout).unwrap_err();
+/// assert!(err.to_string().contains("expected the ready byte"), "{err}");
+/// ```
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
     let deadline = Deadline::after(timeout);
     set_write_timeout(stream, timeout)?;
@@ -177,6 +206,19 @@ pub fn handshake(
 /// peer listening at `addr`: TCP connect, then [`handshake`]. To post
 /// receives before the peer may send, or to put the queue pair on a shared
 /// completion queue, [`dial`] and [`handshake`] yourself.
+///
+/// ```no_run
+/// // Needs an RDMA device, so it is compiled but not run here.
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::tcp;
+/// let dev = VerbsDevice::open("rxe0").unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let timeout = Duration::from_secs(10);
+/// let qp = tcp::connect_qp(&dev, &pd, "192.0.2.1:7471", QpConfig::default(), timeout).unwrap();
+/// assert!(qp.is_connected());
+/// ```
 #[cfg(feature = "verbs")]
 pub fn connect_qp(
     dev: &crate::backend::verbs::VerbsDevice,
@@ -193,6 +235,19 @@ pub fn connect_qp(
 
 /// Opens a TCP stream to the first of `addr`'s addresses that answers
 /// within `timeout` each, for a [`handshake`].
+///
+/// ```
+/// use std::net::TcpListener;
+/// use std::time::Duration;
+/// use rdma_ring::connect::tcp;
+/// let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// let addr = listener.local_addr().unwrap();
+/// let stream = tcp::dial(addr, Duration::from_secs(5)).unwrap();
+/// assert_eq!(stream.peer_addr().unwrap(), addr);
+/// drop(listener);
+/// // Nothing listens there now: an error, not a hang.
+/// assert!(tcp::dial(addr, Duration::from_secs(5)).is_err());
+/// ```
 pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<TcpStream, Error> {
     let failed = |e: std::io::Error| {
         let step = "connecting over TCP";
@@ -219,6 +274,20 @@ pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<Tcp
 /// The accept itself waits for as long as the listener does (make it
 /// non-blocking to bound it); each handshake step after that is bounded by
 /// `timeout`. To post receives first, accept and [`handshake`] yourself.
+///
+/// ```no_run
+/// // Needs an RDMA device, so it is compiled but not run here.
+/// use std::net::TcpListener;
+/// use std::time::Duration;
+/// use rdma_ring::backend::verbs::VerbsDevice;
+/// use rdma_ring::backend::QpConfig;
+/// use rdma_ring::connect::tcp;
+/// let dev = VerbsDevice::open("rxe0").unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let listener = TcpListener::bind("0.0.0.0:7471").unwrap();
+/// let qp = tcp::accept_qp(&listener, &dev, &pd, QpConfig::default(), Duration::from_secs(10)).unwrap();
+/// assert!(qp.is_connected());
+/// ```
 #[cfg(feature = "verbs")]
 pub fn accept_qp(
     listener: &std::net::TcpListener,

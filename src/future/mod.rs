@@ -259,6 +259,20 @@ use crate::error::Error;
 use crate::ring::Ring;
 
 /// How tasks awaiting operations are woken. See the [module docs](self).
+///
+/// ```
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+/// use rdma_ring::future::{AsyncRing, Wakeup};
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// // Busy polling needs no completion channel; a reactor watches one.
+/// let busy = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Busy).unwrap();
+/// assert!(busy.completion_fd().is_none());
+/// let reactor = AsyncRing::new(Ring::new(qb, RingConfig::default()), Wakeup::Reactor).unwrap();
+/// assert!(reactor.completion_fd().is_some());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wakeup {
     /// Pending futures poll the device on every poll and reschedule

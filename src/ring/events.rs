@@ -64,11 +64,42 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The event source's descriptor, readable while events are pending
     /// (for a reactor), if the ring watches one.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use std::time::Duration;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// assert!(ring.event_source().is_none());
+    /// ring.watch_events(dev.async_events().unwrap());
+    /// let source = ring.event_source().unwrap();
+    /// assert!(!source.wait(Duration::ZERO).unwrap());
+    /// dev.set_port_active(false);
+    /// // What a reactor watching the descriptor would see: an event is pending.
+    /// assert!(ring.event_source().unwrap().wait(Duration::ZERO).unwrap());
+    /// ```
     pub fn event_source(&self) -> Option<&dyn AsyncEventSource> {
         self.events.source.as_deref()
     }
 
     /// Reads and applies every pending event now; returns how many.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// ring.watch_events(dev.async_events().unwrap());
+    /// dev.set_port_active(false);
+    /// dev.set_port_active(true);
+    /// assert_eq!(ring.poll_events().unwrap(), 2);
+    /// assert_eq!(ring.poll_events().unwrap(), 0);
+    /// ```
     pub fn poll_events(&mut self) -> Result<usize, Error> {
         let mut n = 0;
         while let Some(event) = match &self.events.source {
@@ -84,6 +115,25 @@ impl<Q: QueuePair> Ring<Q> {
     /// Applies one event (see [`watch_events`](Self::watch_events)) and
     /// keeps it for [`next_event`](Self::next_event). Events about queues
     /// the ring does not hold are kept but change nothing.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, WcStatus};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::AsyncEvent;
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// // Read from the device's one channel elsewhere and handed to this ring.
+    /// ring.apply_event(AsyncEvent::QpFatal { qp_num: ring.qp().qpn() });
+    /// assert_eq!(ring.error_status(), Some(WcStatus::FatalErr));
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// let refused = ring.submission().push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::QpInError(WcStatus::FatalErr)));
+    /// ```
     pub fn apply_event(&mut self, event: AsyncEvent) {
         self.stats.events += 1;
         match event {
@@ -124,6 +174,21 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The next event the ring has seen and not yet handed out.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::AsyncEvent;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// ring.watch_events(dev.async_events().unwrap());
+    /// dev.set_port_active(false);
+    /// ring.poll_events().unwrap();
+    /// assert_eq!(ring.next_event(), Some(AsyncEvent::PortError { port: 1 }));
+    /// assert_eq!(ring.next_event(), None);
+    /// ```
     pub fn next_event(&mut self) -> Option<AsyncEvent> {
         self.events.kept.pop_front()
     }

@@ -246,6 +246,25 @@ struct InFlight {
 
 /// An io_uring-style ring over one completion queue and the queue pairs
 /// attached to it. See the [module docs](self) for the invariants it keeps.
+///
+/// ```
+/// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+/// use rdma_ring::buf::RegisteredBuf;
+/// use rdma_ring::op::{Recv, Send};
+/// use rdma_ring::ring::{Ring, RingConfig};
+/// # let dev = SoftDevice::new();
+/// # let pd = dev.alloc_pd();
+/// let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+/// let mut a = Ring::new(qa, RingConfig::default());
+/// let mut b = Ring::new(qb, RingConfig::default());
+/// b.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap())).unwrap();
+/// b.submit().unwrap();
+/// a.submission().push(Send::new(RegisteredBuf::new(&pd, b"ping".to_vec()).unwrap())).unwrap();
+/// a.submit().unwrap();
+/// let got = b.completion().wait(1).unwrap();
+/// assert_eq!(got[0].byte_len(), 4);
+/// assert_eq!(&got[0].buf()[..4], b"ping");
+/// ```
 pub struct Ring<Q: QueuePair> {
     id: u32,
     cq: Q::Cq,
@@ -303,6 +322,18 @@ impl<Q: QueuePair> Ring<Q> {
     /// shared one): make the ring with [`Ring::with_cq`] and
     /// [`attach`](Self::attach) it. [`Ring::try_new`] returns the queue pair
     /// instead.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let qpn = qp.qpn();
+    /// let ring = Ring::new(qp, RingConfig::default());
+    /// assert_eq!(ring.qps().len(), 1);
+    /// assert_eq!(ring.qp().qpn(), qpn);
+    /// ```
     pub fn new(qp: Q, config: RingConfig) -> Self {
         match Self::try_new(qp, config) {
             Ok(ring) => ring,
@@ -312,6 +343,21 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Like [`Ring::new`], handing the queue pair back if it has no
     /// completion queue of its own.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let cq = dev.create_cq(256).unwrap();
+    /// // Made on a shared completion queue, it has none of its own to give.
+    /// let qp = dev.create_qp_on(&pd, &cq, None, QpConfig::default()).unwrap();
+    /// let refused = Ring::try_new(qp, RingConfig::default()).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::Incompatible(_)));
+    /// let mut ring = Ring::with_cq(cq, RingConfig::default());
+    /// assert!(ring.attach(refused.into_value()).is_ok());
+    /// ```
     pub fn try_new(mut qp: Q, config: RingConfig) -> Result<Self, Rejected<Q>> {
         let Some(cq) = qp.take_cq() else {
             return Err(Rejected::new(
@@ -328,6 +374,20 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// A ring over `cq`, with no queue pair yet: create queue pairs on
     /// [`cq`](Self::cq) and [`attach`](Self::attach) them.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(1024).unwrap(), RingConfig::default());
+    /// assert_eq!(ring.default_qp(), None);
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap();
+    /// let first = ring.attach(qp).unwrap();
+    /// // The first queue pair attached becomes the default one.
+    /// assert_eq!(ring.default_qp(), Some(first));
+    /// ```
     pub fn with_cq(cq: Q::Cq, config: RingConfig) -> Self {
         let cq_entries = cq.entries() as usize;
         let batch = config.poll_batch.max(1);
@@ -363,6 +423,24 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The submission side for the default queue pair (the one
     /// [`Ring::new`] took, or the first attached).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// ring.submission().push(Recv::new(buf)).unwrap();
+    /// // Pushed work waits for the submit.
+    /// assert_eq!(ring.submission().len(), 1);
+    /// assert_eq!(ring.stats().recv_wrs, 0);
+    /// ring.submission().submit().unwrap();
+    /// assert_eq!(ring.stats().recv_wrs, 1);
+    /// ```
     pub fn submission(&mut self) -> SubmissionQueue<'_, Q> {
         let qp = self.default_qp().map(|h| h.key);
         SubmissionQueue {
@@ -375,6 +453,25 @@ impl<Q: QueuePair> Ring<Q> {
     /// The submission side for queue pair `qp`. A handle this ring does not
     /// hold (detached, or another ring's) makes every push fail with
     /// [`Error::NotAttached`], handing the operation back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let (qa, qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut a = Ring::new(qa, RingConfig::default());
+    /// let mut b = Ring::new(qb, RingConfig::default());
+    /// let handle = a.default_qp().unwrap();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// // `b` does not hold `a`'s queue pair, so the receive comes back.
+    /// let refused = b.submission_on(handle).push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::NotAttached(_)));
+    /// a.submission_on(handle).push(refused.into_value()).unwrap();
+    /// ```
     pub fn submission_on(&mut self, qp: QpHandle) -> SubmissionQueue<'_, Q> {
         let qp = self.qp_key(qp);
         SubmissionQueue {
@@ -386,16 +483,72 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Posts everything pushed since the last submit, on every queue: one
     /// doorbell per queue with work. See [`SubmissionQueue::submit`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(1024).unwrap(), RingConfig::default());
+    /// for _ in 0..2 {
+    ///     let qp = dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap();
+    ///     let handle = ring.attach(qp).unwrap();
+    ///     for _ in 0..3 {
+    ///         let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    ///         ring.submission_on(handle).push(Recv::new(buf)).unwrap();
+    ///     }
+    /// }
+    /// // Six receives on two queue pairs: one doorbell each.
+    /// assert_eq!(ring.submit().unwrap(), 6);
+    /// assert_eq!(ring.stats().doorbells, 2);
+    /// ```
     pub fn submit(&mut self) -> Result<usize, SubmitError> {
         self.submit_all()
     }
 
     /// The completion side: reap completions of every queue.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let buf = RegisteredBuf::new(&pd, vec![1u8; 32]).unwrap();
+    /// ring.submission().push(Write::new(buf, target.remote()).user_data(5)).unwrap();
+    /// ring.submit().unwrap();
+    /// let done = ring.completion().wait(1).unwrap();
+    /// assert_eq!(done[0].user_data(), 5);
+    /// assert_eq!(done[0].result().unwrap(), 32);
+    /// // Nothing else is in flight.
+    /// assert!(ring.completion().poll().unwrap().is_none());
+    /// ```
     pub fn completion(&mut self) -> CompletionQueue<'_, Q> {
         CompletionQueue { ring: self }
     }
 
     /// The ring's completion queue (create queue pairs on it).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::CompletionQueue;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(512).unwrap(), RingConfig::default());
+    /// assert_eq!(ring.cq().entries(), 512);
+    /// // Queue pairs made on the ring's completion queue can join it.
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap();
+    /// assert!(ring.attach(qp).is_ok());
+    /// ```
     pub fn cq(&self) -> &Q::Cq {
         &self.cq
     }
@@ -406,6 +559,18 @@ impl<Q: QueuePair> Ring<Q> {
     ///
     /// If there is none (it was detached, or nothing was attached to a
     /// ring made with [`Ring::with_cq`]); [`Ring::qp_of`] never panics.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::soft::QpState;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = Ring::new(qp, RingConfig::default());
+    /// assert_ne!(ring.qp().qpn(), peer.qpn());
+    /// assert_eq!(ring.qp().control().state(), Some(QpState::ReadyToSend));
+    /// ```
     pub fn qp(&self) -> &Q {
         self.default_qp
             .and_then(|h| self.qp_of(h))
@@ -413,11 +578,39 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The default queue pair's handle, if it is still attached.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let handle = ring.default_qp().unwrap();
+    /// ring.detach(handle).unwrap();
+    /// assert_eq!(ring.default_qp(), None);
+    /// ```
     pub fn default_qp(&self) -> Option<QpHandle> {
         self.default_qp.filter(|h| self.qp_key(*h).is_some())
     }
 
     /// An attached queue pair.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let qpn = qp.qpn();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let handle = ring.default_qp().unwrap();
+    /// assert_eq!(ring.qp_of(handle).unwrap().qpn(), qpn);
+    /// let detached = ring.detach(handle).unwrap();
+    /// // The handle named that attachment only.
+    /// assert!(ring.qp_of(handle).is_none());
+    /// assert_eq!(detached.qp.qpn(), qpn);
+    /// ```
     pub fn qp_of(&self, qp: QpHandle) -> Option<&Q> {
         self.qp_key(qp)
             .and_then(|k| self.qps.get(k))
@@ -425,6 +618,22 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The handles of every attached queue pair.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(1024).unwrap(), RingConfig::default());
+    /// let mut handles = Vec::new();
+    /// for _ in 0..3 {
+    ///     let qp = dev.create_qp_on(&pd, ring.cq(), None, QpConfig::default()).unwrap();
+    ///     handles.push(ring.attach(qp).unwrap());
+    /// }
+    /// ring.detach(handles[1]).unwrap();
+    /// assert_eq!(ring.qps(), vec![handles[0], handles[2]]);
+    /// ```
     pub fn qps(&self) -> Vec<QpHandle> {
         self.qps
             .keys()
@@ -434,6 +643,18 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The handle of the attached queue pair with QP number `qp_num`.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = Ring::new(qp, RingConfig::default());
+    /// // Completions and events name a queue pair by its number.
+    /// assert_eq!(ring.qp_by_num(ring.qp().qpn()), ring.default_qp());
+    /// assert_eq!(ring.qp_by_num(peer.qpn()), None);
+    /// ```
     pub fn qp_by_num(&self, qp_num: u32) -> Option<QpHandle> {
         let key = *self.by_qpn.get(&qp_num)?;
         self.qp_handle(key)
@@ -444,23 +665,99 @@ impl<Q: QueuePair> Ring<Q> {
     /// # Panics
     ///
     /// As [`Ring::qp`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let config = QpConfig { max_send_wr: 64, max_inline_data: 128, ..QpConfig::default() };
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    /// let ring = Ring::new(qp, RingConfig::default());
+    /// assert_eq!(ring.caps().max_send_wr, 64);
+    /// assert_eq!(ring.caps().max_inline_data, 128);
+    /// ```
     pub fn caps(&self) -> crate::backend::QpCaps {
         self.qp().caps()
     }
 
     /// What the ring has done so far, over all its queues.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// for i in 0..4 {
+    ///     let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    ///     ring.submission().push(Write::new(buf, target.remote()).user_data(i)).unwrap();
+    /// }
+    /// ring.submit().unwrap();
+    /// ring.completion().wait(4).unwrap();
+    /// let s = ring.stats();
+    /// // One doorbell; only the last write asked for a CQE, and it completed
+    /// // the three before it.
+    /// assert_eq!((s.doorbells, s.send_wrs, s.signaled, s.implicit), (1, 4, 1, 3));
+    /// ```
     pub fn stats(&self) -> RingStats {
         self.stats
     }
 
     /// Operations pushed or in flight whose completion has not been reaped
     /// from the device yet, on every queue.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// ring.submission().push(Write::new(buf, target.remote())).unwrap();
+    /// assert_eq!(ring.in_flight(), 1); // pushed counts, posted or not
+    /// ring.submit().unwrap();
+    /// ring.completion().wait(1).unwrap();
+    /// assert_eq!(ring.in_flight(), 0);
+    /// ```
     pub fn in_flight(&self) -> usize {
         self.slab.len()
     }
 
     /// Send work requests that may be pushed now on the default queue pair
     /// (0 without one).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let config = QpConfig { max_send_wr: 4, ..QpConfig::default() };
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// // One send slot stays free for the teardown marker.
+    /// assert_eq!(ring.send_room(), 3);
+    /// for _ in 0..3 {
+    ///     let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    ///     ring.submission().push(Write::new(buf, target.remote())).unwrap();
+    /// }
+    /// assert_eq!(ring.send_room(), 0);
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// let refused = ring.submission().push(Write::new(buf, target.remote())).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::SendQueueFull { .. }));
+    /// ```
     pub fn send_room(&self) -> usize {
         self.default_qp
             .and_then(|h| self.qp_key(h))
@@ -469,6 +766,22 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Receives that may be pushed now on the default queue pair (0 without
     /// one, or when it takes receives from a shared receive queue).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let config = QpConfig { max_recv_wr: 8, ..QpConfig::default() };
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// assert_eq!(ring.recv_room(), 8);
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// ring.submission().push(Recv::new(buf)).unwrap();
+    /// assert_eq!(ring.recv_room(), 7);
+    /// ```
     pub fn recv_room(&self) -> usize {
         self.default_qp
             .and_then(|h| self.qp_key(h))
@@ -477,6 +790,26 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The status of the error that put the default queue pair in error, if
     /// one did.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// use rdma_ring::backend::WcStatus;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// assert_eq!(ring.error_status(), None);
+    /// drop(peer); // nobody answers the requests any more
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// ring.submission().push(Write::new(buf, target.remote())).unwrap();
+    /// ring.submit().unwrap();
+    /// ring.completion().wait(1).unwrap();
+    /// assert_eq!(ring.error_status(), Some(WcStatus::RetryExcErr));
+    /// ```
     pub fn error_status(&self) -> Option<crate::backend::WcStatus> {
         self.default_qp
             .and_then(|h| self.qp_key(h))
@@ -486,6 +819,26 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Why the ring as a whole takes no more work, if it does not: its
     /// completion queue overran or failed, or the device failed.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// ring.watch_events(dev.async_events().unwrap());
+    /// assert_eq!(ring.failure(), None);
+    /// dev.inject_device_fatal();
+    /// ring.poll_events().unwrap();
+    /// assert!(ring.failure().is_some());
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// let refused = ring.submission().push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::RingFailed(_)));
+    /// ```
     pub fn failure(&self) -> Option<&'static str> {
         self.failed
     }

@@ -423,6 +423,25 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Counters of queue pair `qp`.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let handle = ring.default_qp().unwrap();
+    /// for _ in 0..3 {
+    ///     let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    ///     ring.submission_on(handle).push(Recv::new(buf)).unwrap();
+    /// }
+    /// ring.submit().unwrap();
+    /// let stats = ring.qp_stats(handle).unwrap();
+    /// assert_eq!((stats.recv_wrs, stats.doorbells), (3, 1));
+    /// ```
     pub fn qp_stats(&self, qp: QpHandle) -> Option<QpStats> {
         self.qp_key(qp)
             .and_then(|k| self.qps.get(k))
@@ -431,6 +450,27 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The status of the error that put queue pair `qp` in error, if one
     /// did.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::WcStatus;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// qp.control().fail_nth(1, WcStatus::RemAccessErr);
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let handle = ring.default_qp().unwrap();
+    /// assert_eq!(ring.qp_error(handle), None);
+    /// let buf = RegisteredBuf::new(&pd, vec![1u8; 64]).unwrap();
+    /// ring.submission_on(handle).push(Write::new(buf, target.remote())).unwrap();
+    /// ring.submit().unwrap();
+    /// ring.completion().wait(1).unwrap();
+    /// assert_eq!(ring.qp_error(handle), Some(WcStatus::RemAccessErr));
+    /// ```
     pub fn qp_error(&self, qp: QpHandle) -> Option<WcStatus> {
         self.qp_key(qp)
             .and_then(|k| self.qps.get(k))
@@ -440,6 +480,30 @@ impl<Q: QueuePair> Ring<Q> {
     /// Moves queue pair `qp` to the error state: its outstanding operations
     /// come back flushed, and it takes no more work (detach it to release
     /// it). For a peer that went away, say, as a connection manager told.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let handle = ring.default_qp().unwrap();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// ring.submission_on(handle).push(Recv::new(buf).user_data(7)).unwrap();
+    /// ring.submit().unwrap();
+    /// ring.fail_qp(handle).unwrap();
+    /// // The posted receive comes back flushed, and no new work is taken.
+    /// let flushed = ring.completion().wait(1).unwrap();
+    /// assert_eq!(flushed[0].user_data(), 7);
+    /// assert!(!flushed[0].status().is_success());
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    /// let refused = ring.submission_on(handle).push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::QpInError(_)));
+    /// ```
     pub fn fail_qp(&mut self, qp: QpHandle) -> Result<(), Error> {
         let key = self.qp_key(qp).ok_or(Error::NotAttached("queue pair"))?;
         let slot = self.qps.get_mut(key).expect("checked");

@@ -148,6 +148,21 @@ impl<Q: QueuePair> Ring<Q> {
     /// [`srq_submission`](Self::srq_submission). The ring destroys it at
     /// teardown, after its queue pairs, and only then hands back the
     /// receives still posted (flushed).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::SharedReceiveQueue;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
+    /// let srq = dev.create_srq(&pd, SrqConfig { max_wr: 64, max_sge: 1 }).unwrap();
+    /// let handle = ring.add_srq(srq).unwrap();
+    /// assert_eq!(ring.srq(handle).unwrap().caps().max_wr, 64);
+    /// // The ring counts its credits from now on.
+    /// assert_eq!(ring.srq_submission(handle).room(), 64);
+    /// ```
     pub fn add_srq(&mut self, srq: Q::Srq) -> Result<SrqHandle, Rejected<Q::Srq>> {
         if self.closed {
             return Err(Rejected::new(Error::Closed, srq));
@@ -179,6 +194,20 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// The handles of every shared receive queue the ring holds.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
+    /// let a = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let b = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let held = ring.srqs();
+    /// assert_eq!(held.len(), 2);
+    /// assert!(held.contains(&a) && held.contains(&b));
+    /// ```
     pub fn srqs(&self) -> Vec<SrqHandle> {
         self.srqs
             .keys()
@@ -188,6 +217,19 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// A shared receive queue the ring holds (create queue pairs on it).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::backend::{QpConfig, QueuePair, SharedReceiveQueue};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), ring.srq(srq), QpConfig::default()).unwrap();
+    /// assert_eq!(qp.caps().srq, Some(ring.srq(srq).unwrap().caps().id));
+    /// ```
     pub fn srq(&self, srq: SrqHandle) -> Option<&Q::Srq> {
         self.srq_key(srq)
             .and_then(|k| self.srqs.get(k))
@@ -196,6 +238,25 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The submission side of shared receive queue `srq`. A handle this ring
     /// does not hold makes every push fail, handing the receive back.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// use rdma_ring::Error;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut a: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let mut b: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = a.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 256]).unwrap();
+    /// // The handle is ring `a`'s, so ring `b` hands the receive back.
+    /// let refused = b.srq_submission(srq).push(Recv::new(buf)).unwrap_err();
+    /// assert!(matches!(refused.error(), Error::NotAttached(_)));
+    /// a.srq_submission(srq).push(refused.into_value()).unwrap();
+    /// ```
     pub fn srq_submission(&mut self, srq: SrqHandle) -> SrqSubmission<'_, Q> {
         let srq = self.srq_key(srq);
         SrqSubmission { ring: self, srq }
@@ -242,6 +303,23 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Receives posted to `srq` and not yet consumed (pushed ones not
     /// counted).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 256]).unwrap();
+    /// ring.srq_submission(srq).push(Recv::new(buf)).unwrap();
+    /// assert_eq!(ring.srq_posted(srq), Some(0));
+    /// ring.submit().unwrap();
+    /// assert_eq!(ring.srq_posted(srq), Some(1));
+    /// ```
     pub fn srq_posted(&self, srq: SrqHandle) -> Option<usize> {
         self.srq_key(srq)
             .and_then(|k| self.srqs.get(k))
@@ -252,6 +330,21 @@ impl<Q: QueuePair> Ring<Q> {
     /// posted, the device raises
     /// [`AsyncEvent::SrqLimitReached`](crate::backend::AsyncEvent::SrqLimitReached)
     /// once (see [`Ring::watch_events`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let config = SrqConfig { max_wr: 256, max_sge: 1 };
+    /// let srq = ring.add_srq(dev.create_srq(&pd, config).unwrap()).unwrap();
+    /// ring.arm_srq_limit(srq, 16).unwrap();
+    /// assert_eq!(ring.srq(srq).unwrap().limit(), 16);
+    /// // A mark above the queue's depth could never be crossed.
+    /// assert!(ring.arm_srq_limit(srq, 257).is_err());
+    /// ```
     pub fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<(), Error> {
         let key = self
             .srq_key(srq)
@@ -265,6 +358,23 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// Keeps `srq` topped up from a pool (see [`SrqRefill`]); `None` stops.
     /// The first top-up happens at once.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// use rdma_ring::buf::BufferPool;
+    /// use rdma_ring::ring::SrqRefill;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let pool = BufferPool::new(&pd, 1024, 32).unwrap();
+    /// let refill = SrqRefill { pool, low: 8, target: 16, user_data: 0 };
+    /// ring.set_srq_refill(srq, Some(refill)).unwrap();
+    /// assert_eq!(ring.srq_posted(srq), Some(16));
+    /// assert_eq!(ring.srq_doorbells(srq), Some(1));
+    /// ```
     pub fn set_srq_refill(
         &mut self,
         srq: SrqHandle,
@@ -279,6 +389,25 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Doorbells rung on `srq` so far.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::backend::SrqConfig;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// for _ in 0..4 {
+    ///     let buf = RegisteredBuf::new(&pd, vec![0u8; 256]).unwrap();
+    ///     ring.srq_submission(srq).push(Recv::new(buf)).unwrap();
+    /// }
+    /// ring.submit().unwrap();
+    /// ring.submit().unwrap(); // nothing pushed: no doorbell
+    /// assert_eq!(ring.srq_doorbells(srq), Some(1));
+    /// ```
     pub fn srq_doorbells(&self, srq: SrqHandle) -> Option<u64> {
         self.srq_key(srq)
             .and_then(|k| self.srqs.get(k))
@@ -493,6 +622,29 @@ impl<Q: QueuePair> Ring<Q> {
     /// Destroys shared receive queue `srq` and hands back its receives
     /// (flushed). Refused while queue pairs on it are attached, or if the
     /// device refuses to destroy it (the receives then stay posted).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{QpConfig, SrqConfig, WcStatus};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Recv;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let mut ring = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), ring.srq(srq), QpConfig::default()).unwrap();
+    /// let qp = ring.attach(qp).unwrap();
+    /// let buf = RegisteredBuf::new(&pd, vec![0u8; 256]).unwrap();
+    /// ring.srq_submission(srq).push(Recv::new(buf).user_data(3)).unwrap();
+    /// ring.submit().unwrap();
+    /// assert!(ring.remove_srq(srq).is_err()); // a queue pair on it is attached
+    /// ring.detach(qp).unwrap();
+    /// ring.remove_srq(srq).unwrap();
+    /// let flushed = ring.completion().wait(1).unwrap();
+    /// assert_eq!(flushed[0].user_data(), 3);
+    /// assert_eq!(flushed[0].status(), WcStatus::WrFlushErr);
+    /// ```
     pub fn remove_srq(&mut self, srq: SrqHandle) -> Result<Q::Srq, Error> {
         let key = self
             .srq_key(srq)

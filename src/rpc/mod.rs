@@ -172,6 +172,22 @@ impl RpcConfig {
 }
 
 /// Why a call failed.
+///
+/// ```
+/// # use rdma_ring::backend::soft::SoftDevice;
+/// # use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+/// use rdma_ring::rpc::RpcError;
+/// # let dev = SoftDevice::new();
+/// let refuse = |_: &Caller, _: &[u8], _: &mut Vec<u8>| -> Result<(), HandlerError> {
+///     Err(HandlerError::new("no such key"))
+/// };
+/// # let server = RpcServer::soft(&dev, Service::handler(refuse), RpcConfig::default()).unwrap();
+/// # let client = server.connect_soft().unwrap();
+/// let err = client.call(b"get x").unwrap_err();
+/// assert_eq!(err, RpcError::Handler("no such key".into()));
+/// assert_eq!(err.to_string(), "the handler failed: no such key");
+/// # server.shutdown().unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RpcError {
     /// The handler refused the request with this text.

@@ -25,6 +25,15 @@ const MAGIC: [u8; 2] = *b"RC";
 pub const HELLO_LEN: usize = 16;
 
 /// What a message is.
+///
+/// ```
+/// use rdma_ring::rpc::wire::{encode_inline, Header, Kind};
+/// let mut buf = [0u8; 32];
+/// encode_inline(&mut buf, Kind::Goodbye, 0, b"");
+/// assert_eq!(Header::decode(&buf).unwrap().kind, Kind::Goodbye);
+/// buf[3] = 11; // the kind byte follows the version
+/// assert_eq!(Header::decode(&buf).unwrap_err(), "unknown message kind 11");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
@@ -75,6 +84,15 @@ impl Kind {
     }
 
     /// Whether a client may send it.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::Kind;
+    /// assert!(Kind::Request.from_client());
+    /// assert!(Kind::Close.from_client());
+    /// // A server's message arriving from a client breaks the protocol.
+    /// assert!(!Kind::Response.from_client());
+    /// assert!(!Kind::Hello.from_client());
+    /// ```
     pub fn from_client(self) -> bool {
         matches!(
             self,
@@ -83,6 +101,14 @@ impl Kind {
     }
 
     /// Whether it answers a client's message (and so returns a credit).
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::Kind;
+    /// assert!(Kind::Response.answers());
+    /// assert!(Kind::Error.answers());
+    /// // Unsolicited: it frees no slot of the client's window.
+    /// assert!(!Kind::Goodbye.answers());
+    /// ```
     pub fn answers(self) -> bool {
         matches!(
             self,
@@ -92,6 +118,16 @@ impl Kind {
 }
 
 /// Why the server failed a call.
+///
+/// The code travels in the `aux` field of a [`Kind::Error`] message:
+///
+/// ```
+/// use rdma_ring::rpc::wire::{encode_with_aux, ErrorCode, Kind, Message};
+/// let mut buf = [0u8; 64];
+/// let n = encode_with_aux(&mut buf, Kind::Error, 3, ErrorCode::Busy as u64, b"no room");
+/// let expected = Message::Error { id: 3, code: ErrorCode::Busy, text: "no room" };
+/// assert_eq!(Message::decode(&buf[..n]).unwrap(), expected);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
 pub enum ErrorCode {
@@ -114,6 +150,14 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Decodes a code; unknown codes are refused.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::ErrorCode;
+    /// assert_eq!(ErrorCode::from_u64(3), Some(ErrorCode::TooLarge));
+    /// assert_eq!(ErrorCode::from_u64(ErrorCode::Protocol as u64), Some(ErrorCode::Protocol));
+    /// assert_eq!(ErrorCode::from_u64(0), None);
+    /// assert_eq!(ErrorCode::from_u64(8), None);
+    /// ```
     pub fn from_u64(v: u64) -> Option<ErrorCode> {
         Some(match v {
             1 => ErrorCode::Handler,
@@ -155,6 +199,15 @@ impl Header {
     /// # Panics
     ///
     /// If `out` is shorter than [`HEADER_LEN`].
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::{Header, Kind, HEADER_LEN};
+    /// let mut out = [0u8; HEADER_LEN];
+    /// Header { kind: Kind::Release, len: 0, id: 5, aux: 4 }.encode(&mut out);
+    /// assert_eq!(&out[..4], b"RC\x01\x06"); // magic, version 1, kind 6
+    /// assert_eq!(out[8..16], 5u64.to_le_bytes());
+    /// assert_eq!(out[16..24], 4u64.to_le_bytes());
+    /// ```
     pub fn encode(&self, out: &mut [u8]) {
         out[0..2].copy_from_slice(&MAGIC);
         out[2] = VERSION;
@@ -165,6 +218,16 @@ impl Header {
     }
 
     /// Reads a header from the start of `bytes`.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::{Header, Kind, HEADER_LEN};
+    /// let mut bytes = [0u8; HEADER_LEN];
+    /// Header { kind: Kind::Request, len: 4, id: 1, aux: 0 }.encode(&mut bytes);
+    /// assert_eq!(Header::decode(&bytes).unwrap().len, 4);
+    /// assert!(Header::decode(&bytes[..10]).unwrap_err().contains("shorter"));
+    /// bytes[2] = 2; // a later version of the wire format
+    /// assert_eq!(Header::decode(&bytes).unwrap_err(), "RPC wire version 2 (this side speaks 1)");
+    /// ```
     pub fn decode(bytes: &[u8]) -> Result<Header, String> {
         if bytes.len() < HEADER_LEN {
             return Err(format!(
@@ -223,6 +286,16 @@ pub const MIN_BUFFER: u32 = (HEADER_LEN + REMOTE_SLICE_WIRE_LEN) as u32;
 
 impl Hello {
     /// Writes the hello into the first [`HELLO_LEN`] bytes of `out`.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::{Hello, HELLO_LEN};
+    /// let hello = Hello { window: 16, buffer_size: 4120, max_message: 1 << 20, client_id: 7 };
+    /// let mut body = [0u8; HELLO_LEN];
+    /// hello.encode(&mut body);
+    /// assert_eq!(body[0..4], [16, 0, 0, 0]); // the window, then two reserved bytes
+    /// assert_eq!(body[4..8], 4120u32.to_le_bytes());
+    /// assert_eq!(Hello::decode(&body).unwrap(), hello);
+    /// ```
     pub fn encode(&self, out: &mut [u8]) {
         out[0..2].copy_from_slice(&self.window.to_le_bytes());
         out[2..4].fill(0);
@@ -232,6 +305,17 @@ impl Hello {
     }
 
     /// Reads a hello body, refusing sizes a client cannot work with.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::{Hello, HELLO_LEN};
+    /// let good = Hello { window: 16, buffer_size: 4120, max_message: 1 << 20, client_id: 7 };
+    /// let mut body = [0u8; HELLO_LEN];
+    /// Hello { window: 0, ..good }.encode(&mut body);
+    /// assert_eq!(Hello::decode(&body).unwrap_err(), "a hello with window 0 (1 to 1024)");
+    /// // A buffer must hold at least a header and a rendezvous descriptor.
+    /// Hello { buffer_size: 16, ..good }.encode(&mut body);
+    /// assert!(Hello::decode(&body).unwrap_err().contains("buffer size 16"));
+    /// ```
     pub fn decode(body: &[u8]) -> Result<Hello, String> {
         if body.len() != HELLO_LEN {
             return Err(format!(
@@ -272,6 +356,16 @@ pub const MAX_WINDOW: u16 = 1024;
 pub const MAX_BUFFER: u32 = 1 << 20;
 
 /// A decoded message: its header and body, checked against each other.
+///
+/// ```
+/// use rdma_ring::rpc::wire::{encode_inline, Kind, Message};
+/// let mut buf = [0u8; 64];
+/// let n = encode_inline(&mut buf, Kind::Goodbye, 0, b"");
+/// assert_eq!(Message::decode(&buf[..n]).unwrap(), Message::Goodbye);
+/// // A goodbye is for the whole connection, never for one call.
+/// let n = encode_inline(&mut buf, Kind::Goodbye, 3, b"");
+/// assert_eq!(Message::decode(&buf[..n]).unwrap_err(), "a goodbye with a call id");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
     /// See [`Kind::Hello`].
@@ -333,6 +427,15 @@ pub enum Message<'a> {
 
 impl Message<'_> {
     /// The kind it was sent as.
+    ///
+    /// ```
+    /// use rdma_ring::rpc::wire::{encode_inline, Kind, Message};
+    /// let mut buf = [0u8; 64];
+    /// let n = encode_inline(&mut buf, Kind::Response, 9, b"pong");
+    /// let msg = Message::decode(&buf[..n]).unwrap();
+    /// assert_eq!(msg.kind(), Kind::Response);
+    /// assert!(msg.kind().answers());
+    /// ```
     pub fn kind(&self) -> Kind {
         match self {
             Message::Hello(_) => Kind::Hello,
@@ -503,11 +606,30 @@ impl<'a> Message<'a> {
 /// # Panics
 ///
 /// If `out` cannot hold them, or `body` is 4 GiB or longer.
+///
+/// ```
+/// use rdma_ring::rpc::wire::{encode_inline, Header, Kind, HEADER_LEN};
+/// let mut buf = [0u8; 64];
+/// let n = encode_inline(&mut buf, Kind::Request, 1, b"ping");
+/// assert_eq!(n, HEADER_LEN + 4);
+/// assert_eq!(&buf[HEADER_LEN..n], b"ping");
+/// let header = Header::decode(&buf[..n]).unwrap();
+/// assert_eq!(header, Header { kind: Kind::Request, len: 4, id: 1, aux: 0 });
+/// ```
 pub fn encode_inline(out: &mut [u8], kind: Kind, id: u64, body: &[u8]) -> usize {
     encode_with_aux(out, kind, id, 0, body)
 }
 
 /// Like [`encode_inline`], with `aux`.
+///
+/// ```
+/// use rdma_ring::rpc::wire::{encode_with_aux, Kind, Message, HEADER_LEN};
+/// let mut buf = [0u8; 64];
+/// // Message 8 releases the rendezvous response of call 5.
+/// let n = encode_with_aux(&mut buf, Kind::Release, 8, 5, b"");
+/// assert_eq!(n, HEADER_LEN);
+/// assert_eq!(Message::decode(&buf[..n]).unwrap(), Message::Release { id: 8, call: 5 });
+/// ```
 pub fn encode_with_aux(out: &mut [u8], kind: Kind, id: u64, aux: u64, body: &[u8]) -> usize {
     let len = u32::try_from(body.len()).expect("a body under 4 GiB");
     Header { kind, len, id, aux }.encode(out);
@@ -516,6 +638,20 @@ pub fn encode_with_aux(out: &mut [u8], kind: Kind, id: u64, aux: u64, body: &[u8
 }
 
 /// Writes a rendezvous message of `kind` for `remote` into `out`.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice, REMOTE_SLICE_WIRE_LEN};
+/// use rdma_ring::rpc::wire::{encode_rendezvous, Kind, Message, HEADER_LEN};
+/// let remote = RemoteSlice::new(0x1000, 1 << 20, 7, RemoteAccess::READ);
+/// let mut buf = [0u8; 64];
+/// let n = encode_rendezvous(&mut buf, Kind::ResponseRendezvous, 3, &remote);
+/// assert_eq!(n, HEADER_LEN + REMOTE_SLICE_WIRE_LEN);
+/// assert_eq!(Message::decode(&buf[..n]).unwrap(), Message::ResponseRendezvous { id: 3, remote });
+/// // The peer only reads the buffer, so one it may not read is refused.
+/// let write_only = RemoteSlice::new(0x1000, 1 << 20, 7, RemoteAccess::WRITE);
+/// let n = encode_rendezvous(&mut buf, Kind::ResponseRendezvous, 3, &write_only);
+/// assert!(Message::decode(&buf[..n]).unwrap_err().contains("not readable"));
+/// ```
 pub fn encode_rendezvous(out: &mut [u8], kind: Kind, id: u64, remote: &RemoteSlice) -> usize {
     let len = u32::try_from(remote.len()).expect("a rendezvous under 4 GiB");
     Header {
@@ -530,6 +666,15 @@ pub fn encode_rendezvous(out: &mut [u8], kind: Kind, id: u64, remote: &RemoteSli
 }
 
 /// Cuts an error text to [`MAX_ERROR_TEXT`] bytes at a character boundary.
+///
+/// ```
+/// use rdma_ring::rpc::wire::{error_text, MAX_ERROR_TEXT};
+/// assert_eq!(error_text("short"), "short");
+/// let text = format!("x{}", "é".repeat(200)); // 'é' takes two bytes
+/// let cut = error_text(&text);
+/// assert_eq!(cut.len(), MAX_ERROR_TEXT - 1); // byte 256 is inside an 'é'
+/// assert!(text.starts_with(cut));
+/// ```
 pub fn error_text(text: &str) -> &str {
     if text.len() <= MAX_ERROR_TEXT {
         return text;

@@ -79,6 +79,14 @@ impl Flow {
     /// Counts for a peer keeping `depth` receives posted with a user
     /// window of `window`, while we keep `own_depth` and `own_window`
     /// (each window below its depth, each depth at least 4).
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// // The peer keeps 32 receives posted and lets 16 messages wait unread.
+    /// let flow = Flow::new(32, 16, 8, 4);
+    /// assert_eq!((flow.in_flight(), flow.counts()), (0, (0, 0)));
+    /// assert!(flow.can_send_user());
+    /// ```
     pub fn new(depth: u32, window: u32, own_depth: u32, own_window: u32) -> Flow {
         debug_assert!(depth >= 4 && window >= 1 && window < depth);
         debug_assert!(own_depth >= 4 && own_window >= 1 && own_window < own_depth);
@@ -102,16 +110,47 @@ impl Flow {
     }
 
     /// Messages sent that the peer has not reported processed.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.sent(false);
+    /// flow.sent(true);
+    /// assert_eq!(flow.in_flight(), 2);
+    /// flow.on_report(1, 0).unwrap();
+    /// assert_eq!(flow.in_flight(), 1);
+    /// ```
     pub fn in_flight(&self) -> u32 {
         self.sent.wrapping_sub(self.peer_processed)
     }
 
     /// Whether a control message may go now.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(4, 2, 4, 2);
+    /// for _ in 0..3 {
+    ///     flow.sent(false);
+    /// }
+    /// // The peer's last receive is kept for an ack.
+    /// assert!(!flow.can_send());
+    /// flow.on_report(1, 0).unwrap();
+    /// assert!(flow.can_send());
+    /// ```
     pub fn can_send(&self) -> bool {
         self.in_flight() < self.depth - 1
     }
 
     /// Whether a user message (SEND or WRITE with immediate) may go now.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 1, 8, 1);
+    /// flow.sent(true);
+    /// flow.on_report(1, 0).unwrap(); // processed, but the peer's user has not read it
+    /// assert!(!flow.can_send_user());
+    /// assert!(flow.can_send()); // control messages still go
+    /// ```
     pub fn can_send_user(&self) -> bool {
         self.can_send() && self.user_sent.wrapping_sub(self.peer_taken) < self.window
     }
@@ -122,6 +161,19 @@ impl Flow {
     /// counting its acks, went unreported — at least 2 either way, so
     /// acks answering acks die out instead of bouncing — or once our user
     /// took half our window.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.on_arrival().unwrap();
+    /// flow.processed_one(false);
+    /// assert!(!flow.wants_ack());
+    /// flow.on_arrival().unwrap();
+    /// flow.processed_one(false);
+    /// assert!(flow.wants_ack());
+    /// flow.sent(false); // any message leaving carries the counts
+    /// assert!(!flow.wants_ack());
+    /// ```
     pub fn wants_ack(&self) -> bool {
         let data = self.processed_data.wrapping_sub(self.reported_data);
         let all = self.processed.wrapping_sub(self.reported_processed);
@@ -134,12 +186,30 @@ impl Flow {
 
     /// The counts a trailer leaving now carries: the peer's messages we
     /// processed, and its user messages our user took.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.on_arrival().unwrap();
+    /// flow.processed_one(false);
+    /// flow.taken_one();
+    /// assert_eq!(flow.counts(), (1, 1));
+    /// ```
     pub fn counts(&self) -> (u32, u32) {
         (self.processed, self.taken)
     }
 
     /// Records a message leaving; returns the counts its trailer carries.
     /// `user` for user messages (SEND and WRITE with immediate).
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.on_arrival().unwrap();
+    /// flow.processed_one(false);
+    /// assert_eq!(flow.sent(true), (1, 0));
+    /// assert_eq!((flow.in_flight(), flow.user_outstanding()), (1, 1));
+    /// ```
     pub fn sent(&mut self, user: bool) -> (u32, u32) {
         self.sent = self.sent.wrapping_add(1);
         if user {
@@ -153,12 +223,31 @@ impl Flow {
 
     /// Records a WRITE with immediate leaving: it uses a receive and the
     /// user window, and carries no counts.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 1, 8, 1);
+    /// flow.sent_write_imm();
+    /// assert_eq!((flow.in_flight(), flow.user_outstanding()), (1, 1));
+    /// // Its immediate waits for the peer's user, as a SEND would.
+    /// assert!(!flow.can_send_user());
+    /// ```
     pub fn sent_write_imm(&mut self) {
         self.sent = self.sent.wrapping_add(1);
         self.user_sent = self.user_sent.wrapping_add(1);
     }
 
     /// Applies a trailer's counts; refuses counts of messages never sent.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.sent(true);
+    /// let err = flow.on_report(2, 0).unwrap_err();
+    /// assert!(err.contains("only 1 are in flight"), "{err}");
+    /// flow.on_report(1, 1).unwrap();
+    /// assert_eq!((flow.in_flight(), flow.user_outstanding()), (0, 0));
+    /// ```
     pub fn on_report(&mut self, processed: u32, taken: u32) -> Result<(), String> {
         let newly = processed.wrapping_sub(self.peer_processed);
         if newly > self.in_flight() {
@@ -186,6 +275,16 @@ impl Flow {
     /// our last report is a peer ignoring flow control: our receives are
     /// posted again as we process, whatever the peer knows, so it would
     /// not meet an empty queue, and our answers would pile up unsent.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(4, 2, 4, 2);
+    /// for _ in 0..4 {
+    ///     flow.on_arrival().unwrap();
+    /// }
+    /// // A fifth before we reported any: the peer ignored flow control.
+    /// assert!(flow.on_arrival().is_err());
+    /// ```
     pub fn on_arrival(&mut self) -> Result<(), String> {
         self.arrived = self.arrived.wrapping_add(1);
         let unreported = self.arrived.wrapping_sub(self.reported_processed);
@@ -200,6 +299,18 @@ impl Flow {
 
     /// Records one of the peer's messages processed (its receive
     /// reposted); `ack` if it was an explicit ack.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// for _ in 0..2 {
+    ///     flow.on_arrival().unwrap();
+    ///     flow.processed_one(true);
+    /// }
+    /// assert_eq!(flow.counts(), (2, 0));
+    /// // Two acks do not call for an ack back (two other messages would), so acks die out.
+    /// assert!(!flow.wants_ack());
+    /// ```
     pub fn processed_one(&mut self, ack: bool) {
         self.processed = self.processed.wrapping_add(1);
         if !ack {
@@ -208,11 +319,35 @@ impl Flow {
     }
 
     /// Records one of the peer's user messages taken by our user.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 32, 4);
+    /// for _ in 0..2 {
+    ///     flow.on_arrival().unwrap();
+    ///     flow.processed_one(false);
+    /// }
+    /// assert!(!flow.wants_ack());
+    /// flow.taken_one();
+    /// flow.taken_one();
+    /// // Our user freed half our window: the peer should hear of it.
+    /// assert!(flow.wants_ack());
+    /// ```
     pub fn taken_one(&mut self) {
         self.taken = self.taken.wrapping_add(1);
     }
 
     /// Our user messages the peer's user has not taken.
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// let mut flow = Flow::new(8, 4, 8, 4);
+    /// flow.sent(true);
+    /// flow.sent(false);
+    /// assert_eq!(flow.user_outstanding(), 1);
+    /// flow.on_report(2, 1).unwrap();
+    /// assert_eq!(flow.user_outstanding(), 0);
+    /// ```
     pub fn user_outstanding(&self) -> u32 {
         self.user_sent.wrapping_sub(self.peer_taken)
     }

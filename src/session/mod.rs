@@ -198,6 +198,15 @@ impl Default for SessionConfig {
 
 impl SessionConfig {
     /// Checks every field's range.
+    ///
+    /// ```
+    /// use rdma_ring::session::SessionConfig;
+    /// assert!(SessionConfig::default().check().is_ok());
+    /// // The user window must leave receives for control messages.
+    /// let config = SessionConfig { recv_depth: 8, user_window: 8, ..SessionConfig::default() };
+    /// let err = config.check().unwrap_err();
+    /// assert!(err.to_string().contains("user_window must be 1..recv_depth"));
+    /// ```
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: &'static str| Err(Error::Incompatible(what));
         if !(4..=1024).contains(&self.recv_depth) {
@@ -241,6 +250,22 @@ impl SessionConfig {
 }
 
 /// What went wrong in a session.
+///
+/// ```
+/// use std::alloc::Layout;
+/// use rdma_ring::backend::soft::SoftDevice;
+/// use rdma_ring::session::{RefuseReason, SessionError, SessionHost};
+/// # futures::executor::block_on(async {
+/// let dev = SoftDevice::new();
+/// let (client, _server) = SessionHost::soft_pair(&dev, Default::default()).unwrap();
+/// // The server lends at most `max_remote_region` bytes (64 MiB by default) at once.
+/// let layout = Layout::from_size_align(128 << 20, 8).unwrap();
+/// let err = client.request_remote_mr(layout).await.unwrap_err();
+/// assert!(matches!(err, SessionError::Refused(RefuseReason::TooLarge)));
+/// // The session survives a refusal.
+/// assert!(client.failure().is_none());
+/// # });
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionError {

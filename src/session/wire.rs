@@ -46,6 +46,13 @@ const MAGIC: [u8; 2] = *b"SN";
 const VERSION: u8 = 1;
 
 /// What a message is.
+///
+/// ```
+/// use rdma_ring::session::wire::{Control, Kind};
+/// // A close has no body: its bytes are the trailer alone, kind at byte 3.
+/// let bytes = Control::Close.encode(0, 0);
+/// assert_eq!(bytes[3], Kind::Close as u8);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
@@ -84,6 +91,14 @@ impl Kind {
 }
 
 /// The trailer's fields.
+///
+/// ```
+/// use rdma_ring::session::wire::{decode, Kind, Message, Trailer};
+/// let trailer = Trailer { kind: Kind::User, processed: 4, taken: 2 };
+/// let mut bytes = b"hi".to_vec();
+/// bytes.extend_from_slice(&trailer.encode());
+/// assert_eq!(decode(&bytes).unwrap(), (trailer, Message::User(b"hi")));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Trailer {
     /// What the message is.
@@ -96,6 +111,14 @@ pub struct Trailer {
 
 impl Trailer {
     /// The 16 bytes.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::{decode, Kind, Trailer};
+    /// let bytes = Trailer { kind: Kind::Ack, processed: 1, taken: 0 }.encode();
+    /// assert_eq!(&bytes[..4], b"SN\x01\x02");
+    /// assert_eq!(bytes[4..8], 1u32.to_le_bytes());
+    /// assert_eq!(decode(&bytes).unwrap().0.processed, 1);
+    /// ```
     pub fn encode(&self) -> [u8; TRAILER_LEN] {
         let mut out = [0u8; TRAILER_LEN];
         out[0..2].copy_from_slice(&MAGIC);
@@ -131,6 +154,18 @@ impl Trailer {
 
 /// A region one side lends the other: its id (in the lender's numbering),
 /// where it is, and how long the lease lasts.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+/// use rdma_ring::session::wire::{decode, Control, Message, RegionDescriptor};
+/// let remote = RemoteSlice::new(0x1000, 4096, 77, RemoteAccess::READ);
+/// let region = RegionDescriptor { id: 9, remote, lease_ms: 1500 };
+/// let bytes = Control::Lend(region).encode(0, 0);
+/// assert_eq!(decode(&bytes).unwrap().1, Message::Control(Control::Lend(region)));
+/// // An empty region lends nothing, so a peer sending one is refused.
+/// let empty = RegionDescriptor { remote: RemoteSlice::new(0x1000, 0, 77, RemoteAccess::READ), ..region };
+/// assert!(decode(&Control::Lend(empty).encode(0, 0)).is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionDescriptor {
     /// The lender's id for the region.
@@ -167,6 +202,16 @@ impl RegionDescriptor {
 }
 
 /// Why an allocation was refused.
+///
+/// ```
+/// use rdma_ring::session::wire::{decode, Control, Message, RefuseReason};
+/// let refusal = Control::AllocRefuse { request: 3, reason: RefuseReason::Quota };
+/// let mut bytes = refusal.encode(0, 0);
+/// assert_eq!(decode(&bytes).unwrap().1, Message::Control(refusal));
+/// assert_eq!(RefuseReason::Quota.to_string(), "the peer's memory cap for this session is reached");
+/// bytes[8] = 0; // the reason byte
+/// assert!(decode(&bytes).unwrap_err().0.contains("unknown refusal reason 0"));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum RefuseReason {
@@ -208,6 +253,17 @@ impl std::fmt::Display for RefuseReason {
 }
 
 /// A control message (any message but a user one).
+///
+/// ```
+/// use rdma_ring::buf::RemoteAccess;
+/// use rdma_ring::session::wire::{decode, Control, Message};
+/// let request = Control::AllocRequest { request: 1, size: 100, align: 64, rights: RemoteAccess::WRITE };
+/// let mut bytes = request.encode(0, 0);
+/// assert_eq!(decode(&bytes).unwrap().1, Message::Control(request));
+/// // The peer is untrusted: an alignment of 3 (bytes 16..20) is refused.
+/// bytes[16] = 3;
+/// assert!(decode(&bytes).unwrap_err().0.contains("alignment 3"));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
     /// Counts only.
@@ -250,6 +306,13 @@ pub enum Control {
 
 impl Control {
     /// The trailer kind.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::{decode, Control, Kind};
+    /// let ret = Control::Return { id: 7 };
+    /// assert_eq!(ret.kind(), Kind::Return);
+    /// assert_eq!(decode(&ret.encode(0, 0)).unwrap().0.kind, Kind::Return);
+    /// ```
     pub fn kind(&self) -> Kind {
         match self {
             Control::Ack => Kind::Ack,
@@ -263,6 +326,15 @@ impl Control {
     }
 
     /// Body and trailer, ready to send.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::{decode, Control, TRAILER_LEN};
+    /// let bytes = Control::Return { id: 7 }.encode(3, 1);
+    /// assert_eq!(bytes.len(), 8 + TRAILER_LEN);
+    /// assert_eq!(bytes[..8], 7u64.to_le_bytes());
+    /// let (trailer, _) = decode(&bytes).unwrap();
+    /// assert_eq!((trailer.processed, trailer.taken), (3, 1));
+    /// ```
     pub fn encode(&self, processed: u32, taken: u32) -> Vec<u8> {
         let mut out = Vec::with_capacity(MAX_CONTROL_BODY + TRAILER_LEN);
         match self {
@@ -364,6 +436,16 @@ impl Control {
 }
 
 /// A decoded message.
+///
+/// ```
+/// use rdma_ring::session::wire::{decode, Control, Kind, Message, Trailer};
+/// let mut bytes = b"payload".to_vec();
+/// bytes.extend_from_slice(&Trailer { kind: Kind::User, processed: 0, taken: 0 }.encode());
+/// // The payload is everything before the trailer.
+/// assert_eq!(decode(&bytes).unwrap().1, Message::User(b"payload"));
+/// let ack = Control::Ack.encode(0, 0);
+/// assert_eq!(decode(&ack).unwrap().1, Message::Control(Control::Ack));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
     /// A user message's payload.
@@ -406,6 +488,15 @@ pub const HELLO_LEN: usize = 12;
 /// handshake, in rdma_cm's private data, or directly on the soft device):
 /// magic `SH`, version 1, a zero byte, then `recv_depth` u16,
 /// `user_window` u16 and `max_message` u32, little endian.
+///
+/// ```
+/// use rdma_ring::session::wire::Hello;
+/// let hello = Hello { recv_depth: 32, user_window: 16, max_message: 4096 };
+/// assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+/// // The window must stay below the depth, which leaves receives for control messages.
+/// let greedy = Hello { user_window: 32, ..hello };
+/// assert!(Hello::decode(&greedy.encode()).is_err());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
     /// Receives the sender keeps posted.
@@ -418,6 +509,14 @@ pub struct Hello {
 
 impl Hello {
     /// The 12 bytes.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::{Hello, HELLO_LEN};
+    /// let bytes = Hello { recv_depth: 32, user_window: 16, max_message: 4096 }.encode();
+    /// assert_eq!(bytes.len(), HELLO_LEN);
+    /// assert_eq!(&bytes[..4], b"SH\x01\x00");
+    /// assert_eq!(bytes[4..6], 32u16.to_le_bytes());
+    /// ```
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..2].copy_from_slice(b"SH");
@@ -463,6 +562,12 @@ impl Hello {
 }
 
 /// A message that breaks the format, and how.
+///
+/// ```
+/// use rdma_ring::session::wire::decode;
+/// let err = decode(b"short").unwrap_err();
+/// assert_eq!(err.to_string(), "malformed session message: 5 bytes: shorter than the 16-byte trailer");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("malformed session message: {0}")]
 pub struct WireError(pub String);

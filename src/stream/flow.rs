@@ -36,6 +36,16 @@
 use super::frame::{self, Header, Hello, Kind, MAX_COUNT};
 
 /// One side's receive buffers, as announced in its hello.
+///
+/// ```
+/// use rdma_ring::stream::flow::{Flow, Limits};
+/// let ours = Limits { chunk: 4096, data_receives: 16, answer_receives: 8 };
+/// let flow = Flow::new(ours);
+/// assert_eq!(flow.ours(), ours);
+/// // Nothing is known of the peer's buffers before its hello.
+/// assert_eq!(flow.peer(), None);
+/// assert_eq!(flow.max_message(), 0);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes per receive buffer (the longest message it takes).
@@ -48,6 +58,16 @@ pub struct Limits {
 
 impl Limits {
     /// The limits a hello announces.
+    ///
+    /// ```
+    /// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// use rdma_ring::stream::flow::Limits;
+    /// use rdma_ring::stream::frame::Hello;
+    /// let probe = RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ);
+    /// let hello = Hello { chunk: 4096, data_receives: 16, answer_receives: 8, probe };
+    /// let limits = Limits::of(&Hello::decode(&hello.encode()).unwrap());
+    /// assert_eq!(limits, Limits { chunk: 4096, data_receives: 16, answer_receives: 8 });
+    /// ```
     pub fn of(hello: &Hello) -> Limits {
         Limits {
             chunk: hello.chunk,
@@ -58,6 +78,18 @@ impl Limits {
 }
 
 /// What a received message asks of the caller.
+///
+/// ```
+/// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+/// use rdma_ring::stream::flow::{Flow, Limits, Received};
+/// use rdma_ring::stream::frame::{Header, Hello, Kind};
+/// let mut flow = Flow::new(Limits { chunk: 4096, data_receives: 16, answer_receives: 8 });
+/// let probe = RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ);
+/// let theirs = Hello { chunk: 1024, data_receives: 4, answer_receives: 2, probe };
+/// let header = Header { kind: Kind::Hello, grant: 0, ack: 0 };
+/// let got = flow.receive(header, 40, &theirs.encode()).unwrap();
+/// assert_eq!(got, Received::Hello(theirs));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Received {
     /// `len` bytes of the stream: hand the buffer to the reader; post it
@@ -74,6 +106,41 @@ pub enum Received {
 }
 
 /// The counters of one connection (see the module docs for the rules).
+///
+/// ```
+/// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+/// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+/// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+/// # let hello = |l: Limits| Hello {
+/// #     chunk: l.chunk,
+/// #     data_receives: l.data_receives,
+/// #     answer_receives: l.answer_receives,
+/// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+/// # }.encode();
+/// # // a takes 4096-byte messages into 4 receives, b 1024-byte ones into 8.
+/// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+/// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+/// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+/// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+/// # a.commit(ha, 0);
+/// # b.commit(hb, 0);
+/// # b.receive(ha, 40, &hello(la)).unwrap();
+/// # a.receive(hb, 40, &hello(lb)).unwrap();
+/// # a.reposted(1);
+/// # b.reposted(1);
+/// // Two flows `a` and `b` that exchanged hellos; a writes 5 bytes.
+/// let data = a.header(Kind::Data);
+/// a.commit(data, 5);
+/// assert_eq!(b.receive(data, 5, &[]).unwrap(), Received::Data(5));
+/// // b's reader took the 5 bytes: the buffer goes back to a.
+/// b.reposted(1);
+/// let credit = b.header(Kind::Credit);
+/// b.commit(credit, 0);
+/// let got = a.receive(credit, 8, &encode_total(b.bytes_sent())).unwrap();
+/// assert_eq!(got, Received::Credit);
+/// // b's hello granted 8; a's hello and data used 2; the credit gave both back.
+/// assert_eq!(a.grants(), 8);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Flow {
     ours: Limits,
@@ -109,6 +176,16 @@ impl Flow {
     ///
     /// If `ours` is outside what a hello can announce (a bug of the
     /// caller: the stream's configuration is checked before).
+    ///
+    /// ```
+    /// use rdma_ring::stream::flow::{Flow, Limits};
+    /// use rdma_ring::stream::frame::Kind;
+    /// let flow = Flow::new(Limits { chunk: 4096, data_receives: 16, answer_receives: 8 });
+    /// assert!(flow.can_send(Kind::Hello));
+    /// // Data waits for the peer's hello, which says how much it takes.
+    /// assert!(!flow.can_send(Kind::Data));
+    /// assert_eq!(flow.grants(), 0);
+    /// ```
     pub fn new(ours: Limits) -> Flow {
         assert!(
             (1..=MAX_COUNT).contains(&ours.data_receives)
@@ -136,17 +213,93 @@ impl Flow {
     }
 
     /// Our limits.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// assert_eq!(b.ours().chunk, 1024);
+    /// // b's buffers bound what a sends.
+    /// assert_eq!(a.max_message(), b.ours().chunk);
+    /// ```
     pub fn ours(&self) -> Limits {
         self.ours
     }
 
     /// The peer's limits, once its hello arrived.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// assert_eq!(a.peer(), Some(b.ours()));
+    /// assert_eq!(b.peer(), Some(a.ours()));
+    /// ```
     pub fn peer(&self) -> Option<Limits> {
         self.peer
     }
 
     /// Grants we hold: messages (data or FIN) we may send now as far as the
     /// peer's receive buffers go.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// // b's hello granted its 8 receives; a's own hello used one.
+    /// assert_eq!(a.grants(), 7);
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 100);
+    /// assert_eq!(a.grants(), 6);
+    /// ```
     pub fn grants(&self) -> u64 {
         match self.peer {
             None => 0,
@@ -156,11 +309,71 @@ impl Flow {
     }
 
     /// The longest data message the peer takes (0 before its hello).
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// assert_eq!(a.max_message(), 1024);
+    /// // A longer message would not fit b's receive buffer: b refuses it.
+    /// let h = a.header(Kind::Data);
+    /// let err = b.receive(h, 1025, &[]).unwrap_err();
+    /// assert_eq!(err, "a data message of 1025 bytes (allowed: 1 to 1024)");
+    /// ```
     pub fn max_message(&self) -> u32 {
         self.peer.map_or(0, |p| p.chunk)
     }
 
     /// Whether a message of `kind` may be sent now.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// // a keeps 4 receives for answers, so at most 4 of its messages go
+    /// // unanswered: its hello and 3 data messages.
+    /// let mut sent = 0;
+    /// while a.can_send(Kind::Data) {
+    ///     let h = a.header(Kind::Data);
+    ///     a.commit(h, 1024);
+    ///     b.receive(h, 1024, &[]).unwrap();
+    ///     sent += 1;
+    /// }
+    /// assert_eq!(sent, 3);
+    /// assert!(a.grants() > 0); // the answer limit stopped it, not the grants
+    /// ```
     pub fn can_send(&self, kind: Kind) -> bool {
         match kind {
             Kind::Hello => !self.hello_sent,
@@ -180,6 +393,35 @@ impl Flow {
     /// left, or half of ours wait to be granted — or acknowledge enough
     /// that the peer may be near its answer limit. Otherwise grants wait
     /// to ride on our next data message.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// // One buffer to grant and one message to acknowledge can wait for data.
+    /// assert!(!b.wants_credit());
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 10);
+    /// b.receive(h, 10, &[]).unwrap();
+    /// // a now has half of its 4 answer receives in use: b answers at once.
+    /// assert!(b.wants_credit());
+    /// ```
     pub fn wants_credit(&self) -> bool {
         let Some(peer) = self.peer else {
             return false;
@@ -212,6 +454,34 @@ impl Flow {
 
     /// The header of the next message of `kind`. Nothing changes until
     /// [`commit`](Self::commit).
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let h = a.header(Kind::Data);
+    /// // It grants the buffer b's hello used, and acknowledges that hello.
+    /// assert_eq!(h, Header { kind: Kind::Data, grant: 1, ack: 1 });
+    /// assert_eq!(a.header(Kind::Data), h);
+    /// a.commit(h, 100);
+    /// assert_eq!(a.header(Kind::Data), Header { kind: Kind::Data, grant: 0, ack: 0 });
+    /// ```
     pub fn header(&self, kind: Kind) -> Header {
         let grant = if self.peer.is_some() {
             self.grant_pending.min(MAX_COUNT)
@@ -232,6 +502,32 @@ impl Flow {
     ///
     /// If `header` grants or acknowledges more than is pending (it did not
     /// come from [`header`](Self::header)).
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 100);
+    /// assert_eq!(a.bytes_sent(), 100);
+    /// assert_eq!(a.grants(), 6);
+    /// ```
     pub fn commit(&mut self, header: Header, data_len: u32) {
         self.grant_pending = self
             .grant_pending
@@ -255,27 +551,174 @@ impl Flow {
     }
 
     /// Data bytes sent so far (a credit's and a FIN's payload).
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// for len in [100, 28] {
+    ///     let h = a.header(Kind::Data);
+    ///     a.commit(h, len);
+    ///     b.receive(h, len, &[]).unwrap();
+    /// }
+    /// assert_eq!(a.bytes_sent(), 128);
+    /// // The FIN carries the total, which b checks against what arrived.
+    /// let fin = a.header(Kind::Fin);
+    /// a.commit(fin, 0);
+    /// assert_eq!(b.receive(fin, 8, &encode_total(a.bytes_sent())).unwrap(), Received::Fin);
+    /// ```
     pub fn bytes_sent(&self) -> u64 {
         self.bytes_sent
     }
 
     /// Data bytes received so far.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 100);
+    /// b.receive(h, 100, &[]).unwrap();
+    /// assert_eq!(b.bytes_received(), 100);
+    /// // A FIN claiming bytes that never arrived is refused.
+    /// let fin = a.header(Kind::Fin);
+    /// let err = b.receive(fin, 8, &encode_total(150)).unwrap_err();
+    /// assert_eq!(err, "says it sent 150 bytes, but 100 arrived");
+    /// ```
     pub fn bytes_received(&self) -> u64 {
         self.bytes_received
     }
 
     /// Whether our FIN went out.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// assert!(!a.fin_sent());
+    /// let fin = a.header(Kind::Fin);
+    /// a.commit(fin, 0);
+    /// assert!(a.fin_sent());
+    /// // Nothing follows the end of the stream.
+    /// assert!(!a.can_send(Kind::Data) && !a.can_send(Kind::Fin));
+    /// ```
     pub fn fin_sent(&self) -> bool {
         self.fin_sent
     }
 
     /// Whether the peer's FIN arrived.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let fin = a.header(Kind::Fin);
+    /// a.commit(fin, 0);
+    /// b.receive(fin, 8, &encode_total(0)).unwrap();
+    /// assert!(b.fin_received());
+    /// let late = Header { kind: Kind::Data, grant: 0, ack: 0 };
+    /// assert_eq!(b.receive(late, 10, &[]).unwrap_err(), "data after the end of the stream");
+    /// ```
     pub fn fin_received(&self) -> bool {
         self.fin_received
     }
 
     /// `n` data receives were posted again (after the reader emptied them,
     /// or at once for a FIN or hello): grant them in the next message.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 10);
+    /// b.receive(h, 10, &[]).unwrap();
+    /// // b's reader emptied the buffer: b's next message grants it back,
+    /// // with the one a's hello used.
+    /// b.reposted(1);
+    /// assert_eq!(b.header(Kind::Data).grant, 2);
+    /// ```
     pub fn reposted(&mut self, n: u32) {
         self.grant_pending += n;
         debug_assert!(self.grant_pending <= self.ours.data_receives);
@@ -285,6 +728,35 @@ impl Flow {
     /// `payload` (its first bytes suffice for data, whose length is
     /// `len`) — against the rules, and applies it. An error says what the
     /// peer did wrong; the connection cannot go on after one.
+    ///
+    /// ```
+    /// # use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// # use rdma_ring::stream::flow::{Flow, Limits, Received};
+    /// # use rdma_ring::stream::frame::{encode_total, Header, Hello, Kind};
+    /// # let hello = |l: Limits| Hello {
+    /// #     chunk: l.chunk,
+    /// #     data_receives: l.data_receives,
+    /// #     answer_receives: l.answer_receives,
+    /// #     probe: RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ),
+    /// # }.encode();
+    /// # let la = Limits { chunk: 4096, data_receives: 4, answer_receives: 4 };
+    /// # let lb = Limits { chunk: 1024, data_receives: 8, answer_receives: 4 };
+    /// # let (mut a, mut b) = (Flow::new(la), Flow::new(lb));
+    /// # let (ha, hb) = (a.header(Kind::Hello), b.header(Kind::Hello));
+    /// # a.commit(ha, 0);
+    /// # b.commit(hb, 0);
+    /// # b.receive(ha, 40, &hello(la)).unwrap();
+    /// # a.receive(hb, 40, &hello(lb)).unwrap();
+    /// # a.reposted(1);
+    /// # b.reposted(1);
+    /// let h = a.header(Kind::Data);
+    /// a.commit(h, 10);
+    /// assert_eq!(b.receive(h, 10, &[]).unwrap(), Received::Data(10));
+    /// // b has no message unacknowledged: a's data acknowledged b's hello.
+    /// let lie = Header { kind: Kind::Data, grant: 0, ack: 3 };
+    /// let err = b.receive(lie, 10, &[]).unwrap_err();
+    /// assert_eq!(err, "acknowledges 3 messages, but only 0 are unacknowledged");
+    /// ```
     pub fn receive(
         &mut self,
         header: Header,

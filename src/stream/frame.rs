@@ -41,6 +41,14 @@ const MAGIC: [u8; 2] = *b"RB";
 const VERSION: u8 = 1;
 
 /// What a message is.
+///
+/// ```
+/// use rdma_ring::stream::frame::{Header, Kind};
+/// // The top two bits of the immediate data.
+/// assert_eq!(Header::decode(1 << 30).kind, Kind::Credit);
+/// assert_eq!(Header::decode(2 << 30).kind, Kind::Fin);
+/// assert_eq!(Header::decode(5).kind, Kind::Data);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Bytes of the stream.
@@ -56,6 +64,14 @@ pub enum Kind {
 impl Kind {
     /// Whether the message uses one of the receive buffers the peer granted
     /// (data, FIN, hello) rather than one kept for answers (credit).
+    ///
+    /// ```
+    /// use rdma_ring::stream::frame::Kind;
+    /// assert!(Kind::Data.needs_grant());
+    /// assert!(Kind::Fin.needs_grant());
+    /// assert!(Kind::Hello.needs_grant());
+    /// assert!(!Kind::Credit.needs_grant());
+    /// ```
     pub fn needs_grant(self) -> bool {
         !matches!(self, Kind::Credit)
     }
@@ -82,6 +98,13 @@ pub struct Header {
 impl Header {
     /// The immediate data. `grant` and `ack` above [`MAX_COUNT`] are a bug
     /// of the caller (the flow never produces them).
+    ///
+    /// ```
+    /// use rdma_ring::stream::frame::{Header, Kind};
+    /// let imm = Header { kind: Kind::Data, grant: 2, ack: 5 }.encode();
+    /// assert_eq!(imm, (2 << 15) | 5); // data is kind 0
+    /// assert_eq!(Header { kind: Kind::Hello, grant: 0, ack: 0 }.encode(), 3 << 30);
+    /// ```
     pub fn encode(self) -> u32 {
         debug_assert!(self.grant <= MAX_COUNT && self.ack <= MAX_COUNT);
         let kind = match self.kind {
@@ -95,6 +118,13 @@ impl Header {
 
     /// Every 32-bit value is some header; whether it makes sense is the
     /// flow's check.
+    ///
+    /// ```
+    /// use rdma_ring::stream::frame::{Header, Kind, MAX_COUNT};
+    /// let h = Header::decode(u32::MAX);
+    /// assert_eq!(h, Header { kind: Kind::Hello, grant: MAX_COUNT, ack: MAX_COUNT });
+    /// assert_eq!(Header::decode(h.encode()), h);
+    /// ```
     pub fn decode(imm: u32) -> Header {
         let kind = match imm >> 30 {
             0 => Kind::Data,
@@ -143,6 +173,17 @@ impl Hello {
     /// The record: magic `RB`, version 1, a zero byte, then chunk, data
     /// receives and answer receives (little endian), then the probe pad's
     /// [`RemoteSlice`] record.
+    ///
+    /// ```
+    /// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// use rdma_ring::stream::frame::Hello;
+    /// let probe = RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ);
+    /// let hello = Hello { chunk: 65536, data_receives: 16, answer_receives: 8, probe };
+    /// let bytes = hello.encode();
+    /// assert_eq!(&bytes[..4], b"RB\x01\x00");
+    /// assert_eq!(bytes[4..8], 65536u32.to_le_bytes());
+    /// assert_eq!(bytes[16..], probe.encode());
+    /// ```
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..2].copy_from_slice(&MAGIC);
@@ -156,6 +197,23 @@ impl Hello {
 
     /// Decodes a hello strictly: exact length, magic, version, reserved
     /// byte zero, sizes in range, a probe pad of exactly 8 read-only bytes.
+    ///
+    /// ```
+    /// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+    /// use rdma_ring::stream::frame::Hello;
+    /// let probe = RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ);
+    /// let good = Hello { chunk: 65536, data_receives: 16, answer_receives: 8, probe };
+    /// assert_eq!(Hello::decode(&good.encode()).unwrap(), good);
+    /// let tiny = Hello { chunk: 32, ..good };
+    /// assert_eq!(
+    ///     Hello::decode(&tiny.encode()).unwrap_err(),
+    ///     "hello with receive buffers of 32 bytes (allowed: 64 to 16777216)"
+    /// );
+    /// // The probe pad must not let the peer write.
+    /// let writable = RemoteSlice::new(0x1000, 8, 7, RemoteAccess::READ | RemoteAccess::WRITE);
+    /// let err = Hello::decode(&Hello { probe: writable, ..good }.encode()).unwrap_err();
+    /// assert!(err.contains("must be 8 read-only bytes"));
+    /// ```
     pub fn decode(bytes: &[u8]) -> Result<Hello, String> {
         let record: &[u8; HELLO_LEN] = bytes
             .try_into()
@@ -207,11 +265,24 @@ impl Hello {
 }
 
 /// A credit's or FIN's payload: the sender's total of data bytes sent.
+///
+/// ```
+/// use rdma_ring::stream::frame::{decode_total, encode_total};
+/// let payload = encode_total(1 << 40);
+/// assert_eq!(payload, (1u64 << 40).to_le_bytes());
+/// assert_eq!(decode_total(&payload).unwrap(), 1 << 40);
+/// ```
 pub fn encode_total(total: u64) -> [u8; TOTAL_LEN] {
     total.to_le_bytes()
 }
 
 /// Decodes a credit's or FIN's payload strictly (exactly 8 bytes).
+///
+/// ```
+/// use rdma_ring::stream::frame::{decode_total, encode_total};
+/// assert_eq!(decode_total(&encode_total(77)).unwrap(), 77);
+/// assert_eq!(decode_total(&[0; 7]).unwrap_err(), "control payload of 7 bytes, expected 8");
+/// ```
 pub fn decode_total(bytes: &[u8]) -> Result<u64, String> {
     let raw: [u8; TOTAL_LEN] = bytes.try_into().map_err(|_| {
         format!(

@@ -181,11 +181,23 @@ impl std::fmt::Debug for SoftDevice {
 
 impl SoftDevice {
     /// A device that progresses by itself ([`Progress::Auto`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{Progress, SoftDevice};
+    /// let dev = SoftDevice::new();
+    /// assert_eq!(dev.progress_mode(), Progress::Auto);
+    /// ```
     pub fn new() -> Self {
         SoftDevice::with_progress(Progress::Auto)
     }
 
     /// A device in the given progress mode.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{Progress, SoftDevice};
+    /// let dev = SoftDevice::with_progress(Progress::NoOp);
+    /// assert_eq!(dev.progress_mode(), Progress::NoOp);
+    /// ```
     pub fn with_progress(progress: Progress) -> Self {
         SoftDevice {
             shared: Arc::new(Shared {
@@ -196,16 +208,38 @@ impl SoftDevice {
     }
 
     /// The device's name, as the examples print it.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// let dev = SoftDevice::new();
+    /// println!("device: {}", dev.name());
+    /// assert_eq!(dev.name(), "soft");
+    /// ```
     pub fn name(&self) -> &'static str {
         "soft"
     }
 
     /// The current progress mode.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{Progress, SoftDevice};
+    /// let dev = SoftDevice::new();
+    /// let handle = dev.clone();
+    /// handle.set_progress(Progress::Manual);
+    /// assert_eq!(dev.progress_mode(), Progress::Manual); // one device, two handles
+    /// ```
     pub fn progress_mode(&self) -> Progress {
         self.shared.lock().progress
     }
 
     /// Changes the progress mode.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{Progress, SoftDevice};
+    /// let dev = SoftDevice::new();
+    /// dev.set_progress(Progress::Manual); // from here on the test picks the interleaving
+    /// assert_eq!(dev.progress_mode(), Progress::Manual);
+    /// ```
     pub fn set_progress(&self, progress: Progress) {
         self.shared.lock().progress = progress;
     }
@@ -213,6 +247,25 @@ impl SoftDevice {
     /// Executes every work request that can run now, on every queue pair;
     /// returns how many ran. In manual mode each call is one RNR retry for
     /// a send whose peer has no receive.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{Progress, SoftDevice};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::Write;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::with_progress(Progress::Manual);
+    /// let pd = dev.alloc_pd();
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let target = ExposedBuf::new(&pd, vec![0u8; 2], RemoteAccess::WRITE).unwrap();
+    /// let hi = RegisteredBuf::new(&pd, b"hi".to_vec()).unwrap();
+    /// ring.submission().push(Write::new(hi, target.remote())).unwrap();
+    /// ring.submit().unwrap();
+    /// assert_eq!(ring.qp().control().queued_sends(), 1); // posted, not run
+    /// assert_eq!(dev.progress(), 1);
+    /// assert_eq!(ring.qp().control().queued_sends(), 0);
+    /// ```
     pub fn progress(&self) -> usize {
         let mut state = self.shared.lock();
         let manual = state.progress == Progress::Manual;
@@ -224,11 +277,33 @@ impl SoftDevice {
     /// Makes the next `n` deregistrations on this device fail, as a
     /// registration with memory windows still bound would on hardware: the
     /// memory's owner must then keep it rather than free it.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// let dev = SoftDevice::new();
+    /// let buf = RegisteredBuf::new(&dev.alloc_pd(), vec![0u8; 64]).unwrap();
+    /// dev.fail_deregistrations(1);
+    /// let refused = buf.into_inner::<Vec<u8>>().unwrap_err();
+    /// // The memory stays registered, inside the buffer, and is not freed.
+    /// let buf = refused.into_value();
+    /// let memory: Vec<u8> = buf.into_inner().unwrap(); // the next one succeeds
+    /// assert_eq!(memory.len(), 64);
+    /// ```
     pub fn fail_deregistrations(&self, n: u32) {
         self.shared.lock().fail_deregistrations = n;
     }
 
     /// A new protection domain.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{ProtectionDomain, QpConfig};
+    /// let dev = SoftDevice::new();
+    /// let (a, b) = (dev.alloc_pd(), dev.alloc_pd());
+    /// assert_ne!(a.id(), b.id());
+    /// assert!(SoftDevice::new().create_qp(&a, QpConfig::default()).is_err()); // another device's
+    /// ```
     pub fn alloc_pd(&self) -> SoftPd {
         SoftPd {
             shared: Arc::clone(&self.shared),
@@ -238,6 +313,15 @@ impl SoftDevice {
 
     /// A new completion queue holding `entries` completions, for any number
     /// of queue pairs ([`create_qp_on`](Self::create_qp_on)).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::CompletionQueue;
+    /// let dev = SoftDevice::new();
+    /// let cq = dev.create_cq(1024).unwrap();
+    /// assert_eq!(cq.entries(), 1024);
+    /// assert!(dev.create_cq(0).is_err());
+    /// ```
     pub fn create_cq(&self, entries: u32) -> Result<SoftCq, Error> {
         if entries == 0 || entries > MAX_CQE {
             return Err(Error::Soft("completion queue depth must be 1..=65536"));
@@ -263,6 +347,16 @@ impl SoftDevice {
     }
 
     /// A new shared receive queue in `pd`.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::SrqConfig;
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let srq = dev.create_srq(&pd, SrqConfig { max_wr: 4096, max_sge: 2 }).unwrap();
+    /// assert_eq!(srq.posted(), 0);
+    /// assert!(dev.create_srq(&pd, SrqConfig { max_wr: 0, max_sge: 1 }).is_err());
+    /// ```
     pub fn create_srq(&self, pd: &SoftPd, config: SrqConfig) -> Result<SoftSrq, Error> {
         self.check_pd(pd)?;
         if config.max_wr == 0 || config.max_wr > MAX_QP_WR || config.max_sge == 0 {
@@ -306,6 +400,17 @@ impl SoftDevice {
     /// A new queue pair in [`QpState::Init`], with a completion queue of its
     /// own (`config.completion_entries()` deep), which
     /// [`Ring::new`](crate::ring::Ring::new) takes.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{QpState, SoftDevice};
+    /// # use rdma_ring::backend::{CompletionQueue, QpConfig, QueuePair};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let config = QpConfig::default();
+    /// let mut qp = dev.create_qp(&pd, config).unwrap();
+    /// assert_eq!(qp.control().state(), Some(QpState::Init)); // connect it before sending
+    /// assert_eq!(qp.take_cq().unwrap().entries(), config.completion_entries());
+    /// ```
     pub fn create_qp(&self, pd: &SoftPd, config: QpConfig) -> Result<SoftQp, Error> {
         let cq = self.create_cq(config.completion_entries())?;
         let mut qp = self.create_qp_on(pd, &cq, None, config)?;
@@ -316,6 +421,19 @@ impl SoftDevice {
     /// A new queue pair in [`QpState::Init`] completing on `cq` (shared with
     /// other queue pairs), taking its receives from `srq` if one is given
     /// (then `config.max_recv_wr` is ignored: it has no receive queue).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{QpConfig, QueuePair, SrqConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let cq = dev.create_cq(1024).unwrap();
+    /// let srq = dev.create_srq(&pd, SrqConfig::default()).unwrap();
+    /// let a = dev.create_qp_on(&pd, &cq, None, QpConfig::default()).unwrap();
+    /// let b = dev.create_qp_on(&pd, &cq, Some(&srq), QpConfig::default()).unwrap();
+    /// assert_eq!(a.caps().cq, b.caps().cq);
+    /// assert_eq!(b.caps().max_recv_wr, 0); // its receives come from `srq`
+    /// ```
     pub fn create_qp_on(
         &self,
         pd: &SoftPd,
@@ -389,6 +507,18 @@ impl SoftDevice {
 
     /// Connects two queue pairs of this device to each other and moves
     /// both to [`QpState::ReadyToSend`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{QpState, SoftDevice};
+    /// # use rdma_ring::backend::QpConfig;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let a = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    /// let b = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    /// dev.connect(&a, &b).unwrap();
+    /// assert_eq!(b.control().state(), Some(QpState::ReadyToSend));
+    /// assert!(dev.connect(&a, &b).is_err()); // no longer in Init
+    /// ```
     pub fn connect(&self, a: &SoftQp, b: &SoftQp) -> Result<(), Error> {
         if !Arc::ptr_eq(&a.shared, &self.shared) || !Arc::ptr_eq(&b.shared, &self.shared) {
             return Err(Error::Soft(
@@ -416,6 +546,16 @@ impl SoftDevice {
 
     /// Two new queue pairs, each with a completion queue of its own,
     /// connected.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{QpState, SoftDevice};
+    /// # use rdma_ring::backend::{QpConfig, QueuePair};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let (a, b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// assert_eq!(a.control().state(), Some(QpState::ReadyToSend));
+    /// assert_ne!(a.caps().cq, b.caps().cq); // each has a completion queue of its own
+    /// ```
     pub fn connected_pair(
         &self,
         pd_a: &SoftPd,
@@ -431,6 +571,15 @@ impl SoftDevice {
     /// The device's asynchronous event channel. A device has one reader at
     /// a time (as events go to one consumer); opening another replaces it.
     /// Events raised before it was opened are kept (up to a bound).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{AsyncEvent, AsyncEventSource};
+    /// let dev = SoftDevice::new();
+    /// dev.set_port_active(false); // before anyone listens
+    /// let events = dev.async_events().unwrap();
+    /// assert_eq!(events.next_event().unwrap(), Some(AsyncEvent::PortError { port: 1 }));
+    /// ```
     pub fn async_events(&self) -> Result<SoftAsyncEvents, Error> {
         async_events::open(&self.shared)
     }
@@ -439,6 +588,19 @@ impl SoftDevice {
     /// [`AsyncEvent::PortError`] or [`AsyncEvent::PortActive`]. While it is
     /// down, requests find no path to the peer: they fail with
     /// `RetryExcErr` once executed.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{AsyncEvent, AsyncEventSource};
+    /// let dev = SoftDevice::new();
+    /// let events = dev.async_events().unwrap();
+    /// dev.set_port_active(false);
+    /// dev.set_port_active(false); // no change, no event
+    /// dev.set_port_active(true);
+    /// assert_eq!(events.next_event().unwrap(), Some(AsyncEvent::PortError { port: 1 }));
+    /// assert_eq!(events.next_event().unwrap(), Some(AsyncEvent::PortActive { port: 1 }));
+    /// assert_eq!(events.next_event().unwrap(), None);
+    /// ```
     pub fn set_port_active(&self, active: bool) {
         let mut state = self.shared.lock();
         if state.port_active != active {
@@ -454,6 +616,18 @@ impl SoftDevice {
 
     /// The whole device fails: it raises [`AsyncEvent::DeviceFatal`] and
     /// every queue pair goes to error, flushing its work requests.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{QpState, SoftDevice};
+    /// # use rdma_ring::backend::{AsyncEvent, AsyncEventSource, QpConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let events = dev.async_events().unwrap();
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// dev.inject_device_fatal();
+    /// assert_eq!(events.next_event().unwrap(), Some(AsyncEvent::DeviceFatal));
+    /// assert_eq!(qp.control().state(), Some(QpState::Error));
+    /// ```
     pub fn inject_device_fatal(&self) {
         let mut state = self.shared.lock();
         state.raise(AsyncEvent::DeviceFatal);
