@@ -372,17 +372,20 @@ macro_rules! solicited_setter {
             /// Asks the receiver to raise a solicited completion event.
             ///
             #[doc = concat!(
-                "```\n",
-                setter_example_setup!(),
-                "let events = peer.cq().completion_events().unwrap();\n",
-                "// The peer wakes for a message whose sender asked for it, not for its own sends' completions.\n",
-                "events.arm_solicited().unwrap();\n",
-                "ring.submission().push(", $new, ".solicited()).unwrap();\n",
-                "ring.submit().unwrap();\n",
-                "assert!(events.wait(Duration::from_secs(5)).unwrap());\n",
-                "assert_eq!(peer.completion().wait(1).unwrap()[0].byte_len(), 8);\n",
-                "```",
-            )]
+                        "```\n",
+                        setter_example_setup!(),
+                        "let events = peer.cq().completion_events().unwrap();\n",
+                        "events.arm_solicited().unwrap();\n",
+                        "ring.submission().push(", $new, ").unwrap();\n",
+                        "ring.submit().unwrap();\n",
+                        "// A message that did not ask for an event wakes no one.\n",
+                        "assert_eq!(events.take().unwrap(), 0);\n",
+                        "ring.submission().push(", $new, ".solicited()).unwrap();\n",
+                        "ring.submit().unwrap();\n",
+                        "assert!(events.wait(Duration::from_secs(5)).unwrap());\n",
+                        "assert_eq!(peer.completion().wait(2).unwrap().len(), 2);\n",
+                        "```",
+                    )]
             pub fn solicited(mut self) -> Self {
                 self.flags |= SendFlags::SOLICITED;
                 self

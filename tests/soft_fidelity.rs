@@ -8,7 +8,9 @@
 //! NIC's queue, and is refused here as it would be there. `rnr_retry = 0`
 //! means no retry. And a responder that an access violation or an invalid
 //! request puts in error says so with an affiliated event, so a ring
-//! learns of it without a completion of its own.
+//! learns of it without a completion of its own. A completion channel
+//! armed for solicited events wakes only for a message that asked for one,
+//! or for an error.
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
 use rdma_ring::backend::{
@@ -471,4 +473,47 @@ fn a_dropped_completion_queue_gives_back_its_shared_receives() {
     // SAFETY: as above.
     unsafe { srq.post_recv(&two, &two_sges) }.unwrap();
     drop((b, cq_b));
+}
+
+/// A channel armed for solicited events wakes for a SEND or WRITE with
+/// immediate that asked for one, not for another message's receive nor
+/// for its own sends; armed for any CQE first, that wider request stands.
+#[test]
+fn a_solicited_arm_wakes_only_for_what_asked() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut sender, receiver) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut receiver = receiver;
+    let mut cq = receiver.take_cq().unwrap();
+    let events = cq.completion_events().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+    let (wrs, sges) = recvs(0, 3, &local);
+    // SAFETY: every element names bytes of `local`, which outlives the
+    // device's work, run within the test.
+    unsafe { receiver.post_recv(&wrs, &sges) }.unwrap();
+    let send = |sender: &mut SoftQp, id: u64, flags: SendFlags| {
+        let mut wr = SendWr::new(id, SendOpcode::Send, SgeSpan { start: 0, len: 1 });
+        wr.flags = flags;
+        let sge = Sge {
+            addr: local.as_ptr() as u64,
+            len: 8,
+            lkey: local.lkey(),
+        };
+        // SAFETY: the element names `local`'s bytes, which outlive the
+        // device's work, run within the test.
+        unsafe { sender.post_send(&[wr], &[sge]) }.unwrap();
+        dev.progress();
+    };
+    events.arm_solicited().unwrap();
+    send(&mut sender, 1, SendFlags::SIGNALED);
+    assert_eq!(poll(&mut cq, 4).len(), 1, "the message arrived");
+    assert_eq!(events.take().unwrap(), 0, "and woke no one");
+    send(&mut sender, 2, SendFlags::SIGNALED | SendFlags::SOLICITED);
+    assert_eq!(events.take().unwrap(), 1);
+    // Armed for any CQE, then for solicited ones: any CQE still wakes.
+    events.arm().unwrap();
+    events.arm_solicited().unwrap();
+    send(&mut sender, 3, SendFlags::SIGNALED);
+    assert_eq!(events.take().unwrap(), 1);
+    assert_eq!(poll(&mut cq, 4).len(), 2);
 }

@@ -848,14 +848,19 @@ pub trait CompletionEvents: AsFd + Send + Sync {
     /// # let pd = dev.alloc_pd();
     /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
     /// # let target = ExposedBuf::new(&pd, vec![0u8; 2], RemoteAccess::WRITE).unwrap();
+    /// # let gone = ExposedBuf::new(&pd, vec![0u8; 2], RemoteAccess::WRITE).unwrap().remote();
     /// let mut ring = Ring::new(qp, RingConfig::default());
-    /// let write = || Write::new(RegisteredBuf::new(&pd, b"hi".to_vec()).unwrap(), target.remote()).signaled();
+    /// let write = |to| Write::new(RegisteredBuf::new(&pd, b"hi".to_vec()).unwrap(), to).signaled();
     /// let events = ring.cq().completion_events().unwrap();
     /// events.arm_solicited().unwrap();
-    /// ring.submission().push(write()).unwrap(); // not solicited
+    /// ring.submission().push(write(target.remote())).unwrap();
     /// ring.submit().unwrap();
-    /// // The soft device does not tell solicited completions apart.
-    /// assert_eq!(events.take().unwrap(), 1);
+    /// // Our own write's completion wakes no one...
+    /// assert_eq!(events.take().unwrap(), 0);
+    /// ring.submission().push(write(gone)).unwrap(); // its region was deregistered
+    /// ring.submit().unwrap();
+    /// // ...a failed one does.
+    /// assert!(events.wait(Duration::from_secs(5)).unwrap());
     /// ```
     fn arm_solicited(&self) -> Result<(), Error> {
         self.arm()

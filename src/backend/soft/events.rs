@@ -11,18 +11,35 @@ use super::Shared;
 use crate::backend::CompletionEvents;
 use crate::error::Error;
 
+/// What the next CQE must be to raise an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Armed {
+    No,
+    /// Any CQE.
+    Any,
+    /// A receive's CQE whose message asked for a solicited event, or an
+    /// error's.
+    Solicited,
+}
+
 /// The device side of a channel, kept with its completion queue.
 pub(super) struct EventSource {
     writer: UnixStream,
-    armed: bool,
+    armed: Armed,
     pending: u64,
 }
 
 impl EventSource {
-    /// Raises an event if armed (one-shot).
-    pub(super) fn on_cqe(&mut self) {
-        if self.armed {
-            self.armed = false;
+    /// Raises an event if armed for this CQE (one-shot): `solicited` if it
+    /// wakes a channel armed for solicited events only.
+    pub(super) fn on_cqe(&mut self, solicited: bool) {
+        let raise = match self.armed {
+            Armed::No => false,
+            Armed::Any => true,
+            Armed::Solicited => solicited,
+        };
+        if raise {
+            self.armed = Armed::No;
             self.pending += 1;
             // A full socket buffer means the reader is readable already.
             let _ = (&self.writer).write(&[1]);
@@ -57,7 +74,7 @@ pub(super) fn channel(shared: &Arc<Shared>, cq: usize) -> Result<SoftEvents, Err
         .ok_or(Error::Soft("completion queue destroyed"))?;
     entry.events = Some(EventSource {
         writer,
-        armed: false,
+        armed: Armed::No,
         pending: 0,
     });
     state.has_channels = true;
@@ -81,7 +98,21 @@ impl CompletionEvents for SoftEvents {
             .cq(self.cq)
             .ok_or(Error::Soft("completion queue destroyed"))?;
         if let Some(events) = cq.events.as_mut() {
-            events.armed = true;
+            events.armed = Armed::Any;
+        }
+        Ok(())
+    }
+
+    fn arm_solicited(&self) -> Result<(), Error> {
+        let mut state = self.shared.lock();
+        let cq = state
+            .cq(self.cq)
+            .ok_or(Error::Soft("completion queue destroyed"))?;
+        if let Some(events) = cq.events.as_mut() {
+            // Armed for any CQE already: that wider request stands.
+            if events.armed == Armed::No {
+                events.armed = Armed::Solicited;
+            }
         }
         Ok(())
     }

@@ -168,7 +168,8 @@ impl DeviceState {
                 }
                 self.copy_pieces(&local, &[(remote, len)]);
                 if wr.opcode == SendOpcode::WriteImm {
-                    self.deliver(peer_qpn, len as u32, Some(wr.imm), true);
+                    let solicited = wr.flags.contains(SendFlags::SOLICITED);
+                    self.deliver(peer_qpn, len as u32, Some(wr.imm), solicited);
                 }
                 Outcome::Complete(WcStatus::Success)
             }
@@ -191,7 +192,7 @@ impl DeviceState {
                 self.copy_pieces(&local, &target);
                 let imm = (wr.opcode == SendOpcode::SendImm).then_some(wr.imm);
                 let release = self.recv_release(peer_qpn);
-                self.push_cqe(
+                self.push_cqe_marked(
                     peer_qpn,
                     RawCompletion {
                         wr_id: recv.wr_id,
@@ -202,6 +203,7 @@ impl DeviceState {
                         by_write_imm: false,
                     },
                     release,
+                    wr.flags.contains(SendFlags::SOLICITED),
                 );
                 Outcome::Complete(WcStatus::Success)
             }
@@ -262,12 +264,12 @@ impl DeviceState {
         }
     }
 
-    /// Consumes the peer's next receive with a successful CQE (a WRITE
-    /// with immediate: the buffer is untouched).
-    fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, by_write_imm: bool) {
+    /// Consumes the peer's next receive with a successful CQE of a WRITE
+    /// with immediate (the receive's buffer is untouched).
+    fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, solicited: bool) {
         let recv = self.take_receive(peer).expect("receive checked present");
         let release = self.recv_release(peer);
-        self.push_cqe(
+        self.push_cqe_marked(
             peer,
             RawCompletion {
                 wr_id: recv.wr_id,
@@ -275,9 +277,10 @@ impl DeviceState {
                 status: WcStatus::Success,
                 byte_len,
                 imm,
-                by_write_imm,
+                by_write_imm: true,
             },
             release,
+            solicited,
         );
     }
 

@@ -16,7 +16,8 @@
 //! polled (an unsignaled send, until a later send's CQE is), not merely
 //! until it ran. A caller that counts its room from completions it has
 //! reaped never sees "queue full"; one that counts from work that ran
-//! does, here as on a NIC.
+//! does, here as on a NIC. A completion channel armed for solicited
+//! events wakes only for a message that asked for one, or for an error.
 //!
 //! Execution follows the device's [`Progress`] mode: [`Progress::Auto`]
 //! executes inside every post and poll (normal use); [`Progress::Manual`]

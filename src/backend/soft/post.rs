@@ -114,7 +114,7 @@ pub(super) fn complete_sends_at_once(
         if wr.flags.contains(SendFlags::SIGNALED) {
             let seq = qp.next_seq + taken as u64;
             let release = SlotRelease::sends_through(seq);
-            if !cq.push_unless_full(no_op_send(wr.wr_id, qpn, list), release) {
+            if !cq.push_unless_full(no_op_send(wr.wr_id, qpn, list), release, false) {
                 break;
             }
             qp.report_send(seq);

@@ -164,16 +164,23 @@ impl CqEntry {
     /// overrun that follows touches every queue pair on it, which only
     /// [`DeviceState::overrun`] can reach.
     #[inline]
-    pub(super) fn push_unless_full(&mut self, cqe: RawCompletion, release: SlotRelease) -> bool {
+    pub(super) fn push_unless_full(
+        &mut self,
+        cqe: RawCompletion,
+        release: SlotRelease,
+        solicited: bool,
+    ) -> bool {
         if self.overrun {
             return true;
         }
         if self.queue.len() >= self.entries as usize {
             return false;
         }
+        let status = cqe.status;
         self.queue.push_back(QueuedCqe { cqe, release });
         if let Some(events) = self.events.as_mut() {
-            events.on_cqe();
+            // An error wakes a channel armed for solicited events too.
+            events.on_cqe(solicited || !status.is_success());
         }
         true
     }
@@ -371,10 +378,28 @@ impl DeviceState {
     /// with its work requests gone without CQEs (the ring then cannot
     /// drain, and leaks their buffers), and a `CqError` event is raised.
     pub(super) fn push_cqe(&mut self, qpn: usize, cqe: RawCompletion, release: SlotRelease) {
+        self.push_cqe_marked(qpn, cqe, release, false);
+    }
+
+    /// [`push_cqe`](Self::push_cqe) of a receive, `solicited` if the
+    /// message that took it asked for a solicited event.
+    pub(super) fn push_cqe_marked(
+        &mut self,
+        qpn: usize,
+        cqe: RawCompletion,
+        release: SlotRelease,
+        solicited: bool,
+    ) {
         let Some(cq_index) = self.qp(qpn).map(|qp| qp.cq) else {
             return;
         };
-        self.push_cqe_on(cq_index, qpn, cqe, release);
+        debug_assert_eq!(self.qp(qpn).map(|qp| qp.cq), Some(cq_index));
+        let Some(cq) = self.cq(cq_index) else {
+            return;
+        };
+        if !cq.push_unless_full(cqe, release, solicited) {
+            self.overrun(cq_index);
+        }
     }
 
     /// [`push_cqe`](Self::push_cqe) for a caller that knows the queue
@@ -391,7 +416,7 @@ impl DeviceState {
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
-        if !cq.push_unless_full(cqe, release) {
+        if !cq.push_unless_full(cqe, release, false) {
             self.overrun(cq_index);
         }
     }
