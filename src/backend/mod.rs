@@ -835,7 +835,11 @@ pub trait CompletionEvents: AsFd + Send + Sync {
     /// SEND or WRITE with immediate), or a failed work request — so a
     /// waiter for the peer's messages is not woken by its own sends'
     /// completions. Backends without the distinction arm for any CQE,
-    /// which is correct, only less selective.
+    /// which is correct, only less selective. Devices differ on errors:
+    /// the soft device wakes for any failed work request, as the verbs man
+    /// page says; rxe raises no solicited event for the completions of a
+    /// queue pair's own sends, failed or flushed ones included, so a
+    /// waiter there learns of those on its next look.
     ///
     /// ```
     /// # use std::time::Duration;

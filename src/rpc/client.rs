@@ -182,8 +182,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
                 // Arm, then look once more: a completion that landed
                 // before the arm raised no event. Then sleep, and take
                 // the event; the caller's next look applies what came.
-                if self.arm(&**events) && !self.has_result(id) && events.wait(tick).unwrap_or(false)
-                {
+                let looked = self.arm_and_look(&**events, || self.has_result(id));
+                if looked == Some(false) && events.wait(tick).unwrap_or(false) {
                     let _ = events.take();
                 }
                 self.wakers.release_drive();
@@ -192,17 +192,33 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         }
     }
 
-    /// Arms the channel for what can move the connection on: the
-    /// server's (solicited) messages only, unless a read or a send buffer
-    /// is awaited. Returns whether it is armed.
-    fn arm(&self, events: &dyn CompletionEvents) -> bool {
-        let server_only = self.lock().core.waits_for_server_only();
-        let armed = if server_only {
-            events.arm_solicited()
-        } else {
-            events.arm()
-        };
-        armed.is_ok()
+    /// Arms the channel for what can move the connection on (the
+    /// server's solicited messages only, unless a read or a send buffer
+    /// is awaited), then runs `look`. A look that starts a read or queues
+    /// a message while the channel waits for the server only (a response
+    /// to fetch that arrived before the arm) arms it for any completion
+    /// and looks again: that read's completion is not solicited, and would
+    /// wake no one. Returns the last look's answer, or `None` if the
+    /// channel could not be armed.
+    fn arm_and_look(
+        &self,
+        events: &dyn CompletionEvents,
+        mut look: impl FnMut() -> bool,
+    ) -> Option<bool> {
+        let mut server_only = self.lock().core.waits_for_server_only();
+        loop {
+            let armed = if server_only {
+                events.arm_solicited()
+            } else {
+                events.arm()
+            };
+            armed.ok()?;
+            let seen = look();
+            if !server_only || self.lock().core.waits_for_server_only() {
+                return Some(seen);
+            }
+            server_only = false;
+        }
     }
 
     /// Whether call `id` has its result (or is gone), applying
@@ -347,8 +363,11 @@ fn notifier_loop<Q: QueuePair + std::marker::Send + 'static>(
         };
         // Arm, look (a completion that landed before the arm raised no
         // event), sleep, take, look.
-        if client.arm(events) {
+        let looked = client.arm_and_look(events, || {
             client.background_turn();
+            false
+        });
+        if looked.is_some() {
             let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
             if events.wait(tick).unwrap_or(false) {
                 let _ = events.take();
@@ -720,12 +739,13 @@ mod tests {
     }
 
     impl FakeServer {
+        /// Sends `bytes`, solicited, as the real server sends.
         fn send(&mut self, bytes: &[u8]) {
             let mut chunk = self.pool.take().unwrap();
             chunk[..bytes.len()].copy_from_slice(bytes);
             self.ring
                 .submission()
-                .push(Send::new(chunk.slice(..bytes.len())))
+                .push(Send::new(chunk.slice(..bytes.len())).solicited())
                 .unwrap();
             self.ring.submit().unwrap();
         }

@@ -83,7 +83,8 @@ pub enum Progress {
     /// the checks a NIC makes when work is posted, and the completion
     /// queue (`scripts/instructions` shows that share beside each figure).
     /// Only behind an empty queue: work queued in another mode runs first
-    /// (in order) when the device progresses.
+    /// (in order) when the device progresses. A receive completes with no
+    /// message, so it never wakes a channel armed for solicited events.
     NoOp,
 }
 

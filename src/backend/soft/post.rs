@@ -168,7 +168,7 @@ pub(super) fn post_each_send(
             // request queued earlier (in another mode) must run first.
             if wr.flags.contains(SendFlags::SIGNALED) {
                 qp.report_send(seq);
-                state.push_cqe_on(cq, qpn, no_op_send(wr.wr_id, qpn, list), release);
+                state.push_cqe_on(cq, qpn, no_op_send(wr.wr_id, qpn, list), release, false);
             }
         } else {
             qp.sq.push_back(QueuedSend {

@@ -393,13 +393,7 @@ impl DeviceState {
         let Some(cq_index) = self.qp(qpn).map(|qp| qp.cq) else {
             return;
         };
-        debug_assert_eq!(self.qp(qpn).map(|qp| qp.cq), Some(cq_index));
-        let Some(cq) = self.cq(cq_index) else {
-            return;
-        };
-        if !cq.push_unless_full(cqe, release, solicited) {
-            self.overrun(cq_index);
-        }
+        self.push_cqe_on(cq_index, qpn, cqe, release, solicited);
     }
 
     /// [`push_cqe`](Self::push_cqe) for a caller that knows the queue
@@ -411,12 +405,13 @@ impl DeviceState {
         qpn: usize,
         cqe: RawCompletion,
         release: SlotRelease,
+        solicited: bool,
     ) {
         debug_assert_eq!(self.qp(qpn).map(|qp| qp.cq), Some(cq_index));
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
-        if !cq.push_unless_full(cqe, release, false) {
+        if !cq.push_unless_full(cqe, release, solicited) {
             self.overrun(cq_index);
         }
     }
