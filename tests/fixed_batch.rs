@@ -575,9 +575,12 @@ macro_rules! push_any {
 /// through one batch and each reap with `reap_each`; else one `push` at a
 /// time and `reap` into a list.
 fn run(steps: &[Step], batched: bool) -> Vec<Seen> {
+    // The peer posts no receives: a SEND waits on RNR for good (7), as
+    // retries that run out on the clock would make the two runs differ.
     let config = QpConfig {
         max_send_wr: 8,
         max_recv_wr: 4,
+        rnr_retry: 7,
         ..QpConfig::default()
     };
     let ring_config = FixedRingConfig {

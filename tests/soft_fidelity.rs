@@ -12,7 +12,7 @@
 //! armed for solicited events wakes only for a message that asked for one,
 //! or for an error.
 
-use rdma_ring::backend::soft::{Progress, QpState, SoftDevice, SoftQp};
+use rdma_ring::backend::soft::{Progress, QpState, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{
     AsyncEvent, AsyncEventSource, CompletionQueue, PostError, QpConfig, QueuePair, RawCompletion,
     RecvWr, SendFlags, SendOpcode, SendWr, Sge, SgeSpan, SharedReceiveQueue, SrqConfig, WcStatus,
@@ -91,6 +91,24 @@ fn poll(cq: &mut impl CompletionQueue, max: usize) -> Vec<RawCompletion> {
     let n = cq.poll(&mut out).unwrap();
     out.truncate(n);
     out
+}
+
+/// A shared receive queue `DEPTH` deep.
+fn shared_queue(dev: &SoftDevice, pd: &SoftPd) -> SoftSrq {
+    let config = SrqConfig {
+        max_wr: DEPTH,
+        max_sge: 1,
+    };
+    dev.create_srq(pd, config).unwrap()
+}
+
+/// A queue pair on `cq` taking its receives from `srq`, connected to a
+/// new queue pair of its own: (that one, its peer).
+fn on_shared_queue(dev: &SoftDevice, pd: &SoftPd, cq: &SoftCq, srq: &SoftSrq) -> (SoftQp, SoftQp) {
+    let receiver = dev.create_qp_on(pd, cq, Some(srq), config()).unwrap();
+    let peer = dev.create_qp(pd, config()).unwrap();
+    dev.connect(&peer, &receiver).unwrap();
+    (receiver, peer)
 }
 
 #[test]
@@ -272,18 +290,8 @@ fn a_shared_receive_keeps_its_slot_until_its_completion_is_polled() {
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(16).unwrap();
-    let mut srq = dev
-        .create_srq(
-            &pd,
-            SrqConfig {
-                max_wr: DEPTH,
-                max_sge: 1,
-            },
-        )
-        .unwrap();
-    let receiver = dev.create_qp_on(&pd, &cq, Some(&srq), config()).unwrap();
-    let mut sender = dev.create_qp(&pd, config()).unwrap();
-    dev.connect(&sender, &receiver).unwrap();
+    let mut srq = shared_queue(&dev, &pd);
+    let (receiver, mut sender) = on_shared_queue(&dev, &pd, &cq, &srq);
     let mut cq = cq;
     let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
 
@@ -403,18 +411,8 @@ fn an_access_error_comes_before_the_last_receive_event() {
     let events = dev.async_events().unwrap();
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(16).unwrap();
-    let srq = dev
-        .create_srq(
-            &pd,
-            SrqConfig {
-                max_wr: DEPTH,
-                max_sge: 1,
-            },
-        )
-        .unwrap();
-    let responder = dev.create_qp_on(&pd, &cq, Some(&srq), config()).unwrap();
-    let mut requester = dev.create_qp(&pd, config()).unwrap();
-    dev.connect(&requester, &responder).unwrap();
+    let srq = shared_queue(&dev, &pd);
+    let (responder, mut requester) = on_shared_queue(&dev, &pd, &cq, &srq);
     let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
     let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::READ).unwrap();
     post_writes(&mut requester, 0, &[true], &local, &target).unwrap();
@@ -440,15 +438,7 @@ fn a_dropped_completion_queue_gives_back_its_shared_receives() {
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let (cq_a, cq_b) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-    let mut srq = dev
-        .create_srq(
-            &pd,
-            SrqConfig {
-                max_wr: DEPTH,
-                max_sge: 1,
-            },
-        )
-        .unwrap();
+    let mut srq = shared_queue(&dev, &pd);
     let a = dev.create_qp_on(&pd, &cq_a, Some(&srq), config()).unwrap();
     let b = dev.create_qp_on(&pd, &cq_b, Some(&srq), config()).unwrap();
     let mut sender = dev.create_qp(&pd, config()).unwrap();

@@ -574,13 +574,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 &mut self.cq_free,
                 &mut self.parked_any,
             );
-            match result {
-                Ok(n) => posted += n,
-                Err((n, error)) => {
-                    posted += n;
-                    first_error.get_or_insert(error);
-                }
-            }
+            tally(&mut posted, &mut first_error, result);
         }
         self.dirty.clear();
         match first_error {
@@ -642,13 +636,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             &mut self.cq_free,
             &mut self.parked_any,
         );
-        match result {
-            Ok(n) => posted += n,
-            Err((n, error)) => {
-                posted += n;
-                first_error.get_or_insert(error);
-            }
-        }
+        tally(&mut posted, &mut first_error, result);
         match first_error {
             None => Ok(posted),
             Some(error) => Err(error),
@@ -659,16 +647,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// `posted`; the first refusal, if any.
     #[cold]
     fn submit_srqs(&mut self, posted: &mut usize) -> Option<Error> {
-        match self.post_srqs() {
-            Ok(n) => {
-                *posted += n;
-                None
-            }
-            Err((n, error)) => {
-                *posted += n;
-                Some(error)
-            }
-        }
+        let mut first_error = None;
+        let result = self.post_srqs();
+        tally(posted, &mut first_error, result);
+        first_error
     }
 
     /// Posted operations not yet completed, on every queue pair and
@@ -1033,6 +1015,23 @@ pub(super) fn push_onto<Q, O: FixedOp>(
     }
     *credit.free -= 1;
     Ok((own_user_data, work.kind == OpKind::Recv))
+}
+
+/// Adds a post's outcome to a submit's: the work requests posted, and
+/// the first refusal.
+#[inline(always)]
+pub(super) fn tally(
+    posted: &mut usize,
+    first_error: &mut Option<Error>,
+    result: Result<usize, (usize, Error)>,
+) {
+    match result {
+        Ok(n) => *posted += n,
+        Err((n, error)) => {
+            *posted += n;
+            first_error.get_or_insert(error);
+        }
+    }
 }
 
 /// Posts the work pushed to the queue pair in `slot`, or, if it is in

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use super::queue::{srq_wr_id, AttachedQp, RecvEntry, MAX_SLOTS};
 use super::reap::recv_completion;
 use super::receive_table::{ReceiveTable, MAX_DEPTH};
-use super::ring::{admit, flushed, fresh_handle, handle_index, INDEX_BITS};
+use super::ring::{admit, flushed, fresh_handle, handle_index, tally, INDEX_BITS};
 use super::srq_refill::ActiveRefill;
 use super::{FixedCompletion, FixedQp, FixedRing, RecvFixed};
 use crate::backend::{
@@ -489,13 +489,8 @@ impl<Q: QueuePair> FixedRing<Q> {
         let mut posted = 0;
         let mut first_error = None;
         for slot in self.srqs.iter_mut().flatten() {
-            match slot.post(table, &mut self.ready, &mut self.cq_free) {
-                Ok(n) => posted += n,
-                Err((n, error)) => {
-                    posted += n;
-                    first_error.get_or_insert(error);
-                }
-            }
+            let result = slot.post(table, &mut self.ready, &mut self.cq_free);
+            tally(&mut posted, &mut first_error, result);
         }
         match first_error {
             None => Ok(posted),
