@@ -91,30 +91,32 @@ impl AsFd for SoftEvents {
     }
 }
 
-impl CompletionEvents for SoftEvents {
-    fn arm(&self) -> Result<(), Error> {
+impl SoftEvents {
+    /// Runs `f` on the device side of this channel, under the device lock.
+    fn with_source(&self, f: impl FnOnce(&mut EventSource)) -> Result<(), Error> {
         let mut state = self.shared.lock();
         let cq = state
             .cq(self.cq)
             .ok_or(Error::Soft("completion queue destroyed"))?;
         if let Some(events) = cq.events.as_mut() {
-            events.armed = Armed::Any;
+            f(events);
         }
         Ok(())
     }
+}
+
+impl CompletionEvents for SoftEvents {
+    fn arm(&self) -> Result<(), Error> {
+        self.with_source(|events| events.armed = Armed::Any)
+    }
 
     fn arm_solicited(&self) -> Result<(), Error> {
-        let mut state = self.shared.lock();
-        let cq = state
-            .cq(self.cq)
-            .ok_or(Error::Soft("completion queue destroyed"))?;
-        if let Some(events) = cq.events.as_mut() {
+        self.with_source(|events| {
             // Armed for any CQE already: that wider request stands.
             if events.armed == Armed::No {
                 events.armed = Armed::Solicited;
             }
-        }
-        Ok(())
+        })
     }
 
     fn take(&self) -> Result<usize, Error> {

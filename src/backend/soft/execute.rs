@@ -192,7 +192,7 @@ impl DeviceState {
                 self.copy_pieces(&local, &target);
                 let imm = (wr.opcode == SendOpcode::SendImm).then_some(wr.imm);
                 let release = self.recv_release(peer_qpn);
-                self.push_cqe_marked(
+                self.push_cqe_solicited(
                     peer_qpn,
                     RawCompletion {
                         wr_id: recv.wr_id,
@@ -269,7 +269,7 @@ impl DeviceState {
     fn deliver(&mut self, peer: usize, byte_len: u32, imm: Option<u32>, solicited: bool) {
         let recv = self.take_receive(peer).expect("receive checked present");
         let release = self.recv_release(peer);
-        self.push_cqe_marked(
+        self.push_cqe_solicited(
             peer,
             RawCompletion {
                 wr_id: recv.wr_id,

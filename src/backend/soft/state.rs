@@ -378,12 +378,13 @@ impl DeviceState {
     /// with its work requests gone without CQEs (the ring then cannot
     /// drain, and leaks their buffers), and a `CqError` event is raised.
     pub(super) fn push_cqe(&mut self, qpn: usize, cqe: RawCompletion, release: SlotRelease) {
-        self.push_cqe_marked(qpn, cqe, release, false);
+        self.push_cqe_solicited(qpn, cqe, release, false);
     }
 
-    /// [`push_cqe`](Self::push_cqe) of a receive, `solicited` if the
-    /// message that took it asked for a solicited event.
-    pub(super) fn push_cqe_marked(
+    /// [`push_cqe`](Self::push_cqe), saying whether the CQE is solicited
+    /// (a receive whose message asked for an event): what wakes a channel
+    /// armed for solicited events (errors wake it whatever this says).
+    pub(super) fn push_cqe_solicited(
         &mut self,
         qpn: usize,
         cqe: RawCompletion,
