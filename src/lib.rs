@@ -121,6 +121,7 @@ pub mod rpc;
 pub mod session;
 pub mod stream;
 mod thread_waker;
+mod wakers;
 mod work;
 
 pub use error::{Error, Rejected};

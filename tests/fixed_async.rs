@@ -890,3 +890,75 @@ fn a_queue_pair_failed_by_an_event_wakes_its_waiting_futures() {
         "{error:?}"
     );
 }
+
+/// A waker that panics when woken.
+struct PanickingWaker;
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A waker that panics does not keep the others collected with it from
+/// being woken: the panic reaches the caller only after they all are, and
+/// every operation still completes.
+#[test]
+fn a_panicking_waker_does_not_keep_the_others_asleep() {
+    use std::future::Future;
+    use std::sync::{atomic::Ordering, Arc};
+    use std::task::{Context, Poll, Waker};
+    let dev = SoftDevice::with_progress(rdma_ring::backend::soft::Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut qa, _qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let bufs = FixedBufs::new(&pd, SLOTS, 256).unwrap();
+    let cq = qa.take_cq().unwrap();
+    let ring = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let a = AsyncFixedRing::new(ring, Wakeup::Reactor).unwrap();
+    let ha = a.attach(qa).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 512], RemoteAccess::WRITE).unwrap();
+    let write = |i: u64| {
+        let remote = target.remote().slice(i * 256..(i + 1) * 256).unwrap();
+        a.push(
+            ha,
+            WriteFixed::new(a.take_buf().unwrap(), 256, remote).signaled(),
+        )
+        .unwrap()
+    };
+    let (mut first, mut second) = (write(0), write(1));
+    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let counting = Arc::new(CountingWaker::default());
+    let counted = Waker::from(Arc::clone(&counting));
+    use std::pin::Pin;
+    assert!(Pin::new(&mut first)
+        .poll(&mut Context::from_waker(&panicking))
+        .is_pending());
+    assert!(Pin::new(&mut second)
+        .poll(&mut Context::from_waker(&counted))
+        .is_pending());
+    dev.progress();
+    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.drive()));
+    assert!(driven.is_err(), "the waker's panic reaches the caller");
+    assert_eq!(
+        counting.0.load(Ordering::SeqCst),
+        1,
+        "the other task was woken"
+    );
+    let noop = &mut Context::from_waker(Waker::noop());
+    for op in [&mut first, &mut second] {
+        match Pin::new(op).poll(noop) {
+            Poll::Ready(done) => assert!(done.unwrap().status().is_success()),
+            Poll::Pending => panic!("a completed operation is still pending"),
+        }
+    }
+}

@@ -484,3 +484,127 @@ fn coalesced_tasks_that_push_again_as_ops_complete_share_doorbells() {
         tasks * each
     );
 }
+
+/// A waker that panics when woken.
+struct PanickingWaker;
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A waker that panics does not keep the others collected with it from
+/// being woken: the panic reaches the caller only after they all are, and
+/// every operation still completes.
+#[test]
+fn a_panicking_waker_does_not_keep_the_others_asleep() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let s = setup(Progress::Manual, 16, Wakeup::Reactor);
+    let remote = s.exposed[1].remote();
+    let mut first = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(0..64).unwrap()));
+    let mut second = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(64..128).unwrap()));
+    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let counting = Arc::new(CountingWaker::default());
+    let counted = Waker::from(Arc::clone(&counting));
+    assert!(first
+        .as_mut()
+        .poll(&mut Context::from_waker(&panicking))
+        .is_pending());
+    assert!(second
+        .as_mut()
+        .poll(&mut Context::from_waker(&counted))
+        .is_pending());
+    s.dev.progress();
+    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.a.drive()));
+    assert!(driven.is_err(), "the waker's panic reaches the caller");
+    assert_eq!(
+        counting.0.load(Ordering::SeqCst),
+        1,
+        "the other task was woken"
+    );
+    let noop = &mut Context::from_waker(Waker::noop());
+    for op in [&mut first, &mut second] {
+        match op.as_mut().poll(noop) {
+            Poll::Ready((result, _buf)) => assert_eq!(result.unwrap(), 64),
+            Poll::Pending => panic!("a completed operation is still pending"),
+        }
+    }
+}
+
+/// Memory whose drop panics (unless already unwinding).
+struct PanicsOnDrop(Vec<u8>);
+
+// SAFETY: the Vec's heap buffer is never reallocated: nothing here takes
+// `&mut Vec`, and moving the Vec does not move its buffer.
+unsafe impl rdma_ring::buf::StableBuf for PanicsOnDrop {
+    fn stable_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn stable_len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+// SAFETY: as above; `as_mut_ptr` is the same address.
+unsafe impl rdma_ring::buf::StableBufMut for PanicsOnDrop {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("a buffer whose drop panics");
+        }
+    }
+}
+
+/// The buffer of an operation whose future was dropped is dropped once
+/// the ring is released, not in the middle of its bookkeeping: a drop that
+/// panics reaches the caller, and the other operations completed by the
+/// same poll still reach their futures.
+#[test]
+fn a_buffer_whose_drop_panics_loses_no_other_completion() {
+    use rdma_ring::buf::RegisteredBuf;
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let s = setup(Progress::Manual, 16, Wakeup::Reactor);
+    let remote = s.exposed[1].remote();
+    let noop = &mut Context::from_waker(Waker::noop());
+    let panics = RegisteredBuf::new(&s.pd, PanicsOnDrop(vec![0u8; 64])).unwrap();
+    let mut dropped = Box::pin(s.a.write(panics, remote.slice(0..64).unwrap()));
+    let mut kept: Vec<_> = (1..4u64)
+        .map(|i| {
+            let target = remote.slice(i * 64..(i + 1) * 64).unwrap();
+            Box::pin(s.a.write(s.pool.take().unwrap(), target))
+        })
+        .collect();
+    assert!(dropped.as_mut().poll(noop).is_pending());
+    for op in &mut kept {
+        assert!(op.as_mut().poll(noop).is_pending());
+    }
+    drop(dropped);
+    s.dev.progress();
+    let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.a.drive()));
+    assert!(driven.is_err(), "the buffer's panic reaches the caller");
+    for op in &mut kept {
+        match op.as_mut().poll(noop) {
+            Poll::Ready((result, _buf)) => assert_eq!(result.unwrap(), 64),
+            Poll::Pending => panic!("a completed operation is still pending"),
+        }
+    }
+    s.a.with_ring(|ring| assert_eq!(ring.in_flight(), 0));
+}

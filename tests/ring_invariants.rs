@@ -484,6 +484,7 @@ thread_local! {
     static ACCEPT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     static FORGED: std::cell::RefCell<Vec<RawCompletion>> = const { std::cell::RefCell::new(Vec::new()) };
     static WEDGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static NO_SEND_QUEUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Accept at most this many send WRs per post (this thread's rings).
@@ -520,7 +521,11 @@ unsafe impl QueuePair for Misbehaving {
     type Cq = MisbehavingCq;
     type Srq = SoftSrq;
     fn caps(&self) -> QpCaps {
-        self.inner.caps()
+        let mut caps = self.inner.caps();
+        if NO_SEND_QUEUE.with(|n| n.get()) {
+            caps.max_send_wr = 0;
+        }
+        caps
     }
     unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         if WEDGED.with(|w| w.get()) {
@@ -593,6 +598,30 @@ fn misbehaving(p: &Pair) -> Ring<Misbehaving> {
             ..RingConfig::default()
         },
     )
+}
+
+/// A queue pair no ring takes (here, one that says it has no send queue)
+/// is refused by `Ring::try_new` with its own completion queue still in it.
+#[test]
+fn a_queue_pair_try_new_refuses_keeps_its_completion_queue() {
+    let p = default_pair();
+    let (qp, _peer) = p
+        .dev
+        .connected_pair(&p.pd, &p.pd, QpConfig::default())
+        .unwrap();
+    NO_SEND_QUEUE.with(|n| n.set(true));
+    let refused = Ring::try_new(Misbehaving { inner: qp }, RingConfig::default()).unwrap_err();
+    NO_SEND_QUEUE.with(|n| n.set(false));
+    assert!(
+        matches!(refused.error(), Error::Incompatible(_)),
+        "{}",
+        refused.error()
+    );
+    let mut qp = refused.into_value();
+    assert!(
+        qp.take_cq().is_some(),
+        "the completion queue is still the queue pair's"
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdma_ring::backend::soft::{SoftDevice, SoftQp};
 use rdma_ring::backend::QpConfig;
-use rdma_ring::buf::{BufferPool, RemoteAccess};
+use rdma_ring::buf::{BufferPool, RegisteredBuf, RemoteAccess};
 use rdma_ring::future::Wakeup;
 use rdma_ring::op::{Recv, Send};
 use rdma_ring::ring::{Ring, RingConfig};
@@ -634,6 +634,32 @@ fn hostile_clients_are_told_and_cut_off_and_others_are_served() {
     assert_eq!(stats.protocol_errors, 4, "{stats:?}");
     server.shutdown().unwrap();
     assert_nothing_leaked();
+}
+
+/// A client's message longer than the buffer size the hello gave fails
+/// its receive on the device: the server counts a protocol violation,
+/// closes that connection, and serves the others.
+#[test]
+fn a_message_longer_than_the_hello_allows_is_a_violation() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let good = server.connect_soft().unwrap();
+    let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    let size = RpcConfig::default().buffer_size as usize;
+    let mut big = vec![0u8; size + 1];
+    wire::encode_inline(&mut big, Kind::Request, 1, b"r");
+    let big = RegisteredBuf::new(&*pd, big).unwrap();
+    ring.submission().push(Send::new(big).user_data(2)).unwrap();
+    ring.submit().unwrap();
+    wait_for("the client to be closed", || {
+        server.stats().clients_closed == 1
+    });
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 1, "{stats:?}");
+    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
+    drop(ring);
+    server.shutdown().unwrap();
 }
 
 /// A client that closes and goes on sending (here before it has even

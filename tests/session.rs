@@ -519,6 +519,16 @@ async fn garbage_shorter_than_a_trailer_is_refused() {
     assert!(why.contains("shorter than"), "{why}");
 }
 
+/// A message longer than the receive buffers the session's hello told
+/// the peer of breaks the protocol (the device fails the receive).
+#[tokio::test]
+async fn a_message_longer_than_the_hello_allows_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    peer.wire.send(vec![0u8; 64 * 1024]);
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("longer than its receive buffer"), "{why}");
+}
+
 #[tokio::test]
 async fn counts_of_messages_never_sent_are_refused() {
     let mut peer = raw_peer(SessionConfig::default());

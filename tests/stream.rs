@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
+use rdma_ring::backend::WcStatus;
 use rdma_ring::buf::{BaseBuf, RegisteredBuf};
 use rdma_ring::future::Wakeup;
 use rdma_ring::op::{Recv, SendImm};
@@ -231,6 +232,86 @@ fn end_of_stream_and_half_close_behave_like_tcp() {
     assert_eq!(a.read(&mut reply).unwrap(), 0);
 }
 
+/// Both sides write more than the other's receive buffers hold, shut
+/// down writing, and only then read: as with TCP, neither waits for ever
+/// in its shutdown, and each reads all the other wrote, then the end of
+/// stream.
+#[test]
+fn both_sides_writing_then_shutting_down_then_reading_do_not_deadlock() {
+    let dev = SoftDevice::new();
+    let config = StreamConfig {
+        connect_timeout: Duration::from_secs(10),
+        ..small()
+    };
+    let (a, b, _ca, _cb) = pair_with_controls(&dev, config);
+    let side = |mut s: RdmaStream<SoftQp>, seed: u8| {
+        std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+            s.set_write_timeout(Some(Duration::from_secs(5)))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(&pattern(250, seed))?;
+            s.shutdown(Shutdown::Write)?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            Ok(got)
+        })
+    };
+    let (a, b) = (side(a, 1), side(b, 2));
+    let got_by_a = a.join().unwrap().expect("A's side");
+    let got_by_b = b.join().unwrap().expect("B's side");
+    assert!(
+        got_by_a == pattern(250, 2),
+        "A got {} bytes",
+        got_by_a.len()
+    );
+    assert!(
+        got_by_b == pattern(250, 1),
+        "B got {} bytes",
+        got_by_b.len()
+    );
+}
+
+/// The same through the async stream: each side writes, closes, then
+/// reads to the end.
+#[test]
+fn both_async_sides_writing_then_closing_then_reading_do_not_deadlock() {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    let dev = SoftDevice::new();
+    let (a, b, _ca, _cb) = pair_with_controls(&dev, small());
+    let side = |s: RdmaStream<SoftQp>, seed: u8| {
+        let mut s = s.into_async(Wakeup::Thread).unwrap();
+        std::thread::spawn(move || {
+            futures::executor::block_on(async {
+                s.write_all(&pattern(250, seed)).await?;
+                s.close().await?;
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).await?;
+                std::io::Result::Ok(got)
+            })
+        })
+    };
+    let (a, b) = (side(a, 1), side(b, 2));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(a.is_finished() && b.is_finished()) {
+        assert!(
+            Instant::now() < deadline,
+            "the two sides wait on each other"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let got_by_a = a.join().unwrap().expect("A's side");
+    let got_by_b = b.join().unwrap().expect("B's side");
+    assert!(
+        got_by_a == pattern(250, 2),
+        "A got {} bytes",
+        got_by_a.len()
+    );
+    assert!(
+        got_by_b == pattern(250, 1),
+        "B got {} bytes",
+        got_by_b.len()
+    );
+}
+
 #[test]
 fn shutdown_read_drops_what_arrives_and_keeps_the_writer_going() {
     let dev = SoftDevice::new();
@@ -422,6 +503,13 @@ fn a_peer_that_breaks_the_protocol_gets_invalid_data() {
                 for _ in 0..3 {
                     p.send(data(0, 0), b"flood");
                 }
+            }),
+        ),
+        (
+            "longer than the receive buffers' 64 bytes",
+            Box::new(move |p: &mut RawPeer| {
+                p.hello();
+                p.send(data(0, 0), &[7u8; 65]);
             }),
         ),
         (
@@ -688,4 +776,32 @@ fn an_async_stream_on_a_failed_completion_queue_fails_its_reads() {
     let (kind, why) = read.expect_err("nothing was sent to read");
     assert_eq!(kind, ErrorKind::ConnectionReset, "{why}");
     assert!(why.contains("overrun"), "{why}");
+}
+
+/// An async close is ready once the end of stream has left, and says so
+/// only if it arrived: when the link dies under it and the end of stream's
+/// send fails, so does the close.
+#[test]
+fn an_async_close_whose_last_sends_fail_fails() {
+    use futures::io::AsyncWriteExt;
+    let dev = SoftDevice::new();
+    let (a, b, ca, _cb) = pair_with_controls(&dev, small());
+    let mut a = a.into_async(Wakeup::Busy).unwrap();
+    // The bytes go; the end of stream after them is lost, as if the link
+    // died while it was on the wire.
+    ca.fail_nth(2, WcStatus::RetryExcErr);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let closed = futures::executor::block_on(async {
+            a.write_all(b"last words").await?;
+            a.close().await
+        });
+        let _ = tx.send(closed.map_err(|e| (e.kind(), e.to_string())));
+    });
+    let closed = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the close waited for ever");
+    let (kind, why) = closed.expect_err("the bytes and the end of stream were lost");
+    assert_eq!(kind, ErrorKind::ConnectionReset, "{why}");
+    drop(b);
 }

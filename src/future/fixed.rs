@@ -591,9 +591,7 @@ impl<Q: QueuePair> FixedShared<Q> {
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
         std::mem::swap(&mut wakes, &mut inner.futures.wakes);
         drop(inner);
-        for waker in wakes.drain(..) {
-            waker.wake();
-        }
+        crate::wakers::wake_all(wakes.drain(..));
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
         drop(dropped);
     }

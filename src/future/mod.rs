@@ -329,11 +329,11 @@ impl<Q: QueuePair> Shared<Q> {
         // another thread-local's destructor) gets a list of its own.
         let mut wakes = WAKES.try_with(|cell| cell.take()).unwrap_or_default();
         ring.take_wakes(&mut wakes);
+        let let_go = ring.take_let_go();
         drop(ring);
-        for waker in wakes.drain(..) {
-            waker.wake();
-        }
+        crate::wakers::wake_all(wakes.drain(..));
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
+        drop(let_go);
         result
     }
 

@@ -10,6 +10,7 @@ use std::task::Waker;
 
 use super::{Completion, Key, QpHandle, QueueRef, Ring, Unposted};
 use crate::backend::{QueuePair, WcStatus};
+use crate::buf::OwnedBufs;
 use crate::error::{Error, Rejected};
 use crate::op::Operation;
 
@@ -112,7 +113,8 @@ impl<Q: QueuePair> Ring<Q> {
                 }
             }
             Owner::Orphaned => {
-                self.slab.remove_present(key);
+                let op = self.slab.remove_present(key);
+                self.let_go.push(op.bufs);
             }
             Owner::Marker => {
                 self.slab.remove_present(key);
@@ -244,7 +246,9 @@ impl<Q: QueuePair> Ring<Q> {
         };
         let finished = matches!(op.owner, Owner::Awaited { done: Some(_), .. });
         if finished || (!op.posted && !pending) {
-            self.remove_quietly(key);
+            if let Some(op) = self.remove_quietly(key) {
+                self.let_go.push(op.bufs);
+            }
         } else {
             if let Owner::Awaited {
                 waker: Some(waker), ..
@@ -360,9 +364,20 @@ impl<Q: QueuePair> Ring<Q> {
         into.append(&mut self.wakes);
     }
 
-    /// Whether wakers wait to be woken once the ring's lock is released.
+    /// Whether wakers wait to be woken, or buffers to be dropped, once the
+    /// ring's lock is released.
     #[inline]
     pub(crate) fn has_wakes(&self) -> bool {
-        !self.wakes.is_empty()
+        !self.wakes.is_empty() || !self.let_go.is_empty()
+    }
+
+    /// The buffers of operations whose futures were dropped, if there are
+    /// any, to be dropped once the ring's lock is released.
+    #[inline]
+    pub(crate) fn take_let_go(&mut self) -> Option<Vec<OwnedBufs>> {
+        if self.let_go.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.let_go))
     }
 }

@@ -298,6 +298,11 @@ pub struct Ring<Q: QueuePair> {
     events: events::EventState,
     /// Wakers to wake once the caller has released the ring.
     wakes: Vec<std::task::Waker>,
+    /// The buffers of operations whose futures were dropped, dropped once
+    /// the caller has released the ring: a buffer's drop may run anything,
+    /// a panic or this ring included, and the ring's bookkeeping (the rest
+    /// of a poll's CQEs, say) must not stop half-way for it.
+    let_go: Vec<OwnedBufs>,
     /// Queue-owned operations pushed and not yet in `ready`.
     queued_in_flight: usize,
     scratch: Vec<RawCompletion>,
@@ -359,6 +364,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// assert!(ring.attach(refused.into_value()).is_ok());
     /// ```
     pub fn try_new(mut qp: Q, config: RingConfig) -> Result<Self, Rejected<Q>> {
+        // What `attach` would refuse is refused before the queue pair's
+        // completion queue is taken, which could not be given back.
+        if let Some(why) = qp::depth_refusal(&qp.caps()) {
+            return Err(Rejected::new(why, qp));
+        }
         let Some(cq) = qp.take_cq() else {
             return Err(Rejected::new(
                 Error::Incompatible(
@@ -412,6 +422,7 @@ impl<Q: QueuePair> Ring<Q> {
             cq_events: None,
             events: events::EventState::default(),
             wakes: Vec::new(),
+            let_go: Vec::new(),
             queued_in_flight: 0,
             scratch: vec![RawCompletion::default(); batch],
             failed: None,

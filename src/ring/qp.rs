@@ -162,11 +162,8 @@ impl<Q: QueuePair> Ring<Q> {
                 qp,
             ));
         }
-        if caps.max_send_wr == 0 || caps.max_send_wr > MAX_DEPTH || caps.max_recv_wr > MAX_DEPTH {
-            return Err(Rejected::new(
-                Error::Incompatible("its queue depths are beyond what a ring takes (2^24)"),
-                qp,
-            ));
+        if let Some(why) = depth_refusal(&caps) {
+            return Err(Rejected::new(why, qp));
         }
         // One send slot and one CQE for the teardown marker, if there is
         // room to spare; without a marker, every send asks for a CQE, so a
@@ -563,4 +560,13 @@ impl<Q: QueuePair> Ring<Q> {
             entries: self.cq_entries.saturating_sub(self.cqe_reserved),
         })
     }
+}
+
+/// Why no ring takes a queue pair of these depths, if none does.
+pub(super) fn depth_refusal(caps: &QpCaps) -> Option<Error> {
+    let fits =
+        caps.max_send_wr > 0 && caps.max_send_wr <= MAX_DEPTH && caps.max_recv_wr <= MAX_DEPTH;
+    (!fits).then_some(Error::Incompatible(
+        "its queue depths are beyond what a ring takes (1 to 2^24 sends, up to 2^24 receives)",
+    ))
 }

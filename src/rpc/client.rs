@@ -781,7 +781,8 @@ mod tests {
             ..RpcConfig::default()
         };
         let pending = PendingClient::new(client_qp, Arc::new(pd_c), config).unwrap();
-        let pool = BufferPool::new(&pd_s, 4096, 32).unwrap();
+        // Larger than the hello's buffer size, to send what it forbids.
+        let pool = BufferPool::new(&pd_s, 8192, 32).unwrap();
         let mut ring = Ring::new(server_qp, RingConfig::default());
         for _ in 0..16 {
             ring.submission()
@@ -839,6 +840,23 @@ mod tests {
         server.send(&buf[..n]);
         match futures::executor::block_on(call) {
             Err(RpcError::Protocol(why)) => assert!(why.contains("only clients send"), "{why}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_message_longer_than_the_hello_allows_fails_the_connection() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        server.next_request();
+        server.send(&[0u8; 4097]);
+        match futures::executor::block_on(call) {
+            Err(RpcError::Protocol(why)) => {
+                assert!(
+                    why.contains("longer than the receive buffers' 4096"),
+                    "{why}"
+                )
+            }
             other => panic!("expected a protocol error, got {other:?}"),
         }
     }

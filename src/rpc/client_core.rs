@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::{RpcConfig, RpcError};
-use crate::backend::{ProtectionDomain, QueuePair};
+use crate::backend::{ProtectionDomain, QueuePair, WcStatus};
 use crate::buf::{
     BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
 };
@@ -277,6 +277,13 @@ impl ClientCore {
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
             return;
         };
+        if status == WcStatus::LocLenErr {
+            // The server's hello said how large a message may be.
+            let size = self.buffer_size();
+            return self.fail(RpcError::Protocol(format!(
+                "a message longer than the receive buffers' {size} bytes"
+            )));
+        }
         if !status.is_success() {
             self.fail(RpcError::Disconnected(format!(
                 "a receive failed: {status}"

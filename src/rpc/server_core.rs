@@ -11,7 +11,7 @@ use super::server::{ServerStats, Service};
 use super::tasks::{panic_text, Outcome, Tasks};
 use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::RpcConfig;
-use crate::backend::{ProtectionDomain, QueuePair};
+use crate::backend::{ProtectionDomain, QueuePair, WcStatus};
 use crate::buf::{
     BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
 };
@@ -252,8 +252,18 @@ impl ServerCore {
         };
         if !status.is_success() {
             conn.broken = true;
-            conn.closing
-                .get_or_insert_with(|| format!("a receive failed: {status}"));
+            if conn.closing.is_none() {
+                conn.closing = Some(if status == WcStatus::LocLenErr {
+                    // The hello said how large a message may be: a
+                    // violation, though the failed queue pair cannot be
+                    // told so.
+                    self.stats.protocol_errors += 1;
+                    let size = self.config.buffer_size;
+                    format!("a message longer than the receive buffers' {size} bytes")
+                } else {
+                    format!("a receive failed: {status}")
+                });
+            }
             return;
         }
         if conn.closing.is_some() {

@@ -41,9 +41,7 @@ impl Drop for Deferral {
             return;
         }
         let woken = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
-        for waker in woken {
-            waker.wake();
-        }
+        crate::wakers::wake_all(woken);
     }
 }
 
@@ -55,9 +53,7 @@ fn wake_now_or_later(wakers: Vec<Waker>) {
         }
         None => wakers,
     });
-    for waker in rest {
-        waker.wake();
-    }
+    crate::wakers::wake_all(rest);
 }
 
 /// Wakers of the callers and tasks waiting on calls: any completion

@@ -476,8 +476,6 @@ impl EventQueue {
     }
 
     fn wake(&mut self) {
-        for w in self.waiters.drain(..) {
-            w.wake();
-        }
+        crate::wakers::wake_all(self.waiters.drain(..));
     }
 }

@@ -15,7 +15,7 @@ use super::host::{HostShared, CLOSE, CONTROL, RECV};
 use super::state::{Arrived, Lent, Request, SessionShared, SessionState};
 use super::wire::{self, Control, Message, RefuseReason, RegionDescriptor};
 use super::SessionError;
-use crate::backend::QueuePair;
+use crate::backend::{QueuePair, WcStatus};
 use crate::buf::{ExposedBuf, Region};
 use crate::op::Send;
 use crate::ring::Completion;
@@ -122,13 +122,24 @@ fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
     c: Completion,
 ) {
     let result = c.result();
-    let (imm, write_imm) = (c.imm(), c.is_write_imm());
+    let (status, imm, write_imm) = (c.status(), c.imm(), c.is_write_imm());
     let Ok(region) = c.into_buf().downcast::<Region>() else {
         return;
     };
     let mut st = s.lock();
     let len = match result {
         Ok(len) => len,
+        Err(_) if status == WcStatus::LocLenErr => {
+            // The hello said how large a message may be.
+            if st.failure.is_none() {
+                let why = format!(
+                    "a message longer than its receive buffer's {} bytes",
+                    region.len()
+                );
+                break_session(host, s, &mut st, SessionError::Protocol(why));
+            }
+            return;
+        }
         Err(e) => {
             if st.failure.is_none() {
                 let why = match host.ring.with_ring(|r| r.qp_error(s.qp.handle())) {

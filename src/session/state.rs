@@ -136,9 +136,7 @@ impl SessionState {
 
     /// Wakes everyone waiting for a change.
     pub(super) fn changed(&mut self) {
-        for w in self.waiters.drain(..) {
-            w.wake();
-        }
+        crate::wakers::wake_all(self.waiters.drain(..));
     }
 
     /// Records the session's first failure; later ones add nothing.

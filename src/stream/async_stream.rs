@@ -88,9 +88,7 @@ impl Wake for TaskWakers {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             [slots[READER].take(), slots[WRITER].take()]
         };
-        for waker in taken.into_iter().flatten() {
-            waker.wake();
-        }
+        crate::wakers::wake_all(taken.into_iter().flatten());
     }
 }
 
@@ -224,13 +222,21 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
         self.wakers.set(WRITER, cx.waker());
         self.conn.shutdown_write();
         self.turn();
-        if self.conn.fin_sent() && self.conn.in_flight() == 0 {
+        // Ready once the end of stream is done, and fine only if it and
+        // the bytes before it arrived.
+        if self.conn.fin_sent() && self.conn.in_flight() == 0 && self.conn.sends_arrived() {
             return Poll::Ready(Ok(()));
         }
-        match self.conn.failure() {
-            Some(failure) => Poll::Ready(Err(failure.to_io())),
-            None => Poll::Pending,
+        if let Some(failure) = self.conn.failure() {
+            return Poll::Ready(Err(failure.to_io()));
         }
+        if !self.conn.fin_sent() && self.conn.readable() > 0 {
+            // The peer may be waiting for us to read before it takes the
+            // rest: ready now, as the blocking stream's shutdown is, and
+            // the rest goes as reads make room (or in the drop's linger).
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     }
 }
 
@@ -258,7 +264,11 @@ impl<Q: QueuePair + Send + 'static> futures_io::AsyncWrite for AsyncRdmaStream<Q
     }
 
     /// Sends the end of stream after everything written, and is ready once
-    /// it left.
+    /// its send has completed: `Ok` if it and every byte before it
+    /// arrived, the connection's failure if a send of them failed. While
+    /// bytes the peer sent wait here unread and ours cannot all go, it is
+    /// ready at once, as [`RdmaStream::shutdown`](super::RdmaStream::shutdown)
+    /// says why.
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().close_write(cx)
     }

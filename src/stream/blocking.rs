@@ -327,6 +327,13 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// the end of stream are with the device (the peer reads the end of
     /// stream after those bytes); ending reading drops bytes not read yet
     /// and any that arrive.
+    ///
+    /// Ending writing returns at once, though, while bytes the peer sent
+    /// wait here unread and ours cannot all go: the peer may be waiting for
+    /// us to read before it takes more (two sides that each write, shut
+    /// down and then read would otherwise wait on each other for ever).
+    /// The rest of what was written, then the end of stream, goes out as
+    /// later reads make room, or in the drop's linger, as TCP's would.
     pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             self.core_mut().conn.shutdown_read();
@@ -342,6 +349,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
                 }
                 if let Some(failure) = core.conn.failure() {
                     return Err(failure.to_io());
+                }
+                if core.conn.readable() > 0 {
+                    break;
                 }
                 self.wait(
                     deadline,

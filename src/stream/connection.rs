@@ -120,6 +120,9 @@ pub(crate) struct Connection {
     inbox: VecDeque<Inbound>,
     /// Sends and probes posted and not completed.
     in_flight: usize,
+    /// Whether a data or control send failed: what was written, or the
+    /// end of stream, may not have arrived.
+    sends_lost: bool,
     probe_in_flight: bool,
     hello_allowed: bool,
     shutdown_write: bool,
@@ -159,6 +162,7 @@ impl Connection {
             outbox: VecDeque::with_capacity(config.send_buffers),
             inbox: VecDeque::with_capacity(receives),
             in_flight: 0,
+            sends_lost: false,
             probe_in_flight: false,
             hello_allowed: false,
             shutdown_write: false,
@@ -222,7 +226,12 @@ impl Connection {
                 }
                 if status.is_success() {
                     self.last_heard = Instant::now();
-                } else if status != WcStatus::WrFlushErr || self.failure.is_none() {
+                    return;
+                }
+                if c.user_data() != PROBE {
+                    self.sends_lost = true;
+                }
+                if status != WcStatus::WrFlushErr || self.failure.is_none() {
                     let what = match c.user_data() {
                         DATA => "a data send",
                         CONTROL => "a control send",
@@ -242,6 +251,15 @@ impl Connection {
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
             return;
         };
+        if status == WcStatus::LocLenErr {
+            // The peer sent more than a receive holds: the hello told it
+            // how much that is, so this breaks the protocol.
+            self.fail(Failure::Protocol(format!(
+                "a message longer than the receive buffers' {} bytes",
+                self.flow.ours().chunk
+            )));
+            return;
+        }
         if !status.is_success() {
             if self.failure.is_none() {
                 self.fail(Failure::Transport(format!("a receive failed: {status}")));
@@ -416,6 +434,12 @@ impl Connection {
     /// Whether written bytes are still waiting for the device.
     pub(crate) fn unsent(&self) -> bool {
         self.staging.as_ref().is_some_and(|(_, n)| *n > 0) || !self.outbox.is_empty()
+    }
+
+    /// Whether every data and control send that completed arrived (a
+    /// failed one may have carried written bytes or the end of stream).
+    pub(crate) fn sends_arrived(&self) -> bool {
+        !self.sends_lost
     }
 
     /// Sends and probes the device still holds.
