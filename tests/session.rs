@@ -151,7 +151,7 @@ async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
         max_remote_rights: RemoteAccess::READ | RemoteAccess::WRITE,
         ..SessionConfig::default()
     };
-    let (client, _server) = pair(config);
+    let (client, server) = pair(config);
     let refused = |r: Result<_, SessionError>| match r {
         Err(SessionError::Refused(reason)) => reason,
         other => panic!("expected a refusal, got {other:?}"),
@@ -168,8 +168,10 @@ async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
         refused(within(client.request_remote_mr(bytes(1))).await),
         RefuseReason::Quota
     );
-    // Handing one back frees its share of the quota.
+    // Handing one back frees its share of the quota once the server's
+    // user has it back.
     client.send_remote_mr(a).unwrap();
+    let _a = within(server.receive_local_mr()).await.unwrap();
     let c = within(async {
         loop {
             match client.request_remote_mr(bytes(4096)).await {
@@ -186,6 +188,55 @@ async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
         within(client.request_remote_mr(bytes(0))).await,
         Err(SessionError::Device(_))
     ));
+}
+
+/// The quota counts what a grant takes from the allocator, not the bytes
+/// asked for (a byte aligned to 4 KiB takes 4 KiB), and a region handed
+/// back counts until our user takes it: a peer that asks and hands back
+/// in a loop cannot pile up our memory.
+#[tokio::test]
+async fn the_quota_counts_memory_taken_and_regions_not_yet_taken_back() {
+    let config = SessionConfig {
+        max_remote_total: 8192,
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    let page_aligned_byte = Layout::from_size_align(1, 4096).unwrap();
+    let a = within(client.request_remote_mr(page_aligned_byte))
+        .await
+        .unwrap();
+    let b = within(client.request_remote_mr(page_aligned_byte))
+        .await
+        .unwrap();
+    assert!(matches!(
+        within(client.request_remote_mr(page_aligned_byte)).await,
+        Err(SessionError::Refused(RefuseReason::Quota))
+    ));
+    // Dropped, `b` is released: freed, its share with it. Handed back, `a`
+    // waits for the server's user, and counts until it is taken.
+    drop(b);
+    client.send_remote_mr(a).unwrap();
+    let one_more = || async {
+        loop {
+            match client.request_remote_mr(page_aligned_byte).await {
+                Err(SessionError::Refused(RefuseReason::Quota)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                other => break other.unwrap(),
+            }
+        }
+    };
+    let c = within(one_more()).await;
+    let still_held = timeout(Duration::from_millis(300), one_more()).await;
+    assert!(
+        still_held.is_err(),
+        "a region handed back and not taken is free"
+    );
+    let a = within(server.receive_local_mr()).await.unwrap();
+    assert_eq!(a.len(), 1);
+    let d = within(one_more()).await;
+    drop((c, d));
+    assert!(client.failure().is_none());
 }
 
 #[tokio::test]
@@ -285,7 +336,7 @@ async fn a_remote_region_goes_back_only_through_its_own_session() {
         b.send_remote_mr(remote),
         Err(SessionError::WrongSession)
     ));
-    // Refused, and dropped: which hands it back through `a` after all.
+    // Refused, and handed back through `a` after all.
     let back = within(a_peer.receive_local_mr()).await.unwrap();
     assert_eq!(back.len(), 64);
 }
@@ -665,7 +716,74 @@ async fn a_request_the_peer_ignores_times_out_and_a_late_grant_goes_back() {
     let (_, message) = rdma_ring::session::wire::decode(&back).unwrap();
     assert_eq!(
         message,
-        rdma_ring::session::wire::Message::Control(Control::Return { id: 5 })
+        rdma_ring::session::wire::Message::Control(Control::Release { id: 5 })
+    );
+    assert!(peer.session.failure().is_none());
+}
+
+/// A grant held back by the asker's flow control until after its lease
+/// ended never goes out as a grant (the region is already freed): the
+/// request is answered with a refusal instead.
+#[tokio::test]
+async fn a_grant_whose_lease_ends_before_it_can_go_is_refused_instead() {
+    use rdma_ring::session::wire::{decode, Message};
+    let config = SessionConfig {
+        lease: Duration::from_millis(100),
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    for request in 1..=16u64 {
+        let ask = Control::AllocRequest {
+            request,
+            size: 64,
+            align: 8,
+            rights: RemoteAccess::WRITE,
+        };
+        peer.wire.send(ask.encode(0, 0));
+    }
+    // Every control message the session sends, in order, with how many
+    // messages came so far.
+    let mut received = 0u32;
+    let mut arrived = std::collections::VecDeque::<Vec<u8>>::new();
+    let mut next_control = |wire: &mut Wire| loop {
+        while let Some(bytes) = arrived.pop_front() {
+            received += 1;
+            match decode(&bytes).unwrap().1 {
+                Message::Control(Control::Ack) => {}
+                Message::Control(other) => return (other, received),
+                other => panic!("expected a control message, got {other:?}"),
+            }
+        }
+        for c in wire.ring.completion().wait(1).unwrap() {
+            if c.kind() == rdma_ring::op::OpKind::Recv {
+                let len = c.byte_len() as usize;
+                arrived.push_back(c.into_buf()[..len].to_vec());
+            }
+        }
+    };
+    // We report none of the session's messages processed: it keeps the
+    // last of the 16 receives our hello announced for an ack, so 15
+    // grants go and the 16th answer waits.
+    let mut seen = 0;
+    for _ in 0..15 {
+        let (answer, count) = next_control(&mut peer.wire);
+        assert!(matches!(answer, Control::AllocGrant { .. }), "{answer:?}");
+        seen = count;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..8 {
+        let buf = RegisteredBuf::new(&*peer.wire.pd, vec![0u8; 4096 + 16]).unwrap();
+        peer.wire.ring.submission().push(Recv::new(buf)).unwrap();
+    }
+    peer.wire.ring.submit().unwrap();
+    peer.wire.send(Control::Ack.encode(seen, 0));
+    let (answer, _) = next_control(&mut peer.wire);
+    assert_eq!(
+        answer,
+        Control::AllocRefuse {
+            request: 16,
+            reason: RefuseReason::LeaseEnded
+        }
     );
     assert!(peer.session.failure().is_none());
 }

@@ -50,6 +50,7 @@ pub use stable::{StableBuf, StableBufMut};
 pub use word::Word;
 
 pub(crate) use owned::Base;
+pub(crate) use region::footprint;
 pub(crate) use registration::Registration;
 
 use crate::backend::{PdId, Sge};

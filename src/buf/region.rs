@@ -18,6 +18,14 @@ use crate::error::Error;
 /// starts on a cache line (and can hold aligned atomic words).
 const UNIT: usize = 64;
 
+/// What a region for `layout` takes from the arenas: whole units, with the
+/// slack an alignment beyond a unit needs (`None` past `usize`).
+pub(crate) fn footprint(layout: Layout) -> Option<usize> {
+    let slack = layout.align().saturating_sub(UNIT);
+    let bytes = layout.size().checked_add(slack)?;
+    bytes.div_ceil(UNIT).checked_mul(UNIT)
+}
+
 /// Allocations one arena keeps track of at most.
 const MAX_ALLOCS_PER_ARENA: u32 = 64 * 1024;
 
@@ -182,13 +190,8 @@ impl RegionAllocator {
         if u32::try_from(layout.size()).is_err() {
             return Err(Error::TooLong(layout.size()));
         }
-        // Alignments beyond a unit are met by allocating the slack too.
-        let slack = layout.align().saturating_sub(UNIT);
-        let bytes = layout
-            .size()
-            .checked_add(slack)
-            .ok_or(Error::OutOfMemory(usize::MAX))?;
-        let units = u32::try_from(bytes.div_ceil(UNIT)).map_err(|_| Error::OutOfMemory(bytes))?;
+        let bytes = footprint(layout).ok_or(Error::OutOfMemory(usize::MAX))?;
+        let units = u32::try_from(bytes / UNIT).map_err(|_| Error::OutOfMemory(bytes))?;
         let mut arenas = self.shared.arenas.lock().unwrap_or_else(|p| p.into_inner());
         let found = arenas
             .list

@@ -170,7 +170,9 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
                 return Err((e.into(), region));
             }
         };
-        let descriptor = super::pump::lend(&mut st, exposed, self.host.config().lease, false);
+        let charge = exposed.len() as u64;
+        let descriptor =
+            super::pump::lend(&mut st, exposed, self.host.config().lease, false, charge);
         st.outbox.push_back(Control::Lend(descriptor));
         drop(st);
         self.shared.host.nudge();
@@ -188,20 +190,32 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         Ok(self.remote_region(descriptor))
     }
 
-    /// Hands a region of the peer's back to it (its own session only).
+    /// Hands a region of the peer's back to the peer's user, who takes it
+    /// with [`receive_local_mr`](Self::receive_local_mr). A region of
+    /// another session's peer is refused ([`SessionError::WrongSession`])
+    /// and handed back through its own session all the same.
     pub fn send_remote_mr(&self, region: RemoteRegion) -> Result<(), SessionError> {
-        if region.token() != self.shared.token {
-            return Err(SessionError::WrongSession); // dropped: back to its own
-        }
+        let own = region.token() == self.shared.token;
         region.hand_back();
-        Ok(())
+        if own {
+            Ok(())
+        } else {
+            Err(SessionError::WrongSession)
+        }
     }
 
-    /// The next region of ours the peer handed back (or whose lease
-    /// ended), no longer reachable by the peer.
+    /// The next region of ours the peer handed back with
+    /// [`send_remote_mr`](Self::send_remote_mr) (or one our user lent, once
+    /// the peer released it or its lease ended), no longer reachable by
+    /// the peer. A region the peer asked us for and handed back counts
+    /// against its [`max_remote_total`](super::SessionConfig::max_remote_total)
+    /// until it is taken here.
     pub async fn receive_local_mr(&self) -> Result<Region, SessionError> {
         self.wait(|st| match st.returned.pop_front() {
-            Some(r) => Some(Ok(r)),
+            Some((region, charge)) => {
+                st.returned_bytes -= charge;
+                Some(Ok(region))
+            }
             None => st.refusal().map(Err),
         })
         .await
@@ -433,7 +447,7 @@ impl<Q: QueuePair + Send + 'static> Drop for AbandonOnDrop<'_, Q> {
             None | Some(Request::Abandoned) => {}
             Some(Request::Done(Ok(_))) => {
                 if let Some(Request::Done(Ok(d))) = st.requests.remove(&self.request) {
-                    st.outbox.push_back(Control::Return {
+                    st.outbox.push_back(Control::Release {
                         id: d.descriptor.id,
                     });
                     drop(st);

@@ -72,12 +72,16 @@
 //!   — gets a registration of its own covering exactly that region, with
 //!   exactly the rights asked for, and is unreachable locally while the
 //!   peer holds it. It comes back ([`Session::receive_local_mr`]) when the
-//!   peer hands it back ([`Session::send_remote_mr`], or by dropping its
-//!   [`RemoteRegion`]) or its lease ends; the registration is revoked
-//!   first, so the peer can no longer touch bytes safe code may now read.
+//!   peer hands it back ([`Session::send_remote_mr`]); when the peer
+//!   releases it (drops its [`RemoteRegion`]) or its lease ends, a region
+//!   granted on request is freed and a region our user sent comes back.
+//!   The registration is revoked first, so the peer can no longer touch
+//!   bytes safe code may now read.
 //! * A peer asks for at most [`SessionConfig::max_remote_region`] bytes at
-//!   a time, [`SessionConfig::max_remote_total`] in all, with rights
-//!   within [`SessionConfig::max_remote_rights`].
+//!   a time, [`SessionConfig::max_remote_total`] in all (what the
+//!   allocator takes, and grants handed back and not yet taken), at most
+//!   4096 regions at once, with rights within
+//!   [`SessionConfig::max_remote_rights`].
 //!
 //! # Data path
 //!
@@ -158,7 +162,12 @@ pub struct SessionConfig {
     pub max_message: u32,
     /// Largest region the peer may ask us to allocate.
     pub max_remote_region: u64,
-    /// Most bytes the peer may hold of ours at once (granted and sent).
+    /// Most bytes the peer may hold of ours at once (granted and sent),
+    /// counting what each grant takes from the allocator (a byte aligned
+    /// to 4 KiB takes 4 KiB) and the grants it handed back that our user
+    /// has not taken with [`Session::receive_local_mr`] yet. A peer holds
+    /// at most 4096 regions at once, whatever their size (each is a
+    /// registration of its own).
     pub max_remote_total: u64,
     /// Rights the peer may ask for.
     pub max_remote_rights: RemoteAccess,

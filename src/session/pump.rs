@@ -27,6 +27,11 @@ const TICK: Duration = Duration::from_millis(10);
 const BATCH: usize = 64;
 /// Regions lent to us and not yet taken by our user, at most.
 const MAX_PENDING_LENDS: usize = 1024;
+
+/// Regions lent to the peer at once, at most: each is a registration of
+/// its own, so a peer asking for many tiny regions is refused long before
+/// the device's table of them fills.
+const MAX_LENT_REGIONS: usize = 4096;
 /// How long a closing session waits for its close message to leave.
 pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
@@ -302,11 +307,11 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             Some(Request::TimedOut { answered: false }) => {
                 st.requests
                     .insert(request, Request::TimedOut { answered: true });
-                st.outbox.push_back(Control::Return { id: region.id });
+                st.outbox.push_back(Control::Release { id: region.id });
             }
             Some(Request::Abandoned) => {
                 st.requests.remove(&request);
-                st.outbox.push_back(Control::Return { id: region.id });
+                st.outbox.push_back(Control::Release { id: region.id });
             }
             _ => {
                 return Err(format!(
@@ -340,8 +345,8 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             }
             st.lent_to_us.push_back(Arrived::now(region));
         }
-        Control::Return { id } => match st.lent.remove(&id) {
-            Some(lent) => reclaim(st, lent, true),
+        Control::Return { id } | Control::Release { id } => match st.lent.remove(&id) {
+            Some(lent) => reclaim(st, lent, matches!(control, Control::Return { .. })),
             // Taken back at the end of its lease while coming back.
             None if id < st.next_region => {}
             None => {
@@ -372,11 +377,16 @@ fn grant<Q: QueuePair + std::marker::Send + 'static>(
     if !config.max_remote_rights.contains(rights) {
         return Err(RefuseReason::Rights);
     }
-    if st.lent_bytes + size > config.max_remote_total {
-        return Err(RefuseReason::Quota);
-    }
     let layout = Layout::from_size_align(size as usize, align as usize)
         .map_err(|_| RefuseReason::TooLarge)?;
+    // What the allocator will take, not what was asked: a byte aligned to
+    // a page takes a page.
+    let charge = crate::buf::footprint(layout).ok_or(RefuseReason::TooLarge)? as u64;
+    let held = st.lent_bytes + st.returned_bytes;
+    // Each region is a registration of its own, a device resource too.
+    if held + charge > config.max_remote_total || st.lent.len() >= MAX_LENT_REGIONS {
+        return Err(RefuseReason::Quota);
+    }
     // Zeroed: a freed region's old bytes must not reach the peer.
     let region = host
         .regions
@@ -384,23 +394,26 @@ fn grant<Q: QueuePair + std::marker::Send + 'static>(
         .map_err(|_| RefuseReason::OutOfMemory)?;
     let exposed =
         ExposedBuf::new(&*host.pd, region, rights).map_err(|_| RefuseReason::OutOfMemory)?;
-    Ok(lend(st, exposed, config.lease, true))
+    Ok(lend(st, exposed, config.lease, true, charge))
 }
 
-/// Records `exposed` as lent to the peer; returns its descriptor.
+/// Records `exposed` as lent to the peer, counting `charge` against its
+/// quota; returns its descriptor.
 pub(super) fn lend(
     st: &mut SessionState,
     exposed: ExposedBuf<Region>,
     lease: Duration,
     granted: bool,
+    charge: u64,
 ) -> RegionDescriptor {
     let id = st.next_region;
     st.next_region += 1;
-    st.lent_bytes += exposed.len() as u64;
+    st.lent_bytes += charge;
     let descriptor = RegionDescriptor {
         id,
         remote: exposed.remote(),
-        lease_ms: u32::try_from(lease.as_millis()).unwrap_or(u32::MAX),
+        // At least 1: 0 on the wire means no lease at all.
+        lease_ms: u32::try_from(lease.as_millis()).unwrap_or(u32::MAX).max(1),
     };
     st.lent.insert(
         id,
@@ -408,6 +421,7 @@ pub(super) fn lend(
             exposed,
             deadline: Instant::now().checked_add(lease),
             granted,
+            charge,
         },
     );
     descriptor
@@ -415,11 +429,18 @@ pub(super) fn lend(
 
 /// Takes a lent region back: revokes the peer's access, then hands the
 /// memory to our user (`returned`, or a region our user lent) or frees it.
+/// A granted region the peer handed back counts against its quota until
+/// our user takes it: else a peer that asks and hands back in a loop
+/// would pile up our memory without bound.
 fn reclaim(st: &mut SessionState, lent: Lent, returned: bool) {
     let bytes = lent.exposed.len();
-    st.lent_bytes = st.lent_bytes.saturating_sub(bytes as u64);
+    st.lent_bytes = st.lent_bytes.saturating_sub(lent.charge);
     match lent.exposed.into_inner() {
-        Ok(region) if returned || !lent.granted => st.returned.push_back(region),
+        Ok(region) if returned || !lent.granted => {
+            let charge = if lent.granted { lent.charge } else { 0 };
+            st.returned_bytes += charge;
+            st.returned.push_back((region, charge));
+        }
         Ok(_freed) => {}
         // The device would not deregister: the peer may still reach the
         // memory, so it must never be freed or read; leak it (counted).
@@ -492,6 +513,7 @@ fn expire(st: &mut SessionState, now: Instant) {
     for id in expired {
         let lent = st.lent.remove(&id).expect("listed");
         reclaim(st, lent, false);
+        withdraw_unsent(st, id);
     }
     for request in st.requests.values_mut() {
         if matches!(request, Request::Waiting { deadline: Some(d), .. } if now >= *d) {
@@ -501,6 +523,24 @@ fn expire(st: &mut SessionState, now: Instant) {
     }
     if changed {
         st.changed();
+    }
+}
+
+/// Region `id`, taken back, must never reach the peer if its descriptor
+/// has not left yet (flow control held it): a lend is dropped, and a grant
+/// becomes a refusal, so the request is still answered.
+fn withdraw_unsent(st: &mut SessionState, id: u64) {
+    st.outbox
+        .retain(|c| !matches!(c, Control::Lend(d) if d.id == id));
+    for control in st.outbox.iter_mut() {
+        if let Control::AllocGrant { request, region } = *control {
+            if region.id == id {
+                *control = Control::AllocRefuse {
+                    request,
+                    reason: RefuseReason::LeaseEnded,
+                };
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Weak;
 use std::time::Instant;
 
 use super::state::{Arrived, ReturnSink};
-use super::wire::RegionDescriptor;
+use super::wire::{Control, RegionDescriptor};
 use crate::buf::{RemoteAccess, RemoteSlice, RemoteWord};
 use crate::Error;
 
@@ -16,9 +16,13 @@ use crate::Error;
 /// write and run atomics on it through [`remote`](Self::remote) and
 /// [`slice`](Self::slice), with the rights it was lent with.
 ///
-/// Hand it back with [`send_remote_mr`](super::Session::send_remote_mr);
-/// dropping it hands it back too. Once handed back, or once its lease
-/// ends ([`expires_at`](Self::expires_at)), the peer revokes it: an
+/// Hand it back to the peer's user with
+/// [`send_remote_mr`](super::Session::send_remote_mr) (who takes it with
+/// [`receive_local_mr`](super::Session::receive_local_mr)); dropping it
+/// releases it instead: the peer frees a region it allocated for a
+/// request, and gives a region its user sent back to that user, as at the
+/// end of a lease. Once handed back or released, or once its lease ends
+/// ([`expires_at`](Self::expires_at)), the peer revokes it: an
 /// operation on it then fails with a remote access error, which ends the
 /// session (RC semantics) — so finish with a region before letting it go.
 pub struct RemoteRegion {
@@ -91,11 +95,13 @@ impl RemoteRegion {
         self.token
     }
 
-    /// Hands the region back through its own session.
+    /// Hands the region back to the peer's user through its own session.
     pub(super) fn hand_back(mut self) {
         self.handed_back = true;
         if let Some(session) = self.session.upgrade() {
-            session.give_back(self.descriptor.id);
+            session.give_back(Control::Return {
+                id: self.descriptor.id,
+            });
         }
     }
 }
@@ -104,7 +110,9 @@ impl Drop for RemoteRegion {
     fn drop(&mut self) {
         if !self.handed_back {
             if let Some(session) = self.session.upgrade() {
-                session.give_back(self.descriptor.id);
+                session.give_back(Control::Release {
+                    id: self.descriptor.id,
+                });
             }
         }
     }

@@ -23,6 +23,9 @@ pub(super) struct Lent {
     /// Granted on the peer's request (freed when it expires) rather than
     /// sent by our user (given back to our user when it expires).
     pub(super) granted: bool,
+    /// What it counts against the peer's quota: for a granted region, what
+    /// it takes from the allocator (rounding and alignment included).
+    pub(super) charge: u64,
 }
 
 /// A region's descriptor as it came from the peer, with the end of its
@@ -80,7 +83,11 @@ pub(super) struct SessionState {
     pub(super) messages: VecDeque<(Region, Option<u32>)>,
     pub(super) write_imms: VecDeque<u32>,
     pub(super) lent_to_us: VecDeque<Arrived>,
-    pub(super) returned: VecDeque<Region>,
+    /// Regions handed back to our user, each with the share of the peer's
+    /// quota it still counts for (a granted one, until our user takes it).
+    pub(super) returned: VecDeque<(Region, u64)>,
+    /// What `returned` counts against the peer's quota.
+    pub(super) returned_bytes: u64,
     pub(super) lent: HashMap<u64, Lent>,
     pub(super) lent_bytes: u64,
     pub(super) next_region: u64,
@@ -113,6 +120,7 @@ impl SessionState {
             write_imms: VecDeque::new(),
             lent_to_us: VecDeque::new(),
             returned: VecDeque::new(),
+            returned_bytes: 0,
             lent: HashMap::new(),
             lent_bytes: 0,
             next_region: 1,
@@ -185,17 +193,18 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
     }
 }
 
-/// Hands a peer's region back when its [`RemoteRegion`](super::RemoteRegion)
+/// Hands a peer's region back (a [`Control::Return`] or
+/// [`Control::Release`]) when its [`RemoteRegion`](super::RemoteRegion)
 /// goes, without naming the backend.
 pub(super) trait ReturnSink: Send + Sync {
-    fn give_back(&self, id: u64);
+    fn give_back(&self, message: Control);
 }
 
 impl<Q: QueuePair + Send + 'static> ReturnSink for SessionShared<Q> {
-    fn give_back(&self, id: u64) {
+    fn give_back(&self, message: Control) {
         let mut st = self.lock();
         if st.failure.is_none() && !st.closing {
-            st.outbox.push_back(Control::Return { id });
+            st.outbox.push_back(message);
             drop(st);
             self.host.nudge();
         }

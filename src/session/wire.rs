@@ -8,9 +8,9 @@
 //! ```text
 //! trailer (16 bytes, little endian)
 //!   0..2   magic "SN"
-//!   2      version (1)
+//!   2      version (2)
 //!   3      kind: 1 user, 2 ack, 3 alloc request, 4 alloc grant,
-//!          5 alloc refuse, 6 lend, 7 return, 8 close
+//!          5 alloc refuse, 6 lend, 7 return, 8 close, 9 release
 //!   4..8   messages of the peer this side processed (cumulative, wrapping)
 //!   8..12  user messages of the peer this side's user took (same)
 //!   12..16 zero
@@ -20,7 +20,7 @@
 //!   alloc grant       request id u64, then a region descriptor
 //!   alloc refuse      request id u64, reason u8, 7 zero
 //!   lend              a region descriptor
-//!   return            region id u64
+//!   return, release   region id u64
 //! region descriptor   region id u64, remote slice record (24 bytes),
 //!                     lease in milliseconds u32 (0: none), 4 zero
 //! ```
@@ -43,7 +43,7 @@ pub const DESCRIPTOR_LEN: usize = 8 + REMOTE_SLICE_WIRE_LEN + 8;
 pub const MAX_ALIGN: u32 = 4096;
 
 const MAGIC: [u8; 2] = *b"SN";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// What a message is.
 ///
@@ -68,10 +68,13 @@ pub enum Kind {
     AllocRefuse = 5,
     /// A region handed to the receiver.
     Lend = 6,
-    /// A region handed back to its owner.
+    /// A region handed back to its owner's user.
     Return = 7,
     /// The sender is closing the session.
     Close = 8,
+    /// A region its holder is done with: its owner frees it (or gives it
+    /// back to the user who lent it).
+    Release = 9,
 }
 
 impl Kind {
@@ -85,6 +88,7 @@ impl Kind {
             6 => Kind::Lend,
             7 => Kind::Return,
             8 => Kind::Close,
+            9 => Kind::Release,
             _ => return None,
         })
     }
@@ -115,7 +119,7 @@ impl Trailer {
     /// ```
     /// use rdma_ring::session::wire::{decode, Kind, Trailer};
     /// let bytes = Trailer { kind: Kind::Ack, processed: 1, taken: 0 }.encode();
-    /// assert_eq!(&bytes[..4], b"SN\x01\x02");
+    /// assert_eq!(&bytes[..4], b"SN\x02\x02");
     /// assert_eq!(bytes[4..8], 1u32.to_le_bytes());
     /// assert_eq!(decode(&bytes).unwrap().0.processed, 1);
     /// ```
@@ -225,6 +229,9 @@ pub enum RefuseReason {
     OutOfMemory = 4,
     /// The session is closing.
     Closing = 5,
+    /// Granted, but its lease ended before the grant could be sent (the
+    /// asker's flow control held it back).
+    LeaseEnded = 6,
 }
 
 impl RefuseReason {
@@ -235,6 +242,7 @@ impl RefuseReason {
             3 => RefuseReason::Quota,
             4 => RefuseReason::OutOfMemory,
             5 => RefuseReason::Closing,
+            6 => RefuseReason::LeaseEnded,
             _ => return None,
         })
     }
@@ -248,6 +256,7 @@ impl std::fmt::Display for RefuseReason {
             RefuseReason::Quota => "the peer's memory cap for this session is reached",
             RefuseReason::OutOfMemory => "the peer has no registered memory left",
             RefuseReason::Closing => "the session is closing",
+            RefuseReason::LeaseEnded => "the region's lease ended before the grant could be sent",
         })
     }
 }
@@ -295,8 +304,14 @@ pub enum Control {
     },
     /// A region the sender hands to the receiver.
     Lend(RegionDescriptor),
-    /// The receiver's region `id` comes back.
+    /// The receiver's region `id` comes back, for the receiver's user.
     Return {
+        /// The receiver's id for it.
+        id: u64,
+    },
+    /// The sender is done with the receiver's region `id`: the receiver
+    /// frees it, or gives it back to the user who lent it.
+    Release {
         /// The receiver's id for it.
         id: u64,
     },
@@ -321,6 +336,7 @@ impl Control {
             Control::AllocRefuse { .. } => Kind::AllocRefuse,
             Control::Lend(_) => Kind::Lend,
             Control::Return { .. } => Kind::Return,
+            Control::Release { .. } => Kind::Release,
             Control::Close => Kind::Close,
         }
     }
@@ -361,7 +377,9 @@ impl Control {
                 out.extend_from_slice(&[0; 7]);
             }
             Control::Lend(region) => region.encode_into(&mut out),
-            Control::Return { id } => out.extend_from_slice(&id.to_le_bytes()),
+            Control::Return { id } | Control::Release { id } => {
+                out.extend_from_slice(&id.to_le_bytes())
+            }
         }
         let trailer = Trailer {
             kind: self.kind(),
@@ -431,6 +449,9 @@ impl Control {
             Kind::Return => Control::Return {
                 id: u64_at(exact::<8>(body, "return")?, 0),
             },
+            Kind::Release => Control::Release {
+                id: u64_at(exact::<8>(body, "release")?, 0),
+            },
         })
     }
 }
@@ -486,7 +507,7 @@ pub const HELLO_LEN: usize = 12;
 
 /// What each side tells the other while connecting (over the TCP
 /// handshake, in rdma_cm's private data, or directly on the soft device):
-/// magic `SH`, version 1, a zero byte, then `recv_depth` u16,
+/// magic `SH`, version 2, a zero byte, then `recv_depth` u16,
 /// `user_window` u16 and `max_message` u32, little endian.
 ///
 /// ```
@@ -514,7 +535,7 @@ impl Hello {
     /// use rdma_ring::session::wire::{Hello, HELLO_LEN};
     /// let bytes = Hello { recv_depth: 32, user_window: 16, max_message: 4096 }.encode();
     /// assert_eq!(bytes.len(), HELLO_LEN);
-    /// assert_eq!(&bytes[..4], b"SH\x01\x00");
+    /// assert_eq!(&bytes[..4], b"SH\x02\x00");
     /// assert_eq!(bytes[4..6], 32u16.to_le_bytes());
     /// ```
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -624,6 +645,7 @@ mod tests {
             },
             Control::Lend(descriptor()),
             Control::Return { id: u64::MAX },
+            Control::Release { id: 3 },
         ];
         for c in all {
             let bytes = c.encode(u32::MAX, 5);
