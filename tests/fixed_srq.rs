@@ -141,6 +141,53 @@ impl Client {
     }
 }
 
+/// A queue pair connected before it is attached takes receives at once;
+/// announced, what it takes meanwhile comes back (naming no queue pair
+/// yet), nothing is lost and no slot stays posted, and once attached its
+/// messages name it.
+#[test]
+fn receives_taken_before_an_announced_queue_pair_is_attached_come_back() {
+    let mut s = server(64, 8);
+    s.post_receives(2, 100);
+    let qp = s
+        .dev
+        .create_qp_on(&s.pd, s.ring.cq(), s.ring.srq(s.srq), QpConfig::default())
+        .unwrap();
+    s.ring.expect_on_srq(s.srq, qp.qpn()).unwrap();
+    let mut peer = s.dev.create_qp(&s.pd, QpConfig::default()).unwrap();
+    s.dev.connect(&qp, &peer).unwrap();
+    let cq = rdma_ring::backend::QueuePair::take_cq(&mut peer).unwrap();
+    let mut ring = FixedRing::new(
+        cq,
+        FixedBufs::new(&s.pd, 8, 64).unwrap(),
+        config(Duration::from_secs(10)),
+    );
+    let client_qp = ring.attach(peer).unwrap_or_else(|_| panic!("attach"));
+    let mut client = Client {
+        ring,
+        qp: client_qp,
+    };
+    assert_eq!(client.send(7, 12), WcStatus::Success);
+    let early = s.ring.wait(1).unwrap().pop().unwrap();
+    assert_eq!(early.status(), WcStatus::Success);
+    assert_eq!((early.user_data(), early.byte_len()), (100, 12));
+    assert_eq!(s.ring.bufs().bytes(early.buf())[0], 7);
+    let handle = s
+        .ring
+        .attach(qp)
+        .unwrap_or_else(|r| panic!("attach: {}", r.error()));
+    assert_ne!(early.qp(), handle, "taken before it was attached");
+    assert_eq!(client.send(8, 3), WcStatus::Success);
+    let late = s.ring.wait(1).unwrap().pop().unwrap();
+    assert_eq!((late.user_data(), late.qp()), (101, handle));
+    assert_eq!(
+        s.ring.srq_posted(s.srq).unwrap(),
+        0,
+        "no receive stays posted"
+    );
+    s.give_back(vec![early, late]);
+}
+
 #[test]
 fn many_peers_land_in_one_queue_and_each_message_names_its_queue_pair() {
     let mut s = server(64, 8);

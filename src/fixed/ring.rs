@@ -247,6 +247,11 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// completion queue has no entry left to keep for its drain marker, or
     /// when the ring has failed.
     ///
+    /// A queue pair on a shared receive queue takes receives as soon as it
+    /// is connected: attach it before, or announce it with
+    /// [`expect_on_srq`](Self::expect_on_srq), or what it takes meanwhile
+    /// is not handed back.
+    ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
     /// # use rdma_ring::fixed::*;

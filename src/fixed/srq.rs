@@ -71,9 +71,10 @@ pub(super) struct AttachedSrq<S> {
     sges: Vec<Sge>,
     /// How many attached queue pairs take its receives.
     pub(super) attached: usize,
-    /// Numbers of queue pairs detached from it whose receives may still
-    /// be reported (the latest [`FORMER_KEPT`]), until the device says
-    /// they took their last or the queue is removed.
+    /// Numbers of queue pairs detached from it, or announced on it and not
+    /// attached yet ([`FixedRing::expect_on_srq`]), whose receives may be
+    /// reported (the latest [`FORMER_KEPT`]), until the device says they
+    /// took their last, one is attached, or the queue is removed.
     former: VecDeque<u32>,
     /// How the ring keeps it topped up from its free slots, if it does.
     pub(super) refill: Option<ActiveRefill>,
@@ -92,6 +93,15 @@ impl<S> AttachedSrq<S> {
 
     pub(super) fn leave(&mut self, qpn: u32) {
         self.attached -= 1;
+        self.remember(qpn);
+    }
+
+    /// Remembers `qpn` as a queue pair on this queue, not attached, whose
+    /// receives may be reported.
+    fn remember(&mut self, qpn: u32) {
+        if self.former.contains(&qpn) {
+            return;
+        }
         if self.former.len() == FORMER_KEPT {
             self.former.pop_front();
         }
@@ -608,6 +618,48 @@ impl<Q: QueuePair> FixedRing<Q> {
     }
 
     /// The slot of the shared receive queue `srq` names, if it names one.
+    /// Announces queue pair number `qp_num`, made on shared receive queue
+    /// `srq` and not attached yet (connected first, say, and attached once
+    /// its handshake is done). A completion of one of the queue's receives
+    /// is acted on only if it names a queue pair on that queue: attached,
+    /// detached from it, or announced here. Any other number may be a
+    /// queue pair on another ring's queue whose `wr_id` only looks like
+    /// one of ours while our receive is still posted, so such a completion
+    /// is counted as unknown and not acted on, and a receive a queue pair
+    /// took before it was attached or announced stays counted as posted
+    /// (its slot held) until the queue is removed. The receives an
+    /// announced queue pair takes before it is attached complete naming
+    /// no queue pair ([`FixedCompletion::qp`] equals no handle the ring
+    /// gave out). The latest 1024 numbers announced or detached are
+    /// remembered.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};
+    /// # use rdma_ring::fixed::*;
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let mut ring = FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = dev.create_qp_on(&pd, ring.cq(), ring.srq(srq), QpConfig::default()).unwrap();
+    /// ring.expect_on_srq(srq, qp.qpn()).unwrap();
+    /// // ... connect it, and let it take receives; then:
+    /// ring.attach(qp).unwrap();
+    /// ```
+    pub fn expect_on_srq(&mut self, srq: FixedSrq, qp_num: u32) -> Result<(), Error> {
+        let index = self
+            .srq_slot_of(srq)
+            .ok_or(Error::NotAttached("shared receive queue"))?;
+        if self.consumers.find(qp_num).is_some() {
+            // Attached: its number already names it.
+            return Ok(());
+        }
+        self.srqs[index]
+            .as_mut()
+            .expect("found above")
+            .remember(qp_num);
+        Ok(())
+    }
+
     pub(super) fn srq_slot_of(&self, srq: FixedSrq) -> Option<usize> {
         match self.srqs.get(srq.index()) {
             Some(Some(slot)) if slot.handle == srq => Some(srq.index()),

@@ -951,6 +951,31 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         })
     }
 
+    /// Announces queue pair number `qp_num`, made on shared receive queue
+    /// `srq` and not attached yet, so the receives it takes before it is
+    /// attached reach their futures (see [`FixedRing::expect_on_srq`]).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};
+    /// # use rdma_ring::fixed::*;
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let ring = FixedRing::new(dev.create_cq(64).unwrap(), FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let ring = AsyncFixedRing::new(ring, Wakeup::Busy).unwrap();
+    /// let srq = ring.add_srq(dev.create_srq(&pd, SrqConfig::default()).unwrap()).unwrap();
+    /// let qp = ring.with_srq(srq, |cq, srq| dev.create_qp_on(&pd, cq, srq, QpConfig::default())).unwrap().unwrap();
+    /// ring.expect_on_srq(srq, qp.qpn()).unwrap();
+    /// // ... connect it; then:
+    /// ring.attach(qp).unwrap();
+    /// ```
+    pub fn expect_on_srq(&self, srq: FixedSrq, qp_num: u32) -> Result<(), Error> {
+        self.shared.with(|inner| match inner.ring.as_mut() {
+            Some(ring) => ring.expect_on_srq(srq, qp_num),
+            None => Err(Error::Closed),
+        })
+    }
+
     /// Calls `f` with the ring's completion queue and shared receive queue
     /// `srq` (`None` if it names nothing): to create a queue pair on them.
     /// `f` runs under the ring's lock, so it must not call the ring (that
