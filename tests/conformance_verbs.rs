@@ -91,6 +91,29 @@ impl Fabric for Verbs {
 
 conformance_tests!(Verbs::new(), #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]);
 
+/// A queue pair's completion queue and protection domain must come from
+/// one opening of the device: libibverbs names the queue to the kernel by
+/// a handle of its own context, which in another context names another
+/// queue (or none), so the backend refuses the mix.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn a_queue_pair_across_two_openings_of_a_device_is_refused() {
+    let (a, b) = (Verbs::new(), Verbs::new());
+    let cq_a = a.dev.create_cq(16).unwrap();
+    let mixed = b.dev.create_qp_on(&b.pd, &cq_a, None, QpConfig::default());
+    let err = mixed.expect_err("a completion queue of another opening");
+    assert!(err.to_string().contains("different"), "{err}");
+    assert!(
+        b.dev.create_qp(&a.pd, QpConfig::default()).is_err(),
+        "a domain of another opening"
+    );
+    assert!(a
+        .dev
+        .create_qp_on(&a.pd, &cq_a, None, QpConfig::default())
+        .is_ok());
+    assert!(b.dev.create_qp(&b.pd, QpConfig::default()).is_ok());
+}
+
 /// The TCP handshake connects two queue pairs: each side in its own
 /// thread, endpoints exchanged over loopback TCP, then a SEND crosses.
 #[test]

@@ -14,7 +14,7 @@ use crate::error::Error;
 /// The CQ and its channel, shared by the poller, the queue pairs created on
 /// it (so it outlives them), and the completion events handed to reactors.
 pub(super) struct CqInner {
-    pub(super) _dev: Arc<DeviceInner>,
+    pub(super) dev: Arc<DeviceInner>,
     pub(super) channel: *mut ibv_comp_channel,
     pub(super) cq: *mut ibv_cq,
 }
@@ -92,7 +92,7 @@ impl VerbsCq {
         }
         Ok(VerbsCq {
             inner: Arc::new(CqInner {
-                _dev: Arc::clone(dev),
+                dev: Arc::clone(dev),
                 channel,
                 cq,
             }),

@@ -90,6 +90,19 @@ impl VerbsQp {
                 source: std::io::Error::other("the shared receive queue was destroyed"),
             });
         }
+        // libibverbs names the completion queue to the kernel by a handle
+        // of its own device context, looked up in the protection domain's:
+        // across two openings of a device (or two devices) it would name
+        // another queue, or none.
+        if cq.inner.dev.ctx != pd.dev.ctx {
+            return Err(Error::Verbs {
+                verb: "ibv_create_qp",
+                source: std::io::Error::other(
+                    "the completion queue and the protection domain come from different \
+                     openings of the device (open it once and share the VerbsDevice)",
+                ),
+            });
+        }
         if srq.is_some_and(|s| s.caps().pd != pd.id) {
             return Err(Error::Verbs {
                 verb: "ibv_create_qp",
