@@ -1,7 +1,58 @@
-//! Waking many tasks at once.
+//! Waking many tasks at once, and waking them only once a lock is let go.
 
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::Waker;
+
+thread_local! {
+    /// Wakers found while this thread holds a lock under a [`Deferral`],
+    /// woken once it lets go: waking may run a task that takes the same
+    /// lock, or a waker that panics, which must not cut the holder's
+    /// update short.
+    static DEFERRED: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
+}
+
+/// Marks this thread as holding a lock: wakes through
+/// [`wake_now_or_later`] wait until the outermost deferral is dropped
+/// (after the lock is released, when it is declared before the guard).
+pub(crate) struct Deferral {
+    outer: bool,
+}
+
+impl Deferral {
+    pub(crate) fn start() -> Deferral {
+        let outer = DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            let outer = d.is_none();
+            if outer {
+                *d = Some(Vec::new());
+            }
+            outer
+        });
+        Deferral { outer }
+    }
+}
+
+impl Drop for Deferral {
+    fn drop(&mut self) {
+        if !self.outer {
+            return;
+        }
+        let woken = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+        wake_all(woken);
+    }
+}
+
+/// Wakes `wakers` now, or, under a [`Deferral`], once it ends.
+pub(crate) fn wake_now_or_later(wakers: impl IntoIterator<Item = Waker>) {
+    let mut wakers = wakers.into_iter();
+    DEFERRED.with(|d| {
+        if let Some(later) = d.borrow_mut().as_mut() {
+            later.extend(&mut wakers);
+        }
+    });
+    wake_all(wakers);
+}
 
 /// Wakes every waker of `wakers`. A waker that panics does not keep the
 /// others asleep (what they wait for has happened, and nothing later may

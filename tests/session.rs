@@ -868,3 +868,40 @@ async fn crossing_bursts_of_requests_with_a_shallow_queue() {
     let (ra, rb) = within(async { futures::join!(asks(&a), asks(&b)) }).await;
     assert!(ra.into_iter().chain(rb).all(|r| r.is_ok()));
 }
+
+/// A waker that panics when woken.
+struct PanickingWaker;
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+/// The host's pump runs the wakers of tasks waiting on its sessions: one
+/// that panics neither stops the pump (every session of the host relies
+/// on it) nor leaves the session half-updated.
+#[tokio::test]
+async fn a_panicking_waker_does_not_stop_the_pump() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let (client, server) = pair(SessionConfig::default());
+    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let mut first = Box::pin(server.receive());
+    assert!(first
+        .as_mut()
+        .poll(&mut Context::from_waker(&panicking))
+        .is_pending());
+    for word in [&b"one"[..], b"two"] {
+        let mut msg = client.alloc_local_mr(bytes(3)).unwrap();
+        msg.copy_from_slice(word);
+        within(client.send(msg.slice(..))).await.0.unwrap();
+    }
+    let got = within(std::future::poll_fn(|cx| first.as_mut().poll(cx))).await;
+    assert_eq!(&got.unwrap()[..], b"one");
+    assert_eq!(&within(server.receive()).await.unwrap()[..], b"two");
+    let mut reply = server.alloc_local_mr(bytes(4)).unwrap();
+    reply.copy_from_slice(b"pong");
+    within(server.send(reply.slice(..))).await.0.unwrap();
+    assert_eq!(&within(client.receive()).await.unwrap()[..], b"pong");
+}

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures_core::Stream;
 
 use super::client_core::{ClientCore, HELLO};
-use super::waking::{CallWakers, CallerGuard, Deferral, SpinSlot};
+use super::waking::{CallWakers, CallerGuard, SpinSlot};
 use super::{RpcConfig, RpcError};
 use crate::backend::{CompletionEvents, CompletionQueue as _, ProtectionDomain, QueuePair};
 use crate::buf::BufferPool;
@@ -28,6 +28,7 @@ use crate::future::{AsyncRing, CompletionStream, Wakeup};
 use crate::op::Recv;
 use crate::ring::{Ring, RingConfig};
 use crate::thread_waker::ThreadWaker;
+use crate::wakers::Deferral;
 use crate::Error;
 
 /// How long dropping a client waits for its close message to leave.

@@ -1,60 +1,12 @@
 //! How a client's callers wait: the wakers of parked callers and awaiting
 //! tasks, the driving token (one waiter at a time sleeps on the completion
-//! channel), the leave to poll, and wakes deferred past the client's lock.
+//! channel) and the leave to poll. Wakes found under the client's lock
+//! wait past it ([`crate::wakers::Deferral`]).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Wake, Waker};
-
-thread_local! {
-    /// Wakers found while this thread holds a client's state lock, woken
-    /// once it lets go: waking may drop a task, whose call future then
-    /// takes the same lock.
-    static DEFERRED: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
-}
-
-/// Marks this thread as holding a client's state lock: wakes wait until
-/// [`Deferral::finish`] (or drop), after the lock is released.
-pub(super) struct Deferral {
-    outer: bool,
-}
-
-impl Deferral {
-    pub(super) fn start() -> Deferral {
-        let outer = DEFERRED.with(|d| {
-            let mut d = d.borrow_mut();
-            let outer = d.is_none();
-            if outer {
-                *d = Some(Vec::new());
-            }
-            outer
-        });
-        Deferral { outer }
-    }
-}
-
-impl Drop for Deferral {
-    fn drop(&mut self) {
-        if !self.outer {
-            return;
-        }
-        let woken = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
-        crate::wakers::wake_all(woken);
-    }
-}
-
-fn wake_now_or_later(wakers: Vec<Waker>) {
-    let rest = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
-        Some(later) => {
-            later.extend(wakers);
-            Vec::new()
-        }
-        None => wakers,
-    });
-    crate::wakers::wake_all(rest);
-}
 
 /// Wakers of the callers and tasks waiting on calls: any completion
 /// wakes them all, and each looks for its own result. It also holds the
@@ -137,7 +89,7 @@ impl Wake for CallWakers {
             let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
             waiting.drain().map(|(_, w)| w).collect()
         };
-        wake_now_or_later(woken);
+        crate::wakers::wake_now_or_later(woken);
     }
 }
 
@@ -204,6 +156,8 @@ mod tests {
             self.0.store(true, Ordering::SeqCst);
         }
     }
+
+    use crate::wakers::Deferral;
 
     #[test]
     fn wakes_under_a_deferral_wait_until_it_ends() {

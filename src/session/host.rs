@@ -476,6 +476,6 @@ impl EventQueue {
     }
 
     fn wake(&mut self) {
-        crate::wakers::wake_all(self.waiters.drain(..));
+        crate::wakers::wake_now_or_later(self.waiters.drain(..));
     }
 }

@@ -42,36 +42,50 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
     let mut batch: Vec<Completion> = Vec::with_capacity(BATCH);
     let mut last_tick = Instant::now();
     loop {
-        let mut ended = false;
-        while batch.len() < BATCH {
-            match Pin::new(&mut completions).poll_next(&mut cx) {
-                Poll::Ready(Some(c)) => batch.push(c),
-                Poll::Ready(None) => {
-                    ended = true;
-                    break;
+        // Every session of the host relies on this thread, which runs
+        // user code: the wakers of tasks waiting on sessions and on the
+        // ring, and the drops of buffers whose futures went. One that
+        // panics must not stop it (the panic hook has told of it). The
+        // session wakers wait until the turn is over, so a panic among
+        // them cannot cut a session's update short.
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _deferral = crate::wakers::Deferral::start();
+            let mut ended = false;
+            while batch.len() < BATCH {
+                match Pin::new(&mut completions).poll_next(&mut cx) {
+                    Poll::Ready(Some(c)) => batch.push(c),
+                    Poll::Ready(None) => {
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => break,
                 }
-                Poll::Pending => break,
             }
-        }
-        let busy = batch.len() == BATCH;
-        for c in batch.drain(..) {
-            on_completion(host, c);
-        }
-        let now = Instant::now();
-        let tick = now.duration_since(last_tick) >= TICK;
-        if tick {
-            last_tick = now;
-            forward_events(host);
-        }
-        let sessions: Vec<_> = host.sessions().live.values().cloned().collect();
-        for s in &sessions {
-            service(host, s, now, tick);
-        }
-        if let Err(e) = host.ring.submit() {
-            refused(host, e);
-        }
-        let abandoned = host.abandoned.load(std::sync::atomic::Ordering::Acquire);
-        if ended || (abandoned && host.sessions().live.is_empty()) {
+            let busy = batch.len() == BATCH;
+            for c in batch.drain(..) {
+                on_completion(host, c);
+            }
+            let now = Instant::now();
+            let tick = now.duration_since(last_tick) >= TICK;
+            if tick {
+                last_tick = now;
+                forward_events(host);
+            }
+            let sessions: Vec<_> = host.sessions().live.values().cloned().collect();
+            for s in &sessions {
+                service(host, s, now, tick);
+            }
+            if let Err(e) = host.ring.submit() {
+                refused(host, e);
+            }
+            let abandoned = host.abandoned.load(std::sync::atomic::Ordering::Acquire);
+            (
+                ended || (abandoned && host.sessions().live.is_empty()),
+                busy,
+            )
+        }));
+        let (stop, busy) = turn.unwrap_or((false, true));
+        if stop {
             break;
         }
         if !busy {

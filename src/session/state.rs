@@ -144,7 +144,7 @@ impl SessionState {
 
     /// Wakes everyone waiting for a change.
     pub(super) fn changed(&mut self) {
-        crate::wakers::wake_all(self.waiters.drain(..));
+        crate::wakers::wake_now_or_later(self.waiters.drain(..));
     }
 
     /// Records the session's first failure; later ones add nothing.

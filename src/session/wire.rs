@@ -703,9 +703,11 @@ mod tests {
         assert!(request(1, 8, 0).is_err(), "no rights");
         assert!(request(1, 8, 0x80).is_err(), "unknown rights");
         let mut bad = Control::Close.encode(0, 0);
-        bad[2] = 2;
+        bad[2] = VERSION - 1;
         assert!(decode(&bad).unwrap_err().0.contains("version"));
-        bad[2] = 1;
+        bad[2] = VERSION + 1;
+        assert!(decode(&bad).unwrap_err().0.contains("version"));
+        bad[2] = VERSION;
         bad[3] = 99;
         assert!(decode(&bad).unwrap_err().0.contains("kind"));
         bad[3] = Kind::Close as u8;
