@@ -608,3 +608,43 @@ fn a_buffer_whose_drop_panics_loses_no_other_completion() {
     }
     s.a.with_ring(|ring| assert_eq!(ring.in_flight(), 0));
 }
+
+/// The notifier thread (`Wakeup::Thread`) runs the wakers of the tasks it
+/// wakes: one that panics does not stop it, and operations awaited later
+/// are still woken.
+#[test]
+fn a_panicking_waker_does_not_stop_the_notifier() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let s = setup(Progress::Manual, 16, Wakeup::Thread);
+    let remote = s.exposed[1].remote();
+    let mut first = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(0..64).unwrap()));
+    let panicking = Waker::from(Arc::new(PanickingWaker));
+    assert!(first
+        .as_mut()
+        .poll(&mut Context::from_waker(&panicking))
+        .is_pending());
+    s.dev.progress(); // the notifier drives, and the waker panics
+    std::thread::sleep(Duration::from_millis(200));
+    let mut later = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(64..128).unwrap()));
+    // Polled (and posted) before the device runs it: only the notifier's
+    // wake can tell its task it is done.
+    let woken = Arc::new(CountingWaker::default());
+    let waker = Waker::from(Arc::clone(&woken));
+    assert!(later
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    s.dev.progress();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while woken.0.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "nobody woke the task");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let noop = &mut Context::from_waker(Waker::noop());
+    let Poll::Ready((written, _buf)) = later.as_mut().poll(noop) else {
+        panic!("woken, and not done");
+    };
+    assert_eq!(written.unwrap(), 64);
+    drop(first);
+}

@@ -915,3 +915,105 @@ fn a_client_hoarding_large_responses_is_refused_more() {
         }
     }
 }
+
+/// A waker that panics when woken on another thread than its own (once
+/// it has said so).
+struct PanickingWaker {
+    home: std::thread::ThreadId,
+    woken_elsewhere: std::sync::atomic::AtomicBool,
+}
+
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        if std::thread::current().id() != self.home {
+            self.woken_elsewhere.store(true, Ordering::SeqCst);
+            panic!("a waker that panics");
+        }
+    }
+}
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The client's notifier thread runs the wakers of awaiting tasks: one
+/// that panics does not stop it (nor keep the driving token from blocking
+/// callers), and calls awaited later are still woken.
+#[test]
+fn a_panicking_waker_does_not_stop_the_notifier() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let dev = SoftDevice::new();
+    let (handler, waiting, started) = gate();
+    let server =
+        RpcServer::soft(&dev, Service::async_handler(handler), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    let release = |n: usize| {
+        wait_for("the call to reach the handler", || {
+            started.load(Ordering::SeqCst) == n
+        });
+        for gate in waiting.lock().unwrap().drain(..) {
+            gate.send(()).unwrap();
+        }
+    };
+    // Held by the server, the call waits; the notifier's tick wakes every
+    // waiting task (to look at its deadline), and this one's waker panics.
+    let mut first = Box::pin(client.call_async(b"first"));
+    let panics = Arc::new(PanickingWaker {
+        home: std::thread::current().id(),
+        woken_elsewhere: Default::default(),
+    });
+    let panicking = Waker::from(Arc::clone(&panics));
+    wait_for("the notifier to wake the held call", || {
+        assert!(first
+            .as_mut()
+            .poll(&mut Context::from_waker(&panicking))
+            .is_pending());
+        std::thread::sleep(Duration::from_millis(20));
+        panics.woken_elsewhere.load(Ordering::SeqCst)
+    });
+    release(1);
+    let mut later = Box::pin(client.call_async(b"later"));
+    let woken = Arc::new(CountingWaker::default());
+    let waker = Waker::from(Arc::clone(&woken));
+    wait_for("the later call to reach the handler", || {
+        started.load(Ordering::SeqCst) == 2
+    });
+    // Polled before its answer can come, and then only when woken: every
+    // wake here is the notifier's (some spurious: every waiting task is
+    // woken by any answer, and looks for its own).
+    let mut polls = 0;
+    let answer = loop {
+        let before = woken.0.load(Ordering::SeqCst);
+        match later.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(answer) => break answer,
+            Poll::Pending => {
+                polls += 1;
+                if polls == 1 {
+                    release(2);
+                }
+                wait_for("the notifier to wake the later call", || {
+                    woken.0.load(Ordering::SeqCst) > before
+                });
+            }
+        }
+    };
+    assert_eq!(answer.unwrap(), b"later");
+    let noop = &mut Context::from_waker(Waker::noop());
+    let Poll::Ready(answer) = first.as_mut().poll(noop) else {
+        panic!("the first call was answered, and its future is pending");
+    };
+    assert_eq!(answer.unwrap(), b"first");
+    let blocking = std::thread::spawn({
+        let client = client.clone();
+        move || client.call(b"blocking")
+    });
+    release(3);
+    assert_eq!(blocking.join().unwrap().unwrap(), b"blocking");
+}

@@ -89,16 +89,23 @@ pub(super) fn notifier_loop(
     let Some(events) = events else {
         return;
     };
+    // Driving wakes tasks and drops the buffers of dropped futures: user
+    // code, which may panic. Every awaited operation of the ring relies on
+    // this thread, so a panic (which the panic hook has told of) must not
+    // stop it; the ring's state is whole across one.
+    let survive = |f: &dyn Fn()| {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    };
     let mut quiet_since = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         match events.wait(Duration::from_millis(50)) {
             Ok(true) => {
-                drive();
+                survive(&drive);
                 quiet_since = std::time::Instant::now();
             }
             Ok(false) => {
                 if quiet_since.elapsed() >= TICK {
-                    tick();
+                    survive(&tick);
                     quiet_since = std::time::Instant::now();
                 }
             }

@@ -341,48 +341,85 @@ fn notifier_loop<Q: QueuePair + std::marker::Send + 'static>(
 ) {
     let mut last_tick = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let callers_active =
-            wakers.callers.load(Ordering::Acquire) > 0 || wakers.since_last_call() < STEP_ASIDE;
-        if last_tick.elapsed() >= NOTIFIER_TICK {
-            // Every tick: awaiting tasks look at their deadlines, and the
-            // server's socket is looked at.
-            match client.upgrade() {
-                Some(client) => client.watch_server(),
-                None => return,
+        // A turn wakes tasks, whose wakers are user code and may panic:
+        // every awaiting task of the client relies on this thread, so a
+        // panic (which the panic hook has told of) must not stop it, nor
+        // keep the driving token from the callers.
+        let driving = std::cell::Cell::new(false);
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            notifier_turn(client, events, wakers, &mut last_tick, &driving)
+        }));
+        match turn {
+            Ok(Turn::Go) => {}
+            Ok(Turn::Stop) => return,
+            Err(_) => {
+                if driving.get() {
+                    wakers.release_drive();
+                }
             }
-            wakers.wake_by_ref();
-            last_tick = Instant::now();
-        }
-        if callers_active || !wakers.try_drive() {
-            // Blocking callers drive.
-            std::thread::park_timeout(STEP_ASIDE);
-            continue;
-        }
-        let Some(client) = client.upgrade() else {
-            wakers.release_drive_quietly();
-            return;
-        };
-        // Arm, look (a completion that landed before the arm raised no
-        // event), sleep, take, look.
-        let looked = client.arm_and_look(events, || {
-            client.background_turn();
-            false
-        });
-        if looked.is_some() {
-            let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
-            if events.wait(tick).unwrap_or(false) {
-                let _ = events.take();
-            }
-            client.background_turn();
-        }
-        drop(client);
-        if wakers.callers.load(Ordering::Acquire) > 0 {
-            // A caller came and may have parked, waiting for the token.
-            wakers.release_drive();
-        } else {
-            wakers.release_drive_quietly();
         }
     }
+}
+
+/// Whether the notifier goes on.
+enum Turn {
+    Go,
+    Stop,
+}
+
+/// One turn of the notifier; `driving` says while it holds the driving
+/// token.
+fn notifier_turn<Q: QueuePair + std::marker::Send + 'static>(
+    client: &Weak<ClientShared<Q>>,
+    events: &dyn CompletionEvents,
+    wakers: &Arc<CallWakers>,
+    last_tick: &mut Instant,
+    driving: &std::cell::Cell<bool>,
+) -> Turn {
+    let callers_active =
+        wakers.callers.load(Ordering::Acquire) > 0 || wakers.since_last_call() < STEP_ASIDE;
+    if last_tick.elapsed() >= NOTIFIER_TICK {
+        // Every tick: awaiting tasks look at their deadlines, and the
+        // server's socket is looked at.
+        match client.upgrade() {
+            Some(client) => client.watch_server(),
+            None => return Turn::Stop,
+        }
+        wakers.wake_by_ref();
+        *last_tick = Instant::now();
+    }
+    if callers_active || !wakers.try_drive() {
+        // Blocking callers drive.
+        std::thread::park_timeout(STEP_ASIDE);
+        return Turn::Go;
+    }
+    driving.set(true);
+    let Some(client) = client.upgrade() else {
+        wakers.release_drive_quietly();
+        return Turn::Stop;
+    };
+    // Arm, look (a completion that landed before the arm raised no
+    // event), sleep, take, look.
+    let looked = client.arm_and_look(events, || {
+        client.background_turn();
+        false
+    });
+    if looked.is_some() {
+        let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
+        if events.wait(tick).unwrap_or(false) {
+            let _ = events.take();
+        }
+        client.background_turn();
+    }
+    drop(client);
+    driving.set(false);
+    if wakers.callers.load(Ordering::Acquire) > 0 {
+        // A caller came and may have parked, waiting for the token.
+        wakers.release_drive();
+    } else {
+        wakers.release_drive_quietly();
+    }
+    Turn::Go
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
