@@ -108,6 +108,44 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
     }
 }
 
+/// A peer that connects over TCP and says nothing holds up no peer
+/// behind it: the listener hands out the session that finishes its
+/// handshake first, then the silent one's error.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_silent_peer_does_not_hold_up_the_listener() {
+    let name = device_name();
+    drop(device()); // fails loudly without one
+    let port = free_port();
+    let config = rdma_ring::session::SessionConfig {
+        connect_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let listener = SessionBuilder::default()
+        .device(&name)
+        .config(config)
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    let silent = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let client = std::thread::spawn(move || {
+        SessionBuilder::default()
+            .device(&name)
+            .connect(("127.0.0.1", port))
+            .unwrap()
+    });
+    let started = std::time::Instant::now();
+    let session = listener.accept().expect("the speaking peer's session");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(session.failure().is_none());
+    assert!(listener.accept().is_err(), "the silent peer's handshake");
+    drop((silent, client.join().unwrap()));
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_session_over_rdma_cm() {

@@ -70,6 +70,42 @@ fn sixteen_mib_over_the_tcp_handshake_arrive_intact_with_tokio_copy() {
     assert!(got == data, "the bytes differ");
 }
 
+/// A peer that connects over TCP and says nothing holds up no peer
+/// behind it: handshakes run side by side, and the listener hands out
+/// the one that finishes first, then the silent one's timeout.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_silent_peer_does_not_hold_up_the_listener() {
+    let dev = device();
+    let config = StreamConfig {
+        connect_timeout: Duration::from_secs(5),
+        ..StreamConfig::default()
+    };
+    let listener = RdmaListener::bind_with("127.0.0.1:0", &dev, config).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = std::net::TcpStream::connect(addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let client = std::thread::spawn(move || {
+        let mut s = RdmaStream::connect_with(addr, &device(), config).unwrap();
+        s.write_all(b"after the silent one").unwrap();
+        s.flush().unwrap();
+        s
+    });
+    let started = Instant::now();
+    let mut server = listener.accept().expect("the speaking peer's stream");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut got = [0u8; 20];
+    server.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"after the silent one");
+    let err = listener.accept().expect_err("the silent peer's handshake");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    drop((silent, client.join().unwrap()));
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_slow_reader_holds_a_blocking_writer_back_without_rnr() {

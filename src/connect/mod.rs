@@ -11,6 +11,8 @@
 //!   rdma_cm peers can connect.
 
 #[cfg(feature = "verbs")]
+pub(crate) mod accept;
+#[cfg(feature = "verbs")]
 pub mod cm;
 mod endpoint;
 pub mod tcp;

@@ -13,6 +13,7 @@ use super::{Session, SessionConfig, SessionError, SessionHost};
 use crate::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd, VerbsQp};
 use crate::backend::QueuePair;
 use crate::buf::RemoteAccess;
+use crate::connect::accept::HandshakeListener;
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
 use crate::deadline::Deadline;
@@ -128,7 +129,9 @@ impl SessionBuilder {
 
     /// Listens at `addr` (TCP handshake) for many peers on one host.
     pub fn bind(&self, addr: impl ToSocketAddrs) -> Result<SessionListener<VerbsQp>, SessionError> {
-        let listener = TcpListener::bind(addr).map_err(|e| SessionError::Connect(e.to_string()))?;
+        let failed = |e: std::io::Error| SessionError::Connect(e.to_string());
+        let listener = TcpListener::bind(addr).map_err(failed)?;
+        let listener = HandshakeListener::new(listener).map_err(failed)?;
         Ok(SessionListener {
             host: self.host()?,
             kind: ListenerKind::Tcp(listener),
@@ -297,7 +300,7 @@ fn exchange(
 }
 
 enum ListenerKind {
-    Tcp(TcpListener),
+    Tcp(HandshakeListener<Result<Session<VerbsQp>, SessionError>>),
     Cm(CmListener),
 }
 
@@ -333,16 +336,20 @@ impl<Q: QueuePair + Send + 'static> std::fmt::Debug for SessionListener<Q> {
 }
 
 impl SessionListener<VerbsQp> {
-    /// Waits for the next peer and connects a session to it. A peer that
-    /// fails its handshake is dropped with an error; call again.
+    /// Waits for the next peer and connects a session to it. Handshakes
+    /// run side by side, on threads of their own (64 at most; more peers
+    /// wait in the TCP backlog), so a peer that stalls holds up nobody
+    /// behind it: this returns the next one to finish. A peer that fails
+    /// its handshake is dropped with an error for the call that returns
+    /// it; call again.
     pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
         let ListenerKind::Tcp(listener) = &self.kind else {
             unreachable!("a TCP listener")
         };
-        let (stream, _) = listener
-            .accept()
-            .map_err(|e| SessionError::Connect(e.to_string()))?;
-        self.host.handshake(stream)
+        let host = self.host.clone();
+        listener
+            .accept(move |stream, _| host.handshake(stream))
+            .map_err(|e| SessionError::Connect(e.to_string()))?
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::blocking::to_io;
 use super::{RdmaStream, StreamConfig};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use crate::connect::accept::HandshakeListener;
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
 
@@ -39,7 +40,7 @@ fn first_device() -> io::Result<VerbsDevice> {
 /// ```
 #[derive(Debug)]
 pub struct RdmaListener {
-    tcp: TcpListener,
+    tcp: HandshakeListener<io::Result<RdmaStream<VerbsQp>>>,
     dev: VerbsDevice,
     pd: VerbsPd,
     config: StreamConfig,
@@ -60,7 +61,7 @@ impl RdmaListener {
     ) -> io::Result<RdmaListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaListener {
-            tcp: TcpListener::bind(addr)?,
+            tcp: HandshakeListener::new(TcpListener::bind(addr)?)?,
             dev: dev.clone(),
             pd: dev.alloc_pd().map_err(to_io)?,
             config,
@@ -74,14 +75,20 @@ impl RdmaListener {
 
     /// Waits for the next peer and connects a stream to it: a queue pair
     /// with its receives posted, the handshake, then the hellos (each step
-    /// bounded by the config's `connect_timeout`). A peer that sends
-    /// garbage gets an error for this call; the listener goes on.
+    /// bounded by the config's `connect_timeout`). Handshakes run side by
+    /// side, on threads of their own (64 at most; more peers wait in the
+    /// TCP backlog), so a peer that stalls holds up nobody behind it: this
+    /// returns the next one to finish. A peer that sends garbage, or
+    /// stalls past the timeout, gets an error for the call that returns
+    /// it; the listener goes on.
     pub fn accept(&self) -> io::Result<RdmaStream<VerbsQp>> {
-        let (socket, peer) = self.tcp.accept()?;
-        over_tcp(socket, &self.dev, &self.pd, self.config).map(|mut s| {
-            s.peer_addr = Some(peer);
-            s
-        })
+        let (dev, pd, config) = (self.dev.clone(), self.pd.clone(), self.config);
+        self.tcp.accept(move |socket, peer| {
+            over_tcp(socket, &dev, &pd, config).map(|mut s| {
+                s.peer_addr = Some(peer);
+                s
+            })
+        })?
     }
 
     /// Accepted streams, one per call of `next`.
