@@ -97,9 +97,22 @@ pub struct QpConfig {
     pub rnr_retry: u8,
     /// Transport retries before a request fails with `RetryExceeded`.
     pub retry_cnt: u8,
-    /// Local ACK timeout exponent: a request is retried after 4.096 µs ×
-    /// 2^`ack_timeout` without an answer (16 ≈ 268 ms).
+    /// Local ACK timeout exponent, 1 to 31: a request is retried after
+    /// 4.096 µs × 2^`ack_timeout` without an answer (16 ≈ 268 ms). A queue
+    /// pair asked for 0 (which verbs take as never timing out, so a dead
+    /// peer would never be noticed) or more than 31 (beyond the field) is
+    /// refused.
     pub ack_timeout: u8,
+}
+
+impl QpConfig {
+    /// Why no queue pair takes this configuration's ACK timeout, if none
+    /// does.
+    pub(crate) fn ack_timeout_refusal(&self) -> Option<&'static str> {
+        (!(1..=31).contains(&self.ack_timeout)).then_some(
+            "ack_timeout must be 1 to 31 (0 would never time out, so a dead peer would go unnoticed)",
+        )
+    }
 }
 
 impl Default for QpConfig {

@@ -183,6 +183,33 @@ pub fn scatter_gather_on_the_device<F: Fabric>(f: &F) {
 
 /// A shared receive queue once destroyed takes no queue pair: the
 /// backend refuses it rather than hand the device a freed queue.
+/// An ACK timeout verbs would take as "never" (0), or one beyond the
+/// field (over 31), is refused: a queue pair that never times out would
+/// never notice a dead peer.
+pub fn an_ack_timeout_that_never_fires_is_refused<F: Fabric>(f: &F) {
+    let cq = f.cq(16);
+    for ack_timeout in [0, 32, 255] {
+        let config = QpConfig {
+            ack_timeout,
+            ..small()
+        };
+        match f.qp_on(&cq, None, config) {
+            Err(refused) => assert!(refused.to_string().contains("ack_timeout"), "{refused}"),
+            Ok(_) => panic!("ack_timeout {ack_timeout} was taken"),
+        }
+    }
+    for ack_timeout in [1, 31] {
+        let config = QpConfig {
+            ack_timeout,
+            ..small()
+        };
+        assert!(
+            f.qp_on(&cq, None, config).is_ok(),
+            "ack_timeout {ack_timeout}"
+        );
+    }
+}
+
 pub fn a_queue_pair_on_a_destroyed_srq_is_refused<F: Fabric>(f: &F) {
     use rdma_ring::backend::SharedReceiveQueue;
     let cq = f.cq(16);

@@ -456,6 +456,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn scatter_gather_on_the_device() { conformance::many::scatter_gather_on_the_device(&$make) }
         $(#[$attr])* #[test] fn srq_limit_event() { conformance::many::srq_limit_event(&$make) }
         $(#[$attr])* #[test] fn a_queue_pair_on_a_destroyed_srq_is_refused() { conformance::many::a_queue_pair_on_a_destroyed_srq_is_refused(&$make) }
+        $(#[$attr])* #[test] fn an_ack_timeout_that_never_fires_is_refused() { conformance::many::an_ack_timeout_that_never_fires_is_refused(&$make) }
         $(#[$attr])* #[test] fn detach_with_work_in_flight() { conformance::many::detach_with_work_in_flight(&$make) }
         $(#[$attr])* #[test] fn doorbells_seen_by_the_device() { conformance::many::doorbells_seen_by_the_device(&$make) }
         $(#[$attr])* #[test] fn a_failing_unsignaled_request_gets_its_own_completion() { conformance::many::a_failing_unsignaled_request_gets_its_own_completion(&$make) }

@@ -451,6 +451,9 @@ impl SoftDevice {
                 "the completion or shared receive queue belongs to another soft device",
             ));
         }
+        if let Some(why) = config.ack_timeout_refusal() {
+            return Err(Error::Soft(why));
+        }
         let max_recv_wr = if srq.is_some() { 0 } else { config.max_recv_wr };
         if config.max_send_wr == 0 || config.max_send_wr > MAX_QP_WR || max_recv_wr > MAX_QP_WR {
             return Err(Error::Soft(

@@ -82,6 +82,12 @@ impl VerbsQp {
                 )),
             });
         }
+        if let Some(why) = config.ack_timeout_refusal() {
+            return Err(Error::Verbs {
+                verb: "ibv_create_qp",
+                source: std::io::Error::other(why),
+            });
+        }
         // A destroyed queue's `ibv_srq` is freed memory: it must never
         // reach `ibv_create_qp`.
         if srq.is_some_and(VerbsSrq::is_destroyed) {
