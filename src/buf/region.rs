@@ -407,7 +407,10 @@ impl fmt::Debug for Region {
 
 // SAFETY: the bytes lie in an arena, outside the `Region` value, and stay
 // put (the arena is never moved or freed while a region of it lives); the
-// allocation is this region's alone until it drops.
+// allocation is this region's alone until it drops. The length changes
+// only through `truncate(&mut self)`, which nobody can call while the
+// region is registered: the registration owns it and reads its length
+// once.
 unsafe impl super::StableBuf for Region {
     fn stable_ptr(&self) -> *const u8 {
         self.inner.ptr

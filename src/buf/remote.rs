@@ -134,7 +134,14 @@ impl RemoteSlice {
     /// The 8 bytes at `offset` as an atomic target: in bounds, 8-aligned,
     /// and with atomic rights, or an error saying which is missing.
     pub fn word(&self, offset: u64) -> Result<RemoteWord, Error> {
-        let part = self.slice(offset..offset.saturating_add(8))?;
+        // Checked, not saturated: at the top of the address space a
+        // saturated end would make a word of 7 bytes pass as 8.
+        let end = offset.checked_add(8).ok_or(Error::OutOfBounds {
+            start: offset,
+            end: u64::MAX,
+            len: self.len,
+        })?;
+        let part = self.slice(offset..end)?;
         if part.addr % 8 != 0 {
             return Err(Error::Misaligned { addr: part.addr });
         }
@@ -236,6 +243,16 @@ impl RemoteWord {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A word is 8 whole bytes of its slice, at the top of the address
+    /// space too, where the end of the last 7 bytes cannot be computed.
+    #[test]
+    fn a_word_at_the_end_of_the_largest_slice_is_whole() {
+        let s = RemoteSlice::new(0, u64::MAX, 1, RemoteAccess::ATOMIC);
+        assert!(s.word(u64::MAX - 7).is_err(), "only 7 bytes are left");
+        let last = s.word(u64::MAX - 15).unwrap();
+        assert_eq!(last.addr(), u64::MAX - 15);
+    }
 
     proptest! {
         #[test]
