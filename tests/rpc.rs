@@ -701,6 +701,20 @@ fn a_client_that_floods_after_closing_is_cut_off() {
     server.shutdown().unwrap();
 }
 
+/// A connect timeout of zero would time every client out at once: the
+/// config is refused.
+#[test]
+fn a_zero_connect_timeout_is_refused() {
+    let config = RpcConfig {
+        connect_timeout: Duration::ZERO,
+        ..RpcConfig::default()
+    };
+    match RpcServer::soft(&SoftDevice::new(), Service::handler(echo), config) {
+        Err(err) => assert!(err.to_string().contains("connect_timeout"), "{err}"),
+        Ok(_) => panic!("a server with no time to connect"),
+    }
+}
+
 #[test]
 fn unreleased_large_responses_expire() {
     let dev = SoftDevice::new();

@@ -545,6 +545,19 @@ fn a_peer_that_breaks_the_protocol_gets_invalid_data() {
     }
 }
 
+/// A connect timeout of zero would time every peer out at once (some
+/// without a word, where a listener drops a peer that times out): the
+/// config is refused.
+#[test]
+fn a_zero_connect_timeout_is_refused() {
+    let config = StreamConfig {
+        connect_timeout: Duration::ZERO,
+        ..small()
+    };
+    let err = RdmaStream::soft_pair(&SoftDevice::new(), config).unwrap_err();
+    assert!(err.to_string().contains("connect_timeout"), "{err}");
+}
+
 #[test]
 fn a_silent_peer_fails_the_connect_with_a_timeout() {
     let dev = SoftDevice::new();

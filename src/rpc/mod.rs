@@ -109,7 +109,8 @@ pub struct RpcConfig {
     /// How long the server keeps a large response the client has not
     /// released (server side).
     pub release_timeout: Duration,
-    /// How long connecting may take, handshake and hello included.
+    /// How long connecting may take, handshake and hello included; not
+    /// zero.
     pub connect_timeout: Duration,
     /// How long a call may take before it fails with
     /// [`RpcError::Timeout`] (client side).
@@ -146,13 +147,15 @@ impl RpcConfig {
             && (min_buffer..=wire::MAX_BUFFER).contains(&self.buffer_size)
             && self.max_message > 0
             && (1..=4096).contains(&self.max_clients)
-            && u64::from(self.max_clients) * u64::from(self.window) <= 16384;
+            && u64::from(self.max_clients) * u64::from(self.window) <= 16384
+            && !self.connect_timeout.is_zero();
         if ok {
             Ok(())
         } else {
             Err(Error::Incompatible(
                 "rpc config out of range: window 1 to 1024, buffer_size 280 B to 1 MiB, \
-                 max_message at least 1, max_clients 1 to 4096, max_clients × window at most 16384",
+                 max_message at least 1, max_clients 1 to 4096, max_clients × window at most 16384, \
+                 connect_timeout above zero",
             ))
         }
     }

@@ -175,7 +175,7 @@ pub struct SessionConfig {
     pub lease: Duration,
     /// How long [`Session::request_remote_mr`] waits for the peer.
     pub request_timeout: Duration,
-    /// How long connecting may take.
+    /// How long connecting may take; not zero.
     pub connect_timeout: Duration,
     /// Bytes of each registered arena.
     pub arena_bytes: usize,
@@ -215,6 +215,9 @@ impl SessionConfig {
     /// let config = SessionConfig { recv_depth: 8, user_window: 8, ..SessionConfig::default() };
     /// let err = config.check().unwrap_err();
     /// assert!(err.to_string().contains("user_window must be 1..recv_depth"));
+    /// // Connecting must be given some time.
+    /// let config = SessionConfig { connect_timeout: std::time::Duration::ZERO, ..SessionConfig::default() };
+    /// assert!(config.check().unwrap_err().to_string().contains("connect_timeout"));
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: &'static str| Err(Error::Incompatible(what));
@@ -232,6 +235,9 @@ impl SessionConfig {
         }
         if self.arena_bytes == 0 || self.arena_bytes > self.memory_limit {
             return bad("arena_bytes must be 1..=memory_limit");
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout must be above zero");
         }
         Ok(())
     }

@@ -94,7 +94,8 @@ pub struct StreamConfig {
     /// Quiet time after which the peer is probed (an 8-byte read), so a
     /// dead peer fails the connection in bounded time.
     pub keepalive: Duration,
-    /// How long connecting (the handshake and the hellos) may take.
+    /// How long connecting (the handshake and the hellos) may take; not
+    /// zero.
     pub connect_timeout: Duration,
     /// How long dropping a stream waits for written data and its end of
     /// stream to leave.
@@ -134,6 +135,10 @@ impl StreamConfig {
                 "stream config out of range: chunk_size 64 B to 16 MiB, recv_buffers 1 to 32767, \
                  answer_buffers 2 to 32767, send_buffers 1 to 32767",
             ));
+        }
+        if self.connect_timeout.is_zero() {
+            // Every peer would time out at once, some without a word.
+            return Err(Error::Incompatible("connect_timeout must be above zero"));
         }
         Ok(())
     }
