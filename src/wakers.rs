@@ -54,28 +54,20 @@ pub(crate) fn wake_now_or_later(wakers: impl IntoIterator<Item = Waker>) {
     wake_all(wakers);
 }
 
-/// Wakes every waker of `wakers`. A waker that panics does not keep the
-/// others asleep (what they wait for has happened, and nothing later may
-/// come to wake them): the rest are woken as its panic unwinds, and then
-/// the panic goes on to the caller.
-pub(crate) fn wake_all<I: Iterator<Item = Waker>>(wakers: impl IntoIterator<IntoIter = I>) {
-    let mut rest = Unwoken(wakers.into_iter());
-    for waker in rest.0.by_ref() {
-        waker.wake();
+/// Wakes every waker of `wakers`. A waker that panics (the panic hook has
+/// told of it) neither keeps the others asleep — what they wait for has
+/// happened, and nothing later may come to wake them — nor reaches the
+/// caller, whose own work went fine and may hold what must not be lost (a
+/// completion it took, say), and who may be unwinding already.
+pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
+    for waker in wakers {
+        let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
     }
 }
 
-/// The wakers not woken yet. Its drop wakes them, which only a panicking
-/// waker leaves it anything to do: the path without a panic pays nothing
-/// for the guard but one look at an empty iterator.
-struct Unwoken<I: Iterator<Item = Waker>>(I);
-
-impl<I: Iterator<Item = Waker>> Drop for Unwoken<I> {
-    fn drop(&mut self) {
-        for waker in &mut self.0 {
-            // Already unwinding: a second panic would abort the process,
-            // so each is caught (the first panic is the one that goes on).
-            let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
-        }
-    }
+/// Drops `value`, whose drop runs code of the user's (a buffer's, a
+/// waker's): as with [`wake_all`], a panic in it is the panic hook's to
+/// report, not the caller's.
+pub(crate) fn drop_quietly<T>(value: T) {
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
 }

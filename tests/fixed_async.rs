@@ -911,7 +911,7 @@ impl std::task::Wake for CountingWaker {
 }
 
 /// A waker that panics does not keep the others collected with it from
-/// being woken: the panic reaches the caller only after they all are, and
+/// being woken, nor reaches the caller (the panic hook reports it), and
 /// every operation still completes.
 #[test]
 fn a_panicking_waker_does_not_keep_the_others_asleep() {
@@ -948,7 +948,11 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
         .is_pending());
     dev.progress();
     let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.drive()));
-    assert!(driven.is_err(), "the waker's panic reaches the caller");
+    // The panic hook told of it; the caller's own drive went fine.
+    assert!(
+        driven.is_ok(),
+        "another task's waker panicked into the caller"
+    );
     assert_eq!(
         counting.0.load(Ordering::SeqCst),
         1,

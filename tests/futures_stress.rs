@@ -505,7 +505,7 @@ impl std::task::Wake for CountingWaker {
 }
 
 /// A waker that panics does not keep the others collected with it from
-/// being woken: the panic reaches the caller only after they all are, and
+/// being woken, nor reaches the caller (the panic hook reports it), and
 /// every operation still completes.
 #[test]
 fn a_panicking_waker_does_not_keep_the_others_asleep() {
@@ -528,7 +528,11 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
         .is_pending());
     s.dev.progress();
     let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.a.drive()));
-    assert!(driven.is_err(), "the waker's panic reaches the caller");
+    // The panic hook told of it; the caller's own drive went fine.
+    assert!(
+        driven.is_ok(),
+        "another task's waker panicked into the caller"
+    );
     assert_eq!(
         counting.0.load(Ordering::SeqCst),
         1,
@@ -574,8 +578,8 @@ impl Drop for PanicsOnDrop {
 
 /// The buffer of an operation whose future was dropped is dropped once
 /// the ring is released, not in the middle of its bookkeeping: a drop that
-/// panics reaches the caller, and the other operations completed by the
-/// same poll still reach their futures.
+/// panics (the panic hook reports it) cuts nothing short, and the other
+/// operations completed by the same poll still reach their futures.
 #[test]
 fn a_buffer_whose_drop_panics_loses_no_other_completion() {
     use rdma_ring::buf::RegisteredBuf;
@@ -599,7 +603,11 @@ fn a_buffer_whose_drop_panics_loses_no_other_completion() {
     drop(dropped);
     s.dev.progress();
     let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.a.drive()));
-    assert!(driven.is_err(), "the buffer's panic reaches the caller");
+    // The panic hook told of it; the caller's own drive went fine.
+    assert!(
+        driven.is_ok(),
+        "a dropped future's buffer panicked into the caller"
+    );
     for op in &mut kept {
         match op.as_mut().poll(noop) {
             Poll::Ready((result, _buf)) => assert_eq!(result.unwrap(), 64),

@@ -182,7 +182,7 @@ async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
     })
     .await
     .unwrap();
-    drop((b, c)); // dropping hands back too
+    drop((b, c)); // dropping releases them
     assert!(client.failure().is_none());
     assert!(matches!(
         within(client.request_remote_mr(bytes(0))).await,

@@ -79,7 +79,11 @@ impl<T: Send + 'static> HandshakeListener<T> {
     {
         // Accepted sockets need not inherit the listener's non-blocking
         // mode on every platform: the handshake's timeouts assume blocking.
-        socket.set_nonblocking(false)?;
+        // A socket that cannot be set so is that peer's failure alone: it
+        // is dropped, and the peer sees its connection close.
+        if socket.set_nonblocking(false).is_err() {
+            return Ok(());
+        }
         self.running.fetch_add(1, Ordering::AcqRel);
         let running = Arc::clone(&self.running);
         let finish = self.finish.clone();

@@ -617,7 +617,6 @@ impl<Q: QueuePair> FixedRing<Q> {
         Ok(slot.srq)
     }
 
-    /// The slot of the shared receive queue `srq` names, if it names one.
     /// Announces queue pair number `qp_num`, made on shared receive queue
     /// `srq` and not attached yet (connected first, say, and attached once
     /// its handshake is done). A completion of one of the queue's receives
@@ -660,6 +659,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         Ok(())
     }
 
+    /// The slot of the shared receive queue `srq` names, if it names one.
     pub(super) fn srq_slot_of(&self, srq: FixedSrq) -> Option<usize> {
         match self.srqs.get(srq.index()) {
             Some(Some(slot)) if slot.handle == srq => Some(srq.index()),

@@ -593,7 +593,7 @@ impl<Q: QueuePair> FixedShared<Q> {
         drop(inner);
         crate::wakers::wake_all(wakes.drain(..));
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
-        drop(dropped);
+        crate::wakers::drop_quietly(dropped);
     }
 
     /// Takes the channel's events and re-arms it before polling, so a

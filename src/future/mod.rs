@@ -333,7 +333,9 @@ impl<Q: QueuePair> Shared<Q> {
         drop(ring);
         crate::wakers::wake_all(wakes.drain(..));
         let _ = WAKES.try_with(|cell| cell.replace(wakes));
-        drop(let_go);
+        if let Some(let_go) = let_go {
+            crate::wakers::drop_quietly(let_go);
+        }
         result
     }
 

@@ -430,7 +430,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
 }
 
 /// When a request's wait ends: a request still unanswered is marked
-/// abandoned (a late grant is then handed straight back), a grant nobody
+/// abandoned (a late grant is then released straight away), a grant nobody
 /// took goes back at once, and answered entries go.
 struct AbandonOnDrop<'a, Q: QueuePair + Send + 'static> {
     shared: &'a SessionShared<Q>,

@@ -39,7 +39,10 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut completions = host.ring.completions();
-    let mut batch: Vec<Completion> = Vec::with_capacity(BATCH);
+    // Popped from the front: a turn cut short by a panic leaves the rest
+    // for the next.
+    let mut batch: std::collections::VecDeque<Completion> =
+        std::collections::VecDeque::with_capacity(BATCH);
     let mut last_tick = Instant::now();
     loop {
         // Every session of the host relies on this thread, which runs
@@ -53,7 +56,7 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
             let mut ended = false;
             while batch.len() < BATCH {
                 match Pin::new(&mut completions).poll_next(&mut cx) {
-                    Poll::Ready(Some(c)) => batch.push(c),
+                    Poll::Ready(Some(c)) => batch.push_back(c),
                     Poll::Ready(None) => {
                         ended = true;
                         break;
@@ -62,7 +65,7 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
                 }
             }
             let busy = batch.len() == BATCH;
-            for c in batch.drain(..) {
+            while let Some(c) = batch.pop_front() {
                 on_completion(host, c);
             }
             let now = Instant::now();
@@ -540,6 +543,18 @@ fn expire(st: &mut SessionState, now: Instant) {
     }
 }
 
+/// Whether `control` lends or grants a region whose lease has ended.
+fn lease_ended(st: &SessionState, control: &Control) -> bool {
+    let id = match control {
+        Control::Lend(d) | Control::AllocGrant { region: d, .. } => d.id,
+        _ => return false,
+    };
+    st.lent
+        .get(&id)
+        .and_then(|l| l.deadline)
+        .is_some_and(|deadline| Instant::now() >= deadline)
+}
+
 /// Region `id`, taken back, must never reach the peer if its descriptor
 /// has not left yet (flow control held it): a lend is dropped, and a grant
 /// becomes a refusal, so the request is still answered.
@@ -574,6 +589,12 @@ fn flush<Q: QueuePair + std::marker::Send + 'static>(
     while let Some(&control) = st.outbox.front() {
         if !st.flow.can_send() {
             break;
+        }
+        if lease_ended(st, &control) {
+            // Expired between ticks: take it back (which withdraws this
+            // descriptor) before it can go out.
+            expire(st, Instant::now());
+            continue;
         }
         match send_control(host, s, st, control) {
             Ok(true) => {

@@ -63,11 +63,11 @@ pub(super) enum Request {
     },
     Done(Result<Arrived, SessionError>),
     /// No answer in time; `answered` once a late one came (and a grant
-    /// was handed straight back).
+    /// was released straight away).
     TimedOut {
         answered: bool,
     },
-    /// Its future is gone: a late grant is handed straight back.
+    /// Its future is gone: a late grant is released straight away.
     Abandoned,
 }
 

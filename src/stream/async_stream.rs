@@ -265,10 +265,10 @@ impl<Q: QueuePair + Send + 'static> futures_io::AsyncWrite for AsyncRdmaStream<Q
 
     /// Sends the end of stream after everything written, and is ready once
     /// its send has completed: `Ok` if it and every byte before it
-    /// arrived, the connection's failure if a send of them failed. While
-    /// bytes the peer sent wait here unread and ours cannot all go, it is
-    /// ready at once, as [`RdmaStream::shutdown`](super::RdmaStream::shutdown)
-    /// says why.
+    /// arrived, the connection's failure if a send of them failed. When
+    /// the end of stream cannot go yet while bytes the peer sent wait here
+    /// unread, it is ready at once, as
+    /// [`RdmaStream::shutdown`](super::RdmaStream::shutdown) says why.
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().close_write(cx)
     }

@@ -328,10 +328,11 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// stream after those bytes); ending reading drops bytes not read yet
     /// and any that arrive.
     ///
-    /// Ending writing returns at once, though, while bytes the peer sent
-    /// wait here unread and ours cannot all go: the peer may be waiting for
-    /// us to read before it takes more (two sides that each write, shut
-    /// down and then read would otherwise wait on each other for ever).
+    /// Ending writing returns at once, though, when the end of stream
+    /// cannot go yet while bytes the peer sent wait here unread: the peer
+    /// may be waiting for us to read before it takes more (two sides that
+    /// each write, shut down and then read would otherwise wait on each
+    /// other for ever).
     /// The rest of what was written, then the end of stream, goes out as
     /// later reads make room, or in the drop's linger, as TCP's would.
     pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {

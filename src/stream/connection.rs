@@ -20,6 +20,9 @@ const RECV: u64 = 1;
 const DATA: u64 = 2;
 const CONTROL: u64 = 3;
 const PROBE: u64 = 4;
+/// The end of stream's send: a control message, told apart because an
+/// async close is fine only if it (and the data before it) arrived.
+const FIN: u64 = 5;
 
 /// Bytes of each control buffer (hello, credit, FIN, probe target).
 const CONTROL_CHUNK: usize = 64;
@@ -120,8 +123,8 @@ pub(crate) struct Connection {
     inbox: VecDeque<Inbound>,
     /// Sends and probes posted and not completed.
     in_flight: usize,
-    /// Whether a data or control send failed: what was written, or the
-    /// end of stream, may not have arrived.
+    /// Whether a data send or the end of stream's failed: what was
+    /// written, or the end of stream, may not have arrived.
     sends_lost: bool,
     probe_in_flight: bool,
     hello_allowed: bool,
@@ -219,7 +222,7 @@ impl Connection {
         let status = c.status();
         match c.user_data() {
             RECV => self.on_receive(c),
-            DATA | CONTROL | PROBE => {
+            DATA | CONTROL | FIN | PROBE => {
                 self.in_flight = self.in_flight.saturating_sub(1);
                 if c.user_data() == PROBE {
                     self.probe_in_flight = false;
@@ -228,13 +231,17 @@ impl Connection {
                     self.last_heard = Instant::now();
                     return;
                 }
-                if c.user_data() != PROBE {
+                // A credit or a probe carries nothing the peer's reader
+                // needs: what was written is lost only with data or the
+                // end of stream.
+                if matches!(c.user_data(), DATA | FIN) {
                     self.sends_lost = true;
                 }
                 if status != WcStatus::WrFlushErr || self.failure.is_none() {
                     let what = match c.user_data() {
                         DATA => "a data send",
                         CONTROL => "a control send",
+                        FIN => "the end of stream's send",
                         _ => "a keep-alive read of the peer",
                     };
                     self.fail(Failure::Transport(format!("{what} failed: {status}")));
@@ -436,8 +443,8 @@ impl Connection {
         self.staging.as_ref().is_some_and(|(_, n)| *n > 0) || !self.outbox.is_empty()
     }
 
-    /// Whether every data and control send that completed arrived (a
-    /// failed one may have carried written bytes or the end of stream).
+    /// Whether every data send and the end of stream's, once completed,
+    /// arrived.
     pub(crate) fn sends_arrived(&self) -> bool {
         !self.sends_lost
     }
@@ -566,7 +573,8 @@ impl Connection {
         };
         chunk[..payload.len()].copy_from_slice(payload);
         let header = self.flow.header(kind);
-        let mut op = SendImm::new(chunk.slice(..payload.len()), header.encode()).user_data(CONTROL);
+        let tag = if kind == Kind::Fin { FIN } else { CONTROL };
+        let mut op = SendImm::new(chunk.slice(..payload.len()), header.encode()).user_data(tag);
         if payload.len() <= self.max_inline {
             op = op.inline();
         }

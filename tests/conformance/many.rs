@@ -181,8 +181,6 @@ pub fn scatter_gather_on_the_device<F: Fabric>(f: &F) {
     assert_eq!(&got[0].bufs()[1][..40], &[6u8; 40]);
 }
 
-/// A shared receive queue once destroyed takes no queue pair: the
-/// backend refuses it rather than hand the device a freed queue.
 /// An ACK timeout verbs would take as "never" (0), or one beyond the
 /// field (over 31), is refused: a queue pair that never times out would
 /// never notice a dead peer.
@@ -210,6 +208,8 @@ pub fn an_ack_timeout_that_never_fires_is_refused<F: Fabric>(f: &F) {
     }
 }
 
+/// A shared receive queue once destroyed takes no queue pair: the
+/// backend refuses it rather than hand the device a freed queue.
 pub fn a_queue_pair_on_a_destroyed_srq_is_refused<F: Fabric>(f: &F) {
     use rdma_ring::backend::SharedReceiveQueue;
     let cq = f.cq(16);

@@ -1,9 +1,8 @@
 // IoBuf is sealed: memory of your own comes in through StableBufMut and a
-// registration, never as a type that names its own address and key.
-use rdma_ring::buf::IoBuf;
-
+// registration, never as a type that names its own address and key. Its
+// supertrait is out of reach, so no type outside the crate can be one.
 struct Mine;
 
-impl IoBuf for Mine {}
+impl rdma_ring::buf::sealed::Sealed for Mine {}
 
 fn main() {}
