@@ -636,15 +636,44 @@ fn hostile_clients_are_told_and_cut_off_and_others_are_served() {
     assert_nothing_leaked();
 }
 
+/// An echo server, a well-behaved client of it, and the queue pair of a
+/// raw one (with its protection domain) to misbehave with.
+fn server_good_and_raw() -> (
+    RpcServer<SoftQp>,
+    RpcClient<SoftQp>,
+    SoftQp,
+    Arc<rdma_ring::backend::soft::SoftPd>,
+) {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let good = server.connect_soft().unwrap();
+    let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    (server, good, qp, pd)
+}
+
+/// The raw client alone was cut off, for one protocol violation, and the
+/// good one is still served.
+fn only_the_raw_client_was_cut_off(
+    server: RpcServer<SoftQp>,
+    good: &RpcClient<SoftQp>,
+    raw: Ring<SoftQp>,
+) {
+    wait_for("the client to be closed", || {
+        server.stats().clients_closed == 1
+    });
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 1, "{stats:?}");
+    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
+    drop(raw);
+    server.shutdown().unwrap();
+}
+
 /// A client's message longer than the buffer size the hello gave fails
 /// its receive on the device: the server counts a protocol violation,
 /// closes that connection, and serves the others.
 #[test]
 fn a_message_longer_than_the_hello_allows_is_a_violation() {
-    let dev = SoftDevice::new();
-    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
-    let good = server.connect_soft().unwrap();
-    let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    let (server, good, qp, pd) = server_good_and_raw();
     let mut ring = Ring::new(qp, RingConfig::default());
     let size = RpcConfig::default().buffer_size as usize;
     let mut big = vec![0u8; size + 1];
@@ -652,14 +681,7 @@ fn a_message_longer_than_the_hello_allows_is_a_violation() {
     let big = RegisteredBuf::new(&*pd, big).unwrap();
     ring.submission().push(Send::new(big).user_data(2)).unwrap();
     ring.submit().unwrap();
-    wait_for("the client to be closed", || {
-        server.stats().clients_closed == 1
-    });
-    let stats = server.stats();
-    assert_eq!(stats.protocol_errors, 1, "{stats:?}");
-    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
-    drop(ring);
-    server.shutdown().unwrap();
+    only_the_raw_client_was_cut_off(server, &good, ring);
 }
 
 /// A client that closes and goes on sending (here before it has even
@@ -668,10 +690,7 @@ fn a_message_longer_than_the_hello_allows_is_a_violation() {
 /// receive buffers.
 #[test]
 fn a_client_that_floods_after_closing_is_cut_off() {
-    let dev = SoftDevice::new();
-    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
-    let good = server.connect_soft().unwrap();
-    let (qp, pd) = server.connect_soft_raw(QpConfig::default()).unwrap();
+    let (server, good, qp, pd) = server_good_and_raw();
     // Attached (its hello on the way, unread), so what follows meets an
     // open connection that then closes.
     wait_for("the client to be attached", || {
@@ -691,14 +710,7 @@ fn a_client_that_floods_after_closing_is_cut_off() {
         sq.push(Send::new(chunk.slice(..n)).user_data(2)).unwrap();
     }
     sq.submit().unwrap();
-    wait_for("the client to be closed", || {
-        server.stats().clients_closed == 1
-    });
-    let stats = server.stats();
-    assert_eq!(stats.protocol_errors, 1, "{stats:?}");
-    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
-    drop(ring);
-    server.shutdown().unwrap();
+    only_the_raw_client_was_cut_off(server, &good, ring);
 }
 
 /// A connect timeout of zero would time every client out at once: the
