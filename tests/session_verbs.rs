@@ -146,6 +146,41 @@ fn a_silent_peer_does_not_hold_up_the_listener() {
     drop((silent, client.join().unwrap()));
 }
 
+/// The connect timeout bounds a handshake as a whole, the hellos
+/// included: a peer that takes most of it over each step times out, not
+/// one timeout per step.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_peer_pacing_its_handshake_steps_times_out_once() {
+    let name = device_name();
+    let port = free_port();
+    let config = rdma_ring::session::SessionConfig {
+        connect_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let listener = SessionBuilder::default()
+        .device(&name)
+        .config(config)
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    let hello = rdma_ring::session::Hello {
+        recv_depth: config.recv_depth,
+        user_window: config.user_window,
+        max_message: config.max_message,
+    };
+    let peer = rxe::pacing_peer(
+        ([127, 0, 0, 1], port).into(),
+        Duration::from_millis(1200),
+        Some(hello.encode().to_vec()),
+    );
+    let err = listener.accept().expect_err("the pacing peer's handshake");
+    assert!(
+        err.to_string().contains("waiting for the peer to be ready"),
+        "{err}"
+    );
+    peer.join().unwrap();
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_session_over_rdma_cm() {

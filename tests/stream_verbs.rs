@@ -106,6 +106,28 @@ fn a_silent_peer_does_not_hold_up_the_listener() {
     drop((silent, client.join().unwrap()));
 }
 
+/// The connect timeout bounds a handshake as a whole: a peer that takes
+/// most of it over each step times out, not one timeout per step.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_peer_pacing_its_handshake_steps_times_out_once() {
+    let dev = device();
+    let config = StreamConfig {
+        connect_timeout: Duration::from_secs(2),
+        ..StreamConfig::default()
+    };
+    let listener = RdmaListener::bind_with("127.0.0.1:0", &dev, config).unwrap();
+    let peer = rxe::pacing_peer(
+        listener.local_addr().unwrap(),
+        Duration::from_millis(1200),
+        None,
+    );
+    let err = listener.accept().expect_err("the pacing peer's handshake");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    assert!(err.to_string().contains("ready"), "{err}");
+    peer.join().unwrap();
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_slow_reader_holds_a_blocking_writer_back_without_rnr() {

@@ -88,17 +88,27 @@ pub(crate) fn read_exact(
     Ok(())
 }
 
-fn set_write_timeout(stream: &TcpStream, timeout: Duration) -> Result<(), Error> {
+/// Bounds the writes of `step` by `deadline` (a socket refuses a zero
+/// timeout, so a deadline already passed is the step's timeout).
+fn set_write_deadline(
+    stream: &TcpStream,
+    deadline: Deadline,
+    step: &'static str,
+    want: usize,
+) -> Result<(), Error> {
+    let left = deadline.remaining();
+    if left.is_zero() {
+        return Err(io_error(step, ErrorKind::TimedOut.into(), 0, want));
+    }
     stream
-        .set_write_timeout(Some(timeout))
+        .set_write_timeout(Some(left))
         .map_err(|e| Error::Handshake {
             step: "setting socket timeouts",
             reason: e.to_string(),
         })
 }
 
-/// Sends `local` and returns the peer's endpoint, each way within
-/// `timeout`.
+/// Sends `local` and returns the peer's endpoint, both within `timeout`.
 ///
 /// ```
 /// use std::net::{TcpListener, TcpStream};
@@ -118,11 +128,21 @@ pub fn exchange(
     local: &Endpoint,
     timeout: Duration,
 ) -> Result<Endpoint, Error> {
-    let deadline = Deadline::after(timeout);
-    set_write_timeout(stream, timeout)?;
+    exchange_by(stream, local, Deadline::after(timeout))
+}
+
+/// [`exchange`] by `deadline`, a deadline it may share with the steps
+/// around it.
+pub(crate) fn exchange_by(
+    stream: &mut TcpStream,
+    local: &Endpoint,
+    deadline: Deadline,
+) -> Result<Endpoint, Error> {
+    let step = "sending our endpoint";
+    set_write_deadline(stream, deadline, step, ENDPOINT_WIRE_LEN)?;
     stream
         .write_all(&local.encode())
-        .map_err(|e| io_error("sending our endpoint", e, 0, ENDPOINT_WIRE_LEN))?;
+        .map_err(|e| io_error(step, e, 0, ENDPOINT_WIRE_LEN))?;
     let mut record = [0u8; ENDPOINT_WIRE_LEN];
     read_exact(stream, &mut record, deadline, "reading the peer's endpoint")?;
     Endpoint::decode(&record)
@@ -146,11 +166,17 @@ pub fn exchange(
 /// assert!(err.to_string().contains("expected the ready byte"), "{err}");
 /// ```
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
-    let deadline = Deadline::after(timeout);
-    set_write_timeout(stream, timeout)?;
+    ready_by(stream, Deadline::after(timeout))
+}
+
+/// [`ready`] by `deadline`, a deadline it may share with the steps before
+/// it.
+pub(crate) fn ready_by(stream: &mut TcpStream, deadline: Deadline) -> Result<(), Error> {
+    let step = "sending ready";
+    set_write_deadline(stream, deadline, step, 1)?;
     stream
         .write_all(&[READY])
-        .map_err(|e| io_error("sending ready", e, 0, 1))?;
+        .map_err(|e| io_error(step, e, 0, 1))?;
     let mut byte = [0u8; 1];
     read_exact(
         stream,
@@ -172,7 +198,8 @@ pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
 /// may already be in a ring, with the receives the peer's first messages
 /// need posted (through [`Ring::qp`](crate::ring::Ring::qp)): neither side
 /// sends before the other said it is ready, so those receives are in place
-/// in time.
+/// in time. All of it is done within `timeout`: a peer that answers each
+/// step just in time cannot stretch it.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -197,9 +224,36 @@ pub fn handshake(
     qp: &crate::backend::verbs::VerbsQp,
     timeout: Duration,
 ) -> Result<(), Error> {
-    let remote = exchange(stream, &qp.endpoint(), timeout)?;
-    qp.connect(&remote)?;
-    ready(stream, timeout)
+    handshake_by(stream, qp, Deadline::after(timeout))
+}
+
+/// [`handshake`] by `deadline`, a deadline it may share with the steps
+/// around it (the hellos of the layers above, say).
+#[cfg(feature = "verbs")]
+pub(crate) fn handshake_by(
+    stream: &mut TcpStream,
+    qp: &crate::backend::verbs::VerbsQp,
+    deadline: Deadline,
+) -> Result<(), Error> {
+    connect_by(stream, &qp.endpoint(), deadline, |remote| {
+        qp.connect(remote)
+    })
+}
+
+/// The handshake around `connect`, which connects our queue pair (whose
+/// endpoint is `local`) to the peer's: every step by the one `deadline`,
+/// so that a peer answering each step just in time cannot stretch the
+/// whole (and hold a listener's handshake slot) to a timeout per step.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+pub(crate) fn connect_by(
+    stream: &mut TcpStream,
+    local: &Endpoint,
+    deadline: Deadline,
+    connect: impl FnOnce(&Endpoint) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let remote = exchange_by(stream, local, deadline)?;
+    connect(&remote)?;
+    ready_by(stream, deadline)
 }
 
 /// Connects a new queue pair (with a completion queue of its own) to the
@@ -272,7 +326,7 @@ pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<Tcp
 /// Accepts one peer on `listener` and connects a new queue pair (with a
 /// completion queue of its own) to it: the other half of [`connect_qp`].
 /// The accept itself waits for as long as the listener does (make it
-/// non-blocking to bound it); each handshake step after that is bounded by
+/// non-blocking to bound it); the handshake after that is bounded by
 /// `timeout`. To post receives first, accept and [`handshake`] yourself.
 ///
 /// ```no_run
@@ -423,6 +477,43 @@ mod tests {
             "the deadline stretched to {:?}",
             start.elapsed()
         );
+        drop(a);
+        t.join().unwrap();
+    }
+
+    /// A peer that answers each step of the handshake just in time for a
+    /// deadline per step runs out of the one deadline of the whole.
+    #[test]
+    fn a_peer_answering_each_step_just_in_time_cannot_stretch_the_handshake() {
+        let (mut a, mut b) = pair();
+        let step = Duration::from_millis(300);
+        let t = std::thread::spawn(move || {
+            let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
+            b.read_exact(&mut theirs).unwrap();
+            std::thread::sleep(step);
+            b.write_all(&endpoint(2).encode()).unwrap();
+            let mut ready = [0u8; 1];
+            // Gone, if the handshake gave up in time.
+            if b.read_exact(&mut ready).is_ok() {
+                std::thread::sleep(step);
+                let _ = b.write_all(&[READY]);
+            }
+        });
+        // Each step in time for 500 ms; the two of them are not.
+        let mut connected = None;
+        let err = connect_by(
+            &mut a,
+            &endpoint(1),
+            Deadline::after(Duration::from_millis(500)),
+            |remote| {
+                connected = Some(*remote);
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert_eq!(connected, Some(endpoint(2)));
+        assert!(matches!(err, Error::HandshakeTimeout { .. }), "{err:?}");
+        assert!(err.to_string().contains("ready"), "{err}");
         drop(a);
         t.join().unwrap();
     }

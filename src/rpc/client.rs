@@ -24,6 +24,7 @@ use super::waking::{CallWakers, CallerGuard, SpinSlot};
 use super::{RpcConfig, RpcError};
 use crate::backend::{CompletionEvents, CompletionQueue as _, ProtectionDomain, QueuePair};
 use crate::buf::BufferPool;
+use crate::deadline::Deadline;
 use crate::future::{AsyncRing, CompletionStream, Wakeup};
 use crate::op::Recv;
 use crate::ring::{Ring, RingConfig};
@@ -499,16 +500,22 @@ pub(crate) struct PendingClient<Q: QueuePair> {
     config: RpcConfig,
     _hello_pool: BufferPool,
     socket: Option<std::net::TcpStream>,
+    /// When connecting gives up: one deadline for the handshake and the
+    /// server's hello together, so the config's `connect_timeout` bounds
+    /// the whole.
+    deadline: Deadline,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
     /// Takes a fresh queue pair (with a completion queue of its own) and
-    /// posts the receive for the server's hello.
+    /// posts the receive for the server's hello. The connect timeout runs
+    /// from here.
     pub(crate) fn new(
         qp: Q,
         pd: Arc<dyn ProtectionDomain>,
         config: RpcConfig,
     ) -> Result<Self, Error> {
+        let deadline = Deadline::after(config.connect_timeout);
         let ring_config = RingConfig {
             spin_polls: config.spin_polls,
             ..RingConfig::default()
@@ -526,7 +533,14 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
             config,
             _hello_pool: hello_pool,
             socket: None,
+            deadline,
         })
+    }
+
+    /// When connecting gives up, for the handshake's steps.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn deadline(&self) -> Deadline {
+        self.deadline
     }
 
     /// The queue pair, for the handshake.
@@ -571,7 +585,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
                 .socket
                 .filter(|socket| socket.set_nonblocking(true).is_ok()),
         });
-        let deadline = crate::deadline::Deadline::after(self.config.connect_timeout);
+        let deadline = self.deadline;
         loop {
             {
                 let mut state = shared.lock();

@@ -12,6 +12,7 @@ use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
+use crate::deadline::Deadline;
 use crate::error::Error;
 
 /// How often an accept loop looks whether the server is stopping.
@@ -156,6 +157,9 @@ fn handshake_tcp(
     peer: SocketAddr,
     shared: &ServerShared<VerbsQp>,
 ) -> Result<(), Error> {
+    // One deadline for the whole handshake: the slot it holds is back in
+    // the connect timeout, however the peer paces its steps.
+    let deadline = Deadline::after(shared.config.connect_timeout);
     let fabric = shared
         .fabric
         .downcast_ref::<VerbsFabric>()
@@ -171,7 +175,7 @@ fn handshake_tcp(
             .dev
             .create_qp_on(&fabric.pd, cq, Some(srq), server_qp_config(&shared.config))
     })?;
-    tcp::handshake(&mut socket, &qp, shared.config.connect_timeout)?;
+    tcp::handshake_by(&mut socket, &qp, deadline)?;
     // The client keeps its end open while connected: its end of file
     // tells the poller the client is gone.
     shared.admit(qp, Some(peer), Some(socket));
@@ -269,8 +273,7 @@ impl RpcClient<VerbsQp> {
             .create_qp(&pd, client_qp_config(&config))
             .map_err(connect_failed)?;
         let pending = PendingClient::new(qp, Arc::new(pd), config).map_err(connect_failed)?;
-        tcp::handshake(&mut socket, pending.qp(), config.connect_timeout)
-            .map_err(connect_failed)?;
+        tcp::handshake_by(&mut socket, pending.qp(), pending.deadline()).map_err(connect_failed)?;
         // Kept open while connected: the server watches it for the end.
         pending.keep(socket).establish()
     }
@@ -292,7 +295,7 @@ impl RpcClient<CmQp> {
         let pending = PendingClient::new(qp, Arc::new(pd), config).map_err(connect_failed)?;
         pending
             .qp()
-            .connect(b"", config.connect_timeout)
+            .connect(b"", pending.deadline().remaining())
             .map_err(connect_failed)?;
         pending.establish()
     }

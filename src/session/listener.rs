@@ -245,7 +245,9 @@ impl SessionHost<VerbsQp> {
     /// end tells either side that the other's process is gone.
     fn handshake(&self, mut stream: TcpStream) -> Result<Session<VerbsQp>, SessionError> {
         let config = *self.config();
-        let timeout = config.connect_timeout;
+        // One deadline for every step: a peer that answers each just in
+        // time cannot hold an accept's handshake for a timeout per step.
+        let deadline = Deadline::after(config.connect_timeout);
         let fabric = verbs_fabric(self);
         let qp = self.create_qp(|cq| {
             fabric
@@ -260,7 +262,7 @@ impl SessionHost<VerbsQp> {
             &mut stream,
             &endpoint,
             config.hello(),
-            timeout,
+            deadline,
         ) {
             Ok(peer) => Ok(self.admit(prepared, peer, Some(stream))),
             Err(e) => {
@@ -277,25 +279,25 @@ fn exchange(
     stream: &mut TcpStream,
     endpoint: &crate::connect::Endpoint,
     hello: Hello,
-    timeout: Duration,
+    deadline: Deadline,
 ) -> Result<Hello, SessionError> {
-    let remote = tcp::exchange(stream, endpoint, timeout)?;
+    let remote = tcp::exchange_by(stream, endpoint, deadline)?;
     let failed = |e: std::io::Error| SessionError::Connect(format!("exchanging hellos: {e}"));
+    // The socket's write timeout is what `exchange_by` left of the
+    // deadline: the hello's 12 bytes fit in any socket buffer.
     stream.write_all(&hello.encode()).map_err(failed)?;
     let mut bytes = [0u8; HELLO_LEN];
-    // One deadline for the whole hello: a peer trickling its bytes cannot
-    // hold the accept (and every peer behind it) for a timeout per byte.
     tcp::read_exact(
         stream,
         &mut bytes,
-        Deadline::after(timeout),
+        deadline,
         "reading the peer's session hello",
     )
     .map_err(|e| SessionError::Connect(format!("exchanging hellos: {e}")))?;
     let peer = Hello::decode(&bytes)
         .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
     host.with_qp(prepared, |qp| qp.connect(&remote))?;
-    tcp::ready(stream, timeout)?;
+    tcp::ready_by(stream, deadline)?;
     Ok(peer)
 }
 

@@ -175,7 +175,8 @@ pub struct SessionConfig {
     pub lease: Duration,
     /// How long [`Session::request_remote_mr`] waits for the peer.
     pub request_timeout: Duration,
-    /// How long connecting may take; not zero.
+    /// How long connecting may take, handshake and hellos included; not
+    /// zero.
     pub connect_timeout: Duration,
     /// Bytes of each registered arena.
     pub arena_bytes: usize,

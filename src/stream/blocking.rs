@@ -8,6 +8,7 @@ use super::connection::{Connection, Failure, ReadOutcome, SendBuffer};
 use super::StreamConfig;
 use crate::backend::soft::{SoftDevice, SoftQp};
 use crate::backend::{ProtectionDomain, QueuePair};
+use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::future::Wakeup;
 use crate::ring::{Completion, Ring, RingConfig, RingStats};
@@ -130,6 +131,9 @@ impl<Q: QueuePair> StreamCore<Q> {
 pub struct PendingStream<Q: QueuePair> {
     stream: RdmaStream<Q>,
     connect_timeout: Duration,
+    /// The connect timeout from [`RdmaStream::prepare`] on: the handshake
+    /// and the hellos share it.
+    deadline: Deadline,
 }
 
 impl<Q: QueuePair> PendingStream<Q> {
@@ -138,8 +142,15 @@ impl<Q: QueuePair> PendingStream<Q> {
         self.stream.core().ring.qp()
     }
 
-    /// Sends the hello and waits (up to the config's `connect_timeout`)
-    /// for the peer's.
+    /// When connecting gives up, for the handshake's steps.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    /// Sends the hello and waits for the peer's, until the config's
+    /// `connect_timeout` has passed since [`RdmaStream::prepare`]: it
+    /// bounds connecting as a whole, the handshake included.
     pub fn establish(mut self) -> io::Result<RdmaStream<Q>> {
         self.start()?;
         self.finish()
@@ -153,12 +164,11 @@ impl<Q: QueuePair> PendingStream<Q> {
     }
 
     fn finish(mut self) -> io::Result<RdmaStream<Q>> {
-        let deadline = Instant::now().checked_add(self.connect_timeout);
         while !self.stream.core().conn.established() {
             if let Some(failure) = self.stream.core().conn.failure() {
                 return Err(failure.to_io());
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if self.deadline.expired() {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -184,6 +194,7 @@ impl<Q: QueuePair> RdmaStream<Q> {
         pd: &dyn ProtectionDomain,
         config: StreamConfig,
     ) -> Result<PendingStream<Q>, Error> {
+        let deadline = Deadline::after(config.connect_timeout);
         let mut conn = Connection::new(pd, &config)?;
         let ring = Ring::try_new(
             qp,
@@ -218,6 +229,7 @@ impl<Q: QueuePair> RdmaStream<Q> {
         Ok(PendingStream {
             stream,
             connect_timeout: config.connect_timeout,
+            deadline,
         })
     }
 

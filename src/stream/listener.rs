@@ -74,8 +74,8 @@ impl RdmaListener {
     }
 
     /// Waits for the next peer and connects a stream to it: a queue pair
-    /// with its receives posted, the handshake, then the hellos (each step
-    /// bounded by the config's `connect_timeout`). Handshakes run side by
+    /// with its receives posted, the handshake, then the hellos (all of it
+    /// within the config's `connect_timeout`). Handshakes run side by
     /// side, on threads of their own (64 at most; more peers wait in the
     /// TCP backlog), so a peer that stalls holds up nobody behind it: this
     /// returns the next one to finish. A peer that sends garbage, or
@@ -108,7 +108,7 @@ fn over_tcp(
     let peer = socket.peer_addr().ok();
     let qp = dev.create_qp(pd, config.qp_config()).map_err(to_io)?;
     let pending = RdmaStream::prepare(qp, pd, config).map_err(to_io)?;
-    tcp::handshake(&mut socket, pending.qp(), config.connect_timeout).map_err(to_io)?;
+    tcp::handshake_by(&mut socket, pending.qp(), pending.deadline()).map_err(to_io)?;
     let mut stream = pending.establish()?;
     stream.local_addr = local;
     stream.peer_addr = peer;
@@ -209,7 +209,7 @@ impl RdmaCmListener {
         let pending = RdmaStream::prepare(qp, &pd, self.config).map_err(to_io)?;
         pending
             .qp()
-            .accept(b"", self.config.connect_timeout)
+            .accept(b"", pending.deadline().remaining())
             .map_err(to_io)?;
         let mut stream = pending.establish()?;
         stream.local_addr = Some(self.addr);
@@ -246,7 +246,7 @@ impl RdmaStream<CmQp> {
         let pending = RdmaStream::prepare(qp, &pd, config).map_err(to_io)?;
         pending
             .qp()
-            .connect(b"", config.connect_timeout)
+            .connect(b"", pending.deadline().remaining())
             .map_err(to_io)?;
         let mut stream = pending.establish()?;
         stream.peer_addr = Some(addr);

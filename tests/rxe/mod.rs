@@ -43,3 +43,42 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A peer that takes `pause` over each of the two steps of a TCP
+/// handshake with the listener at `addr` (its endpoint, then its ready
+/// byte), each in time for a timeout per step of more than `pause`, the
+/// two together not. `hello` is sent right after the endpoint, for
+/// protocols that exchange one there. Its queue pair lives on `dev`,
+/// and is dropped when it is done.
+#[allow(dead_code)]
+pub fn pacing_peer(
+    addr: std::net::SocketAddr,
+    pause: std::time::Duration,
+    hello: Option<Vec<u8>>,
+) -> std::thread::JoinHandle<()> {
+    use rdma_ring::connect::ENDPOINT_WIRE_LEN;
+    use std::io::{Read, Write};
+    let dev = device();
+    std::thread::spawn(move || {
+        let pd = dev.alloc_pd().unwrap();
+        let qp = dev
+            .create_qp(&pd, rdma_ring::backend::QpConfig::default())
+            .unwrap();
+        let mut socket = std::net::TcpStream::connect(addr).unwrap();
+        let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
+        socket.read_exact(&mut theirs).unwrap();
+        std::thread::sleep(pause);
+        socket.write_all(&qp.endpoint().encode()).unwrap();
+        if let Some(hello) = hello {
+            let mut their_hello = vec![0u8; hello.len()];
+            socket.read_exact(&mut their_hello).unwrap();
+            socket.write_all(&hello).unwrap();
+        }
+        let mut ready = [0u8; 1];
+        // The listener gone meanwhile: what the test looks for.
+        if socket.read_exact(&mut ready).is_ok() {
+            std::thread::sleep(pause);
+            let _ = socket.write_all(&ready);
+        }
+    })
+}
