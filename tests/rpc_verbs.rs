@@ -103,6 +103,41 @@ fn sixteen_clients_pipeline_calls_of_every_size_without_rnr() {
     println!("{stats:?}");
 }
 
+/// Peers that stall their TCP handshake hold up no client behind them,
+/// and one that takes most of the connect timeout over each step is cut
+/// off at the one deadline of the whole, not admitted.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn stalling_peers_hold_up_no_client_and_a_pacing_one_is_not_admitted() {
+    let dev = device();
+    let config = RpcConfig {
+        connect_timeout: Duration::from_secs(2),
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::bind_with("127.0.0.1:0", &dev, Service::handler(echo), config).unwrap();
+    let addr = server.local_addr().unwrap();
+    let silent: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    let pacing = rxe::pacing_peer(addr, Duration::from_millis(1200), None);
+    // Behind three silent peers in one acceptor, the client's own connect
+    // timeout would run out.
+    let client = RpcClient::connect_with(addr, &dev, config).unwrap();
+    assert_eq!(
+        client.call(b"past the stalled").unwrap(),
+        b"past the stalled"
+    );
+    // Still connected: had its handshake had a timeout per step, the
+    // pacing peer would be admitted by now, and counted.
+    let pacing = pacing.join().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(server.stats().clients_open, 1);
+    drop((client, pacing));
+    // The silent peers still connected: the acceptor stops all the same.
+    server.shutdown().unwrap();
+    drop(silent);
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn rdma_cm_clients_are_served_on_rxe1() {

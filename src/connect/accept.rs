@@ -22,7 +22,37 @@ pub(crate) struct HandshakeListener<T> {
     tcp: TcpListener,
     finished: Mutex<Receiver<T>>,
     finish: Sender<T>,
-    running: Arc<AtomicUsize>,
+    slots: HandshakeSlots,
+}
+
+/// Counts the handshakes in progress, up to [`MAX_HANDSHAKES`].
+#[derive(Clone, Default)]
+pub(crate) struct HandshakeSlots(Arc<AtomicUsize>);
+
+impl HandshakeSlots {
+    /// A slot for one more handshake, unless all are taken.
+    pub(crate) fn take(&self) -> Option<HandshakeSlot> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HandshakeSlot(Arc::clone(&self.0)))
+    }
+
+    fn running(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A handshake in progress, counted while it lives (however it ends, a
+/// panic included).
+pub(crate) struct HandshakeSlot(Arc<AtomicUsize>);
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<T: Send + 'static> HandshakeListener<T> {
@@ -33,7 +63,7 @@ impl<T: Send + 'static> HandshakeListener<T> {
             tcp,
             finished: Mutex::new(finished),
             finish,
-            running: Arc::new(AtomicUsize::new(0)),
+            slots: HandshakeSlots::default(),
         })
     }
 
@@ -49,15 +79,34 @@ impl<T: Send + 'static> HandshakeListener<T> {
     where
         F: Fn(TcpStream, SocketAddr) -> T + Clone + Send + 'static,
     {
+        loop {
+            if let Some(done) = self.accept_until(handshake.clone(), || false)? {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Like [`accept`](Self::accept), giving up with `None` once `stop`
+    /// says so (asked every [`ACCEPT_TICK`]); handshakes in progress go
+    /// on, and what they return is handed out by later calls.
+    pub(crate) fn accept_until<F>(
+        &self,
+        handshake: F,
+        stop: impl Fn() -> bool,
+    ) -> io::Result<Option<T>>
+    where
+        F: Fn(TcpStream, SocketAddr) -> T + Clone + Send + 'static,
+    {
         let finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Ok(done) = finished.try_recv() {
-                return Ok(done);
+                return Ok(Some(done));
             }
-            if self.running.load(Ordering::Acquire) < MAX_HANDSHAKES {
+            // Beyond the slots, connections wait in the kernel's backlog.
+            if let Some(slot) = self.slots.take() {
                 match self.tcp.accept() {
                     Ok((socket, peer)) => {
-                        self.start(socket, peer, handshake.clone())?;
+                        self.start(socket, peer, handshake.clone(), slot)?;
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -65,15 +114,24 @@ impl<T: Send + 'static> HandshakeListener<T> {
                     Err(e) => return Err(e),
                 }
             }
+            if stop() {
+                return Ok(None);
+            }
             match finished.recv_timeout(ACCEPT_TICK) {
-                Ok(done) => return Ok(done),
+                Ok(done) => return Ok(Some(done)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => unreachable!("the listener holds a sender"),
             }
         }
     }
 
-    fn start<F>(&self, socket: TcpStream, peer: SocketAddr, handshake: F) -> io::Result<()>
+    fn start<F>(
+        &self,
+        socket: TcpStream,
+        peer: SocketAddr,
+        handshake: F,
+        slot: HandshakeSlot,
+    ) -> io::Result<()>
     where
         F: FnOnce(TcpStream, SocketAddr) -> T + Send + 'static,
     {
@@ -84,32 +142,16 @@ impl<T: Send + 'static> HandshakeListener<T> {
         if socket.set_nonblocking(false).is_err() {
             return Ok(());
         }
-        self.running.fetch_add(1, Ordering::AcqRel);
-        let running = Arc::clone(&self.running);
         let finish = self.finish.clone();
-        let started = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("rdma-ring-handshake".into())
             .spawn(move || {
-                // Counted down however the handshake ends, a panic included.
-                let _slot = Slot(running);
+                let _slot = slot;
                 // A listener dropped meanwhile drops what it would have
                 // handed out.
                 let _ = finish.send(handshake(socket, peer));
-            });
-        if let Err(e) = started {
-            self.running.fetch_sub(1, Ordering::AcqRel);
-            return Err(e);
-        }
-        Ok(())
-    }
-}
-
-/// A handshake in progress, counted while it lives.
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+            })
+            .map(drop)
     }
 }
 
@@ -117,7 +159,7 @@ impl<T> std::fmt::Debug for HandshakeListener<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HandshakeListener")
             .field("tcp", &self.tcp)
-            .field("running", &self.running.load(Ordering::Relaxed))
+            .field("running", &self.slots.running())
             .finish()
     }
 }
@@ -155,5 +197,30 @@ mod tests {
         // The silent one times out in its own thread, and comes out next.
         let second = listener.accept(handshake).unwrap();
         assert_eq!(second.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
+
+    /// Told to stop, an accept gives up; the handshake it started goes on,
+    /// and what it returns comes out of the next accept.
+    #[test]
+    fn a_stopped_accept_leaves_its_handshakes_to_the_next() {
+        let listener = HandshakeListener::new(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let handshake = |mut socket: TcpStream, _peer: SocketAddr| {
+            let mut word = [0u8; 2];
+            socket.read_exact(&mut word).map(|()| word)
+        };
+        // The connection may reach the listener's queue a moment after
+        // `connect` returns: stopped accepts until one took it.
+        for _ in 0..100 {
+            let stopped = listener.accept_until(handshake, || true).unwrap();
+            assert!(stopped.is_none(), "nothing has finished yet");
+            if listener.slots.running() == 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(listener.slots.running(), 1, "the peer's handshake goes on");
+        peer.write_all(b"hi").unwrap();
+        assert_eq!(listener.accept(handshake).unwrap().unwrap(), *b"hi");
     }
 }

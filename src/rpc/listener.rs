@@ -10,37 +10,18 @@ use super::client::PendingClient;
 use super::server::{client_qp_config, server_cq_entries, server_qp_config, ServerShared};
 use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
+use crate::connect::accept::{HandshakeListener, HandshakeSlots};
 use crate::connect::cm::{self, CmListener, CmQp};
 use crate::connect::tcp;
 use crate::deadline::Deadline;
 use crate::error::Error;
 
-/// How often an accept loop looks whether the server is stopping.
-const ACCEPT_TICK: Duration = Duration::from_millis(20);
-/// Handshakes in progress at most: beyond, new connections are dropped,
-/// so a flood of them costs a bounded number of threads and queue pairs.
-const MAX_HANDSHAKES: usize = 64;
-
-/// Counts a handshake in progress while it lives.
-struct HandshakeSlot(Arc<std::sync::atomic::AtomicUsize>);
-
-impl HandshakeSlot {
-    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<HandshakeSlot> {
-        use std::sync::atomic::Ordering;
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_HANDSHAKES).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| HandshakeSlot(Arc::clone(count)))
-    }
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
+/// How long the rdma_cm accept loop waits for a request before it looks
+/// whether the server is stopping.
+const CM_ACCEPT_TICK: Duration = Duration::from_millis(200);
+/// How long the TCP accept loop pauses after an error of the listener
+/// itself (out of descriptors, say) before it tries again.
+const LISTENER_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
 /// The device and protection domain of a verbs server.
 struct VerbsFabric {
@@ -110,8 +91,9 @@ impl RpcServer<VerbsQp> {
             step: "listening over TCP",
             reason: e.to_string(),
         };
-        let listener = TcpListener::bind(addr).map_err(failed)?;
-        listener.set_nonblocking(true).map_err(failed)?;
+        let listener = TcpListener::bind(addr)
+            .and_then(HandshakeListener::new)
+            .map_err(failed)?;
         let local = listener.local_addr().map_err(failed)?;
         let mut server = start_on::<VerbsQp>(dev, service, config)?;
         server.local_addr = Some(local);
@@ -126,28 +108,20 @@ impl RpcServer<VerbsQp> {
 }
 
 /// Accepts TCP connections until the server stops; each handshake runs
-/// on a thread of its own, so a slow or hostile peer delays nobody.
-fn accept_tcp(listener: &TcpListener, shared: &Arc<ServerShared<VerbsQp>>) {
-    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// on a thread of its own (64 at most, more wait in the TCP backlog), so
+/// a slow or hostile peer delays nobody. A failed handshake concerns that
+/// peer only.
+fn accept_tcp(listener: &HandshakeListener<()>, shared: &Arc<ServerShared<VerbsQp>>) {
     while !shared.stopping() {
-        match listener.accept() {
-            Ok((socket, peer)) => {
-                let Some(slot) = HandshakeSlot::take(&handshakes) else {
-                    continue; // dropped: too many handshakes at once
-                };
-                let shared = Arc::clone(shared);
-                let _ = std::thread::Builder::new()
-                    .name("rdma-ring-rpc-handshake".into())
-                    .spawn(move || {
-                        // A failed handshake concerns that peer only.
-                        let _ = handshake_tcp(socket, peer, &shared);
-                        drop(slot);
-                    });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_TICK);
-            }
-            Err(_) => std::thread::sleep(ACCEPT_TICK),
+        let server = Arc::clone(shared);
+        let handshake = move |socket, peer| {
+            let _ = handshake_tcp(socket, peer, &server);
+        };
+        if listener
+            .accept_until(handshake, || shared.stopping())
+            .is_err()
+        {
+            std::thread::sleep(LISTENER_ERROR_PAUSE);
         }
     }
 }
@@ -164,12 +138,6 @@ fn handshake_tcp(
         .fabric
         .downcast_ref::<VerbsFabric>()
         .expect("a verbs server");
-    socket
-        .set_nonblocking(false)
-        .map_err(|e| Error::Handshake {
-            step: "accepting over TCP",
-            reason: e.to_string(),
-        })?;
     let qp = shared.make_qp(|cq, srq| {
         fabric
             .dev
@@ -207,12 +175,12 @@ impl RpcServer<CmQp> {
 /// Takes rdma_cm connection requests until the server stops; each is
 /// accepted on a thread of its own.
 fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
-    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handshakes = HandshakeSlots::default();
     while !shared.stopping() {
-        let Ok(request) = listener.request(ACCEPT_TICK * 10) else {
+        let Ok(request) = listener.request(CM_ACCEPT_TICK) else {
             continue;
         };
-        let Some(slot) = HandshakeSlot::take(&handshakes) else {
+        let Some(slot) = handshakes.take() else {
             request.reject();
             continue;
         };

@@ -48,14 +48,15 @@ pub fn free_port() -> u16 {
 /// handshake with the listener at `addr` (its endpoint, then its ready
 /// byte), each in time for a timeout per step of more than `pause`, the
 /// two together not. `hello` is sent right after the endpoint, for
-/// protocols that exchange one there. Its queue pair lives on `dev`,
-/// and is dropped when it is done.
+/// protocols that exchange one there. Its queue pair lives on
+/// [`device`]; the thread hands back the socket and the queue pair, so
+/// that the listener cannot learn of its end before the test drops them.
 #[allow(dead_code)]
 pub fn pacing_peer(
     addr: std::net::SocketAddr,
     pause: std::time::Duration,
     hello: Option<Vec<u8>>,
-) -> std::thread::JoinHandle<()> {
+) -> std::thread::JoinHandle<impl Send> {
     use rdma_ring::connect::ENDPOINT_WIRE_LEN;
     use std::io::{Read, Write};
     let dev = device();
@@ -75,10 +76,11 @@ pub fn pacing_peer(
             socket.write_all(&hello).unwrap();
         }
         let mut ready = [0u8; 1];
-        // The listener gone meanwhile: what the test looks for.
+        // The listener's ready byte: it sends it, then waits for ours.
         if socket.read_exact(&mut ready).is_ok() {
             std::thread::sleep(pause);
             let _ = socket.write_all(&ready);
         }
+        (socket, qp, pd)
     })
 }
