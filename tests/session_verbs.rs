@@ -170,7 +170,7 @@ fn a_peer_pacing_its_handshake_steps_times_out_once() {
     };
     let peer = rxe::pacing_peer(
         ([127, 0, 0, 1], port).into(),
-        Duration::from_millis(1200),
+        (Duration::from_millis(400), Duration::from_millis(1700)),
         Some(hello.encode().to_vec()),
     );
     let err = listener.accept().expect_err("the pacing peer's handshake");

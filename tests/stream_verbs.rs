@@ -119,7 +119,7 @@ fn a_peer_pacing_its_handshake_steps_times_out_once() {
     let listener = RdmaListener::bind_with("127.0.0.1:0", &dev, config).unwrap();
     let peer = rxe::pacing_peer(
         listener.local_addr().unwrap(),
-        Duration::from_millis(1200),
+        (Duration::from_millis(400), Duration::from_millis(1700)),
         None,
     );
     let err = listener.accept().expect_err("the pacing peer's handshake");
@@ -192,6 +192,65 @@ fn rdma_cm_streams_echo_on_rxe1() {
     client.read_to_end(&mut echo).unwrap();
     assert_eq!(server.join().unwrap(), data.len());
     assert!(echo == data, "the echo differs");
+}
+
+/// A peer that connects over rdma_cm and never says its stream hello
+/// holds up no peer behind it: the listener hands out the stream that
+/// finishes first, then the silent one's failure.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_silent_rdma_cm_peer_does_not_hold_up_the_listener() {
+    use rdma_ring::backend::verbs::VerbsDevice;
+    use rdma_ring::backend::QpConfig;
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::connect::cm;
+    use rdma_ring::op::Recv;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let addr: SocketAddr = format!("10.99.0.1:{}", free_port()).parse().unwrap();
+    let config = StreamConfig {
+        connect_timeout: Duration::from_secs(4),
+        ..StreamConfig::default()
+    };
+    let listener = RdmaCmListener::bind(addr, config).unwrap();
+    let (done, hang_up) = std::sync::mpsc::channel::<()>();
+    let silent = std::thread::spawn(move || {
+        let timeout = Duration::from_secs(20);
+        let route = cm::resolve(addr, timeout).unwrap();
+        let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+        let mut ring = Ring::new(qp, RingConfig::default());
+        // Receives for what the listener sends, so that nothing fails for
+        // want of them: the silent peer fails by silence alone.
+        for _ in 0..8 {
+            let buf = RegisteredBuf::new(&pd, vec![0u8; 65536]).unwrap();
+            ring.submission().push(Recv::new(buf)).unwrap();
+        }
+        ring.submit().unwrap();
+        ring.qp().connect(b"", timeout).unwrap();
+        let _ = hang_up.recv();
+        ring
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let client = std::thread::spawn(move || {
+        let mut s = RdmaStream::connect_cm(addr, config).unwrap();
+        s.write_all(b"after the silent one").unwrap();
+        s.flush().unwrap();
+        s
+    });
+    let mut server = listener
+        .accept_timeout(Duration::from_secs(20))
+        .expect("the speaking peer's stream");
+    let mut got = [0u8; 20];
+    server.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"after the silent one");
+    let err = listener
+        .accept_timeout(Duration::from_secs(20))
+        .expect_err("the silent peer's handshake");
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
+    done.send(()).unwrap();
+    drop((silent.join().unwrap(), client.join().unwrap()));
 }
 
 /// The peer process is killed (no end of stream, no teardown): a reader

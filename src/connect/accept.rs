@@ -1,4 +1,4 @@
-//! Accepting TCP handshakes side by side.
+//! Accepting handshakes side by side, over TCP or rdma_cm.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,19 +7,78 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::cm::{CmListener, CmRequest};
+use crate::error::Error;
+
 /// Handshakes in progress at most: beyond, connections wait in the
-/// kernel's backlog, so a flood of them costs a bounded number of threads
-/// and queue pairs.
+/// kernel's backlog (TCP's, or rdma_cm's), so a flood of them costs a
+/// bounded number of threads and queue pairs.
 const MAX_HANDSHAKES: usize = 64;
 /// How often a waiting accept looks for new connections.
 const ACCEPT_TICK: Duration = Duration::from_millis(20);
 
-/// A TCP listener whose handshakes run on threads of their own, so a peer
+/// Where connection attempts come from.
+pub(crate) trait Incoming {
+    /// One attempt, for a handshake thread to take over.
+    type Attempt: Send + 'static;
+    /// What goes wrong with the source itself.
+    type Error;
+    /// The next attempt waiting, if any; never blocks.
+    fn try_next(&self) -> Result<Option<Self::Attempt>, Self::Error>;
+}
+
+impl Incoming for TcpListener {
+    type Attempt = (TcpStream, SocketAddr);
+    type Error = io::Error;
+
+    /// Needs the listener in non-blocking mode
+    /// ([`HandshakeListener::tcp`] sets it).
+    fn try_next(&self) -> io::Result<Option<(TcpStream, SocketAddr)>> {
+        loop {
+            match self.accept() {
+                // Accepted sockets need not inherit the listener's
+                // non-blocking mode on every platform: the handshake's
+                // timeouts assume blocking. A socket that cannot be set so
+                // is that peer's failure alone: it is dropped, and the peer
+                // sees its connection close.
+                Ok((socket, peer)) => {
+                    if socket.set_nonblocking(false).is_ok() {
+                        return Ok(Some((socket, peer)));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                // A peer that gave up before it was accepted: its own
+                // failure, not the listener's.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Incoming for CmListener {
+    type Attempt = CmRequest;
+    type Error = Error;
+
+    fn try_next(&self) -> Result<Option<CmRequest>, Error> {
+        match self.request(Duration::ZERO) {
+            Ok(request) => Ok(Some(request)),
+            Err(Error::HandshakeTimeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A listener whose handshakes run on threads of their own, so a peer
 /// that stalls (for as long as the handshake's timeout) holds up none of
 /// the peers behind it. An accept hands out the next handshake to finish,
 /// whoever's it is: a connection made, or the error of a peer that failed.
-pub(crate) struct HandshakeListener<T> {
-    tcp: TcpListener,
+pub(crate) struct HandshakeListener<S, T> {
+    source: S,
     finished: Mutex<Receiver<T>>,
     finish: Sender<T>,
     slots: HandshakeSlots,
@@ -27,11 +86,11 @@ pub(crate) struct HandshakeListener<T> {
 
 /// Counts the handshakes in progress, up to [`MAX_HANDSHAKES`].
 #[derive(Clone, Default)]
-pub(crate) struct HandshakeSlots(Arc<AtomicUsize>);
+struct HandshakeSlots(Arc<AtomicUsize>);
 
 impl HandshakeSlots {
     /// A slot for one more handshake, unless all are taken.
-    pub(crate) fn take(&self) -> Option<HandshakeSlot> {
+    fn take(&self) -> Option<HandshakeSlot> {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < MAX_HANDSHAKES).then_some(n + 1)
@@ -47,7 +106,7 @@ impl HandshakeSlots {
 
 /// A handshake in progress, counted while it lives (however it ends, a
 /// panic included).
-pub(crate) struct HandshakeSlot(Arc<AtomicUsize>);
+struct HandshakeSlot(Arc<AtomicUsize>);
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
@@ -55,29 +114,38 @@ impl Drop for HandshakeSlot {
     }
 }
 
-impl<T: Send + 'static> HandshakeListener<T> {
-    pub(crate) fn new(tcp: TcpListener) -> io::Result<Self> {
+impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
+    /// Over `tcp`, which it makes non-blocking.
+    pub(crate) fn tcp(tcp: TcpListener) -> io::Result<Self> {
         tcp.set_nonblocking(true)?;
-        let (finish, finished) = mpsc::channel();
-        Ok(HandshakeListener {
-            tcp,
-            finished: Mutex::new(finished),
-            finish,
-            slots: HandshakeSlots::default(),
-        })
+        Ok(HandshakeListener::new(tcp))
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.local_addr()
+        self.source.local_addr()
+    }
+}
+
+impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
+    /// Over `source`, whose `try_next` must not block.
+    pub(crate) fn new(source: S) -> Self {
+        let (finish, finished) = mpsc::channel();
+        HandshakeListener {
+            source,
+            finished: Mutex::new(finished),
+            finish,
+            slots: HandshakeSlots::default(),
+        }
     }
 
     /// Waits for the next handshake to finish, starting `handshake` on a
-    /// thread of its own for each connection that comes meanwhile. An
-    /// error of the listener itself (out of descriptors, say) is returned
-    /// as is.
-    pub(crate) fn accept<F>(&self, handshake: F) -> io::Result<T>
+    /// thread of its own for each connection attempt that comes meanwhile.
+    /// An error of the source itself (out of descriptors, say) is returned
+    /// as is; an attempt that cannot get a thread is dropped (closed or
+    /// rejected), a failure of that peer alone.
+    pub(crate) fn accept<F>(&self, handshake: F) -> Result<T, S::Error>
     where
-        F: Fn(TcpStream, SocketAddr) -> T + Clone + Send + 'static,
+        F: Fn(S::Attempt) -> T + Clone + Send + 'static,
     {
         loop {
             if let Some(done) = self.accept_until(handshake.clone(), || false)? {
@@ -93,29 +161,26 @@ impl<T: Send + 'static> HandshakeListener<T> {
         &self,
         handshake: F,
         stop: impl Fn() -> bool,
-    ) -> io::Result<Option<T>>
+    ) -> Result<Option<T>, S::Error>
     where
-        F: Fn(TcpStream, SocketAddr) -> T + Clone + Send + 'static,
+        F: Fn(S::Attempt) -> T + Clone + Send + 'static,
     {
         let finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Ok(done) = finished.try_recv() {
                 return Ok(Some(done));
             }
-            // Beyond the slots, connections wait in the kernel's backlog.
-            if let Some(slot) = self.slots.take() {
-                match self.tcp.accept() {
-                    Ok((socket, peer)) => {
-                        self.start(socket, peer, handshake.clone(), slot)?;
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            }
+            // Asked before each attempt is taken: one taken after the stop
+            // would be handshaken for nobody.
             if stop() {
                 return Ok(None);
+            }
+            // Beyond the slots, attempts wait in the source's backlog.
+            if let Some(slot) = self.slots.take() {
+                if let Some(attempt) = self.source.try_next()? {
+                    self.start(attempt, handshake.clone(), slot);
+                    continue;
+                }
             }
             match finished.recv_timeout(ACCEPT_TICK) {
                 Ok(done) => return Ok(Some(done)),
@@ -125,40 +190,29 @@ impl<T: Send + 'static> HandshakeListener<T> {
         }
     }
 
-    fn start<F>(
-        &self,
-        socket: TcpStream,
-        peer: SocketAddr,
-        handshake: F,
-        slot: HandshakeSlot,
-    ) -> io::Result<()>
+    /// Runs `handshake` on a thread of its own. Without a thread (the
+    /// system out of them), the attempt is dropped, which closes or
+    /// rejects it: that peer's failure alone.
+    fn start<F>(&self, attempt: S::Attempt, handshake: F, slot: HandshakeSlot)
     where
-        F: FnOnce(TcpStream, SocketAddr) -> T + Send + 'static,
+        F: FnOnce(S::Attempt) -> T + Send + 'static,
     {
-        // Accepted sockets need not inherit the listener's non-blocking
-        // mode on every platform: the handshake's timeouts assume blocking.
-        // A socket that cannot be set so is that peer's failure alone: it
-        // is dropped, and the peer sees its connection close.
-        if socket.set_nonblocking(false).is_err() {
-            return Ok(());
-        }
         let finish = self.finish.clone();
-        std::thread::Builder::new()
+        let _ = std::thread::Builder::new()
             .name("rdma-ring-handshake".into())
             .spawn(move || {
                 let _slot = slot;
                 // A listener dropped meanwhile drops what it would have
                 // handed out.
-                let _ = finish.send(handshake(socket, peer));
-            })
-            .map(drop)
+                let _ = finish.send(handshake(attempt));
+            });
     }
 }
 
-impl<T> std::fmt::Debug for HandshakeListener<T> {
+impl<S: std::fmt::Debug, T> std::fmt::Debug for HandshakeListener<S, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HandshakeListener")
-            .field("tcp", &self.tcp)
+            .field("source", &self.source)
             .field("running", &self.slots.running())
             .finish()
     }
@@ -174,12 +228,12 @@ mod tests {
     /// the handshake of the one that speaks finishes first and comes out.
     #[test]
     fn a_silent_peer_holds_up_nobody_behind_it() {
-        let listener = HandshakeListener::new(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let _silent = TcpStream::connect(addr).unwrap();
         let mut speaking = TcpStream::connect(addr).unwrap();
         speaking.write_all(b"hi").unwrap();
-        let handshake = |mut socket: TcpStream, _peer: SocketAddr| {
+        let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
             socket
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .unwrap();
@@ -203,21 +257,27 @@ mod tests {
     /// and what it returns comes out of the next accept.
     #[test]
     fn a_stopped_accept_leaves_its_handshakes_to_the_next() {
-        let listener = HandshakeListener::new(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
         let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let handshake = |mut socket: TcpStream, _peer: SocketAddr| {
+        let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
             let mut word = [0u8; 2];
             socket.read_exact(&mut word).map(|()| word)
         };
-        // The connection may reach the listener's queue a moment after
-        // `connect` returns: stopped accepts until one took it.
+        // Stopped at the second look, after the first took the peer (the
+        // connection may reach the listener's queue a moment after
+        // `connect` returns: again until one took it).
         for _ in 0..100 {
-            let stopped = listener.accept_until(handshake, || true).unwrap();
+            let looked = std::cell::Cell::new(0);
+            let stopped = listener
+                .accept_until(handshake, || {
+                    looked.set(looked.get() + 1);
+                    looked.get() > 1
+                })
+                .unwrap();
             assert!(stopped.is_none(), "nothing has finished yet");
             if listener.slots.running() == 1 {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(listener.slots.running(), 1, "the peer's handshake goes on");
         peer.write_all(b"hi").unwrap();

@@ -171,7 +171,7 @@ impl CmId {
             if left.is_zero() {
                 return Err(Error::HandshakeTimeout {
                     step: "waiting for an rdma_cm event",
-                    reason: format!("no event within {timeout:?}"),
+                    reason: format!("no event within the {timeout:?} given"),
                 });
             }
             let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;

@@ -486,25 +486,25 @@ mod tests {
     #[test]
     fn a_peer_answering_each_step_just_in_time_cannot_stretch_the_handshake() {
         let (mut a, mut b) = pair();
-        let step = Duration::from_millis(300);
+        // Each step in time for 2 s; the two of them are not.
+        let (first, second) = (Duration::from_millis(300), Duration::from_millis(1800));
         let t = std::thread::spawn(move || {
             let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
             b.read_exact(&mut theirs).unwrap();
-            std::thread::sleep(step);
+            std::thread::sleep(first);
             b.write_all(&endpoint(2).encode()).unwrap();
             let mut ready = [0u8; 1];
-            // Gone, if the handshake gave up in time.
+            // Our ready byte: we send it, then wait for the peer's.
             if b.read_exact(&mut ready).is_ok() {
-                std::thread::sleep(step);
+                std::thread::sleep(second);
                 let _ = b.write_all(&[READY]);
             }
         });
-        // Each step in time for 500 ms; the two of them are not.
         let mut connected = None;
         let err = connect_by(
             &mut a,
             &endpoint(1),
-            Deadline::after(Duration::from_millis(500)),
+            Deadline::after(Duration::from_secs(2)),
             |remote| {
                 connected = Some(*remote);
                 Ok(())

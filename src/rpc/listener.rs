@@ -10,16 +10,14 @@ use super::client::PendingClient;
 use super::server::{client_qp_config, server_cq_entries, server_qp_config, ServerShared};
 use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
-use crate::connect::accept::{HandshakeListener, HandshakeSlots};
-use crate::connect::cm::{self, CmListener, CmQp};
+use crate::backend::QueuePair;
+use crate::connect::accept::{HandshakeListener, Incoming};
+use crate::connect::cm::{self, CmListener, CmQp, CmRequest};
 use crate::connect::tcp;
 use crate::deadline::Deadline;
 use crate::error::Error;
 
-/// How long the rdma_cm accept loop waits for a request before it looks
-/// whether the server is stopping.
-const CM_ACCEPT_TICK: Duration = Duration::from_millis(200);
-/// How long the TCP accept loop pauses after an error of the listener
+/// How long the accept loop pauses after an error of the listener
 /// itself (out of descriptors, say) before it tries again.
 const LISTENER_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
@@ -92,7 +90,7 @@ impl RpcServer<VerbsQp> {
             reason: e.to_string(),
         };
         let listener = TcpListener::bind(addr)
-            .and_then(HandshakeListener::new)
+            .and_then(HandshakeListener::tcp)
             .map_err(failed)?;
         let local = listener.local_addr().map_err(failed)?;
         let mut server = start_on::<VerbsQp>(dev, service, config)?;
@@ -100,27 +98,33 @@ impl RpcServer<VerbsQp> {
         let shared = Arc::clone(&server.shared);
         let acceptor = std::thread::Builder::new()
             .name("rdma-ring-rpc-accept".into())
-            .spawn(move || accept_tcp(&listener, &shared))
+            .spawn(move || {
+                accept_all(&listener, &shared, |(socket, peer), shared| {
+                    let _ = handshake_tcp(socket, peer, shared);
+                })
+            })
             .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
         *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
         Ok(server)
     }
 }
 
-/// Accepts TCP connections until the server stops; each handshake runs
-/// on a thread of its own (64 at most, more wait in the TCP backlog), so
-/// a slow or hostile peer delays nobody. A failed handshake concerns that
+/// Takes connection attempts until the server stops; each handshake runs
+/// on a thread of its own (64 at most, more wait in the backlog), so a
+/// slow or hostile peer delays nobody. A failed handshake concerns that
 /// peer only.
-fn accept_tcp(listener: &HandshakeListener<()>, shared: &Arc<ServerShared<VerbsQp>>) {
+fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
+    listener: &HandshakeListener<S, ()>,
+    shared: &Arc<ServerShared<Q>>,
+    handshake: fn(S::Attempt, &ServerShared<Q>),
+) {
     while !shared.stopping() {
         let server = Arc::clone(shared);
-        let handshake = move |socket, peer| {
-            let _ = handshake_tcp(socket, peer, &server);
-        };
-        if listener
-            .accept_until(handshake, || shared.stopping())
-            .is_err()
-        {
+        let accepted = listener.accept_until(
+            move |attempt| handshake(attempt, &server),
+            || shared.stopping(),
+        );
+        if accepted.is_err() {
             std::thread::sleep(LISTENER_ERROR_PAUSE);
         }
     }
@@ -143,7 +147,18 @@ fn handshake_tcp(
             .dev
             .create_qp_on(&fabric.pd, cq, Some(srq), server_qp_config(&shared.config))
     })?;
-    tcp::handshake_by(&mut socket, &qp, deadline)?;
+    tcp::connect_by(&mut socket, &qp.endpoint(), deadline, |remote| {
+        // A server stopping says so before the ready byte, by closing the
+        // connection: the client need not wait for a hello that would
+        // never come.
+        if shared.stopping() {
+            return Err(Error::Handshake {
+                step: "connecting the queue pair",
+                reason: "the server is stopping".into(),
+            });
+        }
+        qp.connect(remote)
+    })?;
     // The client keeps its end open while connected: its end of file
     // tells the poller the client is gone.
     shared.admit(qp, Some(peer), Some(socket));
@@ -159,55 +174,40 @@ impl RpcServer<CmQp> {
         let name = listener.device_name().ok_or(Error::Incompatible(
             "bind_cm needs the address of one RDMA device's interface, not a wildcard",
         ))?;
+        let listener = HandshakeListener::new(listener);
         let dev = VerbsDevice::open(&name)?;
         let mut server = start_on::<CmQp>(&dev, service, config)?;
         server.local_addr = Some(addr);
         let shared = Arc::clone(&server.shared);
         let acceptor = std::thread::Builder::new()
             .name("rdma-ring-rpc-accept".into())
-            .spawn(move || accept_cm(&listener, &shared))
+            .spawn(move || accept_all(&listener, &shared, handshake_cm))
             .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
         *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
         Ok(server)
     }
 }
 
-/// Takes rdma_cm connection requests until the server stops; each is
-/// accepted on a thread of its own.
-fn accept_cm(listener: &CmListener, shared: &Arc<ServerShared<CmQp>>) {
-    let handshakes = HandshakeSlots::default();
-    while !shared.stopping() {
-        let Ok(request) = listener.request(CM_ACCEPT_TICK) else {
-            continue;
-        };
-        let Some(slot) = handshakes.take() else {
-            request.reject();
-            continue;
-        };
-        let fabric = shared
-            .fabric
-            .downcast_ref::<VerbsFabric>()
-            .expect("a verbs server");
-        let made = shared.make_qp(|cq, srq| {
-            request.create_qp_on(
-                &fabric.dev,
-                &fabric.pd,
-                cq,
-                Some(srq),
-                server_qp_config(&shared.config),
-            )
-        });
-        let Ok(qp) = made else { continue };
-        let shared = Arc::clone(shared);
-        let _ = std::thread::Builder::new()
-            .name("rdma-ring-rpc-handshake".into())
-            .spawn(move || {
-                // rdma_cm tells the ring when the peer disconnects.
-                if qp.accept(b"", shared.config.connect_timeout).is_ok() {
-                    shared.admit(qp, None, None);
-                }
-                drop(slot);
-            });
+/// Accepts an rdma_cm request: its queue pair on the server's queues,
+/// then the accept (rdma_cm tells the ring when the peer disconnects).
+fn handshake_cm(request: CmRequest, shared: &ServerShared<CmQp>) {
+    let fabric = shared
+        .fabric
+        .downcast_ref::<VerbsFabric>()
+        .expect("a verbs server");
+    let made = shared.make_qp(|cq, srq| {
+        request.create_qp_on(
+            &fabric.dev,
+            &fabric.pd,
+            cq,
+            Some(srq),
+            server_qp_config(&shared.config),
+        )
+    });
+    if let Ok(qp) = made {
+        if qp.accept(b"", shared.config.connect_timeout).is_ok() {
+            shared.admit(qp, None, None);
+        }
     }
 }
 

@@ -109,8 +109,9 @@ pub struct RpcConfig {
     /// How long the server keeps a large response the client has not
     /// released (server side).
     pub release_timeout: Duration,
-    /// How long connecting may take, handshake and hello included; not
-    /// zero.
+    /// How long connecting may take, handshake and hellos together; not
+    /// zero. Opening the TCP connection, or resolving the rdma_cm route,
+    /// comes before and has a timeout of its own of this length.
     pub connect_timeout: Duration,
     /// How long a call may take before it fails with
     /// [`RpcError::Timeout`] (client side).

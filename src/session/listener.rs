@@ -131,7 +131,7 @@ impl SessionBuilder {
     pub fn bind(&self, addr: impl ToSocketAddrs) -> Result<SessionListener<VerbsQp>, SessionError> {
         let failed = |e: std::io::Error| SessionError::Connect(e.to_string());
         let listener = TcpListener::bind(addr).map_err(failed)?;
-        let listener = HandshakeListener::new(listener).map_err(failed)?;
+        let listener = HandshakeListener::tcp(listener).map_err(failed)?;
         Ok(SessionListener {
             host: self.host()?,
             kind: ListenerKind::Tcp(listener),
@@ -283,8 +283,8 @@ fn exchange(
 ) -> Result<Hello, SessionError> {
     let remote = tcp::exchange_by(stream, endpoint, deadline)?;
     let failed = |e: std::io::Error| SessionError::Connect(format!("exchanging hellos: {e}"));
-    // The socket's write timeout is what `exchange_by` left of the
-    // deadline: the hello's 12 bytes fit in any socket buffer.
+    // The socket's write timeout, set before the endpoint exchange, may
+    // outlast the deadline: the hello's 12 bytes fit in any socket buffer.
     stream.write_all(&hello.encode()).map_err(failed)?;
     let mut bytes = [0u8; HELLO_LEN];
     tcp::read_exact(
@@ -302,7 +302,7 @@ fn exchange(
 }
 
 enum ListenerKind {
-    Tcp(HandshakeListener<Result<Session<VerbsQp>, SessionError>>),
+    Tcp(HandshakeListener<TcpListener, Result<Session<VerbsQp>, SessionError>>),
     Cm(CmListener),
 }
 
@@ -350,7 +350,7 @@ impl SessionListener<VerbsQp> {
         };
         let host = self.host.clone();
         listener
-            .accept(move |stream, _| host.handshake(stream))
+            .accept(move |(stream, _)| host.handshake(stream))
             .map_err(|e| SessionError::Connect(e.to_string()))?
     }
 }

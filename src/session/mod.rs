@@ -175,8 +175,9 @@ pub struct SessionConfig {
     pub lease: Duration,
     /// How long [`Session::request_remote_mr`] waits for the peer.
     pub request_timeout: Duration,
-    /// How long connecting may take, handshake and hellos included; not
-    /// zero.
+    /// How long connecting may take, handshake and hellos together; not
+    /// zero. Opening the TCP connection, or resolving the rdma_cm route,
+    /// comes before and has a timeout of its own of this length.
     pub connect_timeout: Duration,
     /// Bytes of each registered arena.
     pub arena_bytes: usize,

@@ -131,8 +131,8 @@ impl<Q: QueuePair> StreamCore<Q> {
 pub struct PendingStream<Q: QueuePair> {
     stream: RdmaStream<Q>,
     connect_timeout: Duration,
-    /// The connect timeout from [`RdmaStream::prepare`] on: the handshake
-    /// and the hellos share it.
+    /// The connect timeout from [`RdmaStream::prepare`] on, for the
+    /// crate's listeners and `connect*`.
     deadline: Deadline,
 }
 
@@ -142,18 +142,32 @@ impl<Q: QueuePair> PendingStream<Q> {
         self.stream.core().ring.qp()
     }
 
-    /// When connecting gives up, for the handshake's steps.
+    /// When connecting gives up, counted from [`RdmaStream::prepare`]: the
+    /// crate's own listeners and `connect*` bound the handshake and the
+    /// hellos together by it.
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn deadline(&self) -> Deadline {
         self.deadline
     }
 
-    /// Sends the hello and waits for the peer's, until the config's
-    /// `connect_timeout` has passed since [`RdmaStream::prepare`]: it
-    /// bounds connecting as a whole, the handshake included.
-    pub fn establish(mut self) -> io::Result<RdmaStream<Q>> {
+    /// Sends the hello and waits (up to the config's `connect_timeout`)
+    /// for the peer's.
+    pub fn establish(self) -> io::Result<RdmaStream<Q>> {
+        let deadline = Deadline::after(self.connect_timeout);
+        self.establish_by(deadline)
+    }
+
+    /// [`establish`](Self::establish) by the deadline counted from
+    /// [`RdmaStream::prepare`], the one the handshake had.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) fn establish_in_time(self) -> io::Result<RdmaStream<Q>> {
+        let deadline = self.deadline;
+        self.establish_by(deadline)
+    }
+
+    fn establish_by(mut self, deadline: Deadline) -> io::Result<RdmaStream<Q>> {
         self.start()?;
-        self.finish()
+        self.finish(deadline)
     }
 
     fn start(&mut self) -> io::Result<()> {
@@ -163,16 +177,16 @@ impl<Q: QueuePair> PendingStream<Q> {
         Ok(())
     }
 
-    fn finish(mut self) -> io::Result<RdmaStream<Q>> {
+    fn finish(mut self, deadline: Deadline) -> io::Result<RdmaStream<Q>> {
         while !self.stream.core().conn.established() {
             if let Some(failure) = self.stream.core().conn.failure() {
                 return Err(failure.to_io());
             }
-            if self.deadline.expired() {
+            if deadline.expired() {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "the peer sent no stream hello within {:?}",
+                        "the peer's stream hello did not come within the connect timeout ({:?})",
                         self.connect_timeout
                     ),
                 ));
@@ -444,8 +458,9 @@ impl RdmaStream<SoftQp> {
         dev.connect(a.qp(), b.qp()).map_err(to_io)?;
         a.start()?;
         b.start()?;
-        let a = a.finish()?;
-        let b = b.finish()?;
+        let (deadline_a, deadline_b) = (a.deadline, b.deadline);
+        let a = a.finish(deadline_a)?;
+        let b = b.finish(deadline_b)?;
         Ok((a, b))
     }
 }

@@ -4,14 +4,16 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::blocking::to_io;
 use super::{RdmaStream, StreamConfig};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
 use crate::connect::accept::HandshakeListener;
-use crate::connect::cm::{self, CmListener, CmQp};
+use crate::connect::cm::{self, CmListener, CmQp, CmRequest};
 use crate::connect::tcp;
+use crate::deadline::Deadline;
 
 /// The first RDMA device, for callers that name none.
 fn first_device() -> io::Result<VerbsDevice> {
@@ -40,7 +42,7 @@ fn first_device() -> io::Result<VerbsDevice> {
 /// ```
 #[derive(Debug)]
 pub struct RdmaListener {
-    tcp: HandshakeListener<io::Result<RdmaStream<VerbsQp>>>,
+    tcp: HandshakeListener<TcpListener, io::Result<RdmaStream<VerbsQp>>>,
     dev: VerbsDevice,
     pd: VerbsPd,
     config: StreamConfig,
@@ -61,7 +63,7 @@ impl RdmaListener {
     ) -> io::Result<RdmaListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaListener {
-            tcp: HandshakeListener::new(TcpListener::bind(addr)?)?,
+            tcp: HandshakeListener::tcp(TcpListener::bind(addr)?)?,
             dev: dev.clone(),
             pd: dev.alloc_pd().map_err(to_io)?,
             config,
@@ -83,7 +85,7 @@ impl RdmaListener {
     /// it; the listener goes on.
     pub fn accept(&self) -> io::Result<RdmaStream<VerbsQp>> {
         let (dev, pd, config) = (self.dev.clone(), self.pd.clone(), self.config);
-        self.tcp.accept(move |socket, peer| {
+        self.tcp.accept(move |(socket, peer)| {
             over_tcp(socket, &dev, &pd, config).map(|mut s| {
                 s.peer_addr = Some(peer);
                 s
@@ -109,7 +111,7 @@ fn over_tcp(
     let qp = dev.create_qp(pd, config.qp_config()).map_err(to_io)?;
     let pending = RdmaStream::prepare(qp, pd, config).map_err(to_io)?;
     tcp::handshake_by(&mut socket, pending.qp(), pending.deadline()).map_err(to_io)?;
-    let mut stream = pending.establish()?;
+    let mut stream = pending.establish_in_time()?;
     stream.local_addr = local;
     stream.peer_addr = peer;
     Ok(stream)
@@ -137,7 +139,9 @@ impl RdmaStream<VerbsQp> {
 
 /// Accepts stream connections over rdma_cm: each request gets a queue pair
 /// on the device it arrived on, with its receives posted before it is
-/// accepted.
+/// accepted. Handshakes run side by side, on threads of their own (64 at
+/// most; more requests wait in rdma_cm's backlog), so a peer that stalls
+/// holds up nobody behind it.
 ///
 /// ```no_run
 /// use std::io::Read;
@@ -148,11 +152,11 @@ impl RdmaStream<VerbsQp> {
 /// stream.read_to_end(&mut buf).unwrap();
 /// ```
 pub struct RdmaCmListener {
-    cm: CmListener,
+    cm: HandshakeListener<CmListener, io::Result<RdmaStream<CmQp>>>,
     addr: SocketAddr,
     /// The device of the last request and its protection domain: requests
     /// usually all arrive on one.
-    device: std::sync::Mutex<Option<(VerbsDevice, VerbsPd)>>,
+    device: Arc<Mutex<Option<(VerbsDevice, VerbsPd)>>>,
     config: StreamConfig,
 }
 
@@ -169,9 +173,9 @@ impl RdmaCmListener {
     pub fn bind(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaCmListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaCmListener {
-            cm: CmListener::bind(addr).map_err(to_io)?,
+            cm: HandshakeListener::new(CmListener::bind(addr).map_err(to_io)?),
             addr,
-            device: std::sync::Mutex::new(None),
+            device: Arc::default(),
             config,
         })
     }
@@ -181,39 +185,29 @@ impl RdmaCmListener {
         self.addr
     }
 
-    /// Waits (up to `timeout`) for the next connection request and connects
-    /// a stream to it.
+    /// Waits (up to `timeout`) for the next handshake to finish: a stream
+    /// connected, or the error of a peer whose handshake failed. A
+    /// handshake still running when the wait ends goes on, and comes out
+    /// of a later call.
     pub fn accept_timeout(&self, timeout: Duration) -> io::Result<RdmaStream<CmQp>> {
-        let request = self.cm.request(timeout).map_err(to_io)?;
-        let name = request.device_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "the connection request names no RDMA device",
-            )
-        })?;
-        let (dev, pd) = {
-            let mut cached = self.device.lock().unwrap_or_else(|p| p.into_inner());
-            match &*cached {
-                Some((dev, pd)) if dev.name() == name => (dev.clone(), pd.clone()),
-                _ => {
-                    let dev = VerbsDevice::open(&name).map_err(to_io)?;
-                    let pd = dev.alloc_pd().map_err(to_io)?;
-                    *cached = Some((dev.clone(), pd.clone()));
-                    (dev, pd)
-                }
-            }
+        let deadline = Deadline::after(timeout);
+        let (device, config, addr) = (Arc::clone(&self.device), self.config, self.addr);
+        let handshake = move |request: CmRequest| {
+            let mut stream = cm_handshake(request, &device, config)?;
+            stream.local_addr = Some(addr);
+            Ok(stream)
         };
-        let qp = request
-            .create_qp(&dev, &pd, self.config.qp_config())
-            .map_err(to_io)?;
-        let pending = RdmaStream::prepare(qp, &pd, self.config).map_err(to_io)?;
-        pending
-            .qp()
-            .accept(b"", pending.deadline().remaining())
-            .map_err(to_io)?;
-        let mut stream = pending.establish()?;
-        stream.local_addr = Some(self.addr);
-        Ok(stream)
+        match self
+            .cm
+            .accept_until(handshake, || deadline.expired())
+            .map_err(to_io)?
+        {
+            Some(done) => done,
+            None => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no stream connected within {timeout:?}"),
+            )),
+        }
     }
 
     /// Like [`accept_timeout`](Self::accept_timeout), waiting as long as
@@ -227,6 +221,43 @@ impl RdmaCmListener {
             }
         }
     }
+}
+
+/// Connects a stream to `request`: a queue pair on the device it arrived
+/// on (`device` caches the last one), its receives, the accept, the
+/// hellos.
+fn cm_handshake(
+    request: CmRequest,
+    device: &Mutex<Option<(VerbsDevice, VerbsPd)>>,
+    config: StreamConfig,
+) -> io::Result<RdmaStream<CmQp>> {
+    let name = request.device_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the connection request names no RDMA device",
+        )
+    })?;
+    let (dev, pd) = {
+        let mut cached = device.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cached {
+            Some((dev, pd)) if dev.name() == name => (dev.clone(), pd.clone()),
+            _ => {
+                let dev = VerbsDevice::open(&name).map_err(to_io)?;
+                let pd = dev.alloc_pd().map_err(to_io)?;
+                *cached = Some((dev.clone(), pd.clone()));
+                (dev, pd)
+            }
+        }
+    };
+    let qp = request
+        .create_qp(&dev, &pd, config.qp_config())
+        .map_err(to_io)?;
+    let pending = RdmaStream::prepare(qp, &pd, config).map_err(to_io)?;
+    pending
+        .qp()
+        .accept(b"", pending.deadline().remaining())
+        .map_err(to_io)?;
+    pending.establish_in_time()
 }
 
 impl RdmaStream<CmQp> {
@@ -248,7 +279,7 @@ impl RdmaStream<CmQp> {
             .qp()
             .connect(b"", pending.deadline().remaining())
             .map_err(to_io)?;
-        let mut stream = pending.establish()?;
+        let mut stream = pending.establish_in_time()?;
         stream.peer_addr = Some(addr);
         Ok(stream)
     }

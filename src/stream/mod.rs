@@ -94,8 +94,9 @@ pub struct StreamConfig {
     /// Quiet time after which the peer is probed (an 8-byte read), so a
     /// dead peer fails the connection in bounded time.
     pub keepalive: Duration,
-    /// How long connecting (the handshake and the hellos) may take; not
-    /// zero.
+    /// How long connecting may take, handshake and hellos together; not
+    /// zero. Opening the TCP connection, or resolving the rdma_cm route,
+    /// comes before and has a timeout of its own of this length.
     pub connect_timeout: Duration,
     /// How long dropping a stream waits for written data and its end of
     /// stream to leave.

@@ -44,17 +44,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A peer that takes `pause` over each of the two steps of a TCP
-/// handshake with the listener at `addr` (its endpoint, then its ready
-/// byte), each in time for a timeout per step of more than `pause`, the
-/// two together not. `hello` is sent right after the endpoint, for
-/// protocols that exchange one there. Its queue pair lives on
-/// [`device`]; the thread hands back the socket and the queue pair, so
-/// that the listener cannot learn of its end before the test drops them.
+/// A peer that takes `pauses.0` over the first step of a TCP handshake
+/// with the listener at `addr` (its endpoint) and `pauses.1` over the
+/// second (its ready byte): each in time for a timeout per step longer
+/// than either, the two together not for one of less than their sum.
+/// `hello` is sent right after the endpoint, for protocols that exchange
+/// one there. Its queue pair lives on [`device`]; the thread hands back
+/// the socket and the queue pair, so that the listener cannot learn of
+/// its end before the test drops them.
 #[allow(dead_code)]
 pub fn pacing_peer(
     addr: std::net::SocketAddr,
-    pause: std::time::Duration,
+    pauses: (std::time::Duration, std::time::Duration),
     hello: Option<Vec<u8>>,
 ) -> std::thread::JoinHandle<impl Send> {
     use rdma_ring::connect::ENDPOINT_WIRE_LEN;
@@ -68,7 +69,7 @@ pub fn pacing_peer(
         let mut socket = std::net::TcpStream::connect(addr).unwrap();
         let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
         socket.read_exact(&mut theirs).unwrap();
-        std::thread::sleep(pause);
+        std::thread::sleep(pauses.0);
         socket.write_all(&qp.endpoint().encode()).unwrap();
         if let Some(hello) = hello {
             let mut their_hello = vec![0u8; hello.len()];
@@ -78,7 +79,7 @@ pub fn pacing_peer(
         let mut ready = [0u8; 1];
         // The listener's ready byte: it sends it, then waits for ours.
         if socket.read_exact(&mut ready).is_ok() {
-            std::thread::sleep(pause);
+            std::thread::sleep(pauses.1);
             let _ = socket.write_all(&ready);
         }
         (socket, qp, pd)
