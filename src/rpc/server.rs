@@ -104,8 +104,11 @@ struct Arrival<Q> {
 }
 
 pub(super) struct ServerShared<Q: QueuePair> {
+    /// Connections for the poller to take; `None` once it has stopped
+    /// taking them. Before `state`, so that nothing in it outlives the
+    /// ring (it is empty by then in any case).
+    inbox: Mutex<Option<Vec<Arrival<Q>>>>,
     state: Mutex<PollerState<Q>>,
-    inbox: Mutex<Vec<Arrival<Q>>>,
     events: Option<Arc<dyn CompletionEvents>>,
     stop: AtomicBool,
     pub(super) config: RpcConfig,
@@ -146,10 +149,38 @@ impl<Q: QueuePair> ServerShared<Q> {
         if self.stopping() {
             return;
         }
-        self.inbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arrival { qp, peer, watch });
+        self.enqueue(Arrival { qp, peer, watch });
+    }
+
+    /// Puts `arrival` in the poller's inbox, unless the poller stopped
+    /// taking arrivals: then it is dropped, and `false` returned. Checked
+    /// under the inbox's lock, which the poller holds to close it, so an
+    /// arrival is either taken by the poller or dropped here, never left
+    /// behind (holding receives of the shared queue past the ring's end).
+    fn enqueue(&self, arrival: Arrival<Q>) -> bool {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        match inbox.as_mut() {
+            Some(arrivals) => {
+                arrivals.push(arrival);
+                true
+            }
+            None => {
+                drop(inbox);
+                drop(arrival);
+                false
+            }
+        }
+    }
+
+    /// Takes what the inbox holds; with `close`, the inbox refuses
+    /// arrivals from now on.
+    fn take_arrivals(&self, close: bool) -> Vec<Arrival<Q>> {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        if close {
+            inbox.take().unwrap_or_default()
+        } else {
+            inbox.as_mut().map(std::mem::take).unwrap_or_default()
+        }
     }
 
     pub(super) fn stopping(&self) -> bool {
@@ -263,7 +294,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
                 shutdown_began: None,
                 aborted: false,
             }),
-            inbox: Mutex::new(Vec::new()),
+            inbox: Mutex::new(Some(Vec::new())),
             events,
             stop: AtomicBool::new(false),
             config,
@@ -371,6 +402,13 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
             let give_up = waited_out
                 && (state.core.quiet() || waited > shared.config.release_timeout + ABORT_GRACE);
             if (state.core.connections() == 0 || give_up) && !pass(shared, &mut state) {
+                // Arrivals that came since the pass (their handshake saw
+                // the server running) are let go like the rest.
+                for Arrival { qp, .. } in shared.take_arrivals(true) {
+                    if let Ok(handle) = state.ring.attach(qp) {
+                        let _ = state.ring.detach(handle);
+                    }
+                }
                 close_all(&mut state);
                 return;
             }
@@ -423,7 +461,7 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
         ..
     } = state;
     let mut progressed = false;
-    let arrivals = std::mem::take(&mut *shared.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+    let arrivals = shared.take_arrivals(false);
     for Arrival { qp, peer, watch } in arrivals {
         progressed = true;
         let caps = qp.caps();
@@ -557,5 +595,41 @@ impl RpcServer<SoftQp> {
     /// [`connect_soft_with`](Self::connect_soft_with) the server's config.
     pub fn connect_soft(&self) -> Result<RpcClient<SoftQp>, RpcError> {
         self.connect_soft_with(self.shared.config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::{Caller, HandlerError};
+
+    fn echo(_: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
+        resp.extend_from_slice(req);
+        Ok(())
+    }
+
+    /// A connection whose handshake saw the server running but that
+    /// arrives once the poller has stopped is let go at once: nothing is
+    /// left in the inbox, holding receives of the shared queue past the
+    /// ring's end.
+    #[test]
+    fn an_arrival_after_the_poller_stopped_is_dropped_not_kept() {
+        let dev = SoftDevice::new();
+        let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+        let (server_qp, _client_qp, _pd) = server
+            .soft_pair(client_qp_config(&server.shared.config))
+            .unwrap();
+        server.shutdown().unwrap();
+        // Its check of the stop flag came before the stop.
+        let arrival = Arrival {
+            qp: server_qp,
+            peer: None,
+            watch: None,
+        };
+        assert!(
+            !server.shared.enqueue(arrival),
+            "kept after the poller stopped"
+        );
+        assert!(server.shared.take_arrivals(false).is_empty());
     }
 }
