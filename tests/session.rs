@@ -116,6 +116,49 @@ async fn lab_5_write_with_immediate() {
     assert!(region.iter().all(|&b| b == 0xab));
 }
 
+/// Messages the device refuses to post (a NIC out of resources) come
+/// back with their error and take none of the peer's window: more of them
+/// than the window holds leave the session able to send.
+#[tokio::test]
+async fn sends_the_device_refuses_to_post_take_no_window() {
+    let (client, server) = pair(SessionConfig {
+        recv_depth: 8,
+        user_window: 2,
+        ..SessionConfig::default()
+    });
+    let refuse_next = || {
+        client
+            .with_queue_pair(|qp| qp.control().refuse_posts(1))
+            .unwrap()
+    };
+    let mut msg = client.alloc_local_mr(bytes(8)).unwrap();
+    msg.fill(7);
+    let mut msg = msg.slice(..);
+    for _ in 0..3 {
+        refuse_next();
+        let (sent, back) = within(client.send(msg)).await;
+        let err = sent.expect_err("refused by the device");
+        assert!(err.to_string().contains("out of resources"), "{err}");
+        msg = back;
+    }
+    within(client.send(msg)).await.0.unwrap();
+    assert_eq!(*within(server.receive()).await.unwrap(), [7u8; 8]);
+    assert!(client.failure().is_none());
+
+    let remote = within(client.request_remote_mr(bytes(64))).await.unwrap();
+    let mut local = client.alloc_local_mr(bytes(64)).unwrap();
+    local.fill(0xab);
+    for _ in 0..3 {
+        refuse_next();
+        let (written, back) = within(client.write_with_imm(local, remote.remote(), 9)).await;
+        written.expect_err("refused by the device");
+        local = back;
+    }
+    let (written, _) = within(client.write_with_imm(local, remote.remote(), 42)).await;
+    assert_eq!(written.unwrap(), 64);
+    assert_eq!(within(server.receive_write_imm()).await.unwrap(), 42);
+}
+
 #[tokio::test]
 async fn atomics_on_a_requested_region() {
     let (client, server) = pair(SessionConfig::default());

@@ -360,16 +360,21 @@ impl<Q: QueuePair> Shared<Q> {
     /// the device refuses goes back to its futures (flushed: never ran).
     pub(crate) fn submit_deferred(&self, ring: &mut Ring<Q>) {
         if self.holds_deferred() {
-            self.submit_pushed(ring);
+            let _ = self.submit_pushed(ring);
         }
     }
 
     /// Posts everything pushed (deferred operations included). What the
-    /// device refuses goes back to its futures (flushed: never ran).
-    pub(crate) fn submit_pushed(&self, ring: &mut Ring<Q>) {
+    /// device refuses goes back to its futures (flushed: never ran), and
+    /// the refusal is returned.
+    pub(crate) fn submit_pushed(&self, ring: &mut Ring<Q>) -> Option<crate::Error> {
         self.deferred.store(0, std::sync::atomic::Ordering::Release);
-        if let Err(e) = ring.submit() {
-            ring.requeue_unposted(e.unposted);
+        match ring.submit() {
+            Ok(_) => None,
+            Err(e) => {
+                ring.requeue_unposted(e.unposted);
+                Some(e.error)
+            }
         }
     }
 }

@@ -121,7 +121,9 @@ impl<Q: QueuePair> Shared<Q> {
                 && (!defer
                     || self.deferred.fetch_add(1, Ordering::AcqRel) + 1 >= super::DEFERRED_MAX)
             {
-                self.submit_pushed(ring);
+                if let Some(error) = self.submit_pushed(ring) {
+                    refused_at_post(ring, state, error);
+                }
             }
         });
         future
@@ -135,15 +137,19 @@ impl<Q: QueuePair> Shared<Q> {
     ) -> OpFuture<Q, B, Received> {
         let op = crate::op::Recv::new(buf);
         let state = self.with(|ring| State::pushed(ring.push_srq_awaited(srq, op)));
-        let future = self.future(state);
+        let mut future = self.future(state);
         if matches!(future.state, State::InFlight(_)) {
-            self.submit_now();
+            self.submit_now(&mut future.state);
         }
         future
     }
 
-    fn submit_now(&self) {
-        self.with(|ring| self.submit_pushed(ring));
+    fn submit_now<B: IoBuf>(&self, state: &mut State<B>) {
+        self.with(|ring| {
+            if let Some(error) = self.submit_pushed(ring) {
+                refused_at_post(ring, state, error);
+            }
+        });
     }
 
     fn future<B, O>(self: &Arc<Self>, state: State<B>) -> OpFuture<Q, B, O> {
@@ -152,6 +158,26 @@ impl<Q: QueuePair> Shared<Q> {
             state,
             polled: false,
             _out: PhantomData,
+        }
+    }
+}
+
+/// After a submit the device refused: an operation of `state` that the
+/// refusal handed back (flushed: it never ran) is refused as a push is,
+/// so that [`OpFuture::was_refused`] tells its caller at once that nothing
+/// was posted. Only the refusal can have finished it here: a submit does
+/// not reap.
+fn refused_at_post<Q: QueuePair, B: IoBuf>(
+    ring: &mut crate::ring::Ring<Q>,
+    state: &mut State<B>,
+    error: Error,
+) {
+    if let State::InFlight(key) = *state {
+        if let Some(completion) = ring.take_awaited_if_done(key) {
+            let buf = B::from_bufs(completion.into_bufs()).unwrap_or_else(|_| {
+                unreachable!("the ring hands back the buffer type it was given")
+            });
+            *state = State::Failed(Some((error, buf)));
         }
     }
 }
@@ -172,8 +198,11 @@ impl<B> State<B> {
 // completion), so it is `Unpin` whatever the buffer type.
 impl<Q: QueuePair, B, O> OpFuture<Q, B, O> {
     /// Whether the push was refused (a full queue, a buffer of another
-    /// protection domain, a closed ring, …): nothing was posted, and the
-    /// future resolves at once with the error and the buffer.
+    /// protection domain, a closed ring, …), or the device refused the
+    /// post that the push's own submit made (a NIC out of resources):
+    /// nothing was posted, and the future resolves at once with the error
+    /// and the buffer. (With doorbell coalescing the post comes later, and
+    /// a refusal then resolves the future as flushed.)
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
@@ -183,9 +212,15 @@ impl<Q: QueuePair, B, O> OpFuture<Q, B, O> {
     /// let dev = SoftDevice::new();
     /// let (pd, other) = (dev.alloc_pd(), dev.alloc_pd());
     /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let control = qp.control();
     /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
     /// let foreign = RegisteredBuf::new(&other, vec![0u8; 8]).unwrap();
     /// assert!(ring.send(foreign).was_refused()); // wrong protection domain
+    /// control.refuse_posts(1);
+    /// let send = ring.send(RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap());
+    /// assert!(send.was_refused()); // the device refused its post
+    /// let (result, _buf) = futures::executor::block_on(send);
+    /// assert!(result.unwrap_err().to_string().contains("out of resources"));
     /// ```
     pub fn was_refused(&self) -> bool {
         matches!(self.state, State::Failed(_))

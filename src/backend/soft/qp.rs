@@ -8,6 +8,9 @@ use super::{after_post, Progress, Shared, SoftCq, SoftSrq};
 use crate::backend::{PostError, QpCaps, QueuePair, RecvWr, SendWr, Sge, WcStatus};
 use crate::error::Error;
 
+/// Why a post [`QpControl::refuse_posts`] asked for is refused.
+const REFUSED_POST: &str = "out of resources (refused by QpControl::refuse_posts)";
+
 /// A soft RC queue pair. Created with a completion queue of its own
 /// ([`SoftDevice::create_qp`](super::SoftDevice::create_qp)) or on a shared
 /// one ([`SoftDevice::create_qp_on`](super::SoftDevice::create_qp_on)).
@@ -70,6 +73,10 @@ unsafe impl QueuePair for SoftQp {
         qp.counters.send_posts += 1;
         if qp.state == QpState::Init {
             return Err(refuse(0, "queue pair is not connected (not ready to send)"));
+        }
+        if qp.refuse_posts > 0 {
+            qp.refuse_posts -= 1;
+            return Err(refuse(0, REFUSED_POST));
         }
         let at_once =
             progress == Progress::NoOp && qp.state == QpState::ReadyToSend && qp.sq.is_empty();
@@ -172,6 +179,34 @@ impl QpControl {
     pub fn fail_nth(&self, n: u64, status: WcStatus) {
         if let Some(qp) = self.shared.lock().qp(self.qpn) {
             qp.fault = Some((n.max(1), status));
+        }
+    }
+
+    /// The next `n` posts of send work requests are refused whole, as a
+    /// NIC out of resources refuses them (`ENOMEM` from `ibv_post_send`):
+    /// nothing of them is queued, and the queue pair stays as it is.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::Send;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let control = qp.control();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let send = || Send::new(RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap());
+    /// control.refuse_posts(1);
+    /// ring.submission().push(send()).unwrap();
+    /// let refused = ring.submit().unwrap_err();
+    /// assert_eq!(refused.unposted.len(), 1); // handed back, never posted
+    /// ring.submission().push(send()).unwrap();
+    /// ring.submit().unwrap(); // the next one goes
+    /// ```
+    pub fn refuse_posts(&self, n: u32) {
+        if let Some(qp) = self.shared.lock().qp(self.qpn) {
+            qp.refuse_posts = n;
         }
     }
 

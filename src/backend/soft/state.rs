@@ -223,6 +223,8 @@ pub(super) struct QpEntry {
     pub(super) rnr: Option<RnrWait>,
     /// Fail the n-th work request executed from now with this status.
     pub(super) fault: Option<(u64, WcStatus)>,
+    /// Send posts still to refuse, as a NIC out of resources does.
+    pub(super) refuse_posts: u32,
     pub(super) counters: QpCounters,
 }
 
@@ -248,6 +250,7 @@ impl QpEntry {
             reported_through: 0,
             rnr: None,
             fault: None,
+            refuse_posts: 0,
             counters: QpCounters::default(),
         }
     }
