@@ -45,6 +45,19 @@ fn pair_with_controls(
     (a, b.join().unwrap(), ca, cb)
 }
 
+/// An end of stream the device refuses to post fails the shutdown: the
+/// stream does not report it sent.
+#[test]
+fn a_shutdown_whose_end_of_stream_the_device_refuses_fails() {
+    let dev = SoftDevice::new();
+    let (mut a, _b, ca, _cb) = pair_with_controls(&dev, StreamConfig::default());
+    a.write_all(b"x").unwrap();
+    a.flush().unwrap();
+    ca.refuse_posts(1);
+    let err = a.shutdown(Shutdown::Write).unwrap_err();
+    assert!(err.to_string().contains("out of resources"), "{err}");
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))

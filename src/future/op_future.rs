@@ -136,20 +136,20 @@ impl<Q: QueuePair> Shared<Q> {
         buf: B,
     ) -> OpFuture<Q, B, Received> {
         let op = crate::op::Recv::new(buf);
-        let state = self.with(|ring| State::pushed(ring.push_srq_awaited(srq, op)));
-        let mut future = self.future(state);
-        if matches!(future.state, State::InFlight(_)) {
-            self.submit_now(&mut future.state);
-        }
-        future
-    }
-
-    fn submit_now<B: IoBuf>(&self, state: &mut State<B>) {
+        let mut future = self.future(State::Done);
+        let state = &mut future.state;
+        // Pushed and submitted under one lock: nothing can post or reap
+        // the receive in between, so only this submit's refusal can have
+        // finished it after.
         self.with(|ring| {
-            if let Some(error) = self.submit_pushed(ring) {
-                refused_at_post(ring, state, error);
+            *state = State::pushed(ring.push_srq_awaited(srq, op));
+            if matches!(state, State::InFlight(_)) {
+                if let Some(error) = self.submit_pushed(ring) {
+                    refused_at_post(ring, state, error);
+                }
             }
         });
+        future
     }
 
     fn future<B, O>(self: &Arc<Self>, state: State<B>) -> OpFuture<Q, B, O> {

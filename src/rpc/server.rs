@@ -143,13 +143,10 @@ impl<Q: QueuePair> ServerShared<Q> {
     /// Hands a connected queue pair (made by [`make_qp`](Self::make_qp)) to the
     /// poller, which greets it; `watch` is the handshake's socket, kept
     /// open by the client for the connection's life, whose end tells that
-    /// the client's process is gone. Refused (the queue pair dropped, so
-    /// the client's first call fails) once the server stops.
-    pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>, watch: Option<TcpStream>) {
-        if self.stopping() {
-            return;
-        }
-        self.enqueue(Arrival { qp, peer, watch });
+    /// the client's process is gone. Refused once the server stops: the
+    /// queue pair is dropped, and `false` returned.
+    pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>, watch: Option<TcpStream>) -> bool {
+        !self.stopping() && self.enqueue(Arrival { qp, peer, watch })
     }
 
     /// Puts `arrival` in the poller's inbox, unless the poller stopped
@@ -578,7 +575,9 @@ impl RpcServer<SoftQp> {
             self.soft_pair(client_qp_config(&config)).map_err(failed)?;
         // The hello's receive is posted before the server may send it.
         let pending = PendingClient::new(client_qp, pd, config).map_err(failed)?;
-        self.shared.admit(server_qp, None, None);
+        if !self.shared.admit(server_qp, None, None) {
+            return Err(RpcError::ShuttingDown);
+        }
         pending.establish()
     }
 
@@ -588,7 +587,9 @@ impl RpcServer<SoftQp> {
     /// sends.
     pub fn connect_soft_raw(&self, config: QpConfig) -> Result<(SoftQp, Arc<SoftPd>), Error> {
         let (server_qp, qp, pd) = self.soft_pair(config)?;
-        self.shared.admit(server_qp, None, None);
+        if !self.shared.admit(server_qp, None, None) {
+            return Err(Error::Soft("the server is shutting down"));
+        }
         Ok((qp, pd))
     }
 

@@ -371,11 +371,14 @@ impl<Q: QueuePair> RdmaStream<Q> {
             loop {
                 let core = self.core_mut();
                 core.turn(false);
-                if core.conn.fin_sent() {
-                    break;
-                }
+                // Before the end of stream's own check: it counts as sent
+                // once pushed, and a post the device refused fails the
+                // connection instead.
                 if let Some(failure) = core.conn.failure() {
                     return Err(failure.to_io());
+                }
+                if core.conn.fin_sent() {
+                    break;
                 }
                 if core.conn.readable() > 0 {
                     break;

@@ -74,7 +74,9 @@ unsafe impl QueuePair for SoftQp {
         if qp.state == QpState::Init {
             return Err(refuse(0, "queue pair is not connected (not ready to send)"));
         }
-        if qp.refuse_posts > 0 {
+        // A NIC short of resources refuses a post; one in error takes it
+        // and flushes it.
+        if qp.refuse_posts > 0 && qp.state == QpState::ReadyToSend {
             qp.refuse_posts -= 1;
             return Err(refuse(0, REFUSED_POST));
         }
@@ -182,9 +184,10 @@ impl QpControl {
         }
     }
 
-    /// The next `n` posts of send work requests are refused whole, as a
-    /// NIC out of resources refuses them (`ENOMEM` from `ibv_post_send`):
-    /// nothing of them is queued, and the queue pair stays as it is.
+    /// The next `n` posts of send work requests while the queue pair is
+    /// ready to send are refused whole, as a NIC out of resources refuses
+    /// them (`ENOMEM` from `ibv_post_send`): nothing of them is queued,
+    /// and the queue pair stays as it is.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
