@@ -597,6 +597,17 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
                     break;
                 }
             }
+            // The server keeps its end open for the connection's life: an
+            // end before its hello is a refusal (a server stopping, say).
+            if shared
+                .socket
+                .as_ref()
+                .is_some_and(crate::connect::tcp::peer_closed)
+            {
+                return Err(RpcError::Connect(
+                    "the server closed the connection before its hello".into(),
+                ));
+            }
             if deadline.expired() {
                 return Err(RpcError::Connect(format!(
                     "no hello from the server within {:?}",
@@ -857,6 +868,30 @@ mod tests {
         let client = pending.establish().unwrap();
         assert_eq!((client.client_id(), client.window()), (9, 4));
         (client, server)
+    }
+
+    /// A server that lets the connection go before its hello (one that is
+    /// stopping) fails the connect at once: the client does not wait out
+    /// its connect timeout.
+    #[test]
+    fn a_server_closing_the_handshake_socket_before_its_hello_fails_the_connect() {
+        let dev = SoftDevice::new();
+        let (pd_c, pd_s) = (dev.alloc_pd(), dev.alloc_pd());
+        let (client_qp, _server_qp) = dev
+            .connected_pair(&pd_c, &pd_s, QpConfig::default())
+            .unwrap();
+        let config = RpcConfig {
+            connect_timeout: Duration::from_secs(60),
+            ..RpcConfig::default()
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        drop(listener.accept().unwrap()); // the server's end, gone
+        let pending = PendingClient::new(client_qp, Arc::new(pd_c), config).unwrap();
+        match pending.keep(socket).establish() {
+            Err(RpcError::Connect(why)) => assert!(why.contains("closed"), "{why}"),
+            other => panic!("expected a connect error, got {:?}", other.map(|_| ())),
+        }
     }
 
     #[test]
