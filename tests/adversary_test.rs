@@ -5,6 +5,7 @@
 
 mod adversary;
 
+use adversary::awaited::AwaitedAdversary;
 use adversary::fixed::FixedAdversary;
 use adversary::{decode, Adversary};
 use proptest::prelude::*;
@@ -19,6 +20,11 @@ proptest! {
     #[test]
     fn the_ring_survives_an_adversarial_device(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         Adversary::run(&decode(&bytes));
+    }
+
+    #[test]
+    fn the_awaited_ring_survives_an_adversarial_device(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        AwaitedAdversary::run(&decode(&bytes));
     }
 
     #[test]
@@ -145,4 +151,31 @@ fn a_refill_stopped_with_nothing_outstanding_wakes_its_waiters() {
 #[test]
 fn dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up() {
     adversary::fixed::dropping_one_of_two_awaits_in_a_task_keeps_the_others_wake_up();
+}
+
+/// The same for the awaited ring: its scenarios refuse posts (so futures
+/// resolve at once), complete, fail and flush operations, and drop
+/// futures unawaited.
+#[test]
+fn awaited_scenarios_cover_refusals_completions_and_drops() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = proptest::collection::vec(any::<u8>(), 100..400);
+    let (mut partial, mut overclaims, mut refused, mut resolved, mut dropped) = (0, 0, 0, 0, 0);
+    for _ in 0..100 {
+        let bytes = strategy.new_tree(&mut runner).unwrap().current();
+        let a = AwaitedAdversary::run(&decode(&bytes));
+        partial += a.device.partial_posts;
+        overclaims += a.device.overclaims;
+        refused += a.refused_at_once;
+        resolved += a.resolved;
+        dropped += a.dropped;
+        assert!(a.buried() >= a.resolved);
+    }
+    println!(
+        "partial posts {partial} overclaims {overclaims} refused at once {refused} \
+         resolved {resolved} dropped {dropped}"
+    );
+    assert!(partial > 0 && overclaims > 0 && refused > 0 && dropped > 0);
+    assert!(resolved > 1000);
 }

@@ -21,6 +21,7 @@
 
 #![allow(dead_code)]
 
+pub mod awaited;
 pub mod device;
 pub mod fixed;
 
