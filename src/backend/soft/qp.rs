@@ -11,6 +11,22 @@ use crate::error::Error;
 /// Why a post [`QpControl::refuse_posts`] asked for is refused.
 const REFUSED_POST: &str = "out of resources (refused by QpControl::refuse_posts)";
 
+/// Why a post to `qp`, not ready to send or asked to refuse, is refused:
+/// before its connection, or as a NIC short of resources refuses one
+/// (one in error takes it, and flushes it).
+#[cold]
+#[inline(never)]
+fn refusal_before_post(qp: &mut super::state::QpEntry) -> Option<PostError> {
+    match qp.state {
+        QpState::Init => Some(refuse(0, "queue pair is not connected (not ready to send)")),
+        QpState::ReadyToSend if qp.refuse_posts > 0 => {
+            qp.refuse_posts -= 1;
+            Some(refuse(0, REFUSED_POST))
+        }
+        _ => None,
+    }
+}
+
 /// A soft RC queue pair. Created with a completion queue of its own
 /// ([`SoftDevice::create_qp`](super::SoftDevice::create_qp)) or on a shared
 /// one ([`SoftDevice::create_qp_on`](super::SoftDevice::create_qp_on)).
@@ -71,14 +87,12 @@ unsafe impl QueuePair for SoftQp {
             .qp(qpn)
             .ok_or_else(|| refuse(0, "queue pair destroyed"))?;
         qp.counters.send_posts += 1;
-        if qp.state == QpState::Init {
-            return Err(refuse(0, "queue pair is not connected (not ready to send)"));
-        }
-        // A NIC short of resources refuses a post; one in error takes it
-        // and flushes it.
-        if qp.refuse_posts > 0 && qp.state == QpState::ReadyToSend {
-            qp.refuse_posts -= 1;
-            return Err(refuse(0, REFUSED_POST));
+        // One test in the common case (ready to send, nothing to refuse);
+        // the rest out of line.
+        if qp.state != QpState::ReadyToSend || qp.refuse_posts > 0 {
+            if let Some(refused) = refusal_before_post(qp) {
+                return Err(refused);
+            }
         }
         let at_once =
             progress == Progress::NoOp && qp.state == QpState::ReadyToSend && qp.sq.is_empty();
