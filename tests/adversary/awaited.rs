@@ -15,10 +15,10 @@ use std::task::{Context, Poll, Waker};
 use rdma_ring::buf::RegisteredBuf;
 use rdma_ring::future::{AsyncRing, OpFuture, Wakeup};
 use rdma_ring::op::{Read, Recv, Send, Write};
-use rdma_ring::ring::{QpHandle, Ring, RingConfig};
+use rdma_ring::ring::{QpHandle, RingConfig};
 
 use super::device::{Device, RingStep};
-use super::{AdvQp, Step, LEN, POISON};
+use super::{bury, check_graveyard, ring_over_device, AdvQp, Step, LEN};
 
 type Awaited = OpFuture<AdvQp, RegisteredBuf>;
 
@@ -44,19 +44,7 @@ pub struct AwaitedAdversary {
 
 impl AwaitedAdversary {
     pub fn new() -> AwaitedAdversary {
-        let (mut device, cq) = Device::new();
-        let mut ring: Ring<AdvQp> = Ring::with_cq(
-            cq,
-            RingConfig {
-                drain_timeout: std::time::Duration::from_millis(200),
-                ..RingConfig::default()
-            },
-        );
-        let handles = device
-            .queue_pairs(&ring.cq().inner)
-            .into_iter()
-            .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
-            .collect();
+        let (device, ring, handles) = ring_over_device(RingConfig::default());
         AwaitedAdversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
             device,
@@ -151,7 +139,7 @@ impl AwaitedAdversary {
             Poll::Ready((_result, buf)) => {
                 drop(self.futures.swap_remove(at));
                 self.resolved += 1;
-                self.bury(buf);
+                bury(&mut self.graveyard, buf);
                 true
             }
             Poll::Pending => false,
@@ -168,11 +156,6 @@ impl AwaitedAdversary {
         self.device.peers_reap();
     }
 
-    fn bury(&mut self, mut buf: RegisteredBuf) {
-        buf.fill(POISON);
-        self.graveyard.push(buf);
-    }
-
     fn finish(&mut self) {
         self.device.settle();
         self.poll_all();
@@ -184,12 +167,7 @@ impl AwaitedAdversary {
         let unresolved = pending.len();
         drop(pending);
         self.device.run_dry();
-        for (i, buf) in self.graveyard.iter().enumerate() {
-            assert!(
-                buf.iter().all(|&b| b == POISON),
-                "buffer {i} was written after its future handed it back"
-            );
-        }
+        check_graveyard(&self.graveyard);
         let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;
         assert!(
             unresolved <= leaked,

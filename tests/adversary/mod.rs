@@ -370,20 +370,10 @@ impl Adversary {
     }
 
     pub fn new() -> Adversary {
-        let (mut device, cq) = Device::new();
-        let mut ring: Ring<AdvQp> = Ring::with_cq(
-            cq,
-            RingConfig {
-                signal_interval: 4,
-                drain_timeout: std::time::Duration::from_millis(200),
-                ..RingConfig::default()
-            },
-        );
-        let handles = device
-            .queue_pairs(&ring.cq().inner)
-            .into_iter()
-            .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
-            .collect();
+        let (device, ring, handles) = ring_over_device(RingConfig {
+            signal_interval: 4,
+            ..RingConfig::default()
+        });
         Adversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
             device,
@@ -489,10 +479,8 @@ impl Adversary {
         }
     }
 
-    /// Poisons a buffer the ring handed back and keeps it registered.
-    fn bury(&mut self, mut buf: RegisteredBuf) {
-        buf.fill(POISON);
-        self.graveyard.push(buf);
+    fn bury(&mut self, buf: RegisteredBuf) {
+        bury(&mut self.graveyard, buf);
     }
 
     fn finish(&mut self) {
@@ -516,17 +504,48 @@ impl Adversary {
         // Run the device dry: nothing it still held may touch a buried
         // buffer.
         self.device.run_dry();
-        for (i, buf) in self.graveyard.iter().enumerate() {
-            assert!(
-                buf.iter().all(|&b| b == POISON),
-                "buffer {i} was written after the ring handed it back"
-            );
-        }
+        check_graveyard(&self.graveyard);
         let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;
         let missing = self.pushed.len() - self.returned.len();
         assert!(
             missing <= leaked,
             "{missing} operations never came back, {leaked} buffers counted as leaked"
+        );
+    }
+}
+
+/// The device side, and a ring over its completion queue (with a short
+/// drain timeout: what the adversary keeps is leaked soon) with its queue
+/// pairs attached.
+fn ring_over_device(config: RingConfig) -> (Device, Ring<AdvQp>, Vec<QpHandle>) {
+    let (mut device, cq) = Device::new();
+    let mut ring: Ring<AdvQp> = Ring::with_cq(
+        cq,
+        RingConfig {
+            drain_timeout: std::time::Duration::from_millis(200),
+            ..config
+        },
+    );
+    let handles = device
+        .queue_pairs(&ring.cq().inner)
+        .into_iter()
+        .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
+        .collect();
+    (device, ring, handles)
+}
+
+/// Poisons a buffer a ring handed back and keeps it, still registered.
+fn bury(graveyard: &mut Vec<RegisteredBuf>, mut buf: RegisteredBuf) {
+    buf.fill(POISON);
+    graveyard.push(buf);
+}
+
+/// Once the device has run dry: no buffer handed back was written after.
+fn check_graveyard(graveyard: &[RegisteredBuf]) {
+    for (i, buf) in graveyard.iter().enumerate() {
+        assert!(
+            buf.iter().all(|&b| b == POISON),
+            "buffer {i} was written after the ring handed it back"
         );
     }
 }
