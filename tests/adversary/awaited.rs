@@ -1,8 +1,9 @@
 //! The awaited ring (`AsyncRing`) over the adversarial device: each
 //! operation pushed through a future, which posts it at once (a doorbell
-//! of its own, so a device that takes part of a post, or refuses it,
-//! refuses that operation alone), polled a round at a time, and some
-//! dropped unawaited. What a future hands back, refused at its post or
+//! of its own for one work request, so a device that takes part of a post
+//! takes none of it, and refuses that operation alone), polled a round at
+//! a time, and some dropped unawaited; the peers send to the ring's
+//! receives. What a future hands back, refused at its post or
 //! completed, is poisoned and kept: the device must never write it after.
 //! No future may resolve twice (the futures enforce that by construction:
 //! one resolved is dropped here), and every operation must resolve, be
@@ -28,8 +29,8 @@ pub struct AwaitedAdversary {
     ring: AsyncRing<AdvQp>,
     handles: Vec<QpHandle>,
     next_id: u64,
-    /// Futures not yet resolved, with their operation's id.
-    futures: Vec<(u64, Awaited)>,
+    /// Futures not yet resolved, with their operation's id and kind.
+    futures: Vec<(u64, u8, Awaited)>,
     /// A knob set by a submit step waits for the next push: each push
     /// posts at once.
     knob_armed: bool,
@@ -40,6 +41,9 @@ pub struct AwaitedAdversary {
     pub refused_at_once: usize,
     pub resolved: usize,
     pub dropped: usize,
+    /// READs and receives that completed: the device wrote their buffers
+    /// before handing them back, and must not after.
+    pub written_ok: usize,
 }
 
 impl AwaitedAdversary {
@@ -58,6 +62,7 @@ impl AwaitedAdversary {
             refused_at_once: 0,
             resolved: 0,
             dropped: 0,
+            written_ok: 0,
         }
     }
 
@@ -91,7 +96,9 @@ impl AwaitedAdversary {
                 self.knob_armed = true;
             }
             RingStep::Poll => self.poll_all(),
-            RingStep::Reattach(qp) | RingStep::Fatal(qp) | RingStep::FailQp(qp) => {
+            // The ring's receives need messages to take: a peer sends.
+            RingStep::Reattach(qp) => self.device.peer_send(qp),
+            RingStep::Fatal(qp) | RingStep::FailQp(qp) => {
                 self.device.apply(&Step::PeerRecv(qp));
             }
             RingStep::SrqRecv | RingStep::SrqRefill | RingStep::SrqQp(_) => {
@@ -119,11 +126,11 @@ impl AwaitedAdversary {
         if future.was_refused() {
             // Nothing was posted: it resolves at once, buffer and all.
             self.refused_at_once += 1;
-            self.futures.push((id, future));
+            self.futures.push((id, kind, future));
             let resolved = self.poll_one(self.futures.len() - 1);
             assert!(resolved, "a refused future must resolve at once");
         } else if keep || id % 3 != 0 {
-            self.futures.push((id, future));
+            self.futures.push((id, kind, future));
         } else {
             // Dropped unawaited: the ring releases its buffer once the
             // device is done with it.
@@ -135,9 +142,18 @@ impl AwaitedAdversary {
     /// Polls future `at` once; resolved, it is buried and removed.
     fn poll_one(&mut self, at: usize) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self.futures[at].1).poll(&mut cx) {
-            Poll::Ready((_result, buf)) => {
-                drop(self.futures.swap_remove(at));
+        match Pin::new(&mut self.futures[at].2).poll(&mut cx) {
+            Poll::Ready((result, buf)) => {
+                let (id, kind, _) = self.futures.swap_remove(at);
+                match kind {
+                    // Read by the device, never written: still its own.
+                    0 | 2 => assert!(
+                        buf.iter().all(|&b| b == (id as u8) | 1),
+                        "operation {id} came back with another's buffer"
+                    ),
+                    _ if result.is_ok() => self.written_ok += 1,
+                    _ => {}
+                }
                 self.resolved += 1;
                 bury(&mut self.graveyard, buf);
                 true
@@ -157,6 +173,10 @@ impl AwaitedAdversary {
     }
 
     fn finish(&mut self) {
+        // A knob no push used would bend the close's marker instead.
+        if std::mem::take(&mut self.knob_armed) {
+            self.device.after_submit();
+        }
         self.device.settle();
         self.poll_all();
         // Close: every pending future resolves flushed, unless the device

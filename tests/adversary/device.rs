@@ -217,6 +217,15 @@ impl Device {
         RingStep::None
     }
 
+    /// The peer of the ring's queue pair `qp` sends it a message (which a
+    /// receive of the ring's takes, or which waits, RNR, for one).
+    pub fn peer_send(&mut self, qp: usize) {
+        let msg = RegisteredBuf::new(&self.pd, vec![0x5au8; LEN]).unwrap();
+        if self.peers[qp].submission().push(Send::new(msg)).is_ok() {
+            let _ = self.peers[qp].submit();
+        }
+    }
+
     fn peer_recv(&mut self, qp: usize) {
         let buf = RegisteredBuf::new(&self.pd, vec![0u8; LEN]).unwrap();
         let _ = self.peers[qp].submission().push(Recv::new(buf));
