@@ -108,6 +108,28 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
     }
 }
 
+/// A session listener on the loopback interface of the test device, with
+/// `connect_timeout`; its port and config.
+fn loopback_listener(
+    connect_timeout: Duration,
+) -> (
+    rdma_ring::session::SessionListener<rdma_ring::backend::verbs::VerbsQp>,
+    u16,
+    rdma_ring::session::SessionConfig,
+) {
+    let port = free_port();
+    let config = rdma_ring::session::SessionConfig {
+        connect_timeout,
+        ..Default::default()
+    };
+    let listener = SessionBuilder::default()
+        .device(&device_name())
+        .config(config)
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    (listener, port, config)
+}
+
 /// A peer that connects over TCP and says nothing holds up no peer
 /// behind it: the listener hands out the session that finishes its
 /// handshake first, then the silent one's error.
@@ -116,16 +138,7 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
 fn a_silent_peer_does_not_hold_up_the_listener() {
     let name = device_name();
     drop(device()); // fails loudly without one
-    let port = free_port();
-    let config = rdma_ring::session::SessionConfig {
-        connect_timeout: Duration::from_secs(5),
-        ..Default::default()
-    };
-    let listener = SessionBuilder::default()
-        .device(&name)
-        .config(config)
-        .bind(("127.0.0.1", port))
-        .unwrap();
+    let (listener, port, _) = loopback_listener(Duration::from_secs(5));
     let silent = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let client = std::thread::spawn(move || {
@@ -152,17 +165,7 @@ fn a_silent_peer_does_not_hold_up_the_listener() {
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_peer_pacing_its_handshake_steps_times_out_once() {
-    let name = device_name();
-    let port = free_port();
-    let config = rdma_ring::session::SessionConfig {
-        connect_timeout: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let listener = SessionBuilder::default()
-        .device(&name)
-        .config(config)
-        .bind(("127.0.0.1", port))
-        .unwrap();
+    let (listener, port, config) = loopback_listener(Duration::from_secs(2));
     let hello = rdma_ring::session::Hello {
         recv_depth: config.recv_depth,
         user_window: config.user_window,

@@ -155,7 +155,7 @@ impl<Q: QueuePair> ServerShared<Q> {
     /// arrival is either taken by the poller or dropped here, never left
     /// behind (holding receives of the shared queue past the ring's end).
     fn enqueue(&self, arrival: Arrival<Q>) -> bool {
-        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inbox = self.inbox();
         match inbox.as_mut() {
             Some(arrivals) => {
                 arrivals.push(arrival);
@@ -169,15 +169,21 @@ impl<Q: QueuePair> ServerShared<Q> {
         }
     }
 
-    /// Takes what the inbox holds; with `close`, the inbox refuses
-    /// arrivals from now on.
-    fn take_arrivals(&self, close: bool) -> Vec<Arrival<Q>> {
-        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-        if close {
-            inbox.take().unwrap_or_default()
-        } else {
-            inbox.as_mut().map(std::mem::take).unwrap_or_default()
-        }
+    fn inbox(&self) -> MutexGuard<'_, Option<Vec<Arrival<Q>>>> {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes what the inbox holds.
+    fn take_arrivals(&self) -> Vec<Arrival<Q>> {
+        self.inbox()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Takes what the inbox holds, and refuses arrivals from now on.
+    fn close_inbox(&self) -> Vec<Arrival<Q>> {
+        self.inbox().take().unwrap_or_default()
     }
 
     pub(super) fn stopping(&self) -> bool {
@@ -401,7 +407,7 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
             if (state.core.connections() == 0 || give_up) && !pass(shared, &mut state) {
                 // Arrivals that came since the pass (their handshake saw
                 // the server running) are let go like the rest.
-                for Arrival { qp, .. } in shared.take_arrivals(true) {
+                for Arrival { qp, .. } in shared.close_inbox() {
                     if let Ok(handle) = state.ring.attach(qp) {
                         let _ = state.ring.detach(handle);
                     }
@@ -458,7 +464,7 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
         ..
     } = state;
     let mut progressed = false;
-    let arrivals = shared.take_arrivals(false);
+    let arrivals = shared.take_arrivals();
     for Arrival { qp, peer, watch } in arrivals {
         progressed = true;
         let caps = qp.caps();
@@ -631,6 +637,6 @@ mod tests {
             !server.shared.enqueue(arrival),
             "kept after the poller stopped"
         );
-        assert!(server.shared.take_arrivals(false).is_empty());
+        assert!(server.shared.take_arrivals().is_empty());
     }
 }
