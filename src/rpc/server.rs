@@ -197,6 +197,11 @@ impl<Q: QueuePair> ServerShared<Q> {
 /// [`RpcServer::bind_cm`]) or, on the soft device, from
 /// [`RpcServer::connect_soft`].
 ///
+/// A send or read the device refuses to post (a NIC short of resources)
+/// is pushed again on a later pass, and counted once in [`ServerStats`];
+/// a connection whose posts the device goes on refusing for a second is
+/// closed, and only that one.
+///
 /// Dropping the server shuts it down as [`shutdown`](Self::shutdown)
 /// does.
 pub struct RpcServer<Q: QueuePair + std::marker::Send + 'static> {
@@ -495,12 +500,8 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
     }
     if core.push(ring) {
         progressed = true;
-        if let Err(e) = ring.submit() {
-            for unposted in &e.unposted {
-                if let Some(qp) = unposted.qp {
-                    core.break_conn(qp, format!("the device refused a send: {}", e.error));
-                }
-            }
+        if let Err(refused) = ring.submit() {
+            core.take_back(refused, Instant::now());
         }
     }
     let now = Instant::now();
@@ -638,5 +639,68 @@ mod tests {
             "kept after the poller stopped"
         );
         assert!(server.shared.take_arrivals().is_empty());
+    }
+
+    /// A client of `server`, with a handle on the server's end of its
+    /// queue pair.
+    fn client_with_control(
+        server: &RpcServer<SoftQp>,
+        config: RpcConfig,
+    ) -> (RpcClient<SoftQp>, crate::backend::soft::QpControl) {
+        let (server_qp, client_qp, pd) = server.soft_pair(client_qp_config(&config)).unwrap();
+        let control = server_qp.control();
+        let pending = PendingClient::new(client_qp, pd, config).unwrap();
+        assert!(server.shared.admit(server_qp, None, None));
+        (pending.establish().unwrap(), control)
+    }
+
+    /// Sends and reads the device refuses to post (a NIC short of
+    /// resources) go out on a later pass: the connection lives on, each
+    /// call is answered once and counted once.
+    #[test]
+    fn posts_the_device_refuses_are_pushed_again() {
+        let dev = SoftDevice::new();
+        let config = RpcConfig::default();
+        let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+        let (client, control) = client_with_control(&server, config);
+        // The answer's send.
+        let before = control.counters().send_posts;
+        control.refuse_posts(2);
+        assert_eq!(client.call(b"small").unwrap(), b"small");
+        // Two posts refused, then the one taken.
+        assert_eq!(control.counters().send_posts - before, 3);
+        // The read of a large request, then the send of its large answer.
+        let large: Vec<u8> = (0..64 << 10).map(|i| i as u8).collect();
+        control.refuse_posts(1);
+        assert_eq!(client.call(&large).unwrap(), large);
+        control.refuse_posts(3);
+        assert_eq!(client.call(&large).unwrap(), large);
+        // Counted once each: an answer pushed again is not counted again
+        // (releases of the large answers are answered too).
+        let stats = server.stats();
+        assert_eq!(stats.requests, 3, "{stats:?}");
+        assert!(stats.answers <= stats.messages, "{stats:?}");
+        assert_eq!(stats.clients_closed, 0, "{stats:?}");
+    }
+
+    /// A device that goes on refusing a connection's posts ends that
+    /// connection, and only after a while: not at the first refusal.
+    #[test]
+    fn a_connection_whose_posts_the_device_keeps_refusing_ends() {
+        let dev = SoftDevice::new();
+        let config = RpcConfig::default();
+        let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+        let (client, control) = client_with_control(&server, config);
+        let (other, _) = client_with_control(&server, config);
+        control.refuse_posts(u32::MAX);
+        let started = Instant::now();
+        let call = client.call_with_timeout(b"never answered", Duration::from_secs(3));
+        assert!(call.is_err(), "{call:?}");
+        let stats = server.stats();
+        assert_eq!(stats.clients_closed, 1, "{stats:?}");
+        assert_eq!(stats.answers, 0, "{stats:?}");
+        assert!(started.elapsed() >= super::super::server_core::REFUSALS_GIVEN_UP_AFTER);
+        // The other client is served as before.
+        assert_eq!(other.call(b"still here").unwrap(), b"still here");
     }
 }

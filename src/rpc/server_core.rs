@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::handler::{Caller, HandlerError};
 use super::server::{ServerStats, Service};
@@ -13,10 +13,10 @@ use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::RpcConfig;
 use crate::backend::{ProtectionDomain, QueuePair, WcStatus};
 use crate::buf::{
-    BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
+    BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice, Slice,
 };
 use crate::op::{OpKind, Read, Send};
-use crate::ring::{Completion, QpHandle, Ring};
+use crate::ring::{Completion, QpHandle, Ring, SubmitError, Unposted};
 
 /// Tag of the shared receive queue's receives.
 pub(super) const RECV: u64 = 1;
@@ -24,6 +24,10 @@ pub(super) const RECV: u64 = 1;
 const SEND: u64 = 2;
 /// Tag bit of rendezvous reads; the rest is the read's key.
 const READ: u64 = 1 << 63;
+/// How long the device may go on refusing a connection's posts before the
+/// connection is given up. A device short of resources takes posts again
+/// as its work completes; one that refuses for this long will not.
+pub(super) const REFUSALS_GIVEN_UP_AFTER: Duration = Duration::from_secs(1);
 
 /// An answer (or hello, or goodbye) waiting for room in the send queue:
 /// encoded in a send buffer already, or, when none was free, as bytes.
@@ -75,12 +79,26 @@ struct Conn {
     /// The device failed the connection: detach now.
     broken: bool,
     goodbye: bool,
+    /// Since when the device has refused to post the connection's work
+    /// (reset by a completion).
+    refused_since: Option<Instant>,
 }
 
-/// A rendezvous read in flight: whose call it is.
+impl Conn {
+    /// Ends the connection now, for a failure of the device's: it is
+    /// detached at the end of the pass.
+    fn fail(&mut self, why: impl FnOnce() -> String) {
+        self.broken = true;
+        self.closing.get_or_insert_with(why);
+    }
+}
+
+/// A rendezvous read in flight: whose call it is, and what it reads (to
+/// push it again if the device refuses it).
 struct PendingRead {
     qp: QpHandle,
     id: u64,
+    remote: RemoteSlice,
 }
 
 /// What the poller knows; `Ring` is passed in, so the accept path can
@@ -162,6 +180,7 @@ impl ServerCore {
             ignored: 0,
             broken: false,
             goodbye: false,
+            refused_since: None,
         }
     }
 
@@ -214,14 +233,6 @@ impl ServerCore {
         self.stats.clients_refused += 1;
     }
 
-    /// Ends a connection the device failed.
-    pub(super) fn break_conn(&mut self, qp: QpHandle, why: String) {
-        if let Some(conn) = self.conns.get_mut(&qp) {
-            conn.broken = true;
-            conn.closing.get_or_insert(why);
-        }
-    }
-
     /// Applies one completion.
     pub(super) fn on_completion(&mut self, c: Completion) {
         let Some(qp) = c.qp() else { return };
@@ -231,10 +242,9 @@ impl ServerCore {
             _ => {
                 if let Some(conn) = self.conns.get_mut(&qp) {
                     conn.in_flight = conn.in_flight.saturating_sub(1);
+                    conn.refused_since = None;
                     if !c.status().is_success() {
-                        conn.broken = true;
-                        conn.closing
-                            .get_or_insert_with(|| format!("a send failed: {}", c.status()));
+                        conn.fail(|| format!("a send failed: {}", c.status()));
                     }
                 }
             }
@@ -533,7 +543,7 @@ impl ServerCore {
         };
         let key = self.next_read;
         self.next_read = (self.next_read + 1) & !READ;
-        self.reads.insert(key, PendingRead { qp, id });
+        self.reads.insert(key, PendingRead { qp, id, remote });
         // The read is pushed with the connection's sends, in `push`.
         self.conns
             .get_mut(&qp)
@@ -551,12 +561,11 @@ impl ServerCore {
             return;
         };
         conn.in_flight = conn.in_flight.saturating_sub(1);
+        conn.refused_since = None;
         if !status.is_success() {
             // A lying descriptor fails the read with an access error, which
             // also moves the queue pair to error: the connection is over.
-            conn.broken = true;
-            conn.closing
-                .get_or_insert_with(|| format!("reading a request failed: {status}"));
+            conn.fail(|| format!("reading a request failed: {status}"));
             return;
         }
         let buf = c.into_buf();
@@ -601,9 +610,7 @@ impl ServerCore {
                 continue;
             }
             if let Some(status) = ring.qp_error(qp) {
-                conn.broken = true;
-                conn.closing
-                    .get_or_insert_with(|| format!("the connection failed: {status}"));
+                conn.fail(|| format!("the connection failed: {status}"));
                 continue;
             }
             if conn
@@ -611,9 +618,7 @@ impl ServerCore {
                 .as_ref()
                 .is_some_and(crate::connect::tcp::peer_closed)
             {
-                conn.broken = true;
-                conn.closing
-                    .get_or_insert_with(|| "the client's handshake socket closed".into());
+                conn.fail(|| "the client's handshake socket closed".into());
             }
         }
     }
@@ -720,6 +725,75 @@ impl ServerCore {
             }
         }
         pushed
+    }
+
+    /// Takes back the operations a submit could not post, as if they had
+    /// never been pushed: each connection's sends go back to the front of
+    /// its outbox in their order, its reads back to its pending reads,
+    /// and a later pass pushes them again. A device short of resources
+    /// (a full send queue, out of memory) takes them once its work
+    /// completes; a connection whose posts it goes on refusing for
+    /// [`REFUSALS_GIVEN_UP_AFTER`] is broken.
+    pub(super) fn take_back(&mut self, refused: SubmitError, now: Instant) {
+        let why = refused.error;
+        let mut sends: HashMap<QpHandle, Vec<Outgoing>> = HashMap::new();
+        for Unposted {
+            kind,
+            user_data,
+            bufs,
+            qp,
+            ..
+        } in refused.unposted
+        {
+            // A receive of the shared queue goes back to its pool; the
+            // ring's refill posts another.
+            let Some(conn) = qp.and_then(|qp| self.conns.get_mut(&qp)) else {
+                continue;
+            };
+            let qp = qp.expect("a connection's");
+            conn.in_flight = conn.in_flight.saturating_sub(1);
+            let since = *conn.refused_since.get_or_insert(now);
+            if kind == OpKind::Read {
+                let key = user_data & !READ;
+                match (self.reads.get(&key), bufs.downcast::<RegisteredBuf>()) {
+                    (Some(read), Ok(buf)) => conn.pending_reads.push((key, buf, read.remote)),
+                    _ => conn.fail(|| "a refused read came back unknown".into()),
+                }
+            } else {
+                let taken_back = bufs.downcast::<Slice<PoolChunk>>().ok().and_then(|slice| {
+                    let len = slice.end() - slice.start();
+                    let header = wire::Header::decode(&slice[..len]).ok()?;
+                    Some((slice.into_inner(), len, header))
+                });
+                let Some((chunk, len, header)) = taken_back else {
+                    conn.fail(|| "a refused send came back unknown".into());
+                    continue;
+                };
+                let answers = header.kind.answers();
+                if answers {
+                    conn.unanswered += 1;
+                    self.stats.answers = self.stats.answers.saturating_sub(1);
+                }
+                let exposes = (header.kind == Kind::ResponseRendezvous).then_some(header.id);
+                sends.entry(qp).or_default().push(Outgoing::Ready {
+                    chunk,
+                    len,
+                    answers,
+                    exposes,
+                });
+            }
+            if now.duration_since(since) >= REFUSALS_GIVEN_UP_AFTER {
+                conn.fail(|| {
+                    format!("the device refused to post for {REFUSALS_GIVEN_UP_AFTER:?}: {why}")
+                });
+            }
+        }
+        for (qp, taken_back) in sends {
+            let conn = self.conns.get_mut(&qp).expect("looked up above");
+            for out in taken_back.into_iter().rev() {
+                conn.outbox.push_front(out);
+            }
+        }
     }
 
     /// Connections to detach now, with why: broken ones at once, closing
