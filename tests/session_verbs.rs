@@ -181,6 +181,39 @@ fn a_peer_pacing_its_handshake_steps_times_out_once() {
         err.to_string().contains("waiting for the peer to be ready"),
         "{err}"
     );
+    assert_eq!(
+        std::io::Error::from(err).kind(),
+        std::io::ErrorKind::TimedOut
+    );
+    peer.join().unwrap();
+}
+
+/// A peer that sends its endpoint and then only part of its hello times
+/// out like any silent peer: a timeout, naming the step, not a bare
+/// connect failure.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_peer_silent_in_the_hellos_times_out() {
+    let (listener, port, _) = loopback_listener(Duration::from_secs(2));
+    // No hello of its own: it answers the listener's with one byte.
+    let peer = rxe::pacing_peer(
+        ([127, 0, 0, 1], port).into(),
+        (Duration::ZERO, Duration::ZERO),
+        None,
+    );
+    let err = listener.accept().expect_err("the silent peer's handshake");
+    assert!(
+        matches!(
+            &err,
+            SessionError::Device(rdma_ring::Error::HandshakeTimeout { step, reason })
+                if step.contains("session hello") && reason.contains("1 of 12 bytes")
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::io::Error::from(err).kind(),
+        std::io::ErrorKind::TimedOut
+    );
     peer.join().unwrap();
 }
 

@@ -282,18 +282,23 @@ fn exchange(
     deadline: Deadline,
 ) -> Result<Hello, SessionError> {
     let remote = tcp::exchange_by(stream, endpoint, deadline)?;
-    let failed = |e: std::io::Error| SessionError::Connect(format!("exchanging hellos: {e}"));
     // The socket's write timeout, set before the endpoint exchange, may
     // outlast the deadline: the hello's 12 bytes fit in any socket buffer.
-    stream.write_all(&hello.encode()).map_err(failed)?;
+    stream
+        .write_all(&hello.encode())
+        .map_err(|e| Error::Handshake {
+            step: "sending the session hello",
+            reason: e.to_string(),
+        })?;
     let mut bytes = [0u8; HELLO_LEN];
+    // Its error says whether the peer went silent (`HandshakeTimeout`) or
+    // went away.
     tcp::read_exact(
         stream,
         &mut bytes,
         deadline,
         "reading the peer's session hello",
-    )
-    .map_err(|e| SessionError::Connect(format!("exchanging hellos: {e}")))?;
+    )?;
     let peer = Hello::decode(&bytes)
         .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
     host.with_qp(prepared, |qp| qp.connect(&remote))?;

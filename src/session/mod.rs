@@ -344,7 +344,9 @@ impl From<SessionError> for std::io::Error {
     fn from(e: SessionError) -> std::io::Error {
         use std::io::ErrorKind;
         let kind = match &e {
-            SessionError::Timeout(_) => ErrorKind::TimedOut,
+            SessionError::Timeout(_) | SessionError::Device(Error::HandshakeTimeout { .. }) => {
+                ErrorKind::TimedOut
+            }
             SessionError::Closed(_) | SessionError::Disconnected(_) => ErrorKind::ConnectionReset,
             SessionError::Connect(_) => ErrorKind::ConnectionRefused,
             SessionError::Protocol(_) => ErrorKind::InvalidData,
