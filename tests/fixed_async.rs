@@ -87,6 +87,47 @@ fn writes_pushed_before_they_are_awaited_share_one_doorbell() {
     }
 }
 
+/// Futures post their operations themselves, so the error of a post the
+/// device refused reaches no caller: the futures resolve flushed, every
+/// slot comes back, and the ring tells why, for that queue pair only.
+#[test]
+fn a_post_the_device_refuses_resolves_flushed_and_the_ring_says_why() {
+    let p = pair(Wakeup::Busy);
+    let target = ExposedBuf::new(&p.pd, vec![0u8; 256], RemoteAccess::WRITE).unwrap();
+    let write = |ring: &AsyncFixedRing<SoftQp>, qp| {
+        let slot = ring.take_buf().unwrap();
+        ring.push(qp, WriteFixed::new(slot, 8, target.remote()))
+            .unwrap()
+    };
+    let refused = p.control.counters().send_posts;
+    p.control.refuse_posts(1);
+    let writes = vec![write(&p.a, p.ha), write(&p.a, p.ha)];
+    let other = write(&p.b, p.hb);
+    let done = futures::executor::block_on(futures::future::join_all(writes));
+    for c in done {
+        let c = c.unwrap();
+        assert_eq!(c.status(), WcStatus::WrFlushErr);
+        p.a.put_buf(c.into_buf()).unwrap();
+    }
+    assert_eq!(
+        p.control.counters().send_posts,
+        refused + 1,
+        "one post, refused"
+    );
+    assert_eq!(p.a.with_bufs(|bufs| bufs.free()).unwrap(), SLOTS);
+    assert_eq!(p.a.qp_error(p.ha).unwrap(), Some(WcStatus::WrFlushErr));
+    let why = p.a.qp_refusal(p.ha).unwrap().expect("a refusal");
+    assert!(why.contains("out of resources"), "{why}");
+    // The peer's write fails on the queue pair in error: its queue pair
+    // is in error too, by a completion, with no refusal to tell.
+    let c = futures::executor::block_on(other).unwrap();
+    assert_eq!(c.status(), WcStatus::RetryExcErr);
+    assert_eq!(p.b.qp_error(p.hb).unwrap(), Some(WcStatus::RetryExcErr));
+    assert_eq!(p.b.qp_refusal(p.hb).unwrap(), None);
+    p.a.detach(p.ha).unwrap();
+    assert!(matches!(p.a.qp_refusal(p.ha), Err(Error::NotAttached(_))));
+}
+
 #[test]
 fn a_dropped_future_gives_its_slot_back_when_the_operation_completes() {
     let p = pair(Wakeup::Busy);

@@ -313,6 +313,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             recvs_taken_ahead: 0,
             dirty: false,
             error: None,
+            refusal: None,
             parked: Vec::new(),
             qp,
         });
@@ -914,6 +915,38 @@ impl<Q: QueuePair> FixedRing<Q> {
             _ => Err(Error::NotAttached("queue pair")),
         }
     }
+
+    /// Why the device refused to post the queue pair's work, if that is
+    /// what put it in error: the text of the error the refused submit
+    /// returned. Its unposted work came back flushed
+    /// ([`WcStatus::WrFlushErr`]), which says nothing of why; this does,
+    /// for whoever did not call that submit (a future's poll, a driver).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let control = qp.control(); // the soft device's fault injection
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// let conn = ring.attach(qp).unwrap();
+    /// control.refuse_posts(1); // as a NIC out of resources would
+    /// let slot = ring.take_buf().unwrap();
+    /// ring.push(conn, WriteFixed::new(slot, 8, target.remote())).unwrap();
+    /// let refused = ring.submit().unwrap_err();
+    /// assert_eq!(ring.qp_error(conn).unwrap(), Some(WcStatus::WrFlushErr));
+    /// assert_eq!(ring.qp_refusal(conn).unwrap(), Some(refused.to_string().as_str()));
+    /// ```
+    pub fn qp_refusal(&self, handle: FixedQp) -> Result<Option<&str>, Error> {
+        match self.qps.get(handle.index()) {
+            Some(Some(slot)) if slot.handle == handle => Ok(slot.refusal.as_deref()),
+            _ => Err(Error::NotAttached("queue pair")),
+        }
+    }
 }
 
 /// The checks every push makes, whatever its queue: `op` prepared for
@@ -1132,6 +1165,7 @@ fn post<Q: QueuePair>(
     match refused {
         None => Ok(posted),
         Some(error) => {
+            slot.refusal = Some(error.to_string().into());
             // The caller sees what stays parked.
             let _ = fail_slot(slot, handle, WcStatus::WrFlushErr, table, ready, cq_free);
             Err((posted, error))

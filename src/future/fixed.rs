@@ -14,7 +14,7 @@ use self::incoming::Incoming;
 pub use self::incoming::SrqReceive;
 use super::driver::{notifier_loop, NotifierThread};
 use super::{CompletionFd, Wakeup, DEFERRED_MAX, WAKES};
-use crate::backend::{AsyncEvent, CompletionEvents, CompletionQueue, QueuePair};
+use crate::backend::{AsyncEvent, CompletionEvents, CompletionQueue, QueuePair, WcStatus};
 use crate::error::{Error, Rejected};
 use crate::fixed::{
     CompletionSink, FixedBuf, FixedBufs, FixedCompletion, FixedOp, FixedQp, FixedRing, FixedSrq,
@@ -828,6 +828,64 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
             let failed = ring.fail_qp(qp);
             let _ = inner.reap();
             failed
+        })
+    }
+
+    /// Whether queue pair `qp` is in error, and with what status, as
+    /// [`FixedRing::qp_error`] says; [`Error::Closed`] once the ring is
+    /// closed.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// assert_eq!(ring.qp_error(conn).unwrap(), None);
+    /// ring.fail_qp(conn).unwrap();
+    /// assert_eq!(ring.qp_error(conn).unwrap(), Some(WcStatus::WrFlushErr));
+    /// ```
+    pub fn qp_error(&self, qp: FixedQp) -> Result<Option<WcStatus>, Error> {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_ref().ok_or(Error::Closed)?;
+            ring.qp_error(qp)
+        })
+    }
+
+    /// Why the device refused to post queue pair `qp`'s work, if that is
+    /// what put it in error, as [`FixedRing::qp_refusal`] says. A future
+    /// posts its operation itself (on its poll, or the next future's, or a
+    /// drive), so no caller sees that submit's error: the futures of the
+    /// refused work resolve flushed ([`WcStatus::WrFlushErr`]), and this
+    /// tells why.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
+    /// # use rdma_ring::buf::{ExposedBuf, RemoteAccess};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, WriteFixed};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// let control = qp.control(); // the soft device's fault injection
+    /// let ring = AsyncFixedRing::new(FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default()), Wakeup::Busy).unwrap();
+    /// let conn = ring.attach(qp).unwrap();
+    /// control.refuse_posts(1); // as a NIC out of resources would
+    /// let write = ring.push(conn, WriteFixed::new(ring.take_buf().unwrap(), 8, target.remote())).unwrap();
+    /// let done = futures::executor::block_on(write).unwrap();
+    /// assert_eq!(done.status(), WcStatus::WrFlushErr);
+    /// assert!(ring.qp_refusal(conn).unwrap().unwrap().contains("out of resources"));
+    /// ```
+    pub fn qp_refusal(&self, qp: FixedQp) -> Result<Option<String>, Error> {
+        self.shared.with(|inner| {
+            let ring = inner.ring.as_ref().ok_or(Error::Closed)?;
+            Ok(ring.qp_refusal(qp)?.map(str::to_owned))
         })
     }
 
