@@ -185,10 +185,6 @@ pub(super) struct AttachedQp<Q> {
     /// Set by the first failed completion or post; the queue pair then
     /// takes no more work.
     pub(super) error: Option<WcStatus>,
-    /// The device's reason, if it was a refused post that put the queue
-    /// pair in error (text, as the error itself went to the submit's
-    /// caller).
-    pub(super) refusal: Option<Box<str>>,
     /// Flushed completions of work it never posted, held back while
     /// posted work is out: a queue pair's completions come out in the
     /// order its work was pushed, flushes included.

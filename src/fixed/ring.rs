@@ -181,6 +181,10 @@ pub struct FixedRing<Q: QueuePair> {
     /// ([`AttachedQp::parked`]), for reaps to hand out once its posted
     /// work is back.
     pub(super) parked_any: bool,
+    /// Why the device refused each queue pair that a refused post put in
+    /// error ([`qp_refusal`](Self::qp_refusal)); off the post path, so
+    /// kept beside the queue pairs rather than in them.
+    refusals: Vec<(FixedQp, Box<str>)>,
 }
 
 #[inline(always)]
@@ -234,6 +238,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             refill_stopped: false,
             closed: false,
             parked_any: false,
+            refusals: Vec::new(),
         }
     }
 
@@ -313,7 +318,6 @@ impl<Q: QueuePair> FixedRing<Q> {
             recvs_taken_ahead: 0,
             dirty: false,
             error: None,
-            refusal: None,
             parked: Vec::new(),
             qp,
         });
@@ -579,6 +583,7 @@ impl<Q: QueuePair> FixedRing<Q> {
                 &mut self.ready,
                 &mut self.cq_free,
                 &mut self.parked_any,
+                &mut self.refusals,
             );
             tally(&mut posted, &mut first_error, result);
         }
@@ -641,6 +646,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             &mut self.ready,
             &mut self.cq_free,
             &mut self.parked_any,
+            &mut self.refusals,
         );
         tally(&mut posted, &mut first_error, result);
         match first_error {
@@ -777,6 +783,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             let _ = self.reap_queued_into_ready();
         }
         self.dirty.retain(|&i| i as usize != handle.index());
+        self.refusals.retain(|(h, _)| *h != handle);
         let mut slot = self.qps[handle.index()].take().expect("checked above");
         // Its posted work is all back: what it never posted follows.
         self.ready.append(&mut slot.parked);
@@ -943,7 +950,11 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// ```
     pub fn qp_refusal(&self, handle: FixedQp) -> Result<Option<&str>, Error> {
         match self.qps.get(handle.index()) {
-            Some(Some(slot)) if slot.handle == handle => Ok(slot.refusal.as_deref()),
+            Some(Some(slot)) if slot.handle == handle => Ok(self
+                .refusals
+                .iter()
+                .find(|(h, _)| *h == handle)
+                .map(|(_, why)| &**why)),
             _ => Err(Error::NotAttached("queue pair")),
         }
     }
@@ -1083,6 +1094,7 @@ fn submit_slot<Q: QueuePair>(
     ready: &mut Vec<FixedCompletion>,
     cq_free: &mut usize,
     parked_any: &mut bool,
+    refusals: &mut Vec<(FixedQp, Box<str>)>,
 ) -> Result<usize, (usize, Error)> {
     let handle = slot.handle;
     if slot.error.is_some() {
@@ -1090,8 +1102,9 @@ fn submit_slot<Q: QueuePair>(
         return Ok(0);
     }
     let result = post(slot, handle, table, ready, cq_free);
-    if result.is_err() {
+    if let Err((_, error)) = &result {
         *parked_any |= !slot.parked.is_empty();
+        note_refusal(refusals, handle, error);
     }
     result
 }
@@ -1165,12 +1178,21 @@ fn post<Q: QueuePair>(
     match refused {
         None => Ok(posted),
         Some(error) => {
-            slot.refusal = Some(error.to_string().into());
             // The caller sees what stays parked.
             let _ = fail_slot(slot, handle, WcStatus::WrFlushErr, table, ready, cq_free);
             Err((posted, error))
         }
     }
+}
+
+/// Notes why the device refused queue pair `handle`'s post (text: the
+/// error itself goes to the submit's caller). Out of line, off the post
+/// path.
+#[cold]
+#[inline(never)]
+fn note_refusal(refusals: &mut Vec<(FixedQp, Box<str>)>, handle: FixedQp, error: &Error) {
+    refusals.retain(|(h, _)| *h != handle);
+    refusals.push((handle, error.to_string().into()));
 }
 
 /// Hands back the queue pair's pushed, unposted work as flushed
