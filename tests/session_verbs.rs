@@ -231,6 +231,70 @@ fn a_session_over_rdma_cm() {
     client.join().unwrap();
 }
 
+/// A peer that asks to connect over rdma_cm and never confirms holds up
+/// none of the host's sessions: while the accept waits for it, a session
+/// of the same host goes on sending, writing and reading; then the accept
+/// fails with a timeout.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_peer_that_never_confirms_holds_up_no_session_of_the_host() {
+    let addr: std::net::SocketAddrV4 = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
+    let config = rdma_ring::session::SessionConfig {
+        connect_timeout: Duration::from_secs(8),
+        ..Default::default()
+    };
+    let listener = SessionBuilder::default()
+        .config(config)
+        .bind_cm(addr.into())
+        .unwrap();
+    let client = std::thread::spawn(move || {
+        SessionBuilder::default()
+            .config(config)
+            .connect_cm(addr.into())
+            .unwrap()
+    });
+    let server = listener.accept().unwrap();
+    let client = client.join().unwrap();
+    let hello = rdma_ring::session::Hello {
+        recv_depth: config.recv_depth,
+        user_window: config.user_window,
+        max_message: config.max_message,
+    };
+    let (answered, hang_up, peer) = rxe::unconfirming_cm_peer(addr, hello.encode().to_vec());
+    // The listener goes with its accept (it is not Sync); the sessions
+    // it made stay here.
+    let stalled = std::thread::spawn(move || listener.accept());
+    answered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the listener answers the request");
+    // The accept now waits for a confirmation that never comes, while
+    // the host's other session does all its steps.
+    futures::executor::block_on(futures::future::join(
+        client_steps(&client, 9),
+        server_steps(&server),
+    ));
+    assert!(
+        !stalled.is_finished(),
+        "the accept ended before the other session's steps did: they waited for it"
+    );
+    let err = stalled.join().unwrap().expect_err("never confirmed");
+    assert!(
+        matches!(
+            &err,
+            SessionError::Device(rdma_ring::Error::HandshakeTimeout { step, .. })
+                if step.contains("establishing")
+        ),
+        "{err:?}"
+    );
+    drop(hang_up);
+    peer.join().unwrap();
+    // The session is unharmed.
+    futures::executor::block_on(futures::future::join(
+        client_steps(&client, 10),
+        server_steps(&server),
+    ));
+}
+
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_killed_peer_fails_a_waiting_receive() {

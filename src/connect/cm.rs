@@ -153,13 +153,6 @@ impl CmId {
 
     /// Waits up to `timeout` for the next event on this id's channel.
     fn next_event(&self, timeout: Duration) -> Result<Event, Error> {
-        // SAFETY: the channel is live.
-        let fd = unsafe { (*self.channel).fd };
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
         let deadline = Deadline::after(timeout);
         loop {
             // Another thread may take an event we were woken for: the
@@ -174,18 +167,14 @@ impl CmId {
                     reason: format!("no event within the {timeout:?} given"),
                 });
             }
-            let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(Error::Verbs {
-                        verb: "poll on the rdma_cm event channel",
-                        source: err,
-                    });
-                }
-            }
+            wait_readable(self.fd(), left)?;
         }
+    }
+
+    /// The channel's descriptor.
+    fn fd(&self) -> EventFd {
+        // SAFETY: the channel is live.
+        EventFd(unsafe { (*self.channel).fd })
     }
 
     /// The next event if one is pending; never blocks.
@@ -248,6 +237,64 @@ impl CmId {
             ));
         }
         Ok(event)
+    }
+}
+
+/// An rdma_cm event channel's descriptor, to wait on without holding what
+/// owns the channel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EventFd(std::os::fd::RawFd);
+
+/// Waits up to `up_to` for `fd` to have an event to take (or to be
+/// interrupted); takes nothing.
+fn wait_readable(fd: EventFd, up_to: Duration) -> Result<(), Error> {
+    let mut pfd = libc::pollfd {
+        fd: fd.0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = up_to.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd, for the call. A descriptor closed meanwhile
+    // only ends the wait (POLLNVAL): poll reads nothing through it.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::Verbs {
+                verb: "poll on the rdma_cm event channel",
+                source: err,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How long an accept's wait for the peer's confirmation sleeps on the
+/// channel at most before it asks again: a look for departed peers may
+/// take the event it was woken for, leaving it in the queue pair's stash
+/// and the channel quiet.
+const CONFIRMATION_POLL: Duration = Duration::from_millis(10);
+
+/// Waits up to `timeout` for the peer to confirm an answered request
+/// ([`CmQp::answer`]), asking `confirmed` (which may lock what holds the
+/// queue pair, for that call only) and sleeping on `fd` in between.
+pub(crate) fn await_confirmation(
+    fd: EventFd,
+    timeout: Duration,
+    mut confirmed: impl FnMut() -> Result<bool, Error>,
+) -> Result<(), Error> {
+    let deadline = Deadline::after(timeout);
+    loop {
+        if confirmed()? {
+            return Ok(());
+        }
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return Err(Error::HandshakeTimeout {
+                step: "establishing the connection",
+                reason: format!("the peer did not confirm it within {timeout:?}"),
+            });
+        }
+        wait_readable(fd, left.min(CONFIRMATION_POLL))?;
     }
 }
 
@@ -973,6 +1020,13 @@ pub struct CmQp {
     config: QpConfig,
     peer_private_data: std::sync::OnceLock<Vec<u8>>,
     answered: std::sync::atomic::AtomicBool,
+    /// Whether an answered request waits for the peer's confirmation
+    /// (ESTABLISHED).
+    confirming: std::cell::Cell<bool>,
+    /// The event that ends that wait, if the ring's look for departed
+    /// peers ([`QueuePair::peer_disconnected`]) took it from the channel:
+    /// kind and status, kept for [`CmQp::confirmed`].
+    stashed: std::cell::Cell<Option<(ev::Type, i32)>>,
 }
 
 impl std::fmt::Debug for CmQp {
@@ -994,6 +1048,8 @@ impl CmQp {
             config,
             peer_private_data,
             answered: std::sync::atomic::AtomicBool::new(false),
+            confirming: std::cell::Cell::new(false),
+            stashed: std::cell::Cell::new(None),
         }
     }
 
@@ -1087,6 +1143,16 @@ impl CmQp {
     /// assert!(qp.accept(b"welcome", timeout).is_err());
     /// ```
     pub fn accept(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
+        self.answer(private_data)?;
+        await_confirmation(self.id.fd(), timeout, || self.confirmed())
+    }
+
+    /// Answers the request, as [`accept`](Self::accept) does, without
+    /// waiting for the peer's confirmation: the connection is established
+    /// once [`confirmed`](Self::confirmed) says so. What holds the queue
+    /// pair (a ring, behind a lock) need not be held while the peer
+    /// takes its time: see [`await_confirmation`].
+    pub(crate) fn answer(&self, private_data: &[u8]) -> Result<(), Error> {
         use std::sync::atomic::Ordering;
         check_private(private_data)?;
         let Role::Accepting(depths) = self.role else {
@@ -1103,16 +1169,39 @@ impl CmQp {
         }
         ready_qp(&self.id, &self.qp, Some(depths))?;
         let mut param = conn_param(&self.qp, depths, &self.config, private_data);
+        self.confirming.set(true);
         // SAFETY: the request is pending; `param` lives across the call.
         if unsafe { rdma_sys::rdma_accept(self.id.id, &mut param) } != 0 {
+            self.confirming.set(false);
             return Err(cm_error("rdma_accept"));
         }
-        self.id.expect(
-            ev::RDMA_CM_EVENT_ESTABLISHED,
-            "establishing the connection",
-            timeout,
-        )?;
         Ok(())
+    }
+
+    /// Whether the peer confirmed the answered request: `Ok(false)` not
+    /// yet; an error if rdma_cm said anything else (the peer rejected,
+    /// left, or could not be reached). Never blocks.
+    pub(crate) fn confirmed(&self) -> Result<bool, Error> {
+        let (kind, status) = match self.stashed.take() {
+            Some(event) => event,
+            None => match self.id.try_event()? {
+                Some(event) => (event.kind, event.status),
+                None => return Ok(false),
+            },
+        };
+        self.confirming.set(false);
+        if kind == ev::RDMA_CM_EVENT_ESTABLISHED {
+            return Ok(true);
+        }
+        Err(cm_failure(
+            "establishing the connection",
+            format!("got {} (status {status})", event_name(kind)),
+        ))
+    }
+
+    /// The event channel's descriptor, for [`await_confirmation`].
+    pub(crate) fn event_fd(&self) -> EventFd {
+        self.id.fd()
     }
 
     /// The private data the peer sent with its request or reply. rdma_cm
@@ -1193,12 +1282,18 @@ unsafe impl QueuePair for CmQp {
         // The peer left, or the device is going away: rdma_cm says so on
         // our channel, and with an external QP nothing else moves it to
         // error; the ring does, when told.
-        Ok(self.id.try_event()?.is_some_and(|event| {
-            matches!(
-                event.kind,
-                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
-            )
-        }))
+        let Some(event) = self.id.try_event()? else {
+            return Ok(false);
+        };
+        // An accept waiting for the peer's confirmation without the ring
+        // held: the event that ends its wait is kept for it.
+        if self.confirming.get() && self.stashed.get().is_none() {
+            self.stashed.set(Some((event.kind, event.status)));
+        }
+        Ok(matches!(
+            event.kind,
+            ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+        ))
     }
 }
 

@@ -363,7 +363,9 @@ impl SessionListener<VerbsQp> {
 impl SessionListener<CmQp> {
     /// Waits (up to the connect timeout) for the next peer's rdma_cm
     /// request and accepts it into a session. A request without a valid
-    /// hello is rejected with an error; call again.
+    /// hello is rejected with an error; call again. The host's other
+    /// sessions go on while the peer confirms the connection (up to the
+    /// connect timeout again).
     pub fn accept(&self) -> Result<Session<CmQp>, SessionError> {
         let ListenerKind::Cm(listener) = &self.kind else {
             unreachable!("an rdma_cm listener")
@@ -377,10 +379,18 @@ impl SessionListener<CmQp> {
         })?;
         let prepared = self.host.prepare(qp)?;
         let hello = config.hello().encode();
-        match self
+        // The host's ring is locked to answer and for each look at the
+        // channel, not while the peer takes its time to confirm: the
+        // other sessions' work goes on meanwhile.
+        let accepted = self
             .host
-            .with_qp(&prepared, |qp| qp.accept(&hello, config.connect_timeout))
-        {
+            .with_qp(&prepared, |qp| qp.answer(&hello).map(|()| qp.event_fd()))
+            .and_then(|fd| {
+                cm::await_confirmation(fd, config.connect_timeout, || {
+                    self.host.with_qp(&prepared, CmQp::confirmed)
+                })
+            });
+        match accepted {
             Ok(()) => Ok(self.host.admit(prepared, peer, None)),
             Err(e) => {
                 self.host.abandon(prepared);

@@ -111,9 +111,6 @@
 //!   the session, as RC does. [`RemoteRegion::expires_at`] is sent as the
 //!   lease left when the descriptor leaves, so it is never later than the
 //!   lender's clock, give or take the message's flight.
-//! * An rdma_cm accept ([`SessionListener::accept`]) holds the host's ring
-//!   while the handshake completes (up to `connect_timeout`); the TCP
-//!   handshake does not.
 //!
 //! [`RegionAllocator`]: crate::buf::RegionAllocator
 //! [`AsyncRing`]: crate::future::AsyncRing
