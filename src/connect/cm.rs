@@ -1144,7 +1144,10 @@ impl CmQp {
     /// ```
     pub fn accept(&self, private_data: &[u8], timeout: Duration) -> Result<(), Error> {
         self.answer(private_data)?;
-        await_confirmation(self.id.fd(), timeout, || self.confirmed())
+        let confirmed = await_confirmation(self.id.fd(), timeout, || self.confirmed());
+        // Given up: nothing waits for the events that may follow.
+        self.confirming.set(false);
+        confirmed
     }
 
     /// Answers the request, as [`accept`](Self::accept) does, without

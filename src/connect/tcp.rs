@@ -38,7 +38,9 @@ use crate::error::Error;
 
 const READY: u8 = 0x5a;
 
-fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> Error {
+/// A handshake step's I/O failure, saying how far it got: a timeout as
+/// [`Error::HandshakeTimeout`], anything else as [`Error::Handshake`].
+pub(crate) fn io_error(step: &'static str, e: std::io::Error, got: usize, want: usize) -> Error {
     let reason = match e.kind() {
         ErrorKind::UnexpectedEof => {
             format!("peer closed the connection after {got} of {want} bytes")

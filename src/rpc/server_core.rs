@@ -28,6 +28,9 @@ const READ: u64 = 1 << 63;
 /// connection is given up. A device short of resources takes posts again
 /// as its work completes; one that refuses for this long will not.
 pub(super) const REFUSALS_GIVEN_UP_AFTER: Duration = Duration::from_secs(1);
+/// How long work the device refused waits before it is pushed again: a
+/// refusing device is asked about once a millisecond, not on every pass.
+const REFUSED_RETRY_AFTER: Duration = Duration::from_millis(1);
 
 /// An answer (or hello, or goodbye) waiting for room in the send queue:
 /// encoded in a send buffer already, or, when none was free, as bytes.
@@ -80,8 +83,13 @@ struct Conn {
     broken: bool,
     goodbye: bool,
     /// Since when the device has refused to post the connection's work
-    /// (reset by a completion).
+    /// (reset by a submit that posts all of it, or by a completion).
     refused_since: Option<Instant>,
+    /// When work the device refused is pushed again (while
+    /// `refused_since` is set).
+    retry_at: Instant,
+    /// Whether this pass pushed any of its work.
+    pushed: bool,
 }
 
 impl Conn {
@@ -157,7 +165,11 @@ impl ServerCore {
 
     /// Whether a pass has anything to wait for besides new requests.
     pub(super) fn busy(&self) -> bool {
-        self.tasks.len() > 0 || self.conns.values().any(|c| c.in_flight > 0)
+        self.tasks.len() > 0
+            || self
+                .conns
+                .values()
+                .any(|c| c.in_flight > 0 || c.refused_since.is_some())
     }
 
     fn new_conn(&mut self, qp_num: u32, peer: Option<std::net::SocketAddr>) -> Conn {
@@ -181,6 +193,8 @@ impl ServerCore {
             broken: false,
             goodbye: false,
             refused_since: None,
+            retry_at: Instant::now(),
+            pushed: false,
         }
     }
 
@@ -639,13 +653,14 @@ impl ServerCore {
         }
     }
 
-    /// Pushes what every connection has waiting; returns whether anything
-    /// was pushed.
-    pub(super) fn push<Q: QueuePair>(&mut self, ring: &mut Ring<Q>) -> bool {
+    /// Pushes what every connection has waiting (work the device refused,
+    /// once its retry is due at `now`); returns whether anything was
+    /// pushed.
+    pub(super) fn push<Q: QueuePair>(&mut self, ring: &mut Ring<Q>, now: Instant) -> bool {
         let mut pushed = false;
         let send_pool = &self.send_pool;
         for (&qp, conn) in self.conns.iter_mut() {
-            if conn.broken {
+            if conn.broken || (conn.refused_since.is_some() && now < conn.retry_at) {
                 continue;
             }
             let mut sq = ring.submission_on(qp);
@@ -653,6 +668,7 @@ impl ServerCore {
                 match sq.push(Read::new(buf, remote).user_data(READ | key)) {
                     Ok(()) => {
                         conn.in_flight += 1;
+                        conn.pushed = true;
                         pushed = true;
                     }
                     Err(refused) => {
@@ -721,10 +737,32 @@ impl ServerCore {
                     entry.1 = Some(Instant::now());
                 }
                 conn.in_flight += 1;
+                conn.pushed = true;
                 pushed = true;
             }
         }
         pushed
+    }
+
+    /// After the submit of what [`push`](Self::push) pushed: what the
+    /// device refused goes back ([`take_back`](Self::take_back)), and a
+    /// connection whose pushed work all went out is no longer refused.
+    /// Returns whether anything was posted.
+    pub(super) fn submitted(&mut self, result: Result<usize, SubmitError>, now: Instant) -> bool {
+        let posted = match result {
+            Ok(_) => true,
+            Err(refused) => {
+                let posted = refused.posted > 0;
+                self.take_back(refused, now);
+                posted
+            }
+        };
+        for conn in self.conns.values_mut() {
+            if std::mem::take(&mut conn.pushed) {
+                conn.refused_since = None;
+            }
+        }
+        posted
     }
 
     /// Takes back the operations a submit could not post, as if they had
@@ -734,9 +772,11 @@ impl ServerCore {
     /// (a full send queue, out of memory) takes them once its work
     /// completes; a connection whose posts it goes on refusing for
     /// [`REFUSALS_GIVEN_UP_AFTER`] is broken.
-    pub(super) fn take_back(&mut self, refused: SubmitError, now: Instant) {
+    fn take_back(&mut self, refused: SubmitError, now: Instant) {
+        // The first refusal's, which may be another queue's.
         let why = refused.error;
         let mut sends: HashMap<QpHandle, Vec<Outgoing>> = HashMap::new();
+        let mut reads: HashMap<QpHandle, Vec<(u64, RegisteredBuf, RemoteSlice)>> = HashMap::new();
         for Unposted {
             kind,
             user_data,
@@ -752,11 +792,15 @@ impl ServerCore {
             };
             let qp = qp.expect("a connection's");
             conn.in_flight = conn.in_flight.saturating_sub(1);
+            conn.pushed = false;
+            conn.retry_at = now + REFUSED_RETRY_AFTER;
             let since = *conn.refused_since.get_or_insert(now);
             if kind == OpKind::Read {
                 let key = user_data & !READ;
                 match (self.reads.get(&key), bufs.downcast::<RegisteredBuf>()) {
-                    (Some(read), Ok(buf)) => conn.pending_reads.push((key, buf, read.remote)),
+                    (Some(read), Ok(buf)) => {
+                        reads.entry(qp).or_default().push((key, buf, read.remote));
+                    }
                     _ => conn.fail(|| "a refused read came back unknown".into()),
                 }
             } else {
@@ -775,6 +819,10 @@ impl ServerCore {
                     self.stats.answers = self.stats.answers.saturating_sub(1);
                 }
                 let exposes = (header.kind == Kind::ResponseRendezvous).then_some(header.id);
+                // Its release timeout runs from when it leaves.
+                if let Some(entry) = exposes.and_then(|id| conn.exposed.get_mut(&id)) {
+                    entry.1 = None;
+                }
                 sends.entry(qp).or_default().push(Outgoing::Ready {
                     chunk,
                     len,
@@ -784,7 +832,9 @@ impl ServerCore {
             }
             if now.duration_since(since) >= REFUSALS_GIVEN_UP_AFTER {
                 conn.fail(|| {
-                    format!("the device refused to post for {REFUSALS_GIVEN_UP_AFTER:?}: {why}")
+                    format!(
+                        "the device refused to post its work for {REFUSALS_GIVEN_UP_AFTER:?} (the last submit's first refusal: {why})"
+                    )
                 });
             }
         }
@@ -793,6 +843,12 @@ impl ServerCore {
             for out in taken_back.into_iter().rev() {
                 conn.outbox.push_front(out);
             }
+        }
+        // Pending reads are pushed from the end: the first refused goes
+        // last, to be pushed first again.
+        for (qp, taken_back) in reads {
+            let conn = self.conns.get_mut(&qp).expect("looked up above");
+            conn.pending_reads.extend(taken_back.into_iter().rev());
         }
     }
 

@@ -286,10 +286,7 @@ fn exchange(
     // outlast the deadline: the hello's 12 bytes fit in any socket buffer.
     stream
         .write_all(&hello.encode())
-        .map_err(|e| Error::Handshake {
-            step: "sending the session hello",
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| tcp::io_error("sending the session hello", e, 0, HELLO_LEN))?;
     let mut bytes = [0u8; HELLO_LEN];
     // Its error says whether the peer went silent (`HandshakeTimeout`) or
     // went away.

@@ -345,11 +345,44 @@ impl From<SessionError> for std::io::Error {
                 ErrorKind::TimedOut
             }
             SessionError::Closed(_) | SessionError::Disconnected(_) => ErrorKind::ConnectionReset,
-            SessionError::Connect(_) => ErrorKind::ConnectionRefused,
+            SessionError::Connect(_) | SessionError::Device(Error::Handshake { .. }) => {
+                ErrorKind::ConnectionRefused
+            }
             SessionError::Protocol(_) => ErrorKind::InvalidData,
             SessionError::TooLarge { .. } | SessionError::WrongSession => ErrorKind::InvalidInput,
             _ => ErrorKind::Other,
         };
         std::io::Error::new(kind, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    /// A handshake that failed reads as a refused connection, one that
+    /// timed out as a timeout, whichever step it was in.
+    #[test]
+    fn handshake_failures_keep_their_kind_as_io_errors() {
+        let kind = |e: SessionError| std::io::Error::from(e).kind();
+        let timed_out = Error::HandshakeTimeout {
+            step: "reading the peer's session hello",
+            reason: "timed out after 1 of 12 bytes".into(),
+        };
+        assert_eq!(kind(timed_out.into()), ErrorKind::TimedOut);
+        let closed = Error::Handshake {
+            step: "reading the peer's session hello",
+            reason: "peer closed the connection after 0 of 12 bytes".into(),
+        };
+        assert_eq!(kind(closed.into()), ErrorKind::ConnectionRefused);
+        assert_eq!(
+            kind(SessionError::Connect("no route".into())),
+            ErrorKind::ConnectionRefused
+        );
+        assert_eq!(
+            kind(SessionError::Timeout(Duration::from_secs(1))),
+            ErrorKind::TimedOut
+        );
     }
 }
