@@ -832,3 +832,53 @@ fn a_long_wait_sleeps_on_the_channel_and_wakes_for_the_completion() {
     assert_eq!((got[0].user_data(), got[0].byte_len()), (3, 5));
     sender.join().unwrap();
 }
+
+/// A ring whose completion queue failed gives up its drains at once:
+/// nothing more can come back from the queue, so what is out is leaked,
+/// not waited for (the drain timeout here is two minutes).
+#[test]
+fn a_drain_on_a_failed_completion_queue_gives_up_at_once() {
+    use rdma_ring::backend::SgeSpan;
+    use std::time::{Duration, Instant};
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let config = RingConfig {
+        drain_timeout: Duration::from_secs(120),
+        ..RingConfig::default()
+    };
+    let mut ring: Ring<SoftQp> = Ring::with_cq(dev.create_cq(8).unwrap(), config);
+    let qa = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    let qb = dev.create_qp(&pd, QpConfig::default()).unwrap();
+    dev.connect(&qa, &qb).unwrap();
+    let handle = ring.attach(qa).unwrap();
+    for _ in 0..2 {
+        let buf = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+        ring.submission_on(handle).push(Recv::new(buf)).unwrap();
+    }
+    ring.submit().unwrap();
+    // A stray queue pair floods the ring's completion queue past its size.
+    let mut stray = dev
+        .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+        .unwrap();
+    stray.set_error().unwrap();
+    for _ in 0..ring.cq().entries() + 8 {
+        let wr = RecvWr {
+            wr_id: 0,
+            sges: SgeSpan::default(),
+        };
+        // SAFETY: no memory is named.
+        let _ = unsafe { stray.post_recv(&[wr], &[]) };
+    }
+    let started = Instant::now();
+    let detached = ring.detach(handle).unwrap();
+    assert!(!detached.drained, "the receives cannot come back");
+    assert!(ring.failure().is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "waited {:?} for a queue that gives nothing back",
+        started.elapsed()
+    );
+    drop((stray, qb));
+}

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
-use rdma_ring::backend::WcStatus;
+use rdma_ring::backend::{QpConfig, WcStatus};
 use rdma_ring::buf::{BaseBuf, RegisteredBuf};
 use rdma_ring::future::Wakeup;
 use rdma_ring::op::{Recv, SendImm};
 use rdma_ring::ring::{Ring, RingConfig};
 use rdma_ring::stream::frame::{self, Header, Hello, Kind};
 use rdma_ring::stream::{RdmaStream, StreamConfig};
+use rdma_ring::Error;
 
 fn small() -> StreamConfig {
     StreamConfig {
@@ -43,6 +44,34 @@ fn pair_with_controls(
     let b = std::thread::spawn(move || b.establish().unwrap());
     let a = a.establish().unwrap();
     (a, b.join().unwrap(), ca, cb)
+}
+
+/// A queue pair too shallow for the stream's buffers is refused up
+/// front: the hello would promise the peer receives it cannot post.
+#[test]
+fn a_queue_pair_shallower_than_the_buffers_is_refused() {
+    let dev = SoftDevice::new();
+    let config = StreamConfig::default();
+    let pd = dev.alloc_pd();
+    let deep = config.qp_config();
+    for shallow in [
+        QpConfig {
+            max_recv_wr: deep.max_recv_wr - 1,
+            ..deep
+        },
+        QpConfig {
+            max_send_wr: deep.max_send_wr - 1,
+            ..deep
+        },
+    ] {
+        let qp = dev.create_qp(&pd, shallow).unwrap();
+        let refused = RdmaStream::prepare(qp, &pd, config)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(refused, Error::Incompatible(_)), "{refused}");
+    }
+    let qp = dev.create_qp(&pd, deep).unwrap();
+    assert!(RdmaStream::prepare(qp, &pd, config).is_ok());
 }
 
 /// An end of stream the device refuses to post fails the shutdown: the
@@ -802,6 +831,62 @@ fn an_async_stream_on_a_failed_completion_queue_fails_its_reads() {
     let (kind, why) = read.expect_err("nothing was sent to read");
     assert_eq!(kind, ErrorKind::ConnectionReset, "{why}");
     assert!(why.contains("overrun"), "{why}");
+}
+
+/// A failure one task finds wakes the other: with a reactor to wake
+/// them (nothing here), a reader waiting on a completion queue that then
+/// fails under a writer's poll would otherwise wait for ever, as a failed
+/// queue gives no completion.
+#[test]
+fn a_failure_found_by_the_writing_task_wakes_the_reading_one() {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    use futures::task::LocalSpawnExt;
+    use rdma_ring::backend::{CompletionQueue, QueuePair, RecvWr, SgeSpan};
+    let dev = SoftDevice::new();
+    // The peer's drop lingers for its end of stream, which cannot arrive.
+    let config = StreamConfig {
+        linger: Duration::from_millis(100),
+        ..small()
+    };
+    let (a, _b, _, _) = pair_with_controls(&dev, config);
+    let a = a.into_async(Wakeup::Reactor).unwrap();
+    let ring = a.ring().clone();
+    let (mut reader, mut writer) = a.split();
+    let mut pool = futures::executor::LocalPool::new();
+    let read = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let into = std::rc::Rc::clone(&read);
+    pool.spawner()
+        .spawn_local(async move {
+            let mut buf = [0u8; 16];
+            *into.borrow_mut() = Some(reader.read(&mut buf).await);
+        })
+        .unwrap();
+    pool.run_until_stalled();
+    assert!(read.borrow().is_none(), "nothing was sent to read");
+    // A stray queue pair overruns the stream's completion queue.
+    let stray_pd = dev.alloc_pd();
+    let _stray = ring.with_ring(|ring| {
+        let mut stray = dev
+            .create_qp_on(&stray_pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        stray.set_error().unwrap();
+        for _ in 0..ring.cq().entries() + 8 {
+            let wr = RecvWr {
+                wr_id: 0,
+                sges: SgeSpan::default(),
+            };
+            // SAFETY: no memory is named.
+            let _ = unsafe { stray.post_recv(&[wr], &[]) };
+        }
+        stray
+    });
+    // The writer finds the failure.
+    let write = pool.run_until(async { writer.write_all(b"x").await });
+    assert!(write.is_err(), "{write:?}");
+    pool.run_until_stalled();
+    let read = read.borrow_mut().take().expect("the reader was woken");
+    let err = read.expect_err("the queue failed");
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
 }
 
 /// An async close is ready once the end of stream has left, and says so

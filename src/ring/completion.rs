@@ -497,6 +497,7 @@ impl<Q: QueuePair> Ring<Q> {
     #[cold]
     #[inline(never)]
     fn poll_failed(&mut self, error: Error) -> Error {
+        self.cq_lost = true;
         self.failed.get_or_insert(match error {
             Error::CqOverrun => "completion queue overrun",
             _ => "its completion queue failed",

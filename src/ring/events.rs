@@ -156,6 +156,7 @@ impl<Q: QueuePair> Ring<Q> {
             AsyncEvent::SrqLimitReached { .. } => self.refill_srqs(),
             AsyncEvent::CqError { cq } if cq == self.cq_id => {
                 self.failed = Some("completion queue error");
+                self.cq_lost = true;
             }
             AsyncEvent::DeviceFatal => {
                 self.failed = Some("device fatal error");

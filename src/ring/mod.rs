@@ -309,6 +309,10 @@ pub struct Ring<Q: QueuePair> {
     /// Why the ring as a whole takes no more work (its completion queue or
     /// device failed).
     failed: Option<&'static str>,
+    /// Whether the completion queue itself failed: nothing more comes
+    /// back from it, so a drain gives up at once (its buffers are leaked)
+    /// rather than waiting out `drain_timeout`.
+    cq_lost: bool,
     closed: bool,
     /// Empty polls since the last look at events and peers.
     idle_polls: u32,
@@ -426,6 +430,7 @@ impl<Q: QueuePair> Ring<Q> {
             queued_in_flight: 0,
             scratch: vec![RawCompletion::default(); batch],
             failed: None,
+            cq_lost: false,
             closed: false,
             idle_polls: 0,
             stats: RingStats::default(),

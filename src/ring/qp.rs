@@ -335,7 +335,7 @@ impl<Q: QueuePair> Ring<Q> {
             // Unknown wr_ids are counted in stats; the drain goes on.
             let _ = self.reap_device();
             // What that reap brought in counts, even at the deadline.
-            if deadline.expired() {
+            if deadline.expired() || self.cq_lost {
                 return drained(self);
             }
             std::thread::yield_now();

@@ -76,7 +76,7 @@ impl<Q: QueuePair> Ring<Q> {
         while qps.iter().any(|&k| !refused.contains(&k) && busy(self, k)) {
             // Unknown wr_ids are counted in stats; teardown goes on.
             let _ = self.reap_device();
-            if deadline.expired() {
+            if deadline.expired() || self.cq_lost {
                 break;
             }
             std::thread::yield_now();

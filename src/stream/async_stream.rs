@@ -132,6 +132,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
     /// both tasks' wakers, when the next arrives), then pushes and submits
     /// whatever may go.
     fn turn(&mut self) {
+        let failed = self.conn.failure().is_some();
         let waker = Waker::from(Arc::clone(&self.wakers));
         let mut cx = Context::from_waker(&waker);
         loop {
@@ -168,6 +169,12 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
                 }
             }
         });
+        // A failure found here may come with no completion to wake the
+        // other task (a failed completion queue gives none): it is woken
+        // to see the failure.
+        if !failed && self.conn.failure().is_some() {
+            self.wakers.wake_by_ref();
+        }
     }
 
     /// `AsyncRead::poll_read`, shared by the futures-io and tokio impls.

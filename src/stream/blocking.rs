@@ -201,14 +201,24 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// A stream over `qp` (with a completion queue of its own), its buffers
     /// registered in `pd`, which `qp` belongs to. Its receives are posted
     /// here, so connect the queue pair only now, then
-    /// [`establish`](PendingStream::establish). `qp` should be made with
-    /// [`StreamConfig::qp_config`] (or deeper queues).
+    /// [`establish`](PendingStream::establish). `qp` must be made with
+    /// [`StreamConfig::qp_config`] (or deeper queues): a shallower one is
+    /// refused with [`Error::Incompatible`].
     pub fn prepare(
         qp: Q,
         pd: &dyn ProtectionDomain,
         config: StreamConfig,
     ) -> Result<PendingStream<Q>, Error> {
         let deadline = Deadline::after(config.connect_timeout);
+        // The hello promises the peer every receive buffer: a queue too
+        // shallow to post them all would meet the peer's sends with
+        // receiver-not-ready.
+        let (caps, needed) = (qp.caps(), config.qp_config());
+        if caps.max_recv_wr < needed.max_recv_wr || caps.max_send_wr < needed.max_send_wr {
+            return Err(Error::Incompatible(
+                "its queues are shallower than the stream's buffers need (make it with StreamConfig::qp_config)",
+            ));
+        }
         let mut conn = Connection::new(pd, &config)?;
         let ring = Ring::try_new(
             qp,
