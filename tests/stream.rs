@@ -354,6 +354,65 @@ fn both_async_sides_writing_then_closing_then_reading_do_not_deadlock() {
     );
 }
 
+/// An async close waits for the end of stream and the data before it,
+/// not for the credits a reading task keeps sending: it is done while the
+/// peer goes on writing to us.
+#[test]
+fn an_async_close_is_not_held_up_by_credits_the_reader_sends() {
+    use futures::io::{AsyncReadExt, AsyncWriteExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dev = SoftDevice::new();
+    let (a, mut b) = RdmaStream::soft_pair(&dev, small()).unwrap();
+    let a = a.into_async(Wakeup::Thread).unwrap();
+    let closed = Arc::new(AtomicBool::new(false));
+    // The peer writes until our close is done (or 20 s, a failure).
+    let peer = {
+        let closed = Arc::clone(&closed);
+        std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(20);
+            while !closed.load(Ordering::Acquire) && Instant::now() < until {
+                b.write_all(&[7u8; 64]).unwrap();
+                b.flush().unwrap();
+            }
+            let ran_out = !closed.load(Ordering::Acquire);
+            // Our end of stream arrived.
+            let mut rest = Vec::new();
+            b.read_to_end(&mut rest).unwrap();
+            ran_out
+        })
+    };
+    let (mut reader, mut writer) = a.split();
+    let reading = std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            let mut buf = [0u8; 64];
+            let mut got = 0usize;
+            while let Ok(n) = reader.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            (got, reader)
+        })
+    });
+    // Some of the peer's data has been read (credits are flowing).
+    std::thread::sleep(Duration::from_millis(100));
+    futures::executor::block_on(async {
+        writer.write_all(b"last words").await.unwrap();
+        writer.close().await.unwrap();
+    });
+    closed.store(true, Ordering::Release);
+    assert!(
+        !peer.join().unwrap(),
+        "the close waited until the peer stopped writing"
+    );
+    // The reader reads to the peer's end of stream.
+    let (got, reader) = reading.join().unwrap();
+    assert!(got > 0, "nothing was read, so no credit went out");
+    drop((reader, writer));
+}
+
 #[test]
 fn shutdown_read_drops_what_arrives_and_keeps_the_writer_going() {
     let dev = SoftDevice::new();

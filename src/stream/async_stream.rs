@@ -231,7 +231,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
         self.turn();
         // Ready once the end of stream is done, and fine only if it and
         // the bytes before it arrived.
-        if self.conn.fin_sent() && self.conn.in_flight() == 0 && self.conn.sends_arrived() {
+        if self.conn.fin_done() && self.conn.sends_arrived() {
             return Poll::Ready(Ok(()));
         }
         if let Some(failure) = self.conn.failure() {
@@ -331,7 +331,7 @@ impl<Q: QueuePair + Send + 'static> Drop for AsyncRdmaStream<Q> {
         let deadline = Instant::now().checked_add(self.linger);
         loop {
             self.turn();
-            let sent = self.conn.fin_sent() && self.conn.in_flight() == 0;
+            let sent = self.conn.fin_done();
             if sent || self.conn.failure().is_some() {
                 return;
             }

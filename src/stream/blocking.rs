@@ -113,7 +113,7 @@ impl<Q: QueuePair> StreamCore<Q> {
         let deadline = Instant::now().checked_add(linger);
         loop {
             self.turn(false);
-            let sent = self.conn.fin_sent() && self.conn.in_flight() == 0;
+            let sent = self.conn.fin_done();
             if sent || self.conn.failure().is_some() {
                 return;
             }

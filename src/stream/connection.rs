@@ -123,6 +123,9 @@ pub(crate) struct Connection {
     inbox: VecDeque<Inbound>,
     /// Sends and probes posted and not completed.
     in_flight: usize,
+    /// Of those, data sends and the end of stream's: what a close waits
+    /// for (credits and probes carry nothing the peer's reader needs).
+    data_in_flight: usize,
     /// Whether a data send or the end of stream's failed: what was
     /// written, or the end of stream, may not have arrived.
     sends_lost: bool,
@@ -165,6 +168,7 @@ impl Connection {
             outbox: VecDeque::with_capacity(config.send_buffers),
             inbox: VecDeque::with_capacity(receives),
             in_flight: 0,
+            data_in_flight: 0,
             sends_lost: false,
             probe_in_flight: false,
             hello_allowed: false,
@@ -224,6 +228,9 @@ impl Connection {
             RECV => self.on_receive(c),
             DATA | CONTROL | FIN | PROBE => {
                 self.in_flight = self.in_flight.saturating_sub(1);
+                if matches!(c.user_data(), DATA | FIN) {
+                    self.data_in_flight = self.data_in_flight.saturating_sub(1);
+                }
                 if c.user_data() == PROBE {
                     self.probe_in_flight = false;
                 }
@@ -449,9 +456,12 @@ impl Connection {
         !self.sends_lost
     }
 
-    /// Sends and probes the device still holds.
-    pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight
+    /// Whether the end of stream went out and it and every data send
+    /// completed: what a close waits for. Credits and probes the device
+    /// still holds do not count; a reader's credits could otherwise hold
+    /// it up for as long as the peer keeps sending.
+    pub(crate) fn fin_done(&self) -> bool {
+        self.fin_sent() && self.data_in_flight == 0
     }
 
     /// No more writes; the end of the stream goes out after the bytes
@@ -511,6 +521,7 @@ impl Connection {
                 Ok(()) => {
                     self.flow.commit(header, len as u32);
                     self.in_flight += 1;
+                    self.data_in_flight += 1;
                     pushed = true;
                 }
                 Err(refused) => {
@@ -583,6 +594,7 @@ impl Connection {
         }
         self.flow.commit(header, 0);
         self.in_flight += 1;
+        self.data_in_flight += usize::from(tag == FIN);
         true
     }
 
