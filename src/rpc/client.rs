@@ -515,6 +515,9 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
         pd: Arc<dyn ProtectionDomain>,
         config: RpcConfig,
     ) -> Result<Self, Error> {
+        // The server's checks, for the client's side of the same config (a
+        // window of 0 would let no call go).
+        config.check()?;
         let deadline = Deadline::after(config.connect_timeout);
         let ring_config = RingConfig {
             spin_polls: config.spin_polls,
@@ -799,6 +802,7 @@ mod tests {
     struct FakeServer {
         ring: Ring<SoftQp>,
         pool: BufferPool,
+        pd: crate::backend::soft::SoftPd,
     }
 
     impl FakeServer {
@@ -831,6 +835,26 @@ mod tests {
             }
             panic!("no request");
         }
+
+        /// The next `n` messages the client sends, in order, as many as
+        /// came `within`.
+        fn next_messages(&mut self, n: usize, within: Duration) -> Vec<(Kind, u64)> {
+            let mut got = Vec::new();
+            let deadline = Instant::now() + within;
+            while got.len() < n && Instant::now() < deadline {
+                let mut out = Vec::new();
+                self.ring.completion().reap(&mut out).unwrap();
+                for c in out {
+                    if c.kind() == OpKind::Recv {
+                        let len = c.byte_len() as usize;
+                        let header = wire::Header::decode(&c.buf()[..len]).unwrap();
+                        got.push((header.kind, header.id));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            got
+        }
     }
 
     fn connect() -> (RpcClient<SoftQp>, FakeServer) {
@@ -853,7 +877,11 @@ mod tests {
                 .unwrap();
         }
         ring.submit().unwrap();
-        let mut server = FakeServer { ring, pool };
+        let mut server = FakeServer {
+            ring,
+            pool,
+            pd: pd_s,
+        };
         let mut body = [0u8; wire::HELLO_LEN];
         Hello {
             window: 4,
@@ -978,6 +1006,70 @@ mod tests {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A client the server said goodbye to closes only once nothing of
+    /// its own is in flight: a read of a large response included. Its
+    /// close would otherwise go out behind the read, and a server that
+    /// lets the connection go on the close could pull the response's
+    /// buffer from under the read.
+    #[test]
+    fn a_goodbye_close_waits_for_the_read_of_a_large_response() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        let id = server.next_request();
+        let mut buf = [0u8; 64];
+        let n = wire::encode_inline(&mut buf, Kind::Goodbye, 0, &[]);
+        server.send(&buf[..n]);
+        let response =
+            crate::buf::ExposedBuf::new(&server.pd, vec![5u8; 8192], RemoteAccess::READ).unwrap();
+        let n = wire::encode_rendezvous(&mut buf, Kind::ResponseRendezvous, id, &response.remote());
+        server.send(&buf[..n]);
+        assert_eq!(futures::executor::block_on(call).unwrap(), vec![5u8; 8192]);
+        // The release comes first; the close only once it is answered.
+        let got = server.next_messages(1, Duration::from_secs(10));
+        assert!(matches!(got[..], [(Kind::Release, _)]), "{got:?}");
+        let release = got[0].1;
+        let early = server.next_messages(1, Duration::from_millis(200));
+        assert!(
+            early.is_empty(),
+            "closed before the release was answered: {early:?}"
+        );
+        let n = wire::encode_inline(&mut buf, Kind::Released, release, &[]);
+        server.send(&buf[..n]);
+        let got = server.next_messages(1, Duration::from_secs(10));
+        assert!(matches!(got[..], [(Kind::Close, _)]), "{got:?}");
+        drop(response);
+    }
+
+    /// A client's config is checked as a server's is: one that could make
+    /// no call (a window of 0) is refused at connect, not left to time
+    /// out every call.
+    #[test]
+    fn a_client_config_that_cannot_work_is_refused_at_connect() {
+        fn echo(
+            _: &crate::rpc::Caller,
+            req: &[u8],
+            resp: &mut Vec<u8>,
+        ) -> Result<(), crate::rpc::HandlerError> {
+            resp.extend_from_slice(req);
+            Ok(())
+        }
+        let dev = SoftDevice::new();
+        let server = super::super::RpcServer::soft(
+            &dev,
+            super::super::Service::handler(echo),
+            RpcConfig::default(),
+        )
+        .unwrap();
+        let config = RpcConfig {
+            window: 0,
+            ..RpcConfig::default()
+        };
+        match server.connect_soft_with(config) {
+            Err(RpcError::Connect(why)) => assert!(why.contains("window"), "{why}"),
+            other => panic!("expected a refused config, got {:?}", other.map(|_| ())),
         }
     }
 }

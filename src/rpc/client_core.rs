@@ -210,9 +210,13 @@ impl ClientCore {
         matches!(self.calls.get(&id), Some(Call::Done(_)) | None)
     }
 
-    /// Whether nothing of ours is in flight or waiting to go.
+    /// Whether nothing of ours is in flight or waiting to go: a read of a
+    /// large response included (its release follows it).
     pub(super) fn idle(&self) -> bool {
-        self.unanswered == 0 && self.reads.is_empty() && self.queue.is_empty()
+        self.unanswered == 0
+            && self.reads_in_flight == 0
+            && self.reads.is_empty()
+            && self.queue.is_empty()
     }
 
     /// Whether only the server's messages can move things on (no read in
