@@ -948,3 +948,71 @@ async fn a_panicking_waker_does_not_stop_the_pump() {
     within(server.send(reply.slice(..))).await.0.unwrap();
     assert_eq!(&within(client.receive()).await.unwrap()[..], b"pong");
 }
+
+/// A session whose host's completion queue fails (it overruns) fails its
+/// waiting futures: the queue gives no completion more, and they would
+/// otherwise wait for ever.
+#[tokio::test]
+async fn sessions_fail_when_their_host_s_completion_queue_fails() {
+    let (client, server) = pair(SessionConfig::default());
+    server
+        .with_queue_pair(|qp| qp.control().overrun_cq())
+        .unwrap();
+    match within(server.receive()).await {
+        Err(SessionError::Disconnected(why)) => assert!(why.contains("ring failed"), "{why}"),
+        other => panic!(
+            "expected the ring's failure, got {:?}",
+            other.map(|m| m.len())
+        ),
+    }
+    assert!(server.failure().is_some());
+    drop(client);
+}
+
+/// A session whose user leaves finished operations uncollected fills the
+/// host's shared slab: another session's receive, posted again once a
+/// message arrived, waits for room rather than failing that session.
+#[test]
+fn a_slab_full_of_another_session_s_results_fails_no_session() {
+    use futures::executor::block_on;
+    let dev = SoftDevice::new();
+    let config = SessionConfig::default();
+    let crowded = SessionHost::soft(&dev, config).unwrap();
+    let other = SessionHost::soft(&dev, config).unwrap();
+    let (hog, _hog_peer) = crowded.connect_soft(&other).unwrap();
+    let (quiet, quiet_peer) = crowded.connect_soft(&other).unwrap();
+    let target = block_on(hog.request_remote_mr(bytes(64))).unwrap();
+    let mut uncollected = Vec::new();
+    loop {
+        let write = hog.write(hog.alloc_local_mr(bytes(8)).unwrap(), target.remote());
+        if write.was_refused() {
+            match block_on(write).0 {
+                Err(rdma_ring::Error::Unclaimed(_)) => break,
+                // The host's pump has not reaped the send queue's
+                // completions yet: they go on to fill the slab.
+                Err(rdma_ring::Error::SendQueueFull { .. }) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                other => panic!("refused for another reason: {other:?}"),
+            }
+        }
+        uncollected.push(write);
+        assert!(uncollected.len() < 1 << 20, "the slab never filled");
+    }
+    // A message to the other session: its receive is posted again when
+    // the host's slab has room.
+    let mut msg = quiet_peer.alloc_local_mr(bytes(5)).unwrap();
+    msg.copy_from_slice(b"first");
+    let (sent, msg) = block_on(quiet_peer.send(msg.slice(..)));
+    sent.unwrap();
+    let mut msg = msg.into_inner();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(quiet.failure().is_none(), "{:?}", quiet.failure());
+    drop(uncollected);
+    assert_eq!(&block_on(quiet.receive()).unwrap()[..], b"first");
+    msg.copy_from_slice(b"again");
+    block_on(quiet_peer.send(msg.slice(..))).0.unwrap();
+    assert_eq!(&block_on(quiet.receive()).unwrap()[..], b"again");
+    assert!(quiet.failure().is_none());
+}

@@ -111,6 +111,13 @@
 //!   the session, as RC does. [`RemoteRegion::expires_at`] is sent as the
 //!   lease left when the descriptor leaves, so it is never later than the
 //!   lender's clock, give or take the message's flight.
+//! * A peer is known gone when its handshake socket closes (the TCP
+//!   handshake), rdma_cm says it disconnected, or an operation to it fails
+//!   after the transport's retries. A peer whose host vanished without a
+//!   word (no socket end, no disconnect) is not noticed on an idle
+//!   session until something is sent to it: bound the waits
+//!   ([`SessionConfig::request_timeout`] does for requests), or send now
+//!   and then.
 //!
 //! [`RegionAllocator`]: crate::buf::RegionAllocator
 //! [`AsyncRing`]: crate::future::AsyncRing

@@ -74,9 +74,17 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
                 last_tick = now;
                 forward_events(host);
             }
+            // A failed ring (its completion queue or device) gives no
+            // completion more: a session waiting for one would wait for
+            // ever, so each fails now.
+            let ring_failed = if tick {
+                host.ring.with_ring(|r| r.failure())
+            } else {
+                None
+            };
             let sessions: Vec<_> = host.sessions().live.values().cloned().collect();
             for s in &sessions {
-                service(host, s, now, tick);
+                service(host, s, now, tick, ring_failed);
             }
             if let Err(e) = host.ring.submit() {
                 refused(host, e);
@@ -207,7 +215,13 @@ fn repost_owed<Q: QueuePair + std::marker::Send + 'static>(
         };
         match host.post_recv(s.qp.handle(), region) {
             Ok(()) => st.flow.processed_one(ack),
-            Err((crate::Error::CompletionQueueFull { .. }, region)) => {
+            // The host's queues are full, or its slab holds finished work
+            // nobody collected yet (another session's futures, say): this
+            // session's receive waits for room, it is not at fault.
+            Err((
+                crate::Error::CompletionQueueFull { .. } | crate::Error::Unclaimed(_),
+                region,
+            )) => {
                 st.reposts.push_front((Some(region), ack));
                 return;
             }
@@ -491,9 +505,14 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
     s: &Arc<SessionShared<Q>>,
     now: Instant,
     tick: bool,
+    ring_failed: Option<&'static str>,
 ) {
     let mut st = s.lock();
     if tick {
+        if let Some(why) = ring_failed.filter(|_| st.failure.is_none()) {
+            let e = SessionError::Disconnected(format!("the host's ring failed: {why}"));
+            break_session(host, s, &mut st, e);
+        }
         if st.failure.is_none() && !st.closing && !st.peer_closed {
             if let Some(e) = s.watch.as_ref().and_then(peer_gone) {
                 break_session(host, s, &mut st, e);
@@ -645,9 +664,11 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
             st.flow.sent(false);
             Ok(true)
         }
-        Err(crate::Error::SendQueueFull { .. } | crate::Error::CompletionQueueFull { .. }) => {
-            Ok(false)
-        }
+        Err(
+            crate::Error::SendQueueFull { .. }
+            | crate::Error::CompletionQueueFull { .. }
+            | crate::Error::Unclaimed(_),
+        ) => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -254,6 +254,33 @@ impl QpControl {
         self.shared.notify(&state);
     }
 
+    /// Overruns the completion queue this queue pair completes on, as a
+    /// flood of completions would: the queue is unusable from then on,
+    /// every queue pair on it goes to error with its work gone without
+    /// completions, and a `CqError` event is raised.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{CompletionQueue, QpConfig, QueuePair, RawCompletion};
+    /// # use rdma_ring::backend::soft::QpState;
+    /// # use rdma_ring::Error;
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// qp.control().overrun_cq();
+    /// assert_eq!(qp.control().state(), Some(QpState::Error));
+    /// let mut cq = qp.take_cq().unwrap();
+    /// let mut out = [RawCompletion::default(); 4];
+    /// assert!(matches!(cq.poll(&mut out), Err(Error::CqOverrun)));
+    /// ```
+    pub fn overrun_cq(&self) {
+        let mut state = self.shared.lock();
+        if let Some(cq) = state.qp(self.qpn).map(|qp| qp.cq) {
+            state.overrun(cq);
+        }
+        self.shared.notify(&state);
+    }
+
     /// Executes at most one send work request of this queue pair (manual
     /// mode); returns whether one completed.
     pub fn step(&self) -> bool {

@@ -423,7 +423,7 @@ impl DeviceState {
     /// A CQE found completion queue `cq_index` full: see
     /// [`push_cqe`](Self::push_cqe).
     #[cold]
-    fn overrun(&mut self, cq_index: usize) {
+    pub(super) fn overrun(&mut self, cq_index: usize) {
         let Some(cq) = self.cq(cq_index) else {
             return;
         };
