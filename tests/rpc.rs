@@ -890,10 +890,56 @@ fn a_window_of_abandoned_calls_fails_the_connection_clearly() {
     for _ in 0..2 {
         assert!(matches!(client.call(b"never"), Err(RpcError::Timeout(_))));
     }
-    match client.call(b"stuck") {
+    // It waits for the abandoned calls' answers, for a call timeout, then
+    // the connection fails.
+    let t0 = Instant::now();
+    match client.call_with_timeout(b"stuck", Duration::from_secs(10)) {
         Err(RpcError::Disconnected(why)) => assert!(why.contains("whole window"), "{why}"),
         other => panic!("expected Disconnected, got {other:?}"),
     }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+/// Calls abandoned before their answers came (dropped futures, as a
+/// `select!` drops them) hold the window only until the server answers:
+/// a call made meanwhile waits for a slot rather than failing the
+/// connection.
+#[test]
+fn a_window_of_dropped_calls_answered_late_does_not_fail_the_connection() {
+    let dev = SoftDevice::new();
+    let (handler, waiting, started) = gate();
+    let server = RpcServer::soft(
+        &dev,
+        Service::async_handler(handler),
+        RpcConfig {
+            window: 2,
+            ..RpcConfig::default()
+        },
+    )
+    .unwrap();
+    let client = server.connect_soft().unwrap();
+    for _ in 0..2 {
+        drop(client.call_async(b"dropped"));
+    }
+    wait_for("both calls to start", || {
+        started.load(Ordering::SeqCst) == 2
+    });
+    let next = {
+        let client = client.clone();
+        std::thread::spawn(move || client.call(b"next"))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    // The slow handler answers: the dropped calls' slots come back.
+    for gate in waiting.lock().unwrap().drain(..) {
+        gate.send(()).unwrap();
+    }
+    wait_for("the next call to start", || {
+        started.load(Ordering::SeqCst) == 3
+    });
+    for gate in waiting.lock().unwrap().drain(..) {
+        gate.send(()).unwrap();
+    }
+    assert_eq!(next.join().unwrap().unwrap(), b"next");
 }
 
 #[test]

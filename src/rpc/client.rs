@@ -457,8 +457,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
 /// executor. Each call times out after the config's `call_timeout`; a
 /// dropped future abandons its call (its answer, when it comes, is
 /// dropped; if the server leaves a whole window of such calls
-/// unanswered, the connection fails). Dropping the last handle tells the
-/// server the client leaves.
+/// unanswered for a `call_timeout`, the connection fails). Dropping the
+/// last handle tells the server the client leaves.
 ///
 /// With [`Wakeup::Thread`] (the default) the connection makes progress
 /// on its own. With [`Wakeup::Reactor`], call [`progress`](Self::progress)

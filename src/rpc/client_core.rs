@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::{RpcConfig, RpcError};
@@ -79,6 +80,9 @@ pub(super) struct ClientCore {
     /// Calls abandoned after they were sent, not answered yet: each holds
     /// a slot of the window until its answer comes.
     abandoned: usize,
+    /// Since when abandoned calls have held the whole window: a server
+    /// that answers none of them within a call timeout is stuck.
+    stalled_since: Option<Instant>,
     /// Whether the close message went (after a goodbye, or on drop).
     pub(super) closed: bool,
 }
@@ -107,6 +111,7 @@ impl ClientCore {
             goodbye: false,
             finished: false,
             abandoned: 0,
+            stalled_since: None,
             closed: false,
         }
     }
@@ -452,13 +457,20 @@ impl ClientCore {
     /// Pushes receives to post again, reads, and what the window lets go.
     pub(super) fn pump<Q: QueuePair>(&mut self, sq: &mut SubmissionQueue<'_, Q>) -> bool {
         if self.window > 0 && self.abandoned >= self.window && self.failure.is_none() {
-            // Every slot is held by a call the server never answered: no
-            // call could go any more.
-            self.fail(RpcError::Disconnected(format!(
-                "the server left {} timed-out calls unanswered, the whole window",
-                self.abandoned
-            )));
-            return false;
+            // Every slot is held by a call abandoned unanswered: calls wait
+            // for their answers, late or not. A server that gives none
+            // within a call timeout is stuck, and no call could go any
+            // more.
+            let since = *self.stalled_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.config.call_timeout {
+                self.fail(RpcError::Disconnected(format!(
+                    "the server left {} abandoned calls unanswered, the whole window, for {:?}",
+                    self.abandoned, self.config.call_timeout
+                )));
+                return false;
+            }
+        } else {
+            self.stalled_since = None;
         }
         let mut pushed = false;
         while let Some(chunk) = self.to_post.pop() {
