@@ -1072,4 +1072,30 @@ mod tests {
             other => panic!("expected a refused config, got {:?}", other.map(|_| ())),
         }
     }
+
+    /// A late answer to an abandoned call is taken once; a second one is
+    /// a lie, and fails the connection with a protocol error (it would
+    /// otherwise free a window slot twice, and the client would flood the
+    /// server).
+    #[test]
+    fn a_second_answer_to_an_abandoned_call_fails_the_connection() {
+        let (client, mut server) = connect();
+        let call = client.call_async(b"x");
+        let id = server.next_request();
+        drop(call);
+        let mut buf = [0u8; 64];
+        let n = wire::encode_inline(&mut buf, Kind::Response, id, b"late");
+        server.send(&buf[..n]);
+        let next = client.call_async(b"y");
+        let next_id = server.next_request();
+        let n = wire::encode_inline(&mut buf, Kind::Response, next_id, b"y");
+        server.send(&buf[..n]);
+        assert_eq!(futures::executor::block_on(next).unwrap(), b"y");
+        let n = wire::encode_inline(&mut buf, Kind::Response, id, b"again");
+        server.send(&buf[..n]);
+        match client.call(b"z") {
+            Err(RpcError::Protocol(why)) => assert!(why.contains("not waiting"), "{why}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
 }

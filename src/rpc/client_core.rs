@@ -2,7 +2,7 @@
 //! id, within the server's window; what to push next. No locking and no
 //! waking here: [`super::client`] does those.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -78,8 +78,9 @@ pub(super) struct ClientCore {
     /// Calls whose result arrived since the last wake.
     pub(super) finished: bool,
     /// Calls abandoned after they were sent, not answered yet: each holds
-    /// a slot of the window until its answer comes.
-    abandoned: usize,
+    /// a slot of the window until its answer comes (so there are at most
+    /// a window of them).
+    abandoned: HashSet<u64>,
     /// Since when abandoned calls have held the whole window: a server
     /// that answers none of them within a call timeout is stuck.
     stalled_since: Option<Instant>,
@@ -110,7 +111,7 @@ impl ClientCore {
             fail_qp: false,
             goodbye: false,
             finished: false,
-            abandoned: 0,
+            abandoned: HashSet::new(),
             stalled_since: None,
             closed: false,
         }
@@ -182,7 +183,7 @@ impl ClientCore {
         // Queued: skipped when its turn comes. Sent or reading: the
         // answer finds no call.
         if let Some(Call::Sent(exposed)) = self.calls.remove(&id) {
-            self.abandoned += 1;
+            self.abandoned.insert(id);
             if let Some(exposed) = exposed {
                 self.orphans.insert(id, exposed);
             }
@@ -408,9 +409,9 @@ impl ClientCore {
         let sent = match self.calls.get(&id) {
             Some(Call::Sent(_)) => true,
             Some(_) => false,
-            // Abandoned calls were sent (or are still queued: then an
-            // answer is a lie, but one we cannot tell from a late one).
-            None => id != 0 && id < self.next_id,
+            // A late answer to a call abandoned after it was sent, once; a
+            // second answer, or one to a call never sent, is a lie.
+            None => self.abandoned.remove(&id),
         };
         if !sent {
             self.fail(RpcError::Protocol(format!(
@@ -419,9 +420,6 @@ impl ClientCore {
             return false;
         }
         self.unanswered = self.unanswered.saturating_sub(1);
-        if !self.calls.contains_key(&id) {
-            self.abandoned = self.abandoned.saturating_sub(1);
-        }
         self.orphans.remove(&id);
         // The request's exposed buffer (if any) goes now: the server has
         // read it.
@@ -456,7 +454,7 @@ impl ClientCore {
 
     /// Pushes receives to post again, reads, and what the window lets go.
     pub(super) fn pump<Q: QueuePair>(&mut self, sq: &mut SubmissionQueue<'_, Q>) -> bool {
-        if self.window > 0 && self.abandoned >= self.window && self.failure.is_none() {
+        if self.window > 0 && self.abandoned.len() >= self.window && self.failure.is_none() {
             // Every slot is held by a call abandoned unanswered: calls wait
             // for their answers, late or not. A server that gives none
             // within a call timeout is stuck, and no call could go any
@@ -465,7 +463,8 @@ impl ClientCore {
             if since.elapsed() >= self.config.call_timeout {
                 self.fail(RpcError::Disconnected(format!(
                     "the server left {} abandoned calls unanswered, the whole window, for {:?}",
-                    self.abandoned, self.config.call_timeout
+                    self.abandoned.len(),
+                    self.config.call_timeout
                 )));
                 return false;
             }
