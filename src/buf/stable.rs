@@ -9,7 +9,9 @@ use std::any::Any;
 /// An implementation promises that:
 ///
 /// * `stable_ptr()` points to `stable_len()` initialized bytes, and both
-///   return the same values every time they are called on the same value;
+///   return the same values every time they are called on the same value
+///   through shared references (a method taking `&mut self` may shrink
+///   it: nobody can call one while a registration owns the value);
 /// * moving the value does not move those bytes (they live on the heap or
 ///   in static memory), so a registration made before a move stays valid;
 /// * the bytes stay allocated until the value is dropped, and nothing else
