@@ -204,12 +204,13 @@ impl FixedBufs {
     /// assert_eq!(bufs.bytes(&slot), &[0u8; 16]); // zeroed at registration
     /// ```
     #[inline]
-    pub fn bytes(&self, buf: &FixedBuf) -> &[u8] {
+    pub fn bytes<'a>(&'a self, buf: &'a FixedBuf) -> &'a [u8] {
         let start = self.slot_start(buf);
         // SAFETY: `start` is the slot's first byte inside the live
         // registration and the slot holds `slot_len` bytes. The NIC does
         // not touch the slot: its token is here, not in an operation, and
-        // a shared borrow of the token rules out `bytes_mut` on it.
+        // the token stays borrowed (shared) for the slice's life, which
+        // rules out `bytes_mut` on it and moving it into an operation.
         unsafe { std::slice::from_raw_parts(start, self.slot_len as usize) }
     }
 
