@@ -53,7 +53,9 @@
 //!   for all of them, then destroys the shared receive queues and only then
 //!   releases their receives. If the device cannot drain within
 //!   [`RingConfig::drain_timeout`], the buffers are leaked, never freed
-//!   under the NIC.
+//!   under the NIC; once the completion queue itself failed (an overrun,
+//!   a CQ error event), nothing more can come back, and they are leaked
+//!   at once.
 //!
 //! ```
 //! use rdma_ring::backend::soft::SoftDevice;
@@ -158,7 +160,8 @@ pub struct RingConfig {
     /// pair (besides the last of each submit). 0 means half its send queue.
     pub signal_interval: usize,
     /// How long teardown (of the ring or one queue pair) waits for flushed
-    /// completions before leaking.
+    /// completions before leaking (not at all once the completion queue
+    /// failed).
     pub drain_timeout: Duration,
     /// How long [`CompletionQueue::wait`] waits.
     pub wait_timeout: Duration,

@@ -515,9 +515,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
         pd: Arc<dyn ProtectionDomain>,
         config: RpcConfig,
     ) -> Result<Self, Error> {
-        // The server's checks, for the client's side of the same config (a
-        // window of 0 would let no call go).
-        config.check()?;
+        // A window of 0, say, would let no call go.
+        config.check_client()?;
         let deadline = Deadline::after(config.connect_timeout);
         let ring_config = RingConfig {
             spin_polls: config.spin_polls,
@@ -1071,6 +1070,14 @@ mod tests {
             Err(RpcError::Connect(why)) => assert!(why.contains("window"), "{why}"),
             other => panic!("expected a refused config, got {:?}", other.map(|_| ())),
         }
+        // The server-side limits are not the client's: a window no server
+        // of 64 clients could offer is cut to the server's.
+        let wide = RpcConfig {
+            window: 512,
+            ..RpcConfig::default()
+        };
+        let client = server.connect_soft_with(wide).unwrap();
+        assert_eq!(client.window(), RpcConfig::default().window as usize);
     }
 
     /// A late answer to an abandoned call is taken once; a second one is

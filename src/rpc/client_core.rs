@@ -184,6 +184,11 @@ impl ClientCore {
         // answer finds no call.
         if let Some(Call::Sent(exposed)) = self.calls.remove(&id) {
             self.abandoned.insert(id);
+            // The grace for their answers runs from when they first held
+            // the whole window.
+            if self.window > 0 && self.abandoned.len() >= self.window {
+                self.stalled_since.get_or_insert_with(Instant::now);
+            }
             if let Some(exposed) = exposed {
                 self.orphans.insert(id, exposed);
             }

@@ -161,6 +161,23 @@ impl RpcConfig {
         }
     }
 
+    /// Refuses what a client uses and could not work with; the fields
+    /// marked server side are the server's business (a client's window
+    /// is cut to the server's).
+    pub(crate) fn check_client(&self) -> Result<(), Error> {
+        let ok = (1..=wire::MAX_WINDOW).contains(&self.window)
+            && self.max_message > 0
+            && !self.connect_timeout.is_zero();
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Incompatible(
+                "rpc client config out of range: window 1 to 1024, max_message at least 1, \
+                 connect_timeout above zero",
+            ))
+        }
+    }
+
     /// Receive buffers of the server's shared receive queue.
     pub(crate) fn srq_depth(&self) -> u32 {
         self.max_clients * u32::from(self.window)

@@ -111,6 +111,11 @@
 //!   the session, as RC does. [`RemoteRegion::expires_at`] is sent as the
 //!   lease left when the descriptor leaves, so it is never later than the
 //!   lender's clock, give or take the message's flight.
+//! * The sessions of one host share its ring: the results of operations
+//!   a user leaves uncollected (futures neither awaited nor dropped) take
+//!   room in it, and once it is full, every session's receives wait to be
+//!   posted again (their peers' messages wait with them) until that user
+//!   collects or drops them.
 //! * A peer is known gone when its handshake socket closes (the TCP
 //!   handshake), rdma_cm says it disconnected, or an operation to it fails
 //!   after the transport's retries. A peer whose host vanished without a
