@@ -851,33 +851,17 @@ fn a_stream_refused_as_async_still_delivers_what_was_written() {
     assert!(got == data[..written], "{} of {written} bytes", got.len());
 }
 
-/// An async stream whose completion queue fails (it overruns here,
-/// flooded by a stray queue pair on it) fails its reads with an error, as
+/// An async stream whose completion queue fails (it overruns here) fails
+/// its reads with an error, as
 /// a blocking stream does, rather than waiting for ever for completions
 /// that cannot come.
 #[test]
 fn an_async_stream_on_a_failed_completion_queue_fails_its_reads() {
     use futures::io::AsyncReadExt;
-    use rdma_ring::backend::{CompletionQueue, QpConfig, QueuePair, RecvWr, SgeSpan};
     let dev = SoftDevice::new();
-    let (a, _b, _, _) = pair_with_controls(&dev, small());
+    let (a, _b, ca, _) = pair_with_controls(&dev, small());
     let mut a = a.into_async(Wakeup::Busy).unwrap();
-    let stray_pd = dev.alloc_pd();
-    let _stray = a.ring().with_ring(|ring| {
-        let mut stray = dev
-            .create_qp_on(&stray_pd, ring.cq(), None, QpConfig::default())
-            .unwrap();
-        stray.set_error().unwrap();
-        for _ in 0..ring.cq().entries() + 8 {
-            let wr = RecvWr {
-                wr_id: 0,
-                sges: SgeSpan::default(),
-            };
-            // SAFETY: no memory is named.
-            let _ = unsafe { stray.post_recv(&[wr], &[]) };
-        }
-        stray
-    });
+    ca.overrun_cq();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = [0u8; 16];
@@ -900,16 +884,14 @@ fn an_async_stream_on_a_failed_completion_queue_fails_its_reads() {
 fn a_failure_found_by_the_writing_task_wakes_the_reading_one() {
     use futures::io::{AsyncReadExt, AsyncWriteExt};
     use futures::task::LocalSpawnExt;
-    use rdma_ring::backend::{CompletionQueue, QueuePair, RecvWr, SgeSpan};
     let dev = SoftDevice::new();
     // The peer's drop lingers for its end of stream, which cannot arrive.
     let config = StreamConfig {
         linger: Duration::from_millis(100),
         ..small()
     };
-    let (a, _b, _, _) = pair_with_controls(&dev, config);
+    let (a, _b, ca, _) = pair_with_controls(&dev, config);
     let a = a.into_async(Wakeup::Reactor).unwrap();
-    let ring = a.ring().clone();
     let (mut reader, mut writer) = a.split();
     let mut pool = futures::executor::LocalPool::new();
     let read = std::rc::Rc::new(std::cell::RefCell::new(None));
@@ -922,23 +904,8 @@ fn a_failure_found_by_the_writing_task_wakes_the_reading_one() {
         .unwrap();
     pool.run_until_stalled();
     assert!(read.borrow().is_none(), "nothing was sent to read");
-    // A stray queue pair overruns the stream's completion queue.
-    let stray_pd = dev.alloc_pd();
-    let _stray = ring.with_ring(|ring| {
-        let mut stray = dev
-            .create_qp_on(&stray_pd, ring.cq(), None, QpConfig::default())
-            .unwrap();
-        stray.set_error().unwrap();
-        for _ in 0..ring.cq().entries() + 8 {
-            let wr = RecvWr {
-                wr_id: 0,
-                sges: SgeSpan::default(),
-            };
-            // SAFETY: no memory is named.
-            let _ = unsafe { stray.post_recv(&[wr], &[]) };
-        }
-        stray
-    });
+    // The stream's completion queue overruns.
+    ca.overrun_cq();
     // The writer finds the failure.
     let write = pool.run_until(async { writer.write_all(b"x").await });
     assert!(write.is_err(), "{write:?}");
