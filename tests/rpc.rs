@@ -242,6 +242,18 @@ fn gate() -> (Gate, Gates, Arc<AtomicUsize>) {
     )
 }
 
+/// A soft server with a window of 2 whose answers wait for the test
+/// ([`gate`]).
+fn gated_server_of_window_2(dev: &SoftDevice) -> (RpcServer<SoftQp>, Gates, Arc<AtomicUsize>) {
+    let (handler, waiting, started) = gate();
+    let config = RpcConfig {
+        window: 2,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(dev, Service::async_handler(handler), config).unwrap();
+    (server, waiting, started)
+}
+
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
@@ -870,16 +882,7 @@ fn a_handler_future_that_never_finishes_does_not_hold_up_shutdown() {
 #[test]
 fn a_window_of_abandoned_calls_fails_the_connection_clearly() {
     let dev = SoftDevice::new();
-    let (handler, _waiting, _started) = gate();
-    let server = RpcServer::soft(
-        &dev,
-        Service::async_handler(handler),
-        RpcConfig {
-            window: 2,
-            ..RpcConfig::default()
-        },
-    )
-    .unwrap();
+    let (server, _waiting, _started) = gated_server_of_window_2(&dev);
     let client = server
         .connect_soft_with(RpcConfig {
             call_timeout: Duration::from_millis(100),
@@ -907,16 +910,7 @@ fn a_window_of_abandoned_calls_fails_the_connection_clearly() {
 #[test]
 fn a_window_of_dropped_calls_answered_late_does_not_fail_the_connection() {
     let dev = SoftDevice::new();
-    let (handler, waiting, started) = gate();
-    let server = RpcServer::soft(
-        &dev,
-        Service::async_handler(handler),
-        RpcConfig {
-            window: 2,
-            ..RpcConfig::default()
-        },
-    )
-    .unwrap();
+    let (server, waiting, started) = gated_server_of_window_2(&dev);
     let client = server.connect_soft().unwrap();
     for _ in 0..2 {
         drop(client.call_async(b"dropped"));

@@ -787,10 +787,9 @@ impl ServerCore {
         {
             // A receive of the shared queue goes back to its pool; the
             // ring's refill posts another.
-            let Some(conn) = qp.and_then(|qp| self.conns.get_mut(&qp)) else {
+            let Some((qp, conn)) = qp.and_then(|qp| Some((qp, self.conns.get_mut(&qp)?))) else {
                 continue;
             };
-            let qp = qp.expect("a connection's");
             conn.in_flight = conn.in_flight.saturating_sub(1);
             conn.pushed = false;
             conn.retry_at = now + REFUSED_RETRY_AFTER;

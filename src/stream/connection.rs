@@ -121,10 +121,9 @@ pub(crate) struct Connection {
     /// Filled buffers waiting for a grant, in order.
     outbox: VecDeque<(PoolChunk, usize)>,
     inbox: VecDeque<Inbound>,
-    /// Sends and probes posted and not completed.
-    in_flight: usize,
-    /// Of those, data sends and the end of stream's: what a close waits
-    /// for (credits and probes carry nothing the peer's reader needs).
+    /// Data sends and the end of stream's posted and not completed: what
+    /// a close waits for (credits and probes carry nothing the peer's
+    /// reader needs).
     data_in_flight: usize,
     /// Whether a data send or the end of stream's failed: what was
     /// written, or the end of stream, may not have arrived.
@@ -167,7 +166,6 @@ impl Connection {
             staging: None,
             outbox: VecDeque::with_capacity(config.send_buffers),
             inbox: VecDeque::with_capacity(receives),
-            in_flight: 0,
             data_in_flight: 0,
             sends_lost: false,
             probe_in_flight: false,
@@ -227,7 +225,6 @@ impl Connection {
         match c.user_data() {
             RECV => self.on_receive(c),
             DATA | CONTROL | FIN | PROBE => {
-                self.in_flight = self.in_flight.saturating_sub(1);
                 if matches!(c.user_data(), DATA | FIN) {
                     self.data_in_flight = self.data_in_flight.saturating_sub(1);
                 }
@@ -520,7 +517,6 @@ impl Connection {
             match sq.push(op) {
                 Ok(()) => {
                     self.flow.commit(header, len as u32);
-                    self.in_flight += 1;
                     self.data_in_flight += 1;
                     pushed = true;
                 }
@@ -593,7 +589,6 @@ impl Connection {
             return false;
         }
         self.flow.commit(header, 0);
-        self.in_flight += 1;
         self.data_in_flight += usize::from(tag == FIN);
         true
     }
@@ -618,7 +613,6 @@ impl Connection {
             return false;
         }
         self.probe_in_flight = true;
-        self.in_flight += 1;
         true
     }
 }
@@ -629,7 +623,7 @@ impl std::fmt::Debug for Connection {
             .field("flow", &self.flow)
             .field("readable", &self.readable())
             .field("unsent", &self.unsent())
-            .field("in_flight", &self.in_flight)
+            .field("data_in_flight", &self.data_in_flight)
             .field("to_post", &self.to_post.len())
             .field("outbox", &self.outbox.len())
             .field("failure", &self.failure)
