@@ -1016,3 +1016,59 @@ fn a_slab_full_of_another_session_s_results_fails_no_session() {
     assert_eq!(&block_on(quiet.receive()).unwrap()[..], b"again");
     assert!(quiet.failure().is_none());
 }
+
+/// Sessions of different depths: the shallow side's messages in flight
+/// are bounded by its own depth too, so they never take the send queue
+/// slots its data operations were promised (`max_send_wr`), nor meet a
+/// full send queue themselves. The device is held still while messages
+/// queue up that the deep peer's receives would take.
+#[tokio::test]
+async fn a_deep_peer_s_receives_leave_a_shallow_side_its_send_queue() {
+    use rdma_ring::backend::soft::Progress;
+    let dev = SoftDevice::new();
+    let shallow = SessionConfig {
+        recv_depth: 4,
+        user_window: 2,
+        max_send_wr: 1,
+        ..SessionConfig::default()
+    };
+    let deep = SessionConfig {
+        recv_depth: 128,
+        user_window: 120,
+        ..SessionConfig::default()
+    };
+    let shallow_host = SessionHost::soft(&dev, shallow).unwrap();
+    let deep_host = SessionHost::soft(&dev, deep).unwrap();
+    let (a, b) = shallow_host.connect_soft(&deep_host).unwrap();
+    let target = within(a.request_remote_mr(bytes(8))).await.unwrap();
+    let n = 20;
+    dev.set_progress(Progress::Manual);
+    let sends = futures::future::join_all((0..n).map(|_| {
+        let msg = a.alloc_local_mr(bytes(8)).unwrap();
+        a.send(msg.slice(..))
+    }));
+    tokio::pin!(sends);
+    // Nothing completes while the device stands still.
+    assert!(timeout(Duration::from_millis(100), &mut sends)
+        .await
+        .is_err());
+    let write = a.write(a.alloc_local_mr(bytes(8)).unwrap(), target.remote());
+    assert!(
+        !write.was_refused(),
+        "the only data operation in flight was refused"
+    );
+    dev.set_progress(Progress::Auto);
+    dev.progress();
+    // The deep side's user window counts in the smaller depth too: its
+    // user takes the messages as they come.
+    let reader = async {
+        for _ in 0..n {
+            b.receive().await.unwrap();
+        }
+    };
+    let (sent, ()) = within(async { futures::join!(sends, reader) }).await;
+    for (i, (sent, _)) in sent.into_iter().enumerate() {
+        sent.unwrap_or_else(|e| panic!("message {i}: {e}"));
+    }
+    assert_eq!(within(write).await.0.unwrap(), 8);
+}

@@ -5,11 +5,13 @@
 //! # Rules
 //!
 //! Each side keeps `depth` receives posted and reposts one (with fresh
-//! memory) as soon as its pump has processed a message; a user message
-//! then waits in a queue until the user takes it. Every trailer reports,
-//! cumulatively, how many of the peer's messages the sender has
-//! *processed* and how many of its user messages the sender's user has
-//! *taken*. So a sender knows:
+//! memory) as soon as its pump has processed a message; two sides of
+//! different depths both count with the smaller one (more receives
+//! posted than counted do no harm), so the rules below hold as for equal
+//! depths. A user message then waits in a queue until the user takes
+//! it. Every trailer reports, cumulatively, how many of the peer's
+//! messages the sender has *processed* and how many of its user
+//! messages the sender's user has *taken*. So a sender knows:
 //!
 //! * `in_flight` = messages sent − processed reported: at most `depth`,
 //!   since that many receives are posted;

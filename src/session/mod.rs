@@ -161,10 +161,14 @@ use crate::Error;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionConfig {
-    /// Receives each session keeps posted (4..=1024).
+    /// Receives each session keeps posted (4..=1024). Messages in flight
+    /// each way are bounded by the smaller of the two sides' depths, so
+    /// a side's send queue never holds more of them than its own depth,
+    /// whatever its peer's.
     pub recv_depth: u16,
     /// User messages the peer may send that our user has not taken yet
-    /// (1..recv_depth).
+    /// (1..recv_depth); below the smaller of the two sides' depths, as
+    /// both sides count it.
     pub user_window: u16,
     /// Largest user message, in bytes (up to 1 MiB). Every posted receive
     /// is this large (plus the 16-byte trailer).

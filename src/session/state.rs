@@ -105,13 +105,21 @@ pub(super) struct SessionState {
 
 impl SessionState {
     pub(super) fn new(own: Hello, peer: Hello) -> SessionState {
+        // Both sides count with the smaller depth: each side's send queue
+        // has room for its own depth of messages, and a deep peer's
+        // receives must not let a shallow side's messages take the slots
+        // its data operations were promised. The same on both sides, so
+        // each one's acks still come as often as the other's limit needs
+        // (see `flow`). A window stays below the depth it is counted in.
+        let depth = own.recv_depth.min(peer.recv_depth);
+        let window = |w: u16| u32::from(w.min(depth - 1));
         SessionState {
             // Our sends are bounded by the peer's receives and window.
             flow: Flow::new(
-                u32::from(peer.recv_depth),
-                u32::from(peer.user_window),
-                u32::from(own.recv_depth),
-                u32::from(own.user_window),
+                u32::from(depth),
+                window(peer.user_window),
+                u32::from(depth),
+                window(own.user_window),
             ),
             peer,
             outbox: VecDeque::new(),

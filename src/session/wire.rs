@@ -44,6 +44,10 @@ pub const MAX_ALIGN: u32 = 4096;
 
 const MAGIC: [u8; 2] = *b"SN";
 const VERSION: u8 = 2;
+/// The hello's own version: 3 since both sides count flow control with
+/// the smaller of their depths, so a side counting by the older rules is
+/// refused at connect rather than left to stall.
+const HELLO_VERSION: u8 = 3;
 
 /// What a message is.
 ///
@@ -507,7 +511,7 @@ pub const HELLO_LEN: usize = 12;
 
 /// What each side tells the other while connecting (over the TCP
 /// handshake, in rdma_cm's private data, or directly on the soft device):
-/// magic `SH`, version 2, a zero byte, then `recv_depth` u16,
+/// magic `SH`, version 3, a zero byte, then `recv_depth` u16,
 /// `user_window` u16 and `max_message` u32, little endian.
 ///
 /// ```
@@ -535,13 +539,13 @@ impl Hello {
     /// use rdma_ring::session::wire::{Hello, HELLO_LEN};
     /// let bytes = Hello { recv_depth: 32, user_window: 16, max_message: 4096 }.encode();
     /// assert_eq!(bytes.len(), HELLO_LEN);
-    /// assert_eq!(&bytes[..4], b"SH\x02\x00");
+    /// assert_eq!(&bytes[..4], b"SH\x03\x00");
     /// assert_eq!(bytes[4..6], 32u16.to_le_bytes());
     /// ```
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..2].copy_from_slice(b"SH");
-        out[2] = VERSION;
+        out[2] = HELLO_VERSION;
         out[4..6].copy_from_slice(&self.recv_depth.to_le_bytes());
         out[6..8].copy_from_slice(&self.user_window.to_le_bytes());
         out[8..12].copy_from_slice(&self.max_message.to_le_bytes());
@@ -560,9 +564,9 @@ impl Hello {
     /// ```
     pub fn decode(bytes: &[u8]) -> Result<Hello, WireError> {
         let b = exact::<HELLO_LEN>(bytes, "hello")?;
-        if b[0..2] != *b"SH" || b[2] != VERSION || b[3] != 0 {
+        if b[0..2] != *b"SH" || b[2] != HELLO_VERSION || b[3] != 0 {
             return Err(WireError(format!(
-                "not a version {VERSION} session hello: {:02x?}",
+                "not a version {HELLO_VERSION} session hello: {:02x?}",
                 &b[0..4]
             )));
         }
@@ -622,6 +626,21 @@ mod tests {
             remote: RemoteSlice::new(0x1000, 4096, 77, RemoteAccess::READ | RemoteAccess::WRITE),
             lease_ms: 1500,
         }
+    }
+
+    /// A peer counting flow control by the older rules (each side by its
+    /// own depth) is told apart at connect.
+    #[test]
+    fn a_hello_of_the_older_version_is_refused_by_name() {
+        let mut bytes = Hello {
+            recv_depth: 32,
+            user_window: 16,
+            max_message: 4096,
+        }
+        .encode();
+        bytes[2] = 2;
+        let err = Hello::decode(&bytes).unwrap_err();
+        assert!(err.0.contains("not a version 3 session hello"), "{err}");
     }
 
     #[test]
