@@ -232,12 +232,13 @@ fn a_session_over_rdma_cm() {
 }
 
 /// A peer that asks to connect over rdma_cm and never confirms holds up
-/// none of the host's sessions: while the accept waits for it, a session
-/// of the same host goes on sending, writing and reading; then the accept
-/// fails with a timeout.
+/// none of the host's sessions and no peer behind it: while its handshake
+/// waits, a session of the same host goes on sending, writing and
+/// reading, and a peer that comes later is accepted first; then its
+/// handshake fails with a timeout.
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
-fn a_peer_that_never_confirms_holds_up_no_session_of_the_host() {
+fn a_peer_that_never_confirms_holds_up_no_session_and_no_peer() {
     let addr: std::net::SocketAddrV4 = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
     let config = rdma_ring::session::SessionConfig {
         connect_timeout: Duration::from_secs(8),
@@ -261,23 +262,34 @@ fn a_peer_that_never_confirms_holds_up_no_session_of_the_host() {
         max_message: config.max_message,
     };
     let (answered, hang_up, peer) = rxe::unconfirming_cm_peer(addr, hello.encode().to_vec());
-    // The listener goes with its accept (it is not Sync); the sessions
+    // The listener goes with its accepts (it is not Sync); the sessions
     // it made stay here.
-    let stalled = std::thread::spawn(move || listener.accept());
+    let accepts = std::thread::spawn(move || {
+        let first = listener.accept();
+        let second = listener.accept();
+        (first, second)
+    });
     answered
         .recv_timeout(Duration::from_secs(20))
         .expect("the listener answers the request");
-    // The accept now waits for a confirmation that never comes, while
-    // the host's other session does all its steps.
+    // A peer that asks after the silent one, and confirms.
+    let later = std::thread::spawn(move || {
+        SessionBuilder::default()
+            .config(config)
+            .connect_cm(addr.into())
+            .unwrap()
+    });
+    // Meanwhile the host's other session does all its steps.
     futures::executor::block_on(futures::future::join(
         client_steps(&client, 9),
         server_steps(&server),
     ));
-    assert!(
-        !stalled.is_finished(),
-        "the accept ended before the other session's steps did: they waited for it"
-    );
-    let err = stalled.join().unwrap().expect_err("never confirmed");
+    let later_client = later.join().unwrap();
+    let (first, second) = accepts.join().unwrap();
+    // Handshakes one after the other would have handed out the silent
+    // peer's timeout first.
+    let later_server = first.expect("the later peer, accepted while the silent one waits");
+    let err = second.expect_err("never confirmed");
     assert!(
         matches!(
             &err,
@@ -288,10 +300,14 @@ fn a_peer_that_never_confirms_holds_up_no_session_of_the_host() {
     );
     drop(hang_up);
     peer.join().unwrap();
-    // The session is unharmed.
+    // The sessions are unharmed.
     futures::executor::block_on(futures::future::join(
         client_steps(&client, 10),
         server_steps(&server),
+    ));
+    futures::executor::block_on(futures::future::join(
+        client_steps(&later_client, 11),
+        server_steps(&later_server),
     ));
 }
 

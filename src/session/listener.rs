@@ -14,7 +14,7 @@ use crate::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd, VerbsQp};
 use crate::backend::QueuePair;
 use crate::buf::RemoteAccess;
 use crate::connect::accept::HandshakeListener;
-use crate::connect::cm::{self, CmListener, CmQp};
+use crate::connect::cm::{self, CmListener, CmQp, CmRequest};
 use crate::connect::tcp;
 use crate::deadline::Deadline;
 use crate::Error;
@@ -180,7 +180,7 @@ impl SessionBuilder {
         let dev = VerbsDevice::open_with(&name, self.options)?;
         Ok(SessionListener {
             host: start_host::<CmQp>(&dev, self.config)?,
-            kind: ListenerKind::Cm(listener),
+            kind: ListenerKind::Cm(HandshakeListener::new(listener)),
         })
     }
 }
@@ -305,7 +305,7 @@ fn exchange(
 
 enum ListenerKind {
     Tcp(HandshakeListener<TcpListener, Result<Session<VerbsQp>, SessionError>>),
-    Cm(CmListener),
+    Cm(HandshakeListener<CmListener, Result<Session<CmQp>, SessionError>>),
 }
 
 /// Accepts peers onto one host: every session shares its allocator,
@@ -358,41 +358,51 @@ impl SessionListener<VerbsQp> {
 }
 
 impl SessionListener<CmQp> {
-    /// Waits (up to the connect timeout) for the next peer's rdma_cm
-    /// request and accepts it into a session. A request without a valid
-    /// hello is rejected with an error; call again. The host's other
-    /// sessions go on while the peer confirms the connection (up to the
-    /// connect timeout again).
+    /// Waits for the next peer and accepts it into a session over
+    /// rdma_cm. Handshakes run side by side, on threads of their own (64
+    /// at most; more requests wait in rdma_cm's backlog), so a peer that
+    /// stalls — one that never confirms, holding its handshake for the
+    /// connect timeout — holds up nobody behind it: this returns the next
+    /// one to finish. A request without a valid hello is rejected, and a
+    /// peer that fails its handshake comes out as an error for the call
+    /// that returns it; call again. The host's other sessions go on
+    /// meanwhile.
     pub fn accept(&self) -> Result<Session<CmQp>, SessionError> {
         let ListenerKind::Cm(listener) = &self.kind else {
             unreachable!("an rdma_cm listener")
         };
-        let config = *self.host.config();
-        let request = listener.request(config.connect_timeout)?;
-        let peer = hello_in_private_data(request.private_data())?; // dropping rejects
-        let fabric = verbs_fabric(&self.host);
-        let qp = self.host.create_qp(|cq| {
-            request.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config.qp_config())
-        })?;
-        let prepared = self.host.prepare(qp)?;
-        let hello = config.hello().encode();
-        // The host's ring is locked to answer and for each look at the
-        // channel, not while the peer takes its time to confirm: the
-        // other sessions' work goes on meanwhile.
-        let accepted = self
-            .host
-            .with_qp(&prepared, |qp| qp.answer(&hello).map(|()| qp.event_fd()))
-            .and_then(|fd| {
-                cm::await_confirmation(fd, config.connect_timeout, || {
-                    self.host.with_qp(&prepared, CmQp::confirmed)
-                })
-            });
-        match accepted {
-            Ok(()) => Ok(self.host.admit(prepared, peer, None)),
-            Err(e) => {
-                self.host.abandon(prepared);
-                Err(e.into())
-            }
+        let host = self.host.clone();
+        listener
+            .accept(move |request| accept_cm(&host, request))
+            .map_err(SessionError::from)?
+    }
+}
+
+/// The session handshake of one rdma_cm request, on a thread of its own.
+fn accept_cm(host: &SessionHost<CmQp>, request: CmRequest) -> Result<Session<CmQp>, SessionError> {
+    let config = *host.config();
+    let peer = hello_in_private_data(request.private_data())?; // dropping rejects
+    let fabric = verbs_fabric(host);
+    let qp = host.create_qp(|cq| {
+        request.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config.qp_config())
+    })?;
+    let prepared = host.prepare(qp)?;
+    let hello = config.hello().encode();
+    // The host's ring is locked to answer and for each look at the
+    // channel, not while the peer takes its time to confirm: the other
+    // sessions' work goes on meanwhile.
+    let accepted = host
+        .with_qp(&prepared, |qp| qp.answer(&hello).map(|()| qp.event_fd()))
+        .and_then(|fd| {
+            cm::await_confirmation(fd, config.connect_timeout, || {
+                host.with_qp(&prepared, CmQp::confirmed)
+            })
+        });
+    match accepted {
+        Ok(()) => Ok(host.admit(prepared, peer, None)),
+        Err(e) => {
+            host.abandon(prepared);
+            Err(e.into())
         }
     }
 }
