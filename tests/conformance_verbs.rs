@@ -202,6 +202,66 @@ fn a_garbage_peer_is_refused() {
     peer.join().unwrap();
 }
 
+/// A queue pair runs with the ACK timeout and retries its config asks
+/// for, and our RNR timer, connected by endpoints or through rdma_cm —
+/// whose own attributes (an ACK timeout following the path's packet
+/// lifetime, an RNR timer of 655 ms) would otherwise decide how soon a
+/// dead peer is noticed and how long a sender waits for a receive.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn queue_pairs_run_with_their_config_s_timers_however_connected() {
+    use rdma_ring::connect::cm;
+    let fabric = Verbs::new();
+    let config = |ack_timeout| QpConfig {
+        ack_timeout,
+        retry_cnt: 5,
+        rnr_retry: 4,
+        ..QpConfig::default()
+    };
+    let a = fabric.dev.create_qp(&fabric.pd, config(13)).unwrap();
+    let b = fabric.dev.create_qp(&fabric.pd, config(15)).unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    for (qp, ack_timeout) in [(&a, 13), (&b, 15)] {
+        let attrs = qp.attributes().unwrap();
+        assert_eq!(
+            (attrs.ack_timeout, attrs.retry_cnt, attrs.rnr_retry),
+            (ack_timeout, 5, 4),
+            "{attrs:?}"
+        );
+        // Code 12, 0.64 ms: a sender that found no receive tries again soon.
+        assert_eq!(attrs.min_rnr_timer, 12, "{attrs:?}");
+        assert!(attrs.path_mtu >= 256, "{attrs:?}");
+    }
+
+    let name = std::env::var("RDMA_RING_CM_DEVICE").unwrap_or_else(|_| "rxe1".into());
+    let addr: std::net::SocketAddr = "10.99.0.1:7476".parse().unwrap();
+    let dev = VerbsDevice::open(&name)
+        .unwrap_or_else(|e| panic!("NO RDMA DEVICE {name:?} for rdma_cm: {e}"));
+    let pd = dev.alloc_pd().unwrap();
+    let timeout = Duration::from_secs(30);
+    let listener = cm::CmListener::bind(addr).unwrap();
+    let (server_dev, server_pd) = (dev.clone(), pd.clone());
+    let server = std::thread::spawn(move || {
+        let qp = listener
+            .accept(&server_dev, &server_pd, config(14), b"", timeout)
+            .unwrap();
+        qp.qp().attributes().unwrap()
+    });
+    let qp = cm::connect(&dev, &pd, addr, config(12), b"", timeout).unwrap();
+    let client = qp.qp().attributes().unwrap();
+    let server = server.join().unwrap();
+    for (attrs, ack_timeout) in [(client, 12), (server, 14)] {
+        assert_eq!(
+            (attrs.ack_timeout, attrs.retry_cnt, attrs.rnr_retry),
+            (ack_timeout, 5, 4),
+            "{attrs:?}"
+        );
+        // Code 12, 0.64 ms: a sender that found no receive tries again soon.
+        assert_eq!(attrs.min_rnr_timer, 12, "{attrs:?}");
+    }
+}
+
 /// rdma_cm connects two queue pairs, carrying private data both ways; then
 /// a SEND with immediate data and an RDMA WRITE cross. rdma_cm cannot route
 /// over loopback, so this uses `rxe1` on the VM's guest-only dummy

@@ -47,17 +47,34 @@ impl Incoming for TcpListener {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                // A peer that gave up before it was accepted: its own
-                // failure, not the listener's.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) => {}
+                Err(e) if one_peer_s_failure(&e) => {}
                 Err(e) => return Err(e),
             }
         }
     }
+}
+
+/// Whether an `accept` error is one connection's, not the listener's: a
+/// peer that gave up before it was accepted, or (Linux passes a new
+/// connection's pending network errors to `accept`, and accept(2) asks
+/// that TCP's be retried) a network error of that peer.
+fn one_peer_s_failure(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+    ) || matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENETDOWN
+                | libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+        )
+    )
 }
 
 impl Incoming for CmListener {
@@ -251,6 +268,25 @@ mod tests {
         // The silent one times out in its own thread, and comes out next.
         let second = listener.accept(handshake).unwrap();
         assert_eq!(second.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
+
+    /// A new connection's own network error, which Linux hands to
+    /// `accept`, fails that peer alone; the listener's own troubles (out
+    /// of descriptors) are the listener's.
+    #[test]
+    fn one_peer_s_network_error_is_not_the_listener_s() {
+        for errno in [
+            libc::ENETDOWN,
+            libc::EPROTO,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+        ] {
+            assert!(one_peer_s_failure(&io::Error::from_raw_os_error(errno)));
+        }
+        assert!(one_peer_s_failure(&io::ErrorKind::ConnectionAborted.into()));
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::EINVAL] {
+            assert!(!one_peer_s_failure(&io::Error::from_raw_os_error(errno)));
+        }
     }
 
     /// Told to stop, an accept gives up; the handshake it started goes on,

@@ -51,6 +51,20 @@ fn cm_failure(step: &'static str, reason: String) -> Error {
     Error::Handshake { step, reason }
 }
 
+/// An event other than the one `step` waits for. rdma_cm reports its own
+/// timeouts as events too (an address, route or connection that found no
+/// answer in time, with status `-ETIMEDOUT`, or a peer unreachable): those
+/// are [`Error::HandshakeTimeout`], as a silent peer is on the TCP path,
+/// not a refusal.
+fn unexpected(step: &'static str, kind: ev::Type, status: i32) -> Error {
+    let reason = format!("got {} (status {status})", event_name(kind));
+    if status == -libc::ETIMEDOUT || kind == ev::RDMA_CM_EVENT_UNREACHABLE {
+        Error::HandshakeTimeout { step, reason }
+    } else {
+        cm_failure(step, reason)
+    }
+}
+
 /// An event channel and an id on it, destroyed together (id first).
 struct CmId {
     channel: *mut rdma_event_channel,
@@ -231,10 +245,7 @@ impl CmId {
     ) -> Result<Event, Error> {
         let event = self.next_event(timeout)?;
         if event.kind != want {
-            return Err(cm_failure(
-                step,
-                format!("got {} (status {})", event_name(event.kind), event.status),
-            ));
+            return Err(unexpected(step, event.kind, event.status));
         }
         Ok(event)
     }
@@ -429,8 +440,18 @@ fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -
 }
 
 /// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`,
-/// and, when accepting, the READ/atomic depths agreed with the requester.
-fn ready_qp(id: &CmId, qp: &VerbsQp, depths: Option<Depths>) -> Result<(), Error> {
+/// and, when accepting, the READ/atomic depths agreed with the requester;
+/// the ACK timeout is `config`'s and the RNR timer ours, not rdma_cm's
+/// (an ACK timeout following the path's packet lifetime, about two
+/// seconds on Soft-RoCE, and an RNR timer of 655 ms), so a dead peer is
+/// noticed, and a send that found no receive is tried again, as soon as
+/// on a queue pair connected by endpoints.
+fn ready_qp(
+    id: &CmId,
+    qp: &VerbsQp,
+    depths: Option<Depths>,
+    config: &QpConfig,
+) -> Result<(), Error> {
     for (state, verb) in [
         (
             rdma_sys::ibv_qp_state::IBV_QPS_RTR,
@@ -455,6 +476,13 @@ fn ready_qp(id: &CmId, qp: &VerbsQp, depths: Option<Depths>) -> Result<(), Error
             } else {
                 attr.max_rd_atomic = initiator;
             }
+        }
+        if state == rdma_sys::ibv_qp_state::IBV_QPS_RTR {
+            attr.min_rnr_timer = crate::backend::verbs::MIN_RNR_TIMER;
+            mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
+        } else {
+            attr.timeout = config.ack_timeout;
+            mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0 as i32;
         }
         qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm attributes)")?;
     }
@@ -485,14 +513,16 @@ fn ready_qp(id: &CmId, qp: &VerbsQp, depths: Option<Depths>) -> Result<(), Error
 pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmRoute, Error> {
     let id = CmId::new()?;
     let (mut dst, _) = sockaddr(&addr);
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // One deadline for both steps: `timeout` bounds the whole resolution.
+    let deadline = Deadline::after(timeout);
+    let ms = |left: Duration| left.as_millis().clamp(1, i32::MAX as u128) as i32;
     // SAFETY: the id is live; `dst` holds a valid address of its family.
     if unsafe {
         rdma_sys::rdma_resolve_addr(
             id.id,
             std::ptr::null_mut(),
             (&mut dst as *mut libc::sockaddr_storage).cast(),
-            ms,
+            ms(deadline.remaining()),
         )
     } != 0
     {
@@ -501,16 +531,16 @@ pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<CmRoute, Error> {
     id.expect(
         ev::RDMA_CM_EVENT_ADDR_RESOLVED,
         "resolving the address",
-        timeout,
+        deadline.remaining(),
     )?;
     // SAFETY: the address is resolved.
-    if unsafe { rdma_sys::rdma_resolve_route(id.id, ms) } != 0 {
+    if unsafe { rdma_sys::rdma_resolve_route(id.id, ms(deadline.remaining())) } != 0 {
         return Err(cm_error("rdma_resolve_route"));
     }
     id.expect(
         ev::RDMA_CM_EVENT_ROUTE_RESOLVED,
         "resolving the route",
-        timeout,
+        deadline.remaining(),
     )?;
     Ok(CmRoute { id })
 }
@@ -1104,14 +1134,9 @@ impl CmQp {
                     ),
                 ))
             }
-            other => {
-                return Err(cm_failure(
-                    "connecting",
-                    format!("got {} (status {})", event_name(other), event.status),
-                ))
-            }
+            other => return Err(unexpected("connecting", other, event.status)),
         }
-        ready_qp(&self.id, &self.qp, None)?;
+        ready_qp(&self.id, &self.qp, None, &self.config)?;
         if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
             // SAFETY: the connect response arrived and the QP is in RTS.
             if unsafe { rdma_sys::rdma_establish(self.id.id) } != 0 {
@@ -1170,7 +1195,7 @@ impl CmQp {
                 "the request was answered already".into(),
             ));
         }
-        ready_qp(&self.id, &self.qp, Some(depths))?;
+        ready_qp(&self.id, &self.qp, Some(depths), &self.config)?;
         let mut param = conn_param(&self.qp, depths, &self.config, private_data);
         self.confirming.set(true);
         // SAFETY: the request is pending; `param` lives across the call.
@@ -1196,10 +1221,7 @@ impl CmQp {
         if kind == ev::RDMA_CM_EVENT_ESTABLISHED {
             return Ok(true);
         }
-        Err(cm_failure(
-            "establishing the connection",
-            format!("got {} (status {status})", event_name(kind)),
-        ))
+        Err(unexpected("establishing the connection", kind, status))
     }
 
     /// The event channel's descriptor, for [`await_confirmation`].
@@ -1318,7 +1340,50 @@ impl Drop for CmQp {
 
 #[cfg(test)]
 mod tests {
-    use super::accept_depths;
+    use super::{accept_depths, ev, unexpected};
+    use crate::error::Error;
+
+    /// rdma_cm's own timeouts come as events: a peer that is down or a
+    /// route that found no answer is a timeout (as a silent peer is over
+    /// TCP), not a refusal; a rejection stays one.
+    #[test]
+    fn rdma_cm_s_timeouts_are_timeouts_and_rejections_refusals() {
+        for (kind, status) in [
+            (ev::RDMA_CM_EVENT_ADDR_ERROR, -libc::ETIMEDOUT),
+            (ev::RDMA_CM_EVENT_ROUTE_ERROR, -libc::ETIMEDOUT),
+            (ev::RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+            (ev::RDMA_CM_EVENT_UNREACHABLE, 0),
+        ] {
+            let err = unexpected("connecting", kind, status);
+            assert!(
+                matches!(
+                    err,
+                    Error::HandshakeTimeout {
+                        step: "connecting",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+        for (kind, status) in [
+            (ev::RDMA_CM_EVENT_REJECTED, 28),
+            (ev::RDMA_CM_EVENT_ADDR_ERROR, -libc::ENETUNREACH),
+            (ev::RDMA_CM_EVENT_DISCONNECTED, 0),
+        ] {
+            let err = unexpected("connecting", kind, status);
+            assert!(
+                matches!(
+                    err,
+                    Error::Handshake {
+                        step: "connecting",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_request_s_depths_are_read_from_the_listener_s_side() {

@@ -290,7 +290,9 @@ pub fn connect_qp(
 }
 
 /// Opens a TCP stream to the first of `addr`'s addresses that answers
-/// within `timeout` each, for a [`handshake`].
+/// within `timeout` each, for a [`handshake`]. A host name is resolved
+/// first, by the system's resolver, whose own timeouts apply (`timeout`
+/// does not bound them): give an address where that matters.
 ///
 /// ```
 /// use std::net::TcpListener;

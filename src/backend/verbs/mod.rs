@@ -45,7 +45,8 @@ pub use cq::VerbsCq;
 pub use device::{DeviceLimits, DeviceOptions, VerbsDevice};
 pub use events::VerbsEvents;
 pub use pd::VerbsPd;
-pub use qp::VerbsQp;
+pub(crate) use qp::MIN_RNR_TIMER;
+pub use qp::{QpAttributes, VerbsQp};
 pub use srq::VerbsSrq;
 
 use rdma_sys::{ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc};

@@ -256,7 +256,7 @@ impl VerbsQp {
             0 => ours,
             theirs => ours.min(theirs),
         };
-        attr.min_rnr_timer = 12; // 0.64 ms
+        attr.min_rnr_timer = MIN_RNR_TIMER;
         attr.ah_attr.dlid = remote.lid;
         attr.ah_attr.sl = 0;
         attr.ah_attr.src_path_bits = 0;
@@ -320,6 +320,53 @@ impl VerbsQp {
         self.connected.load(Ordering::Acquire)
     }
 
+    /// What the device says the queue pair runs with now
+    /// (`ibv_query_qp`), however it was connected: over TCP or rdma_cm,
+    /// whose attributes are its own unless [`QpConfig`] sets them.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device, so it is compiled but not run here.
+    /// use rdma_ring::backend::verbs::VerbsDevice;
+    /// use rdma_ring::backend::QpConfig;
+    /// let dev = VerbsDevice::open("rxe0").unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let qp = dev.create_qp(&pd, QpConfig { ack_timeout: 12, ..QpConfig::default() }).unwrap();
+    /// // ... connect it, then:
+    /// assert_eq!(qp.attributes().unwrap().ack_timeout, 12);
+    /// ```
+    pub fn attributes(&self) -> Result<QpAttributes, Error> {
+        // SAFETY: plain C structs, for which all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC;
+        // SAFETY: the QP is live until `Drop`; both out-pointers are valid
+        // and written only during the call.
+        let ret = unsafe { rdma_sys::ibv_query_qp(self.qp, &mut attr, mask.0 as i32, &mut init) };
+        if ret != 0 {
+            return Err(verbs_error("ibv_query_qp", ret));
+        }
+        Ok(QpAttributes {
+            path_mtu: match attr.path_mtu as u32 {
+                m @ 1..=5 => 128 << m,
+                _ => 0,
+            },
+            ack_timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            min_rnr_timer: attr.min_rnr_timer,
+            max_rd_atomic: attr.max_rd_atomic,
+            max_dest_rd_atomic: attr.max_dest_rd_atomic,
+        })
+    }
+
     /// Moves the queue pair to the error state (see
     /// [`QueuePair::set_error`]), through a shared reference.
     pub fn set_error_shared(&self) -> Result<(), Error> {
@@ -333,6 +380,41 @@ impl VerbsQp {
         )
     }
 }
+
+/// A queue pair's attributes as the device reports them
+/// ([`VerbsQp::attributes`]).
+///
+/// ```
+/// use rdma_ring::backend::verbs::QpAttributes;
+/// let attrs = QpAttributes {
+///     path_mtu: 1024, ack_timeout: 16, retry_cnt: 7, rnr_retry: 6,
+///     min_rnr_timer: 12, max_rd_atomic: 16, max_dest_rd_atomic: 16,
+/// };
+/// // 4.096 µs × 2^16: about 268 ms without an ACK before a retry.
+/// assert_eq!(attrs.ack_timeout, 16);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttributes {
+    /// The path MTU in bytes (0 before the queue pair is ready to receive).
+    pub path_mtu: u32,
+    /// Local ACK timeout: 4.096 µs × 2^`ack_timeout` (0: never).
+    pub ack_timeout: u8,
+    /// Retries after a timeout before the queue pair fails.
+    pub retry_cnt: u8,
+    /// Retries after a receiver-not-ready NAK (7: for ever).
+    pub rnr_retry: u8,
+    /// The RNR NAK timer this side asks senders to wait (an IB code).
+    pub min_rnr_timer: u8,
+    /// READs and atomics this side may have outstanding as initiator.
+    pub max_rd_atomic: u8,
+    /// READs and atomics this side answers at once as responder.
+    pub max_dest_rd_atomic: u8,
+}
+
+/// The RNR NAK timer our queue pairs ask senders to wait before trying a
+/// send again that found no receive posted: code 12, 0.64 ms (code 0,
+/// rdma_cm's choice, means 655 ms).
+pub(crate) const MIN_RNR_TIMER: u8 = 12;
 
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
