@@ -656,3 +656,41 @@ fn a_panicking_waker_does_not_stop_the_notifier() {
     assert_eq!(written.unwrap(), 64);
     drop(first);
 }
+
+/// Two completion streams of one ring wait side by side: a poll of one
+/// does not wake the other (they would wake each other for ever, a core
+/// spinning for nothing), and a completion wakes both.
+#[test]
+fn two_completion_streams_wait_without_waking_each_other() {
+    use futures::Stream;
+    use std::task::{Context, Poll, Waker};
+    let s = setup(Progress::Manual, 16, Wakeup::Reactor);
+    let mut streams = [s.a.completions(), s.a.completions()];
+    let counts = [0, 1].map(|_| Arc::new(CountingWaker::default()));
+    let wakers = counts.clone().map(Waker::from);
+    for _ in 0..3 {
+        for (stream, waker) in streams.iter_mut().zip(&wakers) {
+            let polled = std::pin::Pin::new(stream).poll_next(&mut Context::from_waker(waker));
+            assert!(polled.is_pending());
+        }
+    }
+    let woken = || counts.each_ref().map(|c| c.0.load(Ordering::SeqCst));
+    assert_eq!(woken(), [0, 0], "nothing completed: nobody to wake");
+    s.a.with_ring(|mut ring| {
+        let mut sq = ring.submission();
+        sq.push(
+            rdma_ring::op::Write::new(
+                s.pool.take().unwrap(),
+                s.exposed[1].remote().slice(0..64).unwrap(),
+            )
+            .user_data(7),
+        )
+        .unwrap();
+        sq.submit().unwrap();
+    });
+    s.dev.progress();
+    s.a.drive().unwrap();
+    assert_eq!(woken(), [1, 1], "a completion wakes every stream waiting");
+    let got = std::pin::Pin::new(&mut streams[0]).poll_next(&mut Context::from_waker(&wakers[0]));
+    assert!(matches!(got, Poll::Ready(Some(c)) if c.user_data() == 7));
+}

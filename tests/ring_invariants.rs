@@ -485,11 +485,25 @@ thread_local! {
     static FORGED: std::cell::RefCell<Vec<RawCompletion>> = const { std::cell::RefCell::new(Vec::new()) };
     static WEDGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static NO_SEND_QUEUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static CANNOT_TELL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static REFUSE_EMPTY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Accept at most this many send WRs per post (this thread's rings).
 fn set_accept(n: Option<usize>) {
     ACCEPT.with(|a| a.set(n));
+}
+
+/// Refuse posts of one work request naming no memory (the ring's
+/// markers).
+fn set_refuse_empty(refuse: bool) {
+    REFUSE_EMPTY.with(|r| r.set(refuse));
+}
+
+/// A partial post reports every work request as accepted: a backend that
+/// cannot tell which it took, as the contract allows.
+fn set_cannot_tell(cannot_tell: bool) {
+    CANNOT_TELL.with(|c| c.set(cannot_tell));
 }
 
 /// Report these CQEs before the real ones.
@@ -534,14 +548,21 @@ unsafe impl QueuePair for Misbehaving {
                 error: Error::PostRejected("wedged"),
             });
         }
+        if REFUSE_EMPTY.with(|r| r.get()) && wrs.len() == 1 && wrs[0].sges.len == 0 {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected("test refuses markers"),
+            });
+        }
         let n = ACCEPT
             .with(|a| a.get())
             .map_or(wrs.len(), |n| n.min(wrs.len()));
         // SAFETY: the caller's contract is passed through unchanged.
         unsafe { self.inner.post_send(&wrs[..n], sges) }?;
         if n < wrs.len() {
+            let cannot_tell = CANNOT_TELL.with(|c| c.get());
             return Err(PostError {
-                accepted: n,
+                accepted: if cannot_tell { wrs.len() } else { n },
                 error: Error::PostRejected("test refuses the rest"),
             });
         }
@@ -595,6 +616,7 @@ fn misbehaving(p: &Pair) -> Ring<Misbehaving> {
         Misbehaving { inner: qp },
         RingConfig {
             drain_timeout: std::time::Duration::from_millis(50),
+            wait_timeout: std::time::Duration::from_secs(5),
             ..RingConfig::default()
         },
     )
@@ -660,6 +682,81 @@ fn a_partial_post_hands_back_the_unposted_ops() {
         .unwrap();
     ring.submission().submit().unwrap();
     assert_eq!(ring.completion().wait(1).unwrap()[0].user_data(), 9);
+}
+
+/// A backend that cannot tell which work requests of a post it took
+/// reports them all; the ring then moves the queue pair to error. What the
+/// device never took gets no completion, so the flush that releases the
+/// rest at teardown must not report it as done: no operation of that
+/// queue pair released without a completion of its own comes back
+/// successful.
+#[test]
+fn a_post_the_backend_cannot_account_for_reports_no_success_it_did_not_see() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..5u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    // The device takes two and the backend cannot say so.
+    set_accept(Some(2));
+    set_cannot_tell(true);
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    set_cannot_tell(false);
+    assert_eq!((err.posted, err.unposted.len()), (5, 0));
+    drop(err);
+    let back = ring.close();
+    assert_eq!(
+        back.iter().map(|c| c.user_data()).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4],
+        "every operation comes back once"
+    );
+    for c in &back {
+        assert_eq!(
+            c.status(),
+            WcStatus::WrFlushErr,
+            "operation {} was never seen to complete",
+            c.user_data()
+        );
+    }
+}
+
+/// A partial post whose sync marker the device refuses too: the
+/// accepted prefix ended unsignaled, and its owners may wait for it
+/// before sending anything more. The ring tries the marker again while
+/// it waits, and the prefix comes back.
+#[test]
+fn a_refused_sync_marker_is_tried_again_while_the_ring_waits() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..4u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    set_accept(Some(2));
+    set_refuse_empty(true);
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    assert_eq!((err.posted, err.unposted.len()), (2, 2));
+    drop(err);
+    // Still refused: the prefix waits.
+    assert!(ring.completion().poll().unwrap().is_none());
+    set_refuse_empty(false);
+    let done = ring.completion().wait(2).unwrap();
+    assert_eq!(
+        done.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        vec![(0, WcStatus::Success), (1, WcStatus::Success)]
+    );
+    assert_eq!(ring.in_flight(), 0);
 }
 
 #[test]
@@ -871,4 +968,59 @@ fn a_drain_on_a_failed_completion_queue_gives_up_at_once() {
         started.elapsed()
     );
     drop(qb);
+}
+
+/// A wait for more than can ever come fails at once, however many it
+/// asks for: it does not first ask the allocator for room for them all.
+#[test]
+fn a_wait_for_more_than_can_come_fails_without_allocating_for_it() {
+    let mut p = default_pair();
+    p.a.submission()
+        .push(Recv::new(p.pool.take().unwrap()))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    for min in [2, 1 << 50, usize::MAX] {
+        let err = p.a.completion().wait(min).unwrap_err();
+        assert!(
+            matches!(err, Error::WaitUnsatisfiable { wanted, possible: 1 } if wanted == min),
+            "{err}"
+        );
+    }
+}
+
+/// Work pushed before the ring failed (its completion queue overran) is
+/// not posted: it would complete where nothing is read any more, and be
+/// leaked. The submit hands it back, buffers intact.
+#[test]
+fn a_failed_ring_hands_back_what_was_pushed_before_instead_of_posting_it() {
+    let mut p = default_pair();
+    // A receive in flight, so the ring looks at its completion queue.
+    p.a.submission()
+        .push(Recv::new(p.pool.take().unwrap()).user_data(4))
+        .unwrap();
+    p.a.submission().submit().unwrap();
+    let target = p.exposed.remote().slice(0..1024).unwrap();
+    p.a.submission()
+        .push(Write::new(p.pool.take().unwrap(), target).user_data(5))
+        .unwrap();
+    p.a.qp().control().overrun_cq();
+    let err = p.a.completion().poll().unwrap_err();
+    assert!(matches!(err, Error::CqOverrun), "{err}");
+    let refused = p.a.submission().submit().unwrap_err();
+    assert!(
+        matches!(refused.error, Error::RingFailed(_)),
+        "{}",
+        refused.error
+    );
+    assert_eq!(refused.posted, 0);
+    assert_eq!(
+        refused
+            .unposted
+            .iter()
+            .map(|u| (u.user_data, u.bufs[0].len()))
+            .collect::<Vec<_>>(),
+        vec![(5, 1024)]
+    );
+    // The receive the device holds stays the ring's.
+    assert_eq!(p.a.in_flight(), 1);
 }

@@ -218,7 +218,10 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
     /// fewer than `min` can still arrive. On any error nothing is lost: the
     /// completions reaped so far stay ready for the next call.
     pub fn wait(&mut self, min: usize) -> Result<Vec<Completion>, Error> {
-        let mut out = Vec::with_capacity(min);
+        // No more than can come: a `min` beyond that fails below, and must
+        // not first ask the allocator for room it cannot give.
+        let can_come = self.ring.ready.len() + self.ring.expecting;
+        let mut out = Vec::with_capacity(min.min(can_come));
         match self.wait_into(min, &mut out) {
             Ok(_) => Ok(out),
             Err(e) => {
@@ -473,6 +476,13 @@ impl<Q: QueuePair> Ring<Q> {
         let Some(slot) = self.qps.get_mut(qp) else {
             return;
         };
+        // Ran, as RC completes in order, unless the device may never have
+        // taken them.
+        let status = if slot.unaccounted {
+            WcStatus::WrFlushErr
+        } else {
+            WcStatus::Success
+        };
         let mut order = std::mem::take(&mut slot.send_order);
         let mut released = 0;
         let mut implicit = 0;
@@ -481,7 +491,7 @@ impl<Q: QueuePair> Ring<Q> {
                 break;
             }
             released += 1;
-            let operation = self.finish(front, WcStatus::Success, None, None, false, handle);
+            let operation = self.finish(front, status, None, None, false, handle);
             implicit += u64::from(operation);
         }
         let slot = self.qps.get_mut(qp).expect("live above");
@@ -507,6 +517,9 @@ impl<Q: QueuePair> Ring<Q> {
 
     /// The idle-time looks: device events, and peers that left.
     fn idle_checks(&mut self) -> Result<(), Error> {
+        if self.sync_owed {
+            self.retry_sync_markers();
+        }
         self.poll_events()?;
         self.check_peers()
     }

@@ -131,8 +131,8 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     pub(super) fn wake_stream(&mut self) {
-        if let Some(waker) = self.ready_waker.take() {
-            self.wakes.push(waker);
+        if !self.ready_wakers.is_empty() {
+            self.wakes.append(&mut self.ready_wakers);
         }
     }
 
@@ -277,16 +277,12 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Remembers `waker` to wake when a completion is queued for the
-    /// completion queue.
+    /// completion queue: beside the others waiting, not in their place
+    /// (streams that displaced each other's wakers would wake each other
+    /// for ever).
     pub(crate) fn set_ready_waker(&mut self, waker: &Waker) {
-        if !self
-            .ready_waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(waker))
-        {
-            if let Some(old) = self.ready_waker.replace(waker.clone()) {
-                self.wakes.push(old);
-            }
+        if !self.ready_wakers.iter().any(|w| w.will_wake(waker)) {
+            self.ready_wakers.push(waker.clone());
         }
     }
 

@@ -293,8 +293,8 @@ pub struct Ring<Q: QueuePair> {
     /// The caller's vector while [`CompletionQueue::reap`] runs: queue-owned
     /// completions go straight into it rather than through `ready`.
     reaping_into: Option<Vec<Completion>>,
-    /// Woken when a completion is queued in `ready` (the async stream).
-    ready_waker: Option<std::task::Waker>,
+    /// Woken when a completion is queued in `ready` (the async streams).
+    ready_wakers: Vec<std::task::Waker>,
     /// The completion channel, once asked for (`None` inside: the backend
     /// has none).
     cq_events: Option<Option<Arc<dyn CompletionEvents>>>,
@@ -316,6 +316,9 @@ pub struct Ring<Q: QueuePair> {
     /// back from it, so a drain gives up at once (its buffers are leaked)
     /// rather than waiting out `drain_timeout`.
     cq_lost: bool,
+    /// A sync marker could not be posted: tried again while the ring
+    /// waits.
+    sync_owed: bool,
     closed: bool,
     /// Empty polls since the last look at events and peers.
     idle_polls: u32,
@@ -425,7 +428,7 @@ impl<Q: QueuePair> Ring<Q> {
             slab: Slab::with_capacity(0),
             ready: VecDeque::new(),
             reaping_into: None,
-            ready_waker: None,
+            ready_wakers: Vec::new(),
             cq_events: None,
             events: events::EventState::default(),
             wakes: Vec::new(),
@@ -434,6 +437,7 @@ impl<Q: QueuePair> Ring<Q> {
             scratch: vec![RawCompletion::default(); batch],
             failed: None,
             cq_lost: false,
+            sync_owed: false,
             closed: false,
             idle_polls: 0,
             stats: RingStats::default(),

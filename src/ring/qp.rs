@@ -73,6 +73,11 @@ pub(super) struct QpSlot<Q> {
     pub(super) since_signal: usize,
     pub(super) force_signal: bool,
     pub(super) error: Option<WcStatus>,
+    /// A post the backend could not account for (it reported every work
+    /// request taken, not knowing which were): a send released without
+    /// a CQE of its own may never have run, so it is released as flushed,
+    /// not as done.
+    pub(super) unaccounted: bool,
     /// The teardown marker in flight: a slab entry of its own, so its
     /// `wr_id` names this attachment only.
     pub(super) drain: Option<Key>,
@@ -199,6 +204,7 @@ impl<Q: QueuePair> Ring<Q> {
             since_signal: 0,
             force_signal: false,
             error: None,
+            unaccounted: false,
             drain: None,
             dirty: false,
             last_wqe: false,

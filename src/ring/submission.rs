@@ -333,6 +333,9 @@ impl<Q: QueuePair> Ring<Q> {
         if self.dirty.is_empty() {
             return Ok(0);
         }
+        if let Some(why) = self.failed {
+            return Err(self.refuse_pending(why));
+        }
         let mut posting = Posting::default();
         // Walked by index, not drained: the list keeps its place and
         // capacity. Nothing below adds a queue to it or drops one.
@@ -351,6 +354,40 @@ impl<Q: QueuePair> Ring<Q> {
         }
         self.dirty.clear();
         posting.into_result()
+    }
+
+    /// A failed ring posts nothing: what was pushed before the failure
+    /// (an awaited operation whose doorbell was deferred, say) would
+    /// complete on a completion queue that gives nothing back, and be
+    /// leaked. It goes back instead, intact: to the caller in the error,
+    /// or, for awaited operations, to their futures as flushed.
+    #[cold]
+    #[inline(never)]
+    fn refuse_pending(&mut self, why: &'static str) -> SubmitError {
+        let mut unposted = Vec::new();
+        for queue in std::mem::take(&mut self.dirty) {
+            let keys = self.take_pending(queue);
+            let (qp, srq) = match queue {
+                QueueRef::Qp(key) => {
+                    if let Some(slot) = self.qps.get_mut(key) {
+                        slot.dirty = false;
+                    }
+                    (self.qp_handle(key), None)
+                }
+                QueueRef::Srq(key) => {
+                    if let Some(slot) = self.srqs.get_mut(key) {
+                        slot.dirty = false;
+                    }
+                    (None, self.srq_handle_of(queue))
+                }
+            };
+            unposted.extend(self.remove_unposted(keys.into_iter().map(Key::to_wr_id), qp, srq));
+        }
+        SubmitError {
+            error: Error::RingFailed(why),
+            posted: 0,
+            unposted,
+        }
     }
 
     /// Posts queue pair `qp`'s pending receives and sends, one doorbell
@@ -487,7 +524,9 @@ impl<Q: QueuePair> Ring<Q> {
     /// prefix. It takes the send slot (and CQE) an unposted op freed, and a
     /// slab entry of its own, so that its `wr_id` is as unique as an
     /// operation's. If it cannot be posted, the next send asks for a CQE
-    /// instead.
+    /// instead, and, should none come, the ring tries the marker again
+    /// while it waits ([`retry_sync_markers`](Self::retry_sync_markers)):
+    /// the prefix's owners may wait for it before sending anything more.
     fn post_sync_marker(&mut self, qp: Key) {
         let Some(key) = self.slab.insert(InFlight {
             kind: OpKind::Write,
@@ -502,6 +541,7 @@ impl<Q: QueuePair> Ring<Q> {
                 .get_mut(qp)
                 .expect("a live queue pair")
                 .force_signal = true;
+            self.sync_owed = true;
             return;
         };
         let slot = self.qps.get_mut(qp).expect("a live queue pair");
@@ -521,7 +561,33 @@ impl<Q: QueuePair> Ring<Q> {
             self.slab.get_mut(key).expect("just inserted").posted = true;
         } else {
             slot.force_signal = true;
+            self.sync_owed = true;
             self.slab.remove(key);
+        }
+    }
+
+    /// Posts again the sync markers that could not be posted, for queue
+    /// pairs that have sent nothing since (a send would have asked for
+    /// the CQE itself) and have room for one; the rest wait for the next
+    /// try. Run while the ring waits, off the reap path.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn retry_sync_markers(&mut self) {
+        self.sync_owed = false;
+        for key in self.qps.keys() {
+            let Some(slot) = self.qps.get(key) else {
+                continue;
+            };
+            if !slot.force_signal || slot.error.is_some() || slot.send_order.is_empty() {
+                continue;
+            }
+            if !slot.pending_send.is_empty() || self.send_room_at(key) == 0 {
+                // A submit will sign its last send; or no room yet.
+                self.sync_owed = true;
+                continue;
+            }
+            self.qps.get_mut(key).expect("looked up above").force_signal = false;
+            self.post_sync_marker(key);
         }
     }
 
@@ -608,7 +674,9 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
     /// that claims them all (the backend could not tell which it took) or
     /// more than were posted (a backend bug) counts as taking them all, and
     /// moves the queue pair to error: whatever the device did take then
-    /// comes back flushed, and nothing it may hold is handed back early.
+    /// comes back flushed, and nothing it may hold is handed back early;
+    /// sends released later without a CQE of their own are reported
+    /// flushed too (the device may never have taken them).
     #[inline]
     fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
         match result {
@@ -616,6 +684,7 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
             Err(PostError { accepted, .. }) if *accepted < len => *accepted,
             Err(_) => {
                 self.record_error(WcStatus::LocQpOpErr);
+                self.unaccounted = true;
                 // If even this fails the ring still refuses new work; the
                 // operations come back when the device reports them, or are
                 // leaked at teardown.
