@@ -507,3 +507,68 @@ fn a_solicited_arm_wakes_only_for_what_asked() {
     assert_eq!(events.take().unwrap(), 1);
     assert_eq!(poll(&mut cq, 4).len(), 2);
 }
+
+/// Memory a peer may write must be writable by the device locally too:
+/// ibv_reg_mr refuses REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE,
+/// and so does the soft device, so a registration that only the soft
+/// device would take cannot hide in a test.
+#[test]
+fn remote_write_without_local_write_is_refused_at_registration() {
+    use rdma_ring::backend::{Access, ProtectionDomain};
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut memory = vec![0u8; 64];
+    for access in [
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC | Access::REMOTE_READ,
+    ] {
+        // SAFETY: `memory` outlives every registration made here (a
+        // refused one holds nothing).
+        let refused = unsafe { pd.register_raw(memory.as_mut_ptr(), memory.len(), access) };
+        assert!(
+            matches!(&refused, Err(Error::Soft(why)) if why.contains("LOCAL_WRITE")),
+            "{access:?}: {:?}",
+            refused.err()
+        );
+    }
+    for access in [
+        Access::REMOTE_READ,
+        Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+        Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
+    ] {
+        // SAFETY: as above; the region is dropped before `memory`.
+        let mr = unsafe { pd.register_raw(memory.as_mut_ptr(), memory.len(), access) };
+        assert!(mr.is_ok(), "{access:?}");
+    }
+}
+
+/// A queue pair asking for more inline bytes than a NIC grants gets the
+/// device's most, and its caps say so: an inline send beyond that is
+/// refused, as a NIC's would be.
+#[test]
+fn inline_data_is_granted_up_to_the_device_s_most() {
+    use rdma_ring::backend::soft::MAX_INLINE;
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_inline_data: 4096,
+        ..QpConfig::default()
+    };
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config).unwrap();
+    assert_eq!(qp.caps().max_inline_data, MAX_INLINE);
+    let local = RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap();
+    let mut wr = SendWr::new(1, SendOpcode::Send, SgeSpan { start: 0, len: 1 });
+    wr.flags = SendFlags::INLINE | SendFlags::SIGNALED;
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: MAX_INLINE + 1,
+        lkey: local.lkey(),
+    };
+    // SAFETY: the element names bytes of `local`, alive past the post.
+    let refused = unsafe { qp.post_send(&[wr], &[sge]) }.unwrap_err();
+    assert!(
+        matches!(refused.error, Error::PostRejected(r) if r.contains("max_inline_data")),
+        "{:?}",
+        refused.error
+    );
+}

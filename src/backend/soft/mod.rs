@@ -98,6 +98,11 @@ pub const MAX_CQE: u32 = 1 << 16;
 /// most.
 pub const MAX_SGE: u32 = 16;
 
+/// Inline bytes per send the soft device grants at most, as a NIC grants
+/// a few hundred: a queue pair asking for more gets this much (its caps
+/// say so), so inline sizes that a NIC would not take fail here too.
+pub const MAX_INLINE: u32 = 256;
+
 struct Shared {
     state: Mutex<DeviceState>,
     /// Signaled after anything that may have raised a completion event.
@@ -464,6 +469,7 @@ impl SoftDevice {
             max_recv_wr,
             max_send_sge: config.max_send_sge.clamp(1, MAX_SGE),
             max_recv_sge: config.max_recv_sge.clamp(1, MAX_SGE),
+            max_inline_data: config.max_inline_data.min(MAX_INLINE),
             ..config
         };
         let mut state = self.shared.lock();

@@ -38,6 +38,15 @@ unsafe impl ProtectionDomain for SoftPd {
         if (addr as usize).checked_add(len).is_none() {
             return Err(Error::Soft("registration wraps the address space"));
         }
+        // As ibv_reg_mr refuses it (EINVAL): memory a peer may write must
+        // be writable by the device locally too.
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(Error::Soft(
+                "REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (ibv_reg_mr refuses it)",
+            ));
+        }
         let mut state = self.shared.lock();
         let key = state.next_mr;
         if key & RKEY_BIT != 0 {
