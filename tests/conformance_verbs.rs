@@ -375,6 +375,22 @@ fn connects_with_one_call_per_side() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let timeout = Duration::from_secs(30);
+    // A non-blocking listener polls: with nobody waiting, a timeout, not
+    // a failure.
+    listener.set_nonblocking(true).unwrap();
+    let err = tcp::accept_qp(
+        &listener,
+        &fabric.dev,
+        &fabric.pd,
+        QpConfig::default(),
+        timeout,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, rdma_ring::Error::HandshakeTimeout { .. }),
+        "{err:?}"
+    );
+    listener.set_nonblocking(false).unwrap();
     let (dev, pd) = (fabric.dev.clone(), fabric.pd.clone());
     let (posted_tx, posted_rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {

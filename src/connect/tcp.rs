@@ -330,7 +330,8 @@ pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<Tcp
 /// Accepts one peer on `listener` and connects a new queue pair (with a
 /// completion queue of its own) to it: the other half of [`connect_qp`].
 /// The accept itself waits for as long as the listener does (make it
-/// non-blocking to bound it); the handshake after that is bounded by
+/// non-blocking to poll: with no peer waiting, it fails at once with
+/// [`Error::HandshakeTimeout`]); the handshake after that is bounded by
 /// `timeout`. To post receives first, accept and [`handshake`] yourself.
 ///
 /// ```no_run
@@ -354,9 +355,20 @@ pub fn accept_qp(
     config: crate::backend::QpConfig,
     timeout: Duration,
 ) -> Result<crate::backend::verbs::VerbsQp, Error> {
-    let (mut stream, _) = listener.accept().map_err(|e| Error::Handshake {
-        step: "accepting over TCP",
-        reason: e.to_string(),
+    let (mut stream, _) = listener.accept().map_err(|e| {
+        let step = "accepting over TCP";
+        // A non-blocking listener with no peer waiting: nothing failed.
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::HandshakeTimeout {
+                step,
+                reason: "no peer is waiting (the listener does not block)".into(),
+            }
+        } else {
+            Error::Handshake {
+                step,
+                reason: e.to_string(),
+            }
+        }
     })?;
     let qp = dev.create_qp(pd, config)?;
     handshake(&mut stream, &qp, timeout)?;

@@ -52,7 +52,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
                     || {
                         let _ = shared.drive();
                     },
-                    || shared.with(|ring| ring.wake_completion_stream()),
+                    || shared.with(|ring| ring.quiet_tick()),
                 )
             })
         });

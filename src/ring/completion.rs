@@ -477,16 +477,17 @@ impl<Q: QueuePair> Ring<Q> {
             return;
         };
         // Ran, as RC completes in order, unless the device may never have
-        // taken them.
-        let status = if slot.unaccounted {
-            WcStatus::WrFlushErr
-        } else {
-            WcStatus::Success
-        };
+        // taken them: from the first send of a post the backend could not
+        // account for on, they are released as flushed.
+        let unaccounted_from = slot.unaccounted_from;
         let mut order = std::mem::take(&mut slot.send_order);
         let mut released = 0;
         let mut implicit = 0;
+        let mut status = WcStatus::Success;
         while let Some(front) = order.pop_front() {
+            if unaccounted_from == Some(front) {
+                status = WcStatus::WrFlushErr;
+            }
             if front == key {
                 break;
             }
@@ -495,6 +496,10 @@ impl<Q: QueuePair> Ring<Q> {
             implicit += u64::from(operation);
         }
         let slot = self.qps.get_mut(qp).expect("live above");
+        if status != WcStatus::Success {
+            // Passed now: the sends still after it are its post's too.
+            slot.unaccounted_from = order.front().copied();
+        }
         slot.send_order = order;
         slot.outstanding_send -= released;
         slot.stats.implicit += implicit;

@@ -124,9 +124,14 @@ impl<Q: QueuePair> Ring<Q> {
         true
     }
 
-    /// Wakes the completion stream's task (spuriously, which is allowed):
-    /// a tick for tasks that have timed work of their own.
-    pub(crate) fn wake_completion_stream(&mut self) {
+    /// The notifier thread's quiet tick: tries again the sync markers the
+    /// device refused (nothing else would, on a ring whose owners all
+    /// wait), and wakes the completion streams' tasks (spuriously, which
+    /// is allowed) for tasks that have timed work of their own.
+    pub(crate) fn quiet_tick(&mut self) {
+        if self.sync_owed {
+            self.retry_sync_markers();
+        }
         self.wake_stream();
     }
 

@@ -73,11 +73,16 @@ pub(super) struct QpSlot<Q> {
     pub(super) since_signal: usize,
     pub(super) force_signal: bool,
     pub(super) error: Option<WcStatus>,
-    /// A post the backend could not account for (it reported every work
-    /// request taken, not knowing which were): a send released without
-    /// a CQE of its own may never have run, so it is released as flushed,
-    /// not as done.
-    pub(super) unaccounted: bool,
+    /// The first send of a post the backend could not account for (it
+    /// reported every work request taken, not knowing which were): from
+    /// it on, a send released without a CQE of its own may never have
+    /// run, so it is released as flushed, not as done. Those before it
+    /// ran, as RC completes in order.
+    pub(super) unaccounted_from: Option<Key>,
+    /// The last send the device took asked for no CQE, and no marker
+    /// followed it: its completion, and those of the unsignaled sends
+    /// before it, wait for a later signaled one.
+    pub(super) tail_unsignaled: bool,
     /// The teardown marker in flight: a slab entry of its own, so its
     /// `wr_id` names this attachment only.
     pub(super) drain: Option<Key>,
@@ -204,7 +209,8 @@ impl<Q: QueuePair> Ring<Q> {
             since_signal: 0,
             force_signal: false,
             error: None,
-            unaccounted: false,
+            unaccounted_from: None,
+            tail_unsignaled: false,
             drain: None,
             dirty: false,
             last_wqe: false,

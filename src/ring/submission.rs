@@ -416,6 +416,13 @@ impl<Q: QueuePair> Ring<Q> {
             // teardown they are leaked, never freed.
             let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
             let accepted = slot.accepted(&result, slot.pending_send.len());
+            if matches!(&result, Err(e) if e.accepted >= slot.pending_send.len()) {
+                // The device may have taken any prefix of this post: from
+                // its first send on, what is released without a CQE of
+                // its own may never have run.
+                let first = Key::from_wr_id(slot.pending_send[0].wr_id);
+                slot.unaccounted_from.get_or_insert(first);
+            }
             // The slot and the slab are separate fields: the list is walked
             // in place, with no move out and back.
             let run = &slot.pending_send[..accepted];
@@ -437,10 +444,15 @@ impl<Q: QueuePair> Ring<Q> {
                     .send_order
                     .extend(run.iter().map(|wr| Key::from_wr_id(wr.wr_id))),
             }
-            let prefix_unsignaled = accepted > 0
-                && !slot.pending_send[accepted - 1]
+            // What the device took last decides whether completions wait
+            // for a later signaled send; a post it took none of changes
+            // nothing (an earlier unsignaled tail still waits).
+            if accepted > 0 {
+                slot.tail_unsignaled = !slot.pending_send[accepted - 1]
                     .flags
                     .contains(SendFlags::SIGNALED);
+            }
+            let tail_unsignaled = slot.tail_unsignaled;
             slot.outstanding_send += accepted;
             slot.stats.doorbells += 1;
             slot.stats.send_wrs += accepted as u64;
@@ -453,7 +465,7 @@ impl<Q: QueuePair> Ring<Q> {
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
                 let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_send);
-                if prefix_unsignaled {
+                if tail_unsignaled {
                     self.post_sync_marker(qp);
                 }
                 posting.refused(error, unposted);
@@ -552,6 +564,7 @@ impl<Q: QueuePair> Ring<Q> {
         slot.stats.doorbells += 1;
         self.stats.doorbells += 1;
         if posted {
+            slot.tail_unsignaled = false;
             slot.send_order.push_back(key);
             slot.outstanding_send += 1;
             slot.stats.signaled += 1;
@@ -574,19 +587,24 @@ impl<Q: QueuePair> Ring<Q> {
     #[inline(never)]
     pub(super) fn retry_sync_markers(&mut self) {
         self.sync_owed = false;
+        if self.closed || self.failed.is_some() {
+            // Nothing more is read from the completion queue.
+            return;
+        }
         for key in self.qps.keys() {
             let Some(slot) = self.qps.get(key) else {
                 continue;
             };
-            if !slot.force_signal || slot.error.is_some() || slot.send_order.is_empty() {
+            if !slot.tail_unsignaled || slot.error.is_some() || slot.send_order.is_empty() {
                 continue;
             }
-            if !slot.pending_send.is_empty() || self.send_room_at(key) == 0 {
-                // A submit will sign its last send; or no room yet.
+            if !slot.pending_send.is_empty() || self.qp_credit_error(key, false).is_some() {
+                // A submit will post a signaled send; or no room yet (a
+                // send slot, a CQE, a slab entry beyond the teardown
+                // markers' reservation).
                 self.sync_owed = true;
                 continue;
             }
-            self.qps.get_mut(key).expect("looked up above").force_signal = false;
             self.post_sync_marker(key);
         }
     }
@@ -674,9 +692,9 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
     /// that claims them all (the backend could not tell which it took) or
     /// more than were posted (a backend bug) counts as taking them all, and
     /// moves the queue pair to error: whatever the device did take then
-    /// comes back flushed, and nothing it may hold is handed back early;
-    /// sends released later without a CQE of their own are reported
-    /// flushed too (the device may never have taken them).
+    /// comes back flushed, and nothing it may hold is handed back early
+    /// (the send path also marks where such a post began: see
+    /// `unaccounted_from`).
     #[inline]
     fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
         match result {
@@ -684,7 +702,6 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
             Err(PostError { accepted, .. }) if *accepted < len => *accepted,
             Err(_) => {
                 self.record_error(WcStatus::LocQpOpErr);
-                self.unaccounted = true;
                 // If even this fails the ring still refuses new work; the
                 // operations come back when the device reports them, or are
                 // leaked at teardown.
