@@ -469,17 +469,34 @@ impl<Q: QueuePair> Ring<Q> {
     /// is not looked up for each.
     #[inline]
     fn release_sends_before(&mut self, qp: Key, key: Key) {
+        match self.qps.get(qp).map(|slot| slot.unaccounted_from) {
+            None => {}
+            // The common case: `None` folds the status to a constant.
+            Some(None) => self.release_run(qp, key, None),
+            Some(from) => self.release_unaccounted(qp, key, from),
+        }
+    }
+
+    /// [`release_sends_before`](Self::release_sends_before) on a queue
+    /// pair that had a post the backend could not account for: out of
+    /// line, off the reap path.
+    #[cold]
+    #[inline(never)]
+    fn release_unaccounted(&mut self, qp: Key, key: Key, from: Option<Key>) {
+        self.release_run(qp, key, from);
+    }
+
+    /// Releases the run of sends before `key`: as done, since RC
+    /// completes in order, unless the device may never have taken them:
+    /// from `unaccounted_from` (the first send of a post the backend could
+    /// not account for) on, as flushed.
+    #[inline(always)]
+    fn release_run(&mut self, qp: Key, key: Key, unaccounted_from: Option<Key>) {
         let handle = Some(QpHandle {
             ring: self.id,
             key: qp,
         });
-        let Some(slot) = self.qps.get_mut(qp) else {
-            return;
-        };
-        // Ran, as RC completes in order, unless the device may never have
-        // taken them: from the first send of a post the backend could not
-        // account for on, they are released as flushed.
-        let unaccounted_from = slot.unaccounted_from;
+        let slot = self.qps.get_mut(qp).expect("looked up by the caller");
         let mut order = std::mem::take(&mut slot.send_order);
         let mut released = 0;
         let mut implicit = 0;
