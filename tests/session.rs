@@ -710,6 +710,33 @@ async fn more_messages_than_the_window_is_a_flood() {
     assert_eq!(&within(peer.session.receive()).await.unwrap()[..], &[1]);
 }
 
+/// Against a shallower peer our window counts in the smaller depth, as
+/// the peer counts it: a peer going past that is flooding, though our
+/// own window is wider.
+#[tokio::test]
+async fn the_window_a_shallower_peer_floods_is_the_one_both_sides_count() {
+    // Ours: 32 deep with a window of 16; the raw peer's: 16 deep, so both
+    // count a window of 15 for us.
+    let mut peer = raw_peer(SessionConfig::default());
+    for n in 0..16u8 {
+        let mut m = vec![n];
+        m.extend_from_slice(
+            &Trailer {
+                kind: Kind::User,
+                processed: 0,
+                taken: 0,
+            }
+            .encode(),
+        );
+        peer.wire.send(m);
+    }
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("user window of 15"), "{why}");
+    for n in 0..15u8 {
+        assert_eq!(&within(peer.session.receive()).await.unwrap()[..], &[n]);
+    }
+}
+
 #[tokio::test]
 async fn a_lying_descriptor_fails_the_operation_and_gives_the_buffer_back() {
     let mut peer = raw_peer(SessionConfig::default());

@@ -111,6 +111,17 @@ impl Flow {
         }
     }
 
+    /// User messages the peer may leave with our user, untaken: our
+    /// window as both sides count it (below the smaller depth).
+    ///
+    /// ```
+    /// use rdma_ring::session::flow::Flow;
+    /// assert_eq!(Flow::new(8, 4, 16, 6).own_window(), 6);
+    /// ```
+    pub fn own_window(&self) -> u32 {
+        self.own_window
+    }
+
     /// Messages sent that the peer has not reported processed.
     ///
     /// ```

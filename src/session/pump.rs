@@ -268,7 +268,8 @@ fn receive<Q: QueuePair + std::marker::Send + 'static>(
     write_imm: bool,
 ) -> Result<(Result<Region, crate::Error>, bool), String> {
     st.flow.on_arrival()?;
-    let window = usize::from(host.config.user_window);
+    // As both sides count it: ours, or less against a shallower peer.
+    let window = st.flow.own_window() as usize;
     if write_imm {
         if st.unread() >= window {
             return Err(format!(
