@@ -218,14 +218,34 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             .handle();
         let prepared = Prepared { handle };
         self.shared.sessions().preparing.insert(handle, Vec::new());
-        let posted = (0..self.shared.config.recv_depth).try_for_each(|_| {
-            let region = self.shared.recv_region()?;
-            self.shared.post_recv(handle, region).map_err(|(e, _)| e)
-        });
-        let submitted = posted.and_then(|()| {
-            self.shared
-                .ring
-                .with_ring(|mut r| r.submit().map(|_| ()).map_err(|e| e.error))
+        let regions: Result<Vec<Region>, Error> = (0..self.shared.config.recv_depth)
+            .map(|_| self.shared.recv_region())
+            .collect();
+        // Pushed and submitted under one hold of the ring, so that no
+        // other handshake's receives go out with them. The pump's pushed
+        // work may: what the device refuses of it fails its sessions, as
+        // the pump's own submit would.
+        let submitted = regions.and_then(|regions| {
+            let pushed_and_submitted = self.shared.ring.with_ring(|mut ring| {
+                for region in regions {
+                    if let Err(r) = ring
+                        .submission_on(handle)
+                        .push(Recv::new(region).user_data(RECV))
+                    {
+                        return Err(Err(r.into_parts().0));
+                    }
+                }
+                ring.submit().map(|_| ()).map_err(Ok)
+            });
+            match pushed_and_submitted {
+                Ok(()) => Ok(()),
+                Err(Err(error)) => Err(error),
+                // Out of the ring's lock: failing a session takes it.
+                Err(Ok(refused)) => {
+                    super::pump::refused(&self.shared, &refused);
+                    Err(refused.error)
+                }
+            }
         });
         match submitted {
             Ok(()) => Ok(prepared),

@@ -87,7 +87,7 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
                 service(host, s, now, tick, ring_failed);
             }
             if let Err(e) = host.ring.submit() {
-                refused(host, e);
+                refused(host, &e);
             }
             let abandoned = host.abandoned.load(std::sync::atomic::Ordering::Acquire);
             (
@@ -676,9 +676,9 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
 
 /// The device refused to post some of the pump's work: the sessions it
 /// belonged to cannot go on (their counts assume it went).
-fn refused<Q: QueuePair + std::marker::Send + 'static>(
+pub(super) fn refused<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
-    e: crate::ring::SubmitError,
+    e: &crate::ring::SubmitError,
 ) {
     let qps: std::collections::HashSet<_> = e.unposted.iter().filter_map(|op| op.qp).collect();
     for qp in qps {
