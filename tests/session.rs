@@ -577,6 +577,20 @@ impl Wire {
     }
 }
 
+/// A one-byte user message `n`, reporting nothing processed or taken.
+fn user_message(n: u8) -> Vec<u8> {
+    let mut m = vec![n];
+    m.extend_from_slice(
+        &Trailer {
+            kind: Kind::User,
+            processed: 0,
+            taken: 0,
+        }
+        .encode(),
+    );
+    m
+}
+
 async fn protocol_failure(session: &Session<SoftQp>) -> String {
     within(async {
         loop {
@@ -688,20 +702,8 @@ async fn more_messages_than_the_window_is_a_flood() {
         ..SessionConfig::default()
     };
     let mut peer = raw_peer(config);
-    let user = |n: u8| {
-        let mut m = vec![n];
-        m.extend_from_slice(
-            &Trailer {
-                kind: Kind::User,
-                processed: 0,
-                taken: 0,
-            }
-            .encode(),
-        );
-        m
-    };
     for n in 0..3 {
-        peer.wire.send(user(n));
+        peer.wire.send(user_message(n));
     }
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("window"), "{why}");
@@ -719,16 +721,7 @@ async fn the_window_a_shallower_peer_floods_is_the_one_both_sides_count() {
     // count a window of 15 for us.
     let mut peer = raw_peer(SessionConfig::default());
     for n in 0..16u8 {
-        let mut m = vec![n];
-        m.extend_from_slice(
-            &Trailer {
-                kind: Kind::User,
-                processed: 0,
-                taken: 0,
-            }
-            .encode(),
-        );
-        peer.wire.send(m);
+        peer.wire.send(user_message(n));
     }
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("user window of 15"), "{why}");
