@@ -731,6 +731,41 @@ fn a_post_the_backend_cannot_account_for_reports_no_success_it_did_not_see() {
     );
 }
 
+/// The same when the post the backend could not account for starts with
+/// a send that asked for its own completion, and nothing before it is
+/// outstanding: that completion comes first, and those after it must
+/// still not come back as done.
+#[test]
+fn an_unaccounted_post_whose_first_send_completes_reports_the_rest_flushed() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..3u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        let write = Write::new(p.pool.take().unwrap(), target).user_data(i);
+        let write = if i == 0 { write.signaled() } else { write };
+        ring.submission().push(write).unwrap();
+    }
+    set_accept(Some(1));
+    set_cannot_tell(true);
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    set_cannot_tell(false);
+    assert_eq!((err.posted, err.unposted.len()), (3, 0));
+    drop(err);
+    let back = ring.close();
+    assert_eq!(
+        back.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
 /// A partial post whose sync marker the device refuses too: the
 /// accepted prefix ended unsignaled, and its owners may wait for it
 /// before sending anything more. The ring tries the marker again while

@@ -391,6 +391,11 @@ impl<Q: QueuePair> Ring<Q> {
                     // Every send signaled (one per submit, or each one
                     // asked to be): nothing to release before it.
                     slot.send_order.pop_front();
+                    if slot.unaccounted_from == Some(key) {
+                        // Passed with its own CQE: those after it are of
+                        // the post the backend could not account for.
+                        slot.unaccounted_from = slot.send_order.front().copied();
+                    }
                     slot
                 } else {
                     self.release_sends_before(qp, key);

@@ -241,9 +241,15 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
                 Ok(()) => Ok(()),
                 Err(Err(error)) => Err(error),
                 // Out of the ring's lock: failing a session takes it.
+                // Another session's refused work fails that session, not
+                // this handshake, unless ours was refused too.
                 Err(Ok(refused)) => {
                     super::pump::refused(&self.shared, &refused);
-                    Err(refused.error)
+                    if refused.unposted.iter().any(|op| op.qp == Some(handle)) {
+                        Err(refused.error)
+                    } else {
+                        Ok(())
+                    }
                 }
             }
         });
