@@ -71,7 +71,6 @@ pub(super) struct QpSlot<Q> {
     pub(super) outstanding_send: usize,
     pub(super) outstanding_recv: usize,
     pub(super) since_signal: usize,
-    pub(super) force_signal: bool,
     pub(super) error: Option<WcStatus>,
     /// The first send of a post the backend could not account for (it
     /// reported every work request taken, not knowing which were): from
@@ -207,7 +206,6 @@ impl<Q: QueuePair> Ring<Q> {
             outstanding_send: 0,
             outstanding_recv: 0,
             since_signal: 0,
-            force_signal: false,
             error: None,
             unaccounted_from: None,
             tail_unsignaled: false,

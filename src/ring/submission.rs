@@ -276,12 +276,11 @@ impl<Q: QueuePair> Ring<Q> {
                 wr.wr_id = key.to_wr_id();
                 wr.sges = span;
                 slot.since_signal += 1;
-                if slot.force_signal || slot.since_signal >= slot.signal_interval {
+                if slot.since_signal >= slot.signal_interval {
                     wr.flags |= SendFlags::SIGNALED;
                 }
                 if wr.flags.contains(SendFlags::SIGNALED) {
                     slot.since_signal = 0;
-                    slot.force_signal = false;
                 }
                 slot.pending_send.push(wr);
             }
@@ -535,10 +534,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// zero-length signaled RDMA WRITE behind it, whose CQE releases the
     /// prefix. It takes the send slot (and CQE) an unposted op freed, and a
     /// slab entry of its own, so that its `wr_id` is as unique as an
-    /// operation's. If it cannot be posted, the next send asks for a CQE
-    /// instead, and, should none come, the ring tries the marker again
-    /// while it waits ([`retry_sync_markers`](Self::retry_sync_markers)):
-    /// the prefix's owners may wait for it before sending anything more.
+    /// operation's. If it cannot be posted, the queue pair's tail stays
+    /// unsignaled: the next submit's last send asks for a CQE, and, should
+    /// none come, the ring tries the marker again while it waits
+    /// ([`retry_sync_markers`](Self::retry_sync_markers)): the prefix's
+    /// owners may wait for it before sending anything more.
     fn post_sync_marker(&mut self, qp: Key) {
         let Some(key) = self.slab.insert(InFlight {
             kind: OpKind::Write,
@@ -549,10 +549,6 @@ impl<Q: QueuePair> Ring<Q> {
             posted: false,
             owner: Owner::Marker,
         }) else {
-            self.qps
-                .get_mut(qp)
-                .expect("a live queue pair")
-                .force_signal = true;
             self.sync_owed = true;
             return;
         };
@@ -573,7 +569,6 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += 1;
             self.slab.get_mut(key).expect("just inserted").posted = true;
         } else {
-            slot.force_signal = true;
             self.sync_owed = true;
             self.slab.remove(key);
         }

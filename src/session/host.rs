@@ -226,31 +226,27 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         // work may: what the device refuses of it fails its sessions, as
         // the pump's own submit would.
         let submitted = regions.and_then(|regions| {
-            let pushed_and_submitted = self.shared.ring.with_ring(|mut ring| {
+            let mut refused = None;
+            self.shared.ring.with_ring(|mut ring| {
                 for region in regions {
-                    if let Err(r) = ring
-                        .submission_on(handle)
+                    ring.submission_on(handle)
                         .push(Recv::new(region).user_data(RECV))
-                    {
-                        return Err(Err(r.into_parts().0));
-                    }
+                        .map_err(|r| r.into_parts().0)?;
                 }
-                ring.submit().map(|_| ()).map_err(Ok)
-            });
-            match pushed_and_submitted {
-                Ok(()) => Ok(()),
-                Err(Err(error)) => Err(error),
-                // Out of the ring's lock: failing a session takes it.
-                // Another session's refused work fails that session, not
-                // this handshake, unless ours was refused too.
-                Err(Ok(refused)) => {
-                    super::pump::refused(&self.shared, &refused);
-                    if refused.unposted.iter().any(|op| op.qp == Some(handle)) {
-                        Err(refused.error)
-                    } else {
-                        Ok(())
-                    }
-                }
+                refused = ring.submit().err();
+                Ok::<(), Error>(())
+            })?;
+            let Some(refused) = refused else {
+                return Ok(());
+            };
+            // Out of the ring's lock: failing a session takes it. Another
+            // session's refused work fails that session, not this
+            // handshake, unless ours was refused too.
+            super::pump::refused(&self.shared, &refused);
+            if refused.unposted.iter().any(|op| op.qp == Some(handle)) {
+                Err(refused.error)
+            } else {
+                Ok(())
             }
         });
         match submitted {
