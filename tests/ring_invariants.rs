@@ -657,10 +657,18 @@ fn a_partial_post_hands_back_the_unposted_ops() {
             .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
             .unwrap();
     }
+    let qp = ring.default_qp().unwrap();
+    let sends = |ring: &Ring<Misbehaving>| {
+        let stats = ring.qp_stats(qp).unwrap();
+        (stats.sends_pushed, stats.sends_done)
+    };
+    assert_eq!(sends(&ring), (5, 0));
     // Accept two, refuse from the third on.
     set_accept(Some(2));
     let err = ring.submission().submit().unwrap_err();
     assert_eq!(err.posted, 2);
+    // The three handed back are finished; the two posted are not.
+    assert_eq!(sends(&ring), (5, 3));
     assert_eq!(
         err.unposted.iter().map(|u| u.user_data).collect::<Vec<_>>(),
         vec![2, 3, 4]
@@ -677,11 +685,16 @@ fn a_partial_post_hands_back_the_unposted_ops() {
     );
     assert!(done.iter().all(|c| c.status().is_success()));
     assert_eq!(ring.in_flight(), 0);
+    // The marker took a send slot but is no operation: it counts in
+    // neither figure.
+    assert_eq!(sends(&ring), (5, 5));
     ring.submission()
         .push(Write::new(p.pool.take().unwrap(), remote.slice(0..1024).unwrap()).user_data(9))
         .unwrap();
+    assert_eq!(sends(&ring), (6, 5));
     ring.submission().submit().unwrap();
     assert_eq!(ring.completion().wait(1).unwrap()[0].user_data(), 9);
+    assert_eq!(sends(&ring), (6, 6));
 }
 
 /// A backend that cannot tell which work requests of a post it took

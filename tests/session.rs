@@ -1092,3 +1092,56 @@ async fn a_deep_peer_s_receives_leave_a_shallow_side_its_send_queue() {
     }
     assert_eq!(within(write).await.0.unwrap(), 8);
 }
+
+/// On a NIC a send's ACK may come late (coalesced, or lost and covered by
+/// a later one): the peer's report of our messages processed can then be
+/// reaped before those sends' own completions, while they still hold
+/// their send queue slots. Messages then wait for slots of their own
+/// rather than take those promised to data operations, and nothing
+/// fails: the device holds this side's completions back while the peer
+/// reads and answers.
+#[tokio::test]
+async fn late_acks_leave_data_operations_their_send_queue() {
+    let config = SessionConfig {
+        recv_depth: 4,
+        user_window: 2,
+        max_send_wr: 1,
+        ..SessionConfig::default()
+    };
+    let (a, b) = pair(config);
+    let target = within(a.request_remote_mr(bytes(8))).await.unwrap();
+    a.with_queue_pair(|qp| qp.control().hold_acks()).unwrap();
+    let n = 20;
+    let sends = futures::future::join_all((0..n).map(|_| {
+        let msg = a.alloc_local_mr(bytes(8)).unwrap();
+        a.send(msg.slice(..))
+    }));
+    tokio::pin!(sends);
+    let received = std::sync::atomic::AtomicUsize::new(0);
+    let reader = async {
+        for _ in 0..n {
+            b.receive().await.unwrap();
+            received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    tokio::pin!(reader);
+    // The peer takes messages and reports them processed; no send of ours
+    // completes meanwhile.
+    let both = async { futures::join!(&mut sends, &mut reader) };
+    assert!(timeout(Duration::from_millis(300), both).await.is_err());
+    assert!(
+        received.load(std::sync::atomic::Ordering::Relaxed) >= 4,
+        "the peer saw more than one depth of messages"
+    );
+    let write = a.write(a.alloc_local_mr(bytes(8)).unwrap(), target.remote());
+    assert!(
+        !write.was_refused(),
+        "the only data operation in flight was refused"
+    );
+    a.with_queue_pair(|qp| qp.control().release_acks()).unwrap();
+    let (sent, ()) = within(async { futures::join!(sends, reader) }).await;
+    for (i, (sent, _)) in sent.into_iter().enumerate() {
+        sent.unwrap_or_else(|e| panic!("message {i}: {e}"));
+    }
+    assert_eq!(within(write).await.0.unwrap(), 8);
+}

@@ -118,6 +118,10 @@ impl<Q: QueuePair> Ring<Q> {
             }
             Owner::Marker => {
                 self.slab.remove_present(key);
+                if let Some(slot) = qp.and_then(|h| self.qps.get_mut(h.key)) {
+                    debug_assert!(slot.markers_out > 0, "a marker nobody counted");
+                    slot.markers_out = slot.markers_out.saturating_sub(1);
+                }
                 return false;
             }
         }

@@ -33,6 +33,16 @@ pub struct QpStats {
     pub cqes: u64,
     /// Operations completed implicitly by a later signaled CQE.
     pub implicit: u64,
+    /// Send-queue operations pushed on it (posted or still pending, and
+    /// those a refused post handed back), in push order.
+    pub sends_pushed: u64,
+    /// Of [`sends_pushed`](Self::sends_pushed), those finished: completed
+    /// (with a CQE of their own or implicitly), flushed, or handed back
+    /// unposted. Its send queue completes in order, so the `n`-th send
+    /// pushed has finished once `sends_done >= n` — what a layer above
+    /// counts its own sends' slots with, whoever their futures went to.
+    /// The ring's own markers count in neither.
+    pub sends_done: u64,
 }
 
 /// Queue depths a ring takes at most (per queue pair or shared receive
@@ -85,6 +95,12 @@ pub(super) struct QpSlot<Q> {
     /// The teardown marker in flight: a slab entry of its own, so its
     /// `wr_id` names this attachment only.
     pub(super) drain: Option<Key>,
+    /// The ring's markers (sync and teardown) posted and not yet finished:
+    /// they hold send slots but are nobody's operations.
+    pub(super) markers_out: usize,
+    /// Send operations finished without being posted (handed back or
+    /// flushed from the pending list).
+    pub(super) unposted_sends: u64,
     pub(super) dirty: bool,
     /// The device said it will take no more receives from the shared
     /// receive queue.
@@ -93,6 +109,18 @@ pub(super) struct QpSlot<Q> {
 }
 
 impl<Q> QpSlot<Q> {
+    /// Its counters, with the send counts worked out from the queue's
+    /// state (kept off the push and reap paths).
+    fn stats(&self) -> QpStats {
+        let posted_ops_out = self.outstanding_send.saturating_sub(self.markers_out) as u64;
+        let finished_unposted = self.unposted_sends;
+        QpStats {
+            sends_pushed: self.stats.send_wrs + finished_unposted + self.pending_send.len() as u64,
+            sends_done: (self.stats.send_wrs + finished_unposted).saturating_sub(posted_ops_out),
+            ..self.stats
+        }
+    }
+
     pub(super) fn record_error(&mut self, status: WcStatus) {
         if self.error.is_none() {
             self.error = Some(status);
@@ -210,6 +238,8 @@ impl<Q: QueuePair> Ring<Q> {
             unaccounted_from: None,
             tail_unsignaled: false,
             drain: None,
+            markers_out: 0,
+            unposted_sends: 0,
             dirty: false,
             last_wqe: false,
             stats: QpStats::default(),
@@ -398,6 +428,7 @@ impl<Q: QueuePair> Ring<Q> {
             slot.drain = Some(marker);
             slot.send_order.push_back(marker);
             slot.outstanding_send += 1;
+            slot.markers_out += 1;
             // Its CQE moves from the reservation to the used budget.
             slot.marker_reserved = false;
             self.cqe_reserved -= 1;
@@ -452,7 +483,7 @@ impl<Q: QueuePair> Ring<Q> {
     pub fn qp_stats(&self, qp: QpHandle) -> Option<QpStats> {
         self.qp_key(qp)
             .and_then(|k| self.qps.get(k))
-            .map(|slot| slot.stats)
+            .map(QpSlot::stats)
     }
 
     /// The status of the error that put queue pair `qp` in error, if one

@@ -563,6 +563,7 @@ impl<Q: QueuePair> Ring<Q> {
             slot.tail_unsignaled = false;
             slot.send_order.push_back(key);
             slot.outstanding_send += 1;
+            slot.markers_out += 1;
             slot.stats.signaled += 1;
             self.stats.signaled += 1;
             self.cqe_used += 1;
@@ -615,6 +616,7 @@ impl<Q: QueuePair> Ring<Q> {
     ) -> Vec<Unposted> {
         let mut unposted = Vec::new();
         for key in wr_ids.map(Key::from_wr_id) {
+            self.count_unposted_send(key);
             let queued = matches!(self.slab.get(key).map(|op| &op.owner), Some(Owner::Queue));
             if !queued {
                 self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
@@ -673,10 +675,22 @@ impl<Q: QueuePair> Ring<Q> {
         }
     }
 
+    /// Counts operation `key`, about to finish unposted, in its queue
+    /// pair's finished sends if it is a send.
+    fn count_unposted_send(&mut self, key: Key) {
+        let Some(op) = self.slab.get(key) else { return };
+        if let (false, QueueRef::Qp(qp)) = (op.kind.is_recv(), op.queue) {
+            if let Some(slot) = self.qps.get_mut(qp) {
+                slot.unposted_sends += 1;
+            }
+        }
+    }
+
     /// Hands operations [`take_pending`](Self::take_pending) took back as
     /// flushed completions.
     pub(super) fn flush_unposted(&mut self, keys: Vec<Key>) {
         for key in keys {
+            self.count_unposted_send(key);
             self.finish(key, WcStatus::WrFlushErr, Some(0), None, false, None);
         }
     }

@@ -285,6 +285,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         };
         if !op.was_refused() {
             st.flow.sent(true);
+            self.shared.message_went(st);
         }
         Ok(op)
     }
@@ -354,6 +355,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
                     .write_imm(buf.take().expect("one push"), remote, imm);
                 if !op.was_refused() {
                     st.flow.sent_write_imm();
+                    self.shared.message_went(st);
                 }
                 op
             })
@@ -408,7 +410,8 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
             if let Some(e) = st.refusal() {
                 return Some(Err(e));
             }
-            st.flow.can_send_user().then(|| Ok(push(st)))
+            let go = st.flow.can_send_user() && self.shared.message_slot_free(st);
+            go.then(|| Ok(push(st)))
         })
         .await
     }

@@ -38,7 +38,9 @@
 //! ack — which reported at least two messages the other side had not seen
 //! reported, so processing it left that side's `in_flight` below
 //! `depth − 1`: not both can be stuck. A user window that stays shut is
-//! the reader's choice, and it shuts user messages only. The tests below
+//! the reader's choice, and it shuts user messages only. A message may
+//! also wait for a send queue slot of its own (`send_slots`), which comes
+//! back with an earlier message's completion whatever the peer does. The tests below
 //! flood both sides at random and check that no receive queue runs dry
 //! and that both sides can send again once everything is delivered.
 //!

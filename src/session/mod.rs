@@ -135,6 +135,7 @@ mod host;
 mod listener;
 mod pump;
 mod remote_region;
+mod send_slots;
 mod state;
 pub mod wire;
 
@@ -260,9 +261,9 @@ impl SessionConfig {
     /// Queue pair settings of a session.
     pub(crate) fn qp_config(&self) -> crate::backend::QpConfig {
         crate::backend::QpConfig {
-            // Data operations, control messages (a window of the peer's
-            // receives) and the ring's teardown marker.
-            max_send_wr: self.max_send_wr + u32::from(self.recv_depth) + 2,
+            // Data operations, messages (a window of the peer's
+            // receives, and one spare) and the ring's teardown marker.
+            max_send_wr: self.max_send_wr + send_slots::message_slots(self.recv_depth) + 1,
             max_recv_wr: u32::from(self.recv_depth),
             max_send_sge: 2,
             max_recv_sge: 1,

@@ -525,6 +525,11 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         repost_owed(host, s, &mut st);
         flush(host, s, &mut st);
     }
+    if std::mem::take(&mut st.slots.waited) {
+        // A user message waits for a send slot, which comes back as a
+        // completion nobody tells us of is reaped: it looks again.
+        st.changed();
+    }
     let close_now = st.closing
         && (st.close_done || st.failure.is_some() || st.close_deadline.is_some_and(|d| now >= d));
     drop(st);
@@ -635,13 +640,17 @@ fn flush<Q: QueuePair + std::marker::Send + 'static>(
     }
 }
 
-/// Pushes one control message; `Ok(false)` if the send queue is full.
+/// Pushes one control message; `Ok(false)` if the send queue (or the
+/// part of it kept for messages) is full.
 fn send_control<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
     s: &SessionShared<Q>,
     st: &mut SessionState,
     control: Control,
 ) -> Result<bool, crate::Error> {
+    if !st.slots.free(|| s.qp.stats().map(|x| x.sends_done)) {
+        return Ok(false); // its completion comes: next time
+    }
     let (processed, taken) = st.flow.counts();
     let bytes = with_lease_left(st, control).encode(processed, taken);
     let layout = Layout::from_size_align(bytes.len(), 8).expect("a small layout");
@@ -654,15 +663,17 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
     } else {
         CONTROL
     };
+    let handle = s.qp.handle();
     let pushed = host.ring.with_ring(|mut ring| {
-        ring.submission_on(s.qp.handle())
+        ring.submission_on(handle)
             .push(Send::new(region).user_data(tag))
-            .map(|_| ())
-            .map_err(|r| r.into_parts().0)
+            .map_err(|r| r.into_parts().0)?;
+        Ok(ring.qp_stats(handle).map_or(0, |x| x.sends_pushed))
     });
     match pushed {
-        Ok(()) => {
+        Ok(at) => {
             st.flow.sent(false);
+            st.slots.took(at);
             Ok(true)
         }
         Err(

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::flow::Flow;
 use super::host::HostShared;
+use super::send_slots::MessageSlots;
 use super::wire::{Control, Hello, RegionDescriptor};
 use super::SessionError;
 use crate::backend::QueuePair;
@@ -73,6 +74,8 @@ pub(super) enum Request {
 
 pub(super) struct SessionState {
     pub(super) flow: Flow,
+    /// Our messages that may still hold their send queue slots.
+    pub(super) slots: MessageSlots,
     pub(super) peer: Hello,
     pub(super) outbox: VecDeque<Control>,
     /// Receives to post again, in order (a region to reuse, or `None`:
@@ -121,6 +124,7 @@ impl SessionState {
                 u32::from(depth),
                 window(own.user_window),
             ),
+            slots: MessageSlots::new(super::send_slots::message_slots(own.recv_depth) as usize),
             peer,
             outbox: VecDeque::new(),
             reposts: VecDeque::new(),
@@ -198,6 +202,21 @@ pub(super) struct SessionShared<Q: QueuePair + Send + 'static> {
 impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
     pub(super) fn lock(&self) -> MutexGuard<'_, SessionState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a message of ours may take a send queue slot now; if not,
+    /// the pump looks again for a waiting user.
+    pub(super) fn message_slot_free(&self, st: &mut SessionState) -> bool {
+        let free = st.slots.free(|| self.qp.stats().map(|s| s.sends_done));
+        st.slots.waited |= !free;
+        free
+    }
+
+    /// Counts a message of ours that just went (after the sends pushed
+    /// so far: those since can only place it later).
+    pub(super) fn message_went(&self, st: &mut SessionState) {
+        let at = self.qp.stats().map_or(0, |s| s.sends_pushed);
+        st.slots.took(at);
     }
 }
 

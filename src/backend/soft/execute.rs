@@ -76,23 +76,26 @@ impl DeviceState {
                 if wr.flags.contains(SendFlags::SIGNALED) {
                     qp.report_send(queued.seq);
                     let byte_len = queued.sges.iter().map(|s| s.len).sum();
-                    self.push_cqe(
-                        qpn,
-                        RawCompletion {
-                            wr_id: wr.wr_id,
-                            qp_num: qpn as u32,
-                            status,
-                            byte_len,
-                            imm: None,
-                            by_write_imm: false,
-                        },
-                        SlotRelease::sends_through(queued.seq),
-                    );
+                    let cqe = RawCompletion {
+                        wr_id: wr.wr_id,
+                        qp_num: qpn as u32,
+                        status,
+                        byte_len,
+                        imm: None,
+                        by_write_imm: false,
+                    };
+                    let release = SlotRelease::sends_through(queued.seq);
+                    match qp.held_acks.as_mut() {
+                        Some(held) => held.push_back((cqe, release)),
+                        None => self.push_cqe(qpn, cqe, release),
+                    }
                 }
             } else {
-                // An error completion always has a CQE, and the queue pair
-                // goes to error, flushing everything behind it.
+                // An error completion always has a CQE (after those held
+                // for their ACKs), and the queue pair goes to error,
+                // flushing everything behind it.
                 qp.report_send(queued.seq);
+                self.deliver_held_acks(qpn);
                 self.push_cqe(
                     qpn,
                     RawCompletion {

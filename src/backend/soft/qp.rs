@@ -227,6 +227,51 @@ impl QpControl {
         }
     }
 
+    /// Holds back the completions of this queue pair's successful
+    /// signaled sends, as a requester's wait for an ACK that comes late
+    /// (coalesced, or lost and covered by a later one): the work has run
+    /// and the peer has seen it — its receive completes, and it may
+    /// answer — but the send's slot is not given back until
+    /// [`release_acks`](Self::release_acks). Errors still complete at
+    /// once, after the held completions.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::{Recv, Send};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let control = qp.control();
+    /// let (mut ring, mut peer) = (Ring::new(qp, RingConfig::default()), Ring::new(peer, RingConfig::default()));
+    /// peer.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap())).unwrap();
+    /// peer.submit().unwrap();
+    /// control.hold_acks();
+    /// ring.submission().push(Send::new(RegisteredBuf::new(&pd, b"late".to_vec()).unwrap())).unwrap();
+    /// ring.submit().unwrap();
+    /// assert_eq!(peer.completion().wait(1).unwrap().len(), 1); // it arrived
+    /// assert!(ring.completion().poll().unwrap().is_none()); // its ACK did not
+    /// control.release_acks();
+    /// assert!(ring.completion().wait(1).unwrap()[0].status().is_success());
+    /// ```
+    pub fn hold_acks(&self) {
+        if let Some(qp) = self.shared.lock().qp(self.qpn) {
+            qp.held_acks.get_or_insert_with(Default::default);
+        }
+    }
+
+    /// Delivers, in order, the completions [`hold_acks`](Self::hold_acks)
+    /// held, and holds no more.
+    pub fn release_acks(&self) {
+        let mut state = self.shared.lock();
+        state.deliver_held_acks(self.qpn);
+        if let Some(qp) = state.qp(self.qpn) {
+            qp.held_acks = None;
+        }
+        self.shared.notify(&state);
+    }
+
     /// Cuts the link to the peer, both ways: every later request of either
     /// side fails with `RetryExcErr`, as if the peer had vanished.
     pub fn break_connection(&self) {

@@ -225,6 +225,9 @@ pub(super) struct QpEntry {
     pub(super) fault: Option<(u64, WcStatus)>,
     /// Send posts still to refuse, as a NIC out of resources does.
     pub(super) refuse_posts: u32,
+    /// While set, the successful completions of its signaled sends wait
+    /// here, in order, as a requester's do for a late or lost ACK.
+    pub(super) held_acks: Option<VecDeque<(RawCompletion, SlotRelease)>>,
     pub(super) counters: QpCounters,
 }
 
@@ -251,6 +254,7 @@ impl QpEntry {
             rnr: None,
             fault: None,
             refuse_posts: 0,
+            held_acks: None,
             counters: QpCounters::default(),
         }
     }
@@ -445,6 +449,8 @@ impl DeviceState {
     /// receive queue stay there for the other queue pairs; the device says
     /// this queue pair will take no more with `LastWqeReached`.
     pub(super) fn enter_error(&mut self, qpn: usize) {
+        // Completions held for late ACKs come before the flush's.
+        self.deliver_held_acks(qpn);
         let Some(qp) = self.qp(qpn) else { return };
         let was = qp.state;
         qp.state = QpState::Error;
@@ -467,6 +473,19 @@ impl DeviceState {
         }
         if on_srq && was != QpState::Error {
             self.raise(AsyncEvent::LastWqeReached { qp_num: qpn as u32 });
+        }
+    }
+
+    /// Completes, in order, the sends of queue pair `qpn` whose
+    /// completions wait for their ACKs; it goes on holding later ones if
+    /// it was.
+    pub(super) fn deliver_held_acks(&mut self, qpn: usize) {
+        let held = match self.qp(qpn).and_then(|qp| qp.held_acks.as_mut()) {
+            Some(held) if !held.is_empty() => std::mem::take(held),
+            _ => return,
+        };
+        for (cqe, release) in held {
+            self.push_cqe(qpn, cqe, release);
         }
     }
 
