@@ -108,9 +108,15 @@ pub enum Error {
     /// ring takes no more work.
     #[error("the ring's completion queue or device failed ({0}); it takes no more work")]
     RingFailed(&'static str),
-    /// One work request can move at most 2^31 bytes.
-    #[error("buffer of {0} bytes exceeds the 2^31-byte limit of one work request")]
-    TooLong(usize),
+    /// One work request can move at most 2^31 bytes, or what the port
+    /// allows (its `max_msg_sz`), if less.
+    #[error("{len} bytes exceed the {max}-byte limit of one work request")]
+    TooLong {
+        /// The bytes asked for.
+        len: usize,
+        /// The most one work request may move here.
+        max: usize,
+    },
     /// A range or offset lies outside the buffer or slice.
     #[error("range {start}..{end} is out of bounds for {len} bytes")]
     OutOfBounds {
@@ -139,6 +145,10 @@ pub enum Error {
     /// Memory of zero bytes cannot be registered.
     #[error("cannot register an empty buffer")]
     EmptyBuffer,
+    /// A scatter/gather list of no buffers was pushed (a zero-length
+    /// operation is one empty buffer).
+    #[error("a scatter/gather list needs at least one buffer")]
+    EmptyList,
     /// A wire record is malformed.
     #[error("malformed {what}: {reason}")]
     Malformed {

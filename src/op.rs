@@ -36,7 +36,9 @@ use crate::buf::{
 };
 use crate::error::Error;
 
-/// The largest payload one work request may carry (the RC message limit).
+/// The largest payload one work request may carry: RC's message limit. A
+/// port may allow less ([`QpCaps::max_message`]), which sends, reads,
+/// writes and atomics are checked against at push.
 pub const MAX_MESSAGE_LEN: usize = 1 << 31;
 
 pub use crate::work::OpKind;
@@ -120,8 +122,12 @@ pub trait Operation: sealed::Sealed + Sized {
 pub struct Limits {
     pub(crate) pd: PdId,
     pub(crate) max_sge: u32,
+    /// For an RDMA READ, which some devices allow fewer elements.
+    pub(crate) max_read_sge: u32,
     pub(crate) max_inline_data: u32,
     pub(crate) atomics: bool,
+    /// Most bytes one work request may move.
+    pub(crate) max_len: u32,
 }
 
 impl Limits {
@@ -129,8 +135,10 @@ impl Limits {
         Limits {
             pd: caps.pd,
             max_sge: caps.max_send_sge,
+            max_read_sge: caps.max_read_sge,
             max_inline_data: caps.max_inline_data,
             atomics: caps.atomics,
+            max_len: caps.max_message,
         }
     }
 
@@ -138,8 +146,22 @@ impl Limits {
         Limits {
             pd: caps.pd,
             max_sge: caps.max_recv_sge,
+            max_read_sge: 0,
             max_inline_data: 0,
             atomics: false,
+            // A receive larger than any message the port carries is no
+            // harm: only what arrives is written.
+            max_len: MAX_MESSAGE_LEN as u32,
+        }
+    }
+
+    /// These limits for operations on slots of `slot_len` bytes (the
+    /// fixed-buffer ring's), which move no more than a slot holds: one
+    /// test of a length then checks both.
+    pub(crate) fn within_slots(self, slot_len: u32) -> Self {
+        Limits {
+            max_len: self.max_len.min(slot_len),
+            ..self
         }
     }
 
@@ -147,8 +169,10 @@ impl Limits {
         Limits {
             pd: caps.pd,
             max_sge: caps.max_sge,
+            max_read_sge: 0,
             max_inline_data: 0,
             atomics: false,
+            max_len: MAX_MESSAGE_LEN as u32,
         }
     }
 }
@@ -170,7 +194,7 @@ pub struct Prepared {
 fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
     let count = buf.sge_count();
     if count == 0 {
-        return Err(Error::EmptyBuffer);
+        return Err(Error::EmptyList);
     }
     if count > limits.max_sge as usize {
         return Err(Error::TooManySges {
@@ -184,8 +208,11 @@ fn check_local<B: IoBuf>(buf: &B, limits: &Limits) -> Result<(), Error> {
             qp: limits.pd,
         });
     }
-    if buf.bytes_len() > MAX_MESSAGE_LEN {
-        return Err(Error::TooLong(buf.bytes_len()));
+    if buf.bytes_len() > limits.max_len as usize {
+        return Err(Error::TooLong {
+            len: buf.bytes_len(),
+            max: limits.max_len as usize,
+        });
     }
     Ok(())
 }
@@ -1305,6 +1332,13 @@ impl<B: IoBufMut> Operation for Read<B> {
     #[inline(always)]
     fn check(&self, limits: &Limits) -> Result<(), Error> {
         check_local(&self.buf, limits)?;
+        let count = self.buf.sge_count();
+        if count > limits.max_read_sge as usize {
+            return Err(Error::TooManySges {
+                count,
+                max: limits.max_read_sge,
+            });
+        }
         check_remote(
             OpKind::Read,
             self.buf.bytes_len(),

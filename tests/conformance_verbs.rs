@@ -114,6 +114,62 @@ fn a_queue_pair_across_two_openings_of_a_device_is_refused() {
     assert!(b.dev.create_qp(&b.pd, QpConfig::default()).is_ok());
 }
 
+/// A queue pair's caps carry the port's message limit and the device's
+/// RDMA READ elements, and a WRITE past the limit is refused at push (its
+/// buffer handed back) rather than posted to put the queue pair in error.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn a_queue_pair_carries_the_port_s_message_limit_and_the_device_s_read_elements() {
+    use rdma_ring::backend::QueuePair;
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::{Write, MAX_MESSAGE_LEN};
+    use rdma_ring::ring::{Ring, RingConfig};
+    let v = Verbs::new();
+    let config = QpConfig {
+        max_send_sge: 4,
+        ..QpConfig::default()
+    };
+    let (a, _b) = v.pair(config);
+    let caps = a.caps();
+    let limits = v.dev.limits();
+    eprintln!(
+        "{}: max_message {:#x}, max_read_sge {} (device max_sge_rd {}), max_send_sge {}",
+        v.dev.name(),
+        caps.max_message,
+        caps.max_read_sge,
+        limits.max_sge_rd,
+        caps.max_send_sge
+    );
+    assert!(caps.max_message > 0 && caps.max_message as usize <= MAX_MESSAGE_LEN);
+    assert!(
+        limits.max_sge_rd > 0,
+        "the device reports its READ elements"
+    );
+    assert_eq!(
+        caps.max_read_sge,
+        caps.max_send_sge.min(limits.max_sge_rd),
+        "{caps:?}"
+    );
+    if (caps.max_message as usize) < MAX_MESSAGE_LEN && caps.max_message <= 64 << 20 {
+        let len = caps.max_message as usize + 1;
+        let mut ring = Ring::new(a, RingConfig::default());
+        let target = ExposedBuf::new(&v.pd, vec![0u8; len], RemoteAccess::WRITE).unwrap();
+        let data = RegisteredBuf::new(&v.pd, vec![1u8; len]).unwrap();
+        let refused = ring
+            .submission()
+            .push(Write::new(data, target.remote()))
+            .unwrap_err();
+        assert!(
+            matches!(refused.error(), rdma_ring::Error::TooLong { .. }),
+            "{}",
+            refused.error()
+        );
+        assert_eq!(refused.into_value().into_buf().len(), len);
+    } else {
+        eprintln!("the port carries 2^31-byte messages: nothing smaller to refuse");
+    }
+}
+
 /// The TCP handshake connects two queue pairs: each side in its own
 /// thread, endpoints exchanged over loopback TCP, then a SEND crosses.
 #[test]

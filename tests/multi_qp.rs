@@ -878,7 +878,7 @@ fn scatter_gather_lists() {
         .submission()
         .push(Recv::new(SgList::new(Vec::<RegisteredBuf>::new())))
         .unwrap_err();
-    assert!(matches!(refused.error(), Error::EmptyBuffer));
+    assert!(matches!(refused.error(), Error::EmptyList));
     drop(target);
 }
 

@@ -963,6 +963,135 @@ fn atomics_are_refused_on_a_device_without_them() {
     assert_eq!(refused.into_value().into_buf().get(), 5);
 }
 
+/// A port that carries smaller messages than RC's 2^31 bytes, and a device
+/// whose RDMA READs take fewer scatter/gather elements than its other
+/// sends: what goes past either is refused at push, its buffers handed
+/// back, rather than posted to fail and put the queue pair in error. On
+/// both rings.
+#[test]
+fn a_port_s_message_limit_and_a_device_s_read_elements_are_checked_at_push() {
+    use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, ReadFixed, WriteFixed};
+    struct Limited(SoftQp);
+    // SAFETY: everything but `caps` is the soft queue pair's, and claiming
+    // smaller limits only makes the ring refuse more.
+    unsafe impl QueuePair for Limited {
+        type Cq = SoftCq;
+        type Srq = SoftSrq;
+        fn caps(&self) -> QpCaps {
+            QpCaps {
+                max_message: 1024,
+                max_read_sge: 1,
+                ..self.0.caps()
+            }
+        }
+        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract is passed through unchanged.
+            unsafe { self.0.post_send(wrs, sges) }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract is passed through unchanged.
+            unsafe { self.0.post_recv(wrs, sges) }
+        }
+        fn set_error(&mut self) -> Result<(), Error> {
+            self.0.set_error()
+        }
+        fn take_cq(&mut self) -> Option<SoftCq> {
+            self.0.take_cq()
+        }
+    }
+    let p = default_pair();
+    let remote = p.exposed.remote();
+    let config = QpConfig {
+        max_send_sge: 2,
+        ..QpConfig::default()
+    };
+    let (qp, _peer) = p.dev.connected_pair(&p.pd, &p.pd, config).unwrap();
+    let mut ring = Ring::new(Limited(qp), RingConfig::default());
+    let buf = |n: usize| RegisteredBuf::new(&p.pd, vec![1u8; n]).unwrap();
+    let refused = ring
+        .submission()
+        .push(Write::new(buf(1025), remote.slice(0..1025).unwrap()))
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused.error(),
+            Error::TooLong {
+                len: 1025,
+                max: 1024
+            }
+        ),
+        "{}",
+        refused.error()
+    );
+    assert_eq!(refused.into_value().into_buf().len(), 1025);
+    let refused = ring
+        .submission()
+        .push(Read::scatter(
+            [buf(8), buf(8)],
+            remote.slice(0..16).unwrap(),
+        ))
+        .unwrap_err();
+    assert!(matches!(
+        refused.error(),
+        Error::TooManySges { count: 2, max: 1 }
+    ));
+    // A gathered WRITE may still use both elements, and a receive may be
+    // larger than any message (only what arrives is written).
+    ring.submission()
+        .push(Write::gather([buf(512), buf(512)], remote.slice(0..1024).unwrap()).user_data(1))
+        .unwrap();
+    ring.submission()
+        .push(Read::new(buf(1024), remote.slice(0..1024).unwrap()).user_data(2))
+        .unwrap();
+    ring.submission().push(Recv::new(buf(4096))).unwrap();
+    ring.submit().unwrap();
+    let done = ring.completion().wait(2).unwrap();
+    assert!(done.iter().all(|c| c.status().is_success()));
+
+    // The fixed-buffer ring: slots of 4 KiB, messages of at most 1 KiB.
+    let (mut qp, _peer) = p.dev.connected_pair(&p.pd, &p.pd, config).unwrap();
+    let cq = qp.take_cq().unwrap();
+    let bufs = FixedBufs::new(&p.pd, 2, 4096).unwrap();
+    let mut fixed: FixedRing<Limited> = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let conn = fixed
+        .attach(Limited(qp))
+        .unwrap_or_else(|_| panic!("attach"));
+    let slot = fixed.take_buf().unwrap();
+    let (error, op) = fixed
+        .push(
+            conn,
+            WriteFixed::new(slot, 2048, remote.slice(0..2048).unwrap()),
+        )
+        .unwrap_err()
+        .into_parts();
+    assert!(
+        matches!(
+            error,
+            Error::TooLong {
+                len: 2048,
+                max: 1024
+            }
+        ),
+        "{error}"
+    );
+    let (error, op) = fixed
+        .push(
+            conn,
+            ReadFixed::new(op.into_buf(), 8192, remote.slice(0..8192).unwrap()),
+        )
+        .unwrap_err()
+        .into_parts();
+    assert!(matches!(error, Error::OutOfBounds { .. }), "{error}");
+    fixed
+        .push(
+            conn,
+            ReadFixed::new(op.into_buf(), 1024, remote.slice(0..1024).unwrap()),
+        )
+        .unwrap();
+    fixed.submit().unwrap();
+    assert!(fixed.wait(1).unwrap()[0].status().is_success());
+}
+
 /// A long wait sleeps on the completion channel (after a few polls) and
 /// still returns as soon as the completion arrives from another thread.
 #[test]

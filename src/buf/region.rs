@@ -188,7 +188,10 @@ impl RegionAllocator {
         }
         // A scatter/gather element's length is 32 bits.
         if u32::try_from(layout.size()).is_err() {
-            return Err(Error::TooLong(layout.size()));
+            return Err(Error::TooLong {
+                len: layout.size(),
+                max: crate::op::MAX_MESSAGE_LEN,
+            });
         }
         let bytes = footprint(layout).ok_or(Error::OutOfMemory(usize::MAX))?;
         let units = u32::try_from(bytes / UNIT).map_err(|_| Error::OutOfMemory(bytes))?;
@@ -534,7 +537,7 @@ mod tests {
         ));
         assert!(matches!(
             regions.alloc(Layout::from_size_align(1 << 40, 8).unwrap()),
-            Err(Error::TooLong(_))
+            Err(Error::TooLong { .. })
         ));
         assert!(
             RegionAllocator::new(Arc::new(SoftDevice::new().alloc_pd()), usize::MAX - 10).is_err()

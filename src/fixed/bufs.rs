@@ -128,7 +128,10 @@ impl FixedBufs {
             return Err(Error::EmptyBuffer);
         }
         if slot_len > 1 << 31 {
-            return Err(Error::TooLong(slot_len as usize));
+            return Err(Error::TooLong {
+                len: slot_len as usize,
+                max: crate::op::MAX_MESSAGE_LEN,
+            });
         }
         let stride = (slot_len as usize).next_multiple_of(SLOT_ALIGN);
         let total = stride

@@ -49,15 +49,29 @@ pub struct FixedWork {
 }
 
 #[inline(always)]
-fn check_len(len: u32, slot_len: u32) -> Result<(), Error> {
+fn check_len(len: u32, slot_len: u32, limits: &Limits) -> Result<(), Error> {
+    // The ring's limits are within its slots (`Limits::within_slots`).
+    debug_assert!(limits.max_len <= slot_len);
+    if len > limits.max_len {
+        return Err(len_refused(len, slot_len, limits));
+    }
+    Ok(())
+}
+
+#[cold]
+fn len_refused(len: u32, slot_len: u32, limits: &Limits) -> Error {
     if len > slot_len {
-        return Err(Error::OutOfBounds {
+        Error::OutOfBounds {
             start: 0,
             end: u64::from(len),
             len: u64::from(slot_len),
-        });
+        }
+    } else {
+        Error::TooLong {
+            len: len as usize,
+            max: limits.max_len as usize,
+        }
     }
-    Ok(())
 }
 
 #[inline(always)]
@@ -174,7 +188,7 @@ impl FixedOp for WriteFixed {
         } else {
             OpKind::Write
         };
-        check_len(self.len, slot_len)?;
+        check_len(self.len, slot_len, limits)?;
         check_inline(self.flags, self.len as usize, limits)?;
         check_remote(
             kind,
@@ -234,8 +248,8 @@ common_setters!(ReadFixed);
 impl sealed::Sealed for ReadFixed {}
 impl FixedOp for ReadFixed {
     #[inline(always)]
-    fn prepare(&self, slot_len: u32, _limits: &Limits) -> Result<FixedWork, Error> {
-        check_len(self.len, slot_len)?;
+    fn prepare(&self, slot_len: u32, limits: &Limits) -> Result<FixedWork, Error> {
+        check_len(self.len, slot_len, limits)?;
         check_remote(
             OpKind::Read,
             self.len as usize,
@@ -309,7 +323,7 @@ impl sealed::Sealed for SendFixed {}
 impl FixedOp for SendFixed {
     #[inline(always)]
     fn prepare(&self, slot_len: u32, limits: &Limits) -> Result<FixedWork, Error> {
-        check_len(self.len, slot_len)?;
+        check_len(self.len, slot_len, limits)?;
         check_inline(self.flags, self.len as usize, limits)?;
         let (kind, opcode, imm) = match self.imm {
             Some(imm) => (OpKind::SendImm, SendOpcode::SendImm, imm),
@@ -455,7 +469,7 @@ fn atomic(
     if !limits.atomics {
         return Err(Error::Unsupported(kind));
     }
-    check_len(8, slot_len)?;
+    check_len(8, slot_len, limits)?;
     let mut wr = send_wr(opcode, flags);
     wr.remote_addr = word.addr();
     wr.rkey = word.rkey();

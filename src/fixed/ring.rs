@@ -303,7 +303,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             qpn: caps.qp_num,
             handle,
             srq,
-            limits: Limits::send(&caps),
+            limits: Limits::send(&caps).within_slots(self.bufs.slot_len()),
             send_depth: u64::from(send_depth),
             recv_depth: u64::from(caps.max_recv_wr),
             signal_mask,

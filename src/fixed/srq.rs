@@ -375,7 +375,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             srq,
             id: caps.id,
             handle,
-            limits: Limits::srq(&caps),
+            limits: Limits::srq(&caps).within_slots(self.bufs.slot_len()),
             receives: ReceiveTable::new(caps.max_wr, start),
             wrs: Vec::with_capacity(caps.max_wr as usize),
             sges: Vec::with_capacity(caps.max_wr as usize),

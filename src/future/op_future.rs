@@ -50,8 +50,8 @@ impl OpOutput for usize {
 
 impl OpOutput for Received {
     fn from_completion(c: &Completion) -> Result<Self, Error> {
-        c.result().map(|len| Received {
-            len,
+        c.result().map(|_| Received {
+            len: c.byte_len() as usize,
             imm: c.imm(),
             write_imm: c.is_write_imm(),
             qp: c.qp(),

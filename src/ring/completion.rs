@@ -89,7 +89,9 @@ impl Completion {
         self.status
     }
 
-    /// Bytes moved: for a receive, the bytes that arrived; for other
+    /// Bytes moved: for a receive, the bytes that arrived (for one an
+    /// RDMA WRITE with immediate consumed, the bytes it wrote to the
+    /// remote slice, not to this receive's buffers); for other
     /// operations, the buffers' length on success and 0 otherwise.
     pub fn byte_len(&self) -> u32 {
         self.byte_len
@@ -131,11 +133,41 @@ impl Completion {
         &self.bufs
     }
 
-    /// `Ok(bytes moved)` or the failure as an [`Error::Completion`].
+    /// `Ok(bytes moved)` through this operation's buffers, or the failure
+    /// as an [`Error::Completion`]. A receive an RDMA WRITE with immediate
+    /// consumed moved none (its buffers are untouched): `Ok(0)`, so that
+    /// `&buf[..len]` holds only what arrived there, whatever length the
+    /// peer wrote elsewhere ([`byte_len`](Self::byte_len) still says that
+    /// length).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::op::{Recv, WriteImm};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let (mut ring, mut peer) = (Ring::new(qp, RingConfig::default()), Ring::new(peer, RingConfig::default()));
+    /// let target = ExposedBuf::new(&pd, vec![0u8; 4096], RemoteAccess::WRITE).unwrap();
+    /// // A 16-byte receive, used up by a 4 KiB write elsewhere.
+    /// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap())).unwrap();
+    /// ring.submit().unwrap();
+    /// let data = RegisteredBuf::new(&pd, vec![7u8; 4096]).unwrap();
+    /// peer.submission().push(WriteImm::new(data, target.remote(), 9)).unwrap();
+    /// peer.submit().unwrap();
+    /// let got = ring.completion().wait(1).unwrap().pop().unwrap();
+    /// assert!(got.is_write_imm());
+    /// assert_eq!((got.result().unwrap(), got.byte_len()), (0, 4096));
+    /// ```
     #[inline]
     pub fn result(&self) -> Result<usize, Error> {
         if self.status.is_success() {
-            Ok(self.byte_len as usize)
+            Ok(if self.by_write_imm {
+                0
+            } else {
+                self.byte_len as usize
+            })
         } else {
             Err(Error::Completion {
                 op: self.kind,

@@ -134,7 +134,7 @@ impl OpKind {
 /// let caps = QpCaps {
 ///     qp_num: 17, cq: CqId::fresh(), srq: None, pd: PdId::fresh(),
 ///     max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4,
-///     max_inline_data: 64, atomics: true,
+///     max_inline_data: 64, atomics: true, max_read_sge: 4, max_message: 1 << 31,
 /// };
 /// assert!(caps.srq.is_none());
 /// ```
@@ -161,6 +161,13 @@ pub struct QpCaps {
     pub max_inline_data: u32,
     /// Whether the device runs 8-byte atomics.
     pub atomics: bool,
+    /// Scatter/gather elements per RDMA READ: at most
+    /// [`max_send_sge`](Self::max_send_sge), fewer on devices whose reads
+    /// take fewer (`max_sge_rd`).
+    pub max_read_sge: u32,
+    /// Most bytes one work request may move: the port's `max_msg_sz`, at
+    /// most 2^31 (RC's limit).
+    pub max_message: u32,
 }
 
 /// The limits and identity of a shared receive queue, as created.

@@ -22,7 +22,10 @@ pub enum WcStatus {
     LocQpOpErr,
     /// Local protection error: a local buffer's key or bounds are wrong.
     LocProtErr,
-    /// Flushed: the QP was in the error state, so the WR never ran.
+    /// Flushed: the QP went to the error state before the WR completed.
+    /// A WR still waiting to run never ran; one already on the wire may
+    /// have taken effect at the responder (an atomic may have been
+    /// applied), so a flushed WR is not safe to simply retry.
     WrFlushErr,
     /// Bad response from the peer.
     BadRespErr,
@@ -99,7 +102,9 @@ impl WcStatus {
         self == WcStatus::Success
     }
 
-    /// Whether the work request was flushed (never executed).
+    /// Whether the work request was flushed: it did not complete, and
+    /// may or may not have taken effect at the responder (see
+    /// [`WcStatus::WrFlushErr`]).
     pub fn is_flush(self) -> bool {
         self == WcStatus::WrFlushErr
     }

@@ -511,6 +511,8 @@ impl SoftDevice {
                 max_recv_sge: config.max_recv_sge,
                 max_inline_data: config.max_inline_data,
                 atomics: true,
+                max_read_sge: config.max_send_sge,
+                max_message: crate::op::MAX_MESSAGE_LEN as u32,
             },
             own_cq: None,
         })

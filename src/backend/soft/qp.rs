@@ -233,7 +233,10 @@ impl QpControl {
     /// and the peer has seen it — its receive completes, and it may
     /// answer — but the send's slot is not given back until
     /// [`release_acks`](Self::release_acks). Errors still complete at
-    /// once, after the held completions.
+    /// once, after the held completions. Work that [`Progress::NoOp`]
+    /// completes as it is posted runs nowhere and is not held.
+    ///
+    /// [`Progress::NoOp`]: super::Progress::NoOp
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};

@@ -32,7 +32,7 @@ pub(super) fn last_error(verb: &'static str) -> Error {
 /// use rdma_ring::backend::verbs::DeviceLimits;
 /// let limits = DeviceLimits {
 ///     max_qp_wr: 16384, max_sge: 32, max_cqe: 65536, max_srq_wr: 16384, max_srq_sge: 27,
-///     max_qp_rd_atom: 128, max_qp_init_rd_atom: 128, atomics: true,
+///     max_qp_rd_atom: 128, max_qp_init_rd_atom: 128, atomics: true, max_sge_rd: 32,
 /// };
 /// assert!(limits.atomics);
 /// ```
@@ -54,6 +54,8 @@ pub struct DeviceLimits {
     pub max_qp_init_rd_atom: u8,
     /// Whether the device runs 8-byte atomics.
     pub atomics: bool,
+    /// Scatter/gather elements per RDMA READ work request.
+    pub max_sge_rd: u32,
 }
 
 /// Which port and GID to use.
@@ -89,6 +91,8 @@ pub(super) struct DeviceInner {
     pub(super) gid: [u8; 16],
     pub(super) lid: u16,
     pub(super) active_mtu: u32,
+    /// The port's largest message.
+    pub(super) max_msg_sz: u32,
     pub(super) limits: DeviceLimits,
 }
 
@@ -183,6 +187,7 @@ impl VerbsDevice {
             gid: [0; 16],
             lid: 0,
             active_mtu: 0,
+            max_msg_sz: 0,
             limits: DeviceLimits {
                 max_qp_wr: 0,
                 max_sge: 0,
@@ -192,6 +197,7 @@ impl VerbsDevice {
                 max_qp_rd_atom: 0,
                 max_qp_init_rd_atom: 0,
                 atomics: false,
+                max_sge_rd: 0,
             },
         };
         // From here on `inner` closes the context if anything fails.
@@ -211,6 +217,7 @@ impl VerbsDevice {
             max_qp_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
             max_qp_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
             atomics: attr.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
+            max_sge_rd: attr.max_sge_rd.max(0) as u32,
         };
         // SAFETY: a plain C struct, for which all-zero is valid.
         let mut port: ibv_port_attr = unsafe { std::mem::zeroed() };
@@ -230,6 +237,7 @@ impl VerbsDevice {
         }
         inner.lid = port.lid;
         inner.active_mtu = port.active_mtu;
+        inner.max_msg_sz = port.max_msg_sz;
         let (index, gid) = match options.gid_index {
             Some(index) => (index, query_gid(ctx, options.port, index)?),
             None => pick_gid(ctx, name, options.port, port.gid_tbl_len)?,

@@ -155,6 +155,14 @@ impl VerbsQp {
             max_recv_sge,
             max_inline_data: init.cap.max_inline_data.min(config.max_inline_data),
             atomics: limits.atomics,
+            // A device that reports no figure for reads is taken to allow
+            // one element.
+            max_read_sge: max_send_sge.min(limits.max_sge_rd.max(1)),
+            // A port that reports no figure is taken at RC's.
+            max_message: match pd.dev.max_msg_sz {
+                0 => crate::op::MAX_MESSAGE_LEN as u32,
+                max => max.min(crate::op::MAX_MESSAGE_LEN as u32),
+            },
         };
         let this = VerbsQp {
             send_wrs: zeroed(config.max_send_wr as usize + 1),
