@@ -19,6 +19,8 @@ struct Setup {
     done: Vec<Completion>,
     _pool: BufferPool,
     _exposed: ExposedBuf<Vec<u8>>,
+    /// Kept, so the link stays up for the whole benchmark.
+    _peer: SoftQp,
 }
 
 /// Queue pairs deep enough for a round of 64 unsignaled sends.
@@ -34,7 +36,6 @@ fn setup(batch: usize) -> Setup {
     let dev = SoftDevice::with_progress(Progress::NoOp);
     let pd = dev.alloc_pd();
     let (qp, peer) = dev.connected_pair(&pd, &pd, qp_config()).unwrap();
-    std::mem::forget(peer); // keep the link up for the whole benchmark
     let exposed = ExposedBuf::new(&pd, vec![0u8; 64 * 64], RemoteAccess::WRITE).unwrap();
     let pool = BufferPool::new(&pd, 64, batch).unwrap();
     let bufs = (0..batch).map(|_| pool.take().unwrap()).collect();
@@ -45,6 +46,7 @@ fn setup(batch: usize) -> Setup {
         done: Vec::with_capacity(batch),
         _pool: pool,
         _exposed: exposed,
+        _peer: peer,
     }
 }
 
@@ -72,8 +74,9 @@ fn software_path(c: &mut Criterion) {
     let mut group = c.benchmark_group("software_path");
     for batch in [1usize, 16, 64] {
         group.throughput(Throughput::Elements(batch as u64));
+        // Set up once: criterion calls the closure for every sample.
+        let mut s = setup(batch);
         group.bench_function(format!("write_batch_{batch}"), |b| {
-            let mut s = setup(batch);
             b.iter(|| round(&mut s));
         });
     }
@@ -216,7 +219,8 @@ fn one_poller(c: &mut Criterion) {
     let mut group = c.benchmark_group("one_poller");
     for qps in [1usize, 64, 1024] {
         group.throughput(Throughput::Elements(16));
-        group.bench_function(format!("qps_{qps}"), |b| {
+        // Set up once: criterion calls the closure for every sample.
+        {
             let dev = SoftDevice::with_progress(Progress::NoOp);
             let pd = dev.alloc_pd();
             let config = QpConfig {
@@ -241,25 +245,27 @@ fn one_poller(c: &mut Criterion) {
             let mut bufs: Vec<PoolChunk> = (0..16).map(|_| pool.take().unwrap()).collect();
             let mut done: Vec<Completion> = Vec::with_capacity(16);
             let mut next = 0usize;
-            b.iter(|| {
-                let h = handles[next % qps];
-                next += 1;
-                let mut sq = ring.submission_on(h);
-                for (i, buf) in bufs.drain(..).enumerate() {
-                    let target = remote.slice(i as u64 * 64..(i as u64 + 1) * 64).unwrap();
-                    sq.push(Write::new(buf, target).user_data(i as u64))
-                        .unwrap();
-                }
-                sq.submit().unwrap();
-                while done.len() < 16 {
-                    ring.completion().reap(&mut done).unwrap();
-                }
-                for c in done.drain(..) {
-                    bufs.push(c.into_buf().downcast::<PoolChunk>().unwrap());
-                }
+            group.bench_function(format!("qps_{qps}"), |b| {
+                b.iter(|| {
+                    let h = handles[next % qps];
+                    next += 1;
+                    let mut sq = ring.submission_on(h);
+                    for (i, buf) in bufs.drain(..).enumerate() {
+                        let target = remote.slice(i as u64 * 64..(i as u64 + 1) * 64).unwrap();
+                        sq.push(Write::new(buf, target).user_data(i as u64))
+                            .unwrap();
+                    }
+                    sq.submit().unwrap();
+                    while done.len() < 16 {
+                        ring.completion().reap(&mut done).unwrap();
+                    }
+                    for c in done.drain(..) {
+                        bufs.push(c.into_buf().downcast::<PoolChunk>().unwrap());
+                    }
+                });
             });
             drop(peers);
-        });
+        }
     }
     group.finish();
 }

@@ -271,8 +271,7 @@ impl Args {
             // A SEND that finds the receiver momentarily without a receive
             // (a server thread descheduled under TCG) waits for it, as
             // perftest's do, rather than failing the run; the watchdog
-            // still fails a receiver that never comes back. (The verbs
-            // backend caps this at 6.)
+            // still fails a receiver that never comes back.
             rnr_retry: if self.op == Op::Send && self.mode == Mode::Bw {
                 7
             } else {
@@ -373,6 +372,12 @@ impl Row {
     }
     fn cqe_per_op(&self) -> f64 {
         self.signaled as f64 / self.iters as f64
+    }
+    /// The median as perftest's `get_median` takes it: the mean of the
+    /// two middle samples when there is an even number.
+    fn median(&self) -> f64 {
+        let n = self.lat.len();
+        (self.lat[(n - 1) / 2] + self.lat[n / 2]) / 2.0
     }
     fn pct(&self, p: f64) -> f64 {
         let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
@@ -1360,16 +1365,26 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
             // operation (the sync path reads none either).
             let t = (args.mode == Mode::Lat).then(Instant::now);
             let buf = pool.take()?;
+            // Inline as the sync path and perftest's -I send it.
+            let inline = size <= args.inline_size;
+            let write = |buf: PoolChunk| {
+                let op = Write::new(buf.slice(..size), slot);
+                ring.op(if inline { op.inline() } else { op })
+            };
+            let send = |buf: PoolChunk| {
+                let op = Send::new(buf.slice(..size));
+                ring.op(if inline { op.inline() } else { op })
+            };
             let result = match args.op {
-                Op::Write => ring.write(buf.slice(..size), slot).await.0,
+                Op::Write => write(buf).await.0,
                 Op::Read => ring.read(buf.slice(..size), slot).await.0,
                 Op::Send if args.mode == Mode::Lat => {
                     // The echo's receive goes first.
                     let echo = ring.recv(pool.take()?);
-                    let sent = ring.send(buf.slice(..size)).await.0;
+                    let sent = send(buf).await.0;
                     echo.await.0.map(|r| r.len).and(sent)
                 }
-                Op::Send => ring.send(buf.slice(..size)).await.0,
+                Op::Send => send(buf).await.0,
                 Op::Atomic => {
                     let word = buf.word(0).map_err(|r| r.to_string())?;
                     ring.fetch_add(word, slot.word(0)?, 1).await.0
@@ -1538,7 +1553,7 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
                     r.bytes,
                     r.iters,
                     r.min(),
-                    r.pct(0.5),
+                    r.median(),
                     tail(r.tail(0.99)),
                     tail(r.tail(0.999)),
                     r.max()
@@ -1595,7 +1610,7 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
                 format!(
                     ",\"t_min_us\":{},\"t_p50_us\":{},\"t_p99_us\":{},\"t_p999_us\":{},\"t_max_us\":{}",
                     json_num(Some(r.min()), 3),
-                    json_num(Some(r.pct(0.5)), 3),
+                    json_num(Some(r.median()), 3),
                     json_num(r.tail(0.99), 3),
                     json_num(r.tail(0.999), 3),
                     json_num(Some(r.max()), 3)
@@ -1620,17 +1635,24 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
     };
     // `mb_per_s` is in perftest's MB (`mb_bytes`), `tx_depth` and
     // `post_list` are what ran (`tx_depth_asked` what -t said), `cq_mod`
-    // is -Q and `cqe_per_op` what it came to.
+    // is -Q and `cqe_per_op` what it came to; a latency run (one
+    // operation at a time) has no depth, post list or moderation to ask
+    // for. `coalesce` is --coalesce (shared doorbells, awaited paths).
+    let bw = |v: usize| match args.mode {
+        Mode::Bw => v.to_string(),
+        Mode::Lat => "null".into(),
+    };
     format!(
-        "{{\"tool\":\"rdma-ring-perf\",\"op\":{},\"mode\":{},\"device\":{},\"path\":{},\"tx_depth\":{},\"tx_depth_asked\":{},\"post_list\":{},\"cq_mod\":{},\"cqe_per_op\":{},\"inline\":{},\"mb_bytes\":{},\"results\":[{}]}}",
+        "{{\"tool\":\"rdma-ring-perf\",\"op\":{},\"mode\":{},\"device\":{},\"path\":{},\"coalesce\":{},\"tx_depth\":{},\"tx_depth_asked\":{},\"post_list\":{},\"cq_mod\":{},\"cqe_per_op\":{},\"inline\":{},\"mb_bytes\":{},\"results\":[{}]}}",
         json_str(args.op.name()),
         json_str(args.mode.name()),
         json_str(device),
         json_str(path),
+        args.awaited && args.coalesce,
         args.depth(),
-        args.tx_depth(),
-        args.post_list(),
-        args.cq_mod(),
+        bw(args.tx_depth()),
+        bw(args.post_list()),
+        bw(args.cq_mod()),
         json_num(Some(cqe_per_op(rows)), 4),
         args.inline_size,
         MB as u64,

@@ -268,21 +268,23 @@ fn a_garbage_peer_is_refused() {
 fn queue_pairs_run_with_their_config_s_timers_however_connected() {
     use rdma_ring::connect::cm;
     let fabric = Verbs::new();
-    let config = |ack_timeout| QpConfig {
+    // RNR retries of 7 (for ever) are the config's to ask for, as 4 are;
+    // each side's counts differ, so that none can come from the peer's.
+    let config = |ack_timeout, rnr_retry| QpConfig {
         ack_timeout,
-        retry_cnt: 5,
-        rnr_retry: 4,
+        retry_cnt: rnr_retry - 2,
+        rnr_retry,
         ..QpConfig::default()
     };
-    let a = fabric.dev.create_qp(&fabric.pd, config(13)).unwrap();
-    let b = fabric.dev.create_qp(&fabric.pd, config(15)).unwrap();
+    let a = fabric.dev.create_qp(&fabric.pd, config(13, 7)).unwrap();
+    let b = fabric.dev.create_qp(&fabric.pd, config(15, 4)).unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
-    for (qp, ack_timeout) in [(&a, 13), (&b, 15)] {
+    for (qp, ack_timeout, rnr_retry) in [(&a, 13, 7), (&b, 15, 4)] {
         let attrs = qp.attributes().unwrap();
         assert_eq!(
             (attrs.ack_timeout, attrs.retry_cnt, attrs.rnr_retry),
-            (ack_timeout, 5, 4),
+            (ack_timeout, rnr_retry - 2, rnr_retry),
             "{attrs:?}"
         );
         // Code 12, 0.64 ms: a sender that found no receive tries again soon.
@@ -300,17 +302,17 @@ fn queue_pairs_run_with_their_config_s_timers_however_connected() {
     let (server_dev, server_pd) = (dev.clone(), pd.clone());
     let server = std::thread::spawn(move || {
         let qp = listener
-            .accept(&server_dev, &server_pd, config(14), b"", timeout)
+            .accept(&server_dev, &server_pd, config(14, 4), b"", timeout)
             .unwrap();
         qp.qp().attributes().unwrap()
     });
-    let qp = cm::connect(&dev, &pd, addr, config(12), b"", timeout).unwrap();
+    let qp = cm::connect(&dev, &pd, addr, config(12, 7), b"", timeout).unwrap();
     let client = qp.qp().attributes().unwrap();
     let server = server.join().unwrap();
-    for (attrs, ack_timeout) in [(client, 12), (server, 14)] {
+    for (attrs, ack_timeout, rnr_retry) in [(client, 12, 7), (server, 14, 4)] {
         assert_eq!(
             (attrs.ack_timeout, attrs.retry_cnt, attrs.rnr_retry),
-            (ack_timeout, 5, 4),
+            (ack_timeout, rnr_retry - 2, rnr_retry),
             "{attrs:?}"
         );
         // Code 12, 0.64 ms: a sender that found no receive tries again soon.

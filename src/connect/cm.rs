@@ -433,7 +433,7 @@ fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -
         initiator_depth: depths.1,
         flow_control: 1,
         retry_count: config.retry_cnt.min(7),
-        rnr_retry_count: config.rnr_retry.min(6),
+        rnr_retry_count: config.rnr_retry.min(7),
         srq: u8::from(qp.caps().srq.is_some()),
         qp_num: qp.qpn(),
     }
@@ -482,7 +482,15 @@ fn ready_qp(
             mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
         } else {
             attr.timeout = config.ack_timeout;
-            mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0 as i32;
+            // The connection's messages carry the retry counts each side
+            // asked for to the *other* side's queue pair: ours are set
+            // here, as the config says.
+            attr.retry_cnt = config.retry_cnt.min(7);
+            attr.rnr_retry = config.rnr_retry.min(7);
+            mask |= (rdma_sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT
+                | rdma_sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+                | rdma_sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY)
+                .0 as i32;
         }
         qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm attributes)")?;
     }

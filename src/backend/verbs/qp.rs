@@ -289,8 +289,9 @@ impl VerbsQp {
         attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
         attr.timeout = self.config.ack_timeout;
         attr.retry_cnt = self.config.retry_cnt.min(7);
-        // 7 would retry forever: keep below it.
-        attr.rnr_retry = self.config.rnr_retry.min(6);
+        // 7 retries for ever: the config's to ask for (its default stays
+        // below it).
+        attr.rnr_retry = self.config.rnr_retry.min(7);
         attr.sq_psn = self.psn;
         // Never have more outstanding than the peer can answer.
         let ours = limits.max_qp_init_rd_atom.clamp(1, 16);
