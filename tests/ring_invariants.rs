@@ -667,8 +667,9 @@ fn a_partial_post_hands_back_the_unposted_ops() {
     set_accept(Some(2));
     let err = ring.submission().submit().unwrap_err();
     assert_eq!(err.posted, 2);
-    // The three handed back are finished; the two posted are not.
-    assert_eq!(sends(&ring), (5, 3));
+    // The three handed back are finished, but not the two posted before
+    // them: in push order, nothing has finished yet.
+    assert_eq!(sends(&ring), (5, 0));
     assert_eq!(
         err.unposted.iter().map(|u| u.user_data).collect::<Vec<_>>(),
         vec![2, 3, 4]
@@ -695,6 +696,45 @@ fn a_partial_post_hands_back_the_unposted_ops() {
     ring.submission().submit().unwrap();
     assert_eq!(ring.completion().wait(1).unwrap()[0].user_data(), 9);
     assert_eq!(sends(&ring), (6, 6));
+}
+
+/// The ring's counts of a queue pair's sends pushed and finished, in push
+/// order: sends a refused post handed back count only once those posted
+/// before them finished, and the sync marker behind a partial post, which
+/// holds a send slot, is nobody's operation and counts in neither.
+#[test]
+fn sends_finish_in_push_order_around_a_partial_post_and_its_marker() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let qp = ring.default_qp().unwrap();
+    let remote = p.exposed.remote();
+    let sends = |ring: &Ring<Misbehaving>| {
+        let stats = ring.qp_stats(qp).unwrap();
+        (stats.sends_pushed, stats.sends_done)
+    };
+    let push = |ring: &mut Ring<Misbehaving>, n: u64| {
+        for i in 0..n {
+            let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+            ring.submission()
+                .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+                .unwrap();
+        }
+    };
+    push(&mut ring, 2);
+    ring.submission().submit().unwrap();
+    ring.completion().wait(2).unwrap();
+    assert_eq!(sends(&ring), (2, 2));
+    push(&mut ring, 5);
+    set_accept(Some(2));
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    assert_eq!((err.posted, err.unposted.len()), (2, 3));
+    // Two posted and a marker out: the first two pushes are all that
+    // finished in order.
+    assert_eq!(sends(&ring), (7, 2));
+    drop(err);
+    ring.completion().wait(2).unwrap();
+    assert_eq!(sends(&ring), (7, 7));
 }
 
 /// A backend that cannot tell which work requests of a post it took

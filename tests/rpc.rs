@@ -696,6 +696,31 @@ fn a_message_longer_than_the_hello_allows_is_a_violation() {
     only_the_raw_client_was_cut_off(server, &good, ring);
 }
 
+/// A client's RDMA WRITE with immediate uses up one of the server's
+/// receives, whose buffer holds what an earlier message left there: a
+/// violation, not a message read from stale bytes.
+#[test]
+fn a_write_with_immediate_is_a_violation() {
+    let dev = SoftDevice::new();
+    let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    let good = server.connect_soft().unwrap();
+    let mut raw = RawClient::new(&server);
+    assert_eq!(good.call(b"before").unwrap(), b"before");
+    let chunk = raw.pool.take().unwrap();
+    let nowhere = rdma_ring::buf::RemoteSlice::new(0x1000, 0, 1, RemoteAccess::WRITE);
+    use rdma_ring::buf::BaseBuf;
+    raw.ring
+        .submission()
+        .push(rdma_ring::op::WriteImm::new(chunk.slice(..0), nowhere, 7).user_data(2))
+        .unwrap();
+    raw.ring.submit().unwrap();
+    let why = protocol_error(&raw.receive().unwrap());
+    assert!(why.contains("WRITE with immediate"), "{why}");
+    assert_eq!(good.call(b"unharmed").unwrap(), b"unharmed");
+    assert_eq!(server.stats().protocol_errors, 1);
+    server.shutdown().unwrap();
+}
+
 /// A client that closes and goes on sending (here before it has even
 /// read the server's hello, so the connection lingers while that is
 /// retried) is cut off as a flood is, not ignored while it takes shared

@@ -572,3 +572,63 @@ fn inline_data_is_granted_up_to_the_device_s_most() {
         refused.error
     );
 }
+
+/// Completions held back for late ACKs come in order after release, and
+/// before the flush of a queue pair that fails meanwhile; no-op mode,
+/// which would complete new work ahead of them, is refused while any are
+/// held.
+#[test]
+fn held_acks_keep_their_order_before_a_flush_and_refuse_no_op_mode() {
+    use rdma_ring::backend::soft::{Progress, SoftDevice};
+    use rdma_ring::backend::{QpConfig, WcStatus};
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::Write;
+    use rdma_ring::ring::{Ring, RingConfig};
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let control = qp.control();
+    let mut ring = Ring::new(
+        qp,
+        RingConfig {
+            signal_interval: 1,
+            ..RingConfig::default()
+        },
+    );
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let write = |tag: u64| {
+        Write::new(
+            RegisteredBuf::new(&pd, vec![1u8; 8]).unwrap(),
+            target.remote(),
+        )
+        .user_data(tag)
+    };
+    control.hold_acks();
+    for tag in 0..3 {
+        ring.submission().push(write(tag)).unwrap();
+    }
+    ring.submit().unwrap();
+    assert_eq!(control.counters().executed, 3, "they ran");
+    assert!(ring.completion().poll().unwrap().is_none(), "held back");
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dev.set_progress(Progress::NoOp)
+    }));
+    assert!(refused.is_err(), "no-op mode while completions are held");
+    // One more that fails: the held three come first, then its error.
+    control.fail_nth(1, WcStatus::RemAccessErr);
+    ring.submission().push(write(3)).unwrap();
+    ring.submit().unwrap();
+    let done = ring.completion().wait(4).unwrap();
+    let got: Vec<_> = done.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::RemAccessErr)
+        ]
+    );
+    control.release_acks();
+    dev.set_progress(Progress::NoOp);
+}

@@ -503,6 +503,17 @@ impl RawPeer {
         self.ring.submit().unwrap();
     }
 
+    /// A zero-length RDMA WRITE with `header` as its immediate: it uses up
+    /// a receive, whose buffer holds what an earlier message left.
+    fn write_imm(&mut self, header: Header) {
+        let buf = RegisteredBuf::new(&self.pd, vec![0u8; 1]).unwrap();
+        let nowhere =
+            rdma_ring::buf::RemoteSlice::new(0x1000, 0, 1, rdma_ring::buf::RemoteAccess::WRITE);
+        let op = rdma_ring::op::WriteImm::new(buf.slice(..0), nowhere, header.encode());
+        self.ring.submission().push(op).unwrap();
+        self.ring.submit().unwrap();
+    }
+
     fn hello(&mut self) {
         let hello = Hello {
             chunk: 64,
@@ -595,6 +606,14 @@ fn a_peer_that_breaks_the_protocol_gets_invalid_data() {
             Box::new(move |p: &mut RawPeer| {
                 p.hello();
                 p.send(data(0, 5), b"x");
+            }),
+        ),
+        (
+            "WRITE with immediate",
+            Box::new(move |p: &mut RawPeer| {
+                p.hello();
+                p.send(data(0, 0), b"first");
+                p.write_imm(data(0, 0));
             }),
         ),
         (

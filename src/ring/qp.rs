@@ -36,12 +36,14 @@ pub struct QpStats {
     /// Send-queue operations pushed on it (posted or still pending, and
     /// those a refused post handed back), in push order.
     pub sends_pushed: u64,
-    /// Of [`sends_pushed`](Self::sends_pushed), those finished: completed
-    /// (with a CQE of their own or implicitly), flushed, or handed back
-    /// unposted. Its send queue completes in order, so the `n`-th send
-    /// pushed has finished once `sends_done >= n` — what a layer above
-    /// counts its own sends' slots with, whoever their futures went to.
-    /// The ring's own markers count in neither.
+    /// Of [`sends_pushed`](Self::sends_pushed), the first ones, in push
+    /// order, that finished: completed (with a CQE of their own or
+    /// implicitly), flushed, or handed back unposted, up to the first
+    /// that has not. So the `n`-th send pushed has finished once
+    /// `sends_done >= n` — what a layer above counts its own sends' slots
+    /// with, whoever their futures went to. (Sends a refused post handed
+    /// back count only once those posted before them finished.) The
+    /// ring's own markers count in neither.
     pub sends_done: u64,
 }
 
@@ -101,6 +103,12 @@ pub(super) struct QpSlot<Q> {
     /// Send operations finished without being posted (handed back or
     /// flushed from the pending list).
     pub(super) unposted_sends: u64,
+    /// Runs of those, each with how many sends were posted before it:
+    /// a run counts as done (in push order) only once they all finished,
+    /// since it was pushed after them.
+    pub(super) unposted_runs: VecDeque<(u64, u64)>,
+    /// Unposted sends of runs already done.
+    pub(super) unposted_done: u64,
     pub(super) dirty: bool,
     /// The device said it will take no more receives from the shared
     /// receive queue.
@@ -112,12 +120,52 @@ impl<Q> QpSlot<Q> {
     /// Its counters, with the send counts worked out from the queue's
     /// state (kept off the push and reap paths).
     fn stats(&self) -> QpStats {
-        let posted_ops_out = self.outstanding_send.saturating_sub(self.markers_out) as u64;
-        let finished_unposted = self.unposted_sends;
         QpStats {
-            sends_pushed: self.stats.send_wrs + finished_unposted + self.pending_send.len() as u64,
-            sends_done: (self.stats.send_wrs + finished_unposted).saturating_sub(posted_ops_out),
+            sends_pushed: self.stats.send_wrs
+                + self.unposted_sends
+                + self.pending_send.len() as u64,
+            sends_done: self.sends_done(),
             ..self.stats
+        }
+    }
+
+    /// Posted sends finished: a prefix of those posted, RC completing a
+    /// send queue in order (and the ring releasing in that order).
+    fn posted_sends_done(&self) -> u64 {
+        let out = self.outstanding_send.saturating_sub(self.markers_out) as u64;
+        self.stats.send_wrs.saturating_sub(out)
+    }
+
+    /// The sends finished before the first that is not, in push order: the
+    /// posted ones finished, and the unposted runs pushed after no posted
+    /// send still out.
+    fn sends_done(&self) -> u64 {
+        let posted = self.posted_sends_done();
+        let runs: u64 = self
+            .unposted_runs
+            .iter()
+            .take_while(|&&(after, _)| after <= posted)
+            .map(|&(_, n)| n)
+            .sum();
+        posted + self.unposted_done + runs
+    }
+
+    /// Counts a send finishing unposted, pushed after every send posted
+    /// so far.
+    pub(super) fn note_unposted_send(&mut self) {
+        let posted = self.posted_sends_done();
+        while let Some(&(after, n)) = self.unposted_runs.front() {
+            if after > posted {
+                break;
+            }
+            self.unposted_done += n;
+            self.unposted_runs.pop_front();
+        }
+        self.unposted_sends += 1;
+        let after = self.stats.send_wrs;
+        match self.unposted_runs.back_mut() {
+            Some((last, n)) if *last == after => *n += 1,
+            _ => self.unposted_runs.push_back((after, 1)),
         }
     }
 
@@ -240,6 +288,8 @@ impl<Q: QueuePair> Ring<Q> {
             drain: None,
             markers_out: 0,
             unposted_sends: 0,
+            unposted_runs: VecDeque::new(),
+            unposted_done: 0,
             dirty: false,
             last_wqe: false,
             stats: QpStats::default(),

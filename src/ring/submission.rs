@@ -681,7 +681,7 @@ impl<Q: QueuePair> Ring<Q> {
         let Some(op) = self.slab.get(key) else { return };
         if let (false, QueueRef::Qp(qp)) = (op.kind.is_recv(), op.queue) {
             if let Some(slot) = self.qps.get_mut(qp) {
-                slot.unposted_sends += 1;
+                slot.note_unposted_send();
             }
         }
     }

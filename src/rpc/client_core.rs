@@ -289,6 +289,7 @@ impl ClientCore {
 
     fn on_receive(&mut self, c: Completion) {
         let (status, len, tag) = (c.status(), c.byte_len() as usize, c.user_data());
+        let by_write = c.is_write_imm();
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
             return;
         };
@@ -307,6 +308,12 @@ impl ClientCore {
         }
         if self.failure.is_some() {
             return;
+        }
+        if by_write {
+            // Its buffer holds whatever an earlier message left there.
+            return self.fail(RpcError::Protocol(
+                "an RDMA WRITE with immediate used up a receive: not part of the protocol".into(),
+            ));
         }
         let bytes = &chunk[..len.min(chunk.len())];
         let message = match Message::decode(bytes) {

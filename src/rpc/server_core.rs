@@ -268,6 +268,7 @@ impl ServerCore {
     fn on_receive(&mut self, qp: QpHandle, c: Completion) {
         let status = c.status();
         let len = c.byte_len() as usize;
+        let by_write = c.is_write_imm();
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
             return;
         };
@@ -307,6 +308,13 @@ impl ServerCore {
                 ));
             }
             return;
+        }
+        if by_write {
+            // Its buffer holds whatever an earlier message left there.
+            return self.violation(
+                qp,
+                "an RDMA WRITE with immediate used up a receive: not part of the protocol".into(),
+            );
         }
         self.stats.messages += 1;
         conn.heard = true;

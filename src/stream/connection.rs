@@ -258,7 +258,7 @@ impl Connection {
 
     fn on_receive(&mut self, c: Completion) {
         let status = c.status();
-        let (len, imm) = (c.byte_len(), c.imm());
+        let (len, imm, by_write) = (c.byte_len(), c.imm(), c.is_write_imm());
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
             return;
         };
@@ -279,6 +279,13 @@ impl Connection {
         }
         self.last_heard = Instant::now();
         if self.failure.is_some() {
+            return;
+        }
+        if by_write {
+            // Its buffer holds whatever an earlier message left there.
+            self.fail(Failure::Protocol(
+                "an RDMA WRITE with immediate used up a receive: not part of the protocol".into(),
+            ));
             return;
         }
         let Some(imm) = imm else {

@@ -247,8 +247,23 @@ impl SoftDevice {
     /// dev.set_progress(Progress::Manual); // from here on the test picks the interleaving
     /// assert_eq!(dev.progress_mode(), Progress::Manual);
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// On a switch to [`Progress::NoOp`] while a queue pair holds its
+    /// completions back ([`QpControl::hold_acks`]): no-op work would
+    /// complete ahead of them, out of order. Release them first.
     pub fn set_progress(&self, progress: Progress) {
-        self.shared.lock().progress = progress;
+        let mut state = self.shared.lock();
+        if progress == Progress::NoOp && state.qps.iter().flatten().any(|qp| qp.held_acks.is_some())
+        {
+            drop(state); // the device stays usable
+            panic!(
+                "soft device: switching to no-op mode while a queue pair holds completions \
+                 back; release them first"
+            );
+        }
+        state.progress = progress;
     }
 
     /// Executes every work request that can run now, on every queue pair;

@@ -438,6 +438,10 @@ impl DeviceState {
                 qp.state = QpState::Error;
                 qp.sq.clear();
                 qp.rq.clear();
+                // Completions held for late ACKs go with the rest.
+                if let Some(held) = qp.held_acks.as_mut() {
+                    held.clear();
+                }
                 qp.rnr = None;
             }
         }
