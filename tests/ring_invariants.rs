@@ -951,42 +951,48 @@ fn a_failed_wait_loses_nothing() {
     assert_eq!((got[0].user_data(), got[0].byte_len()), (4, 8));
 }
 
+/// A soft queue pair that claims less than it has (`claim` maps its caps
+/// to what it says): the ring must refuse what goes past the claim.
+struct Claiming(SoftQp, fn(QpCaps) -> QpCaps);
+
+// SAFETY: everything but `caps` is the soft queue pair's, and every claim
+// made here only takes something away (atomics, a smaller limit), which
+// makes the ring refuse more, never post what the device cannot take.
+unsafe impl QueuePair for Claiming {
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
+    fn caps(&self) -> QpCaps {
+        (self.1)(self.0.caps())
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract is passed through unchanged.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract is passed through unchanged.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.0.set_error()
+    }
+    fn take_cq(&mut self) -> Option<SoftCq> {
+        self.0.take_cq()
+    }
+}
+
 /// A device without atomics: the push is refused, the word handed back.
 #[test]
 fn atomics_are_refused_on_a_device_without_them() {
-    struct NoAtomics(SoftQp);
-    // SAFETY: everything but `caps` is the soft queue pair's, and claiming
-    // no atomics only makes the ring refuse more.
-    unsafe impl QueuePair for NoAtomics {
-        type Cq = SoftCq;
-        type Srq = SoftSrq;
-        fn caps(&self) -> QpCaps {
-            QpCaps {
-                atomics: false,
-                ..self.0.caps()
-            }
-        }
-        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_send(wrs, sges) }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_recv(wrs, sges) }
-        }
-        fn set_error(&mut self) -> Result<(), Error> {
-            self.0.set_error()
-        }
-        fn take_cq(&mut self) -> Option<SoftCq> {
-            self.0.take_cq()
-        }
-    }
     let p = default_pair();
     let (qp, _peer) = p
         .dev
         .connected_pair(&p.pd, &p.pd, QpConfig::default())
         .unwrap();
-    let mut ring = Ring::new(NoAtomics(qp), RingConfig::default());
+    let no_atomics = |caps| QpCaps {
+        atomics: false,
+        ..caps
+    };
+    let mut ring = Ring::new(Claiming(qp, no_atomics), RingConfig::default());
     let word = RegisteredBuf::new(&p.pd, Box::new(5u64))
         .unwrap()
         .word(0)
@@ -1011,34 +1017,11 @@ fn atomics_are_refused_on_a_device_without_them() {
 #[test]
 fn a_port_s_message_limit_and_a_device_s_read_elements_are_checked_at_push() {
     use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, ReadFixed, WriteFixed};
-    struct Limited(SoftQp);
-    // SAFETY: everything but `caps` is the soft queue pair's, and claiming
-    // smaller limits only makes the ring refuse more.
-    unsafe impl QueuePair for Limited {
-        type Cq = SoftCq;
-        type Srq = SoftSrq;
-        fn caps(&self) -> QpCaps {
-            QpCaps {
-                max_message: 1024,
-                max_read_sge: 1,
-                ..self.0.caps()
-            }
-        }
-        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_send(wrs, sges) }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: the caller's contract is passed through unchanged.
-            unsafe { self.0.post_recv(wrs, sges) }
-        }
-        fn set_error(&mut self) -> Result<(), Error> {
-            self.0.set_error()
-        }
-        fn take_cq(&mut self) -> Option<SoftCq> {
-            self.0.take_cq()
-        }
-    }
+    let limited = |caps| QpCaps {
+        max_message: 1024,
+        max_read_sge: 1,
+        ..caps
+    };
     let p = default_pair();
     let remote = p.exposed.remote();
     let config = QpConfig {
@@ -1046,7 +1029,7 @@ fn a_port_s_message_limit_and_a_device_s_read_elements_are_checked_at_push() {
         ..QpConfig::default()
     };
     let (qp, _peer) = p.dev.connected_pair(&p.pd, &p.pd, config).unwrap();
-    let mut ring = Ring::new(Limited(qp), RingConfig::default());
+    let mut ring = Ring::new(Claiming(qp, limited), RingConfig::default());
     let buf = |n: usize| RegisteredBuf::new(&p.pd, vec![1u8; n]).unwrap();
     let refused = ring
         .submission()
@@ -1092,9 +1075,9 @@ fn a_port_s_message_limit_and_a_device_s_read_elements_are_checked_at_push() {
     let (mut qp, _peer) = p.dev.connected_pair(&p.pd, &p.pd, config).unwrap();
     let cq = qp.take_cq().unwrap();
     let bufs = FixedBufs::new(&p.pd, 2, 4096).unwrap();
-    let mut fixed: FixedRing<Limited> = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let mut fixed: FixedRing<Claiming> = FixedRing::new(cq, bufs, FixedRingConfig::default());
     let conn = fixed
-        .attach(Limited(qp))
+        .attach(Claiming(qp, limited))
         .unwrap_or_else(|_| panic!("attach"));
     let slot = fixed.take_buf().unwrap();
     let (error, op) = fixed
