@@ -100,10 +100,8 @@ pub(super) struct QpSlot<Q> {
     /// The ring's markers (sync and teardown) posted and not yet finished:
     /// they hold send slots but are nobody's operations.
     pub(super) markers_out: usize,
-    /// Send operations finished without being posted (handed back or
-    /// flushed from the pending list).
-    pub(super) unposted_sends: u64,
-    /// Runs of those, each with how many sends were posted before it:
+    /// Runs of send operations finished without being posted (handed
+    /// back or flushed from the pending list), each with how many sends were posted before it:
     /// a run counts as done (in push order) only once they all finished,
     /// since it was pushed after them.
     pub(super) unposted_runs: VecDeque<(u64, u64)>,
@@ -122,7 +120,8 @@ impl<Q> QpSlot<Q> {
     fn stats(&self) -> QpStats {
         QpStats {
             sends_pushed: self.stats.send_wrs
-                + self.unposted_sends
+                + self.unposted_done
+                + self.unposted_runs.iter().map(|&(_, n)| n).sum::<u64>()
                 + self.pending_send.len() as u64,
             sends_done: self.sends_done(),
             ..self.stats
@@ -161,7 +160,6 @@ impl<Q> QpSlot<Q> {
             self.unposted_done += n;
             self.unposted_runs.pop_front();
         }
-        self.unposted_sends += 1;
         let after = self.stats.send_wrs;
         match self.unposted_runs.back_mut() {
             Some((last, n)) if *last == after => *n += 1,
@@ -287,7 +285,6 @@ impl<Q: QueuePair> Ring<Q> {
             tail_unsignaled: false,
             drain: None,
             markers_out: 0,
-            unposted_sends: 0,
             unposted_runs: VecDeque::new(),
             unposted_done: 0,
             dirty: false,
