@@ -1,6 +1,6 @@
 //! The async quickstart on tokio, woken by the reactor: the completion
 //! channel's descriptor goes to `AsyncFd`, and a small task drives each
-//! ring whenever it is readable.
+//! ring whenever it is readable (and ticks it on a timer).
 //!
 //! ```text
 //! cargo run --example async_tokio [-- --device soft|NAME]
@@ -9,6 +9,7 @@
 mod async_common;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use async_common::Endpoints;
 use rdma_ring::backend::{ProtectionDomain, QueuePair};
@@ -27,11 +28,20 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> tokio::ta
         .map_err(|e| e.to_string())
         .expect("registering the completion channel with tokio");
     tokio::spawn(async move {
-        while let Ok(mut ready) = fd.readable().await {
-            if driver.drive().is_err() {
-                return;
+        // The ring's idle-time work raises no completion event: a timer
+        // runs it (see `AsyncRing::tick`).
+        let mut timer = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                ready = fd.readable() => {
+                    let Ok(mut ready) = ready else { return };
+                    if driver.drive().is_err() {
+                        return;
+                    }
+                    ready.clear_ready();
+                }
+                _ = timer.tick() => driver.tick(),
             }
-            ready.clear_ready();
         }
     })
 }

@@ -63,6 +63,18 @@ pub enum Error {
         /// The rights granted, as text.
         granted: String,
     },
+    /// A remote slice taken as an atomic target
+    /// ([`RemoteSlice::word`](crate::buf::RemoteSlice::word)) does not
+    /// grant remote atomics. Either atomic (compare-and-swap or
+    /// fetch-and-add) needs them; the word does not know yet which it
+    /// will serve.
+    #[error(
+        "an atomic target needs remote ATOMIC rights, but the remote slice grants only {granted}"
+    )]
+    MissingAtomicRights {
+        /// The rights granted, as text.
+        granted: String,
+    },
     /// Inline data is larger than the queue pair allows.
     #[error("inline payload of {len} bytes exceeds the queue pair's limit of {max} bytes")]
     InlineTooLarge {

@@ -4,10 +4,12 @@
 
 use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
 use rdma_ring::backend::{QpConfig, QueuePair, SrqConfig, WcStatus};
-use rdma_ring::buf::{ExposedBuf, RemoteAccess, RemoteSlice};
+use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     FetchAddFixed, FixedBufs, FixedQp, FixedRing, FixedRingConfig, RecvFixed, SendFixed, WriteFixed,
 };
+use rdma_ring::op::Recv;
+use rdma_ring::ring::{Ring, RingConfig};
 use rdma_ring::Error;
 
 struct Setup {
@@ -709,4 +711,56 @@ fn a_wait_cut_short_by_a_failed_completion_queue_keeps_a_queue_pairs_order() {
         "the queue pair's sends in order"
     );
     drop(peers);
+}
+
+/// A SEND, or a WRITE with immediate, that asks for a solicited event
+/// wakes the peer's completion channel armed for solicited events only;
+/// one that does not ask wakes no one, and neither does a plain WRITE,
+/// which makes no completion at the peer whatever its flags.
+#[test]
+fn solicited_messages_and_writes_with_immediate_wake_a_solicited_waiter() {
+    use rdma_ring::backend::CompletionQueue;
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut a, b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let cq = a.take_cq().unwrap();
+    let bufs = FixedBufs::new(&pd, 2, 64).unwrap();
+    let mut ring = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let qp = ring.attach(a).unwrap_or_else(|_| panic!("attach"));
+    let mut peer = Ring::new(b, RingConfig::default());
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let remote = target.remote();
+    let events = peer.cq().completion_events().expect("a completion channel");
+    events.arm_solicited().unwrap();
+
+    // Pushes the operation `make` builds from a slot, waits for its
+    // completion, and says how many completions the peer got and how
+    // many events were raised.
+    macro_rules! run {
+        ($make:expr) => {{
+            let recv = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+            peer.submission().push(Recv::new(recv)).unwrap();
+            peer.submit().unwrap();
+            let slot = ring.take_buf().unwrap();
+            ring.push(qp, $make(slot)).unwrap();
+            ring.submit().unwrap();
+            let mut done = ring.wait(1).unwrap();
+            let done = done.pop().unwrap();
+            assert_eq!(done.status(), WcStatus::Success);
+            ring.put_buf(done.into_buf()).unwrap();
+            let mut arrived = Vec::new();
+            peer.completion().reap(&mut arrived).unwrap();
+            (arrived.len(), events.take().unwrap())
+        }};
+    }
+
+    assert_eq!(run!(|s| SendFixed::new(s, 8)), (1, 0));
+    assert_eq!(run!(|s| WriteFixed::new(s, 8, remote).imm(1)), (1, 0));
+    assert_eq!(run!(|s| WriteFixed::new(s, 8, remote).solicited()), (0, 0));
+    assert_eq!(
+        run!(|s| WriteFixed::new(s, 8, remote).imm(2).solicited()),
+        (1, 1)
+    );
+    events.arm_solicited().unwrap();
+    assert_eq!(run!(|s| SendFixed::new(s, 8).solicited()), (1, 1));
 }

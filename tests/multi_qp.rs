@@ -493,6 +493,97 @@ fn detach_leaks_what_it_cannot_drain() {
     assert_eq!(pool.available(), 1);
 }
 
+/// A queue pair that cannot say whether its peer left (its connection's
+/// event channel failed) is failed alone: its work comes back flushed and
+/// it takes no more, while the reaps go on and the other queue pair on the
+/// ring keeps working.
+#[test]
+fn a_queue_pair_that_cannot_watch_its_peer_fails_alone() {
+    struct Watched {
+        qp: SoftQp,
+        watch_fails: bool,
+    }
+    // SAFETY: the soft queue pair's, except that one cannot say whether
+    // its peer left (allowed: an error is a possible answer).
+    unsafe impl QueuePair for Watched {
+        type Cq = SoftCq;
+        type Srq = SoftSrq;
+        fn caps(&self) -> QpCaps {
+            self.qp.caps()
+        }
+        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: passed through.
+            unsafe { self.qp.post_send(wrs, sges) }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: passed through.
+            unsafe { self.qp.post_recv(wrs, sges) }
+        }
+        fn set_error(&mut self) -> Result<(), Error> {
+            self.qp.set_error()
+        }
+        fn take_cq(&mut self) -> Option<SoftCq> {
+            self.qp.take_cq()
+        }
+        fn peer_disconnected(&mut self) -> Result<bool, Error> {
+            if self.watch_fails {
+                return Err(Error::Soft("the connection's event channel failed"));
+            }
+            self.qp.peer_disconnected()
+        }
+    }
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let mut ring: Ring<Watched> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let pool = BufferPool::new(&pd, 64, 8).unwrap();
+    let mut handles = Vec::new();
+    let mut peers = Vec::new();
+    for watch_fails in [true, false] {
+        let qp = dev.create_qp_on(&pd, ring.cq(), None, config()).unwrap();
+        let peer = dev.create_qp(&pd, config()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        handles.push(ring.attach(Watched { qp, watch_fails }).unwrap());
+        peers.push(Ring::new(peer, RingConfig::default()));
+    }
+    let (broken, sound) = (handles[0], handles[1]);
+    for (i, &h) in handles.iter().enumerate() {
+        ring.submission_on(h)
+            .push(Recv::new(pool.take().unwrap()).user_data(i as u64))
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    // Idle reaps: now and then one asks a queue pair whether its peer left.
+    let mut done = Vec::new();
+    for _ in 0..1024 {
+        ring.completion().reap(&mut done).unwrap();
+        if !done.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(done.len(), 1, "the broken queue pair's receive came back");
+    assert_eq!(
+        (done[0].user_data(), done[0].status()),
+        (0, WcStatus::WrFlushErr)
+    );
+    assert_eq!(ring.qp_error(broken), Some(WcStatus::FatalErr));
+    assert_eq!(ring.qp_error(sound), None);
+    let refused = ring
+        .submission_on(broken)
+        .push(Recv::new(pool.take().unwrap()))
+        .unwrap_err();
+    assert!(matches!(refused.error(), Error::QpInError(_)));
+    drop(refused);
+    // The other queue pair still receives.
+    let message = RegisteredBuf::new(&pd, vec![7u8; 16]).unwrap();
+    peers[1].submission().push(Send::new(message)).unwrap();
+    peers[1].submit().unwrap();
+    let got = ring.completion().wait(1).unwrap();
+    assert_eq!(
+        (got[0].user_data(), got[0].status(), got[0].byte_len()),
+        (1, WcStatus::Success, 16)
+    );
+}
+
 /// Dropping the ring tears down every queue pair and gives every buffer
 /// back.
 #[test]

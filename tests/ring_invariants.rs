@@ -4,12 +4,13 @@
 
 use rdma_ring::backend::soft::{Progress, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{
-    CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
-    Sge, WcStatus,
+    CompletionEvents, CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion,
+    RecvWr, SendWr, Sge, WcStatus,
 };
 use rdma_ring::buf::{
     BaseBuf, BufferPool, ExposedBuf, PoolChunk, RegisteredBuf, RemoteAccess, RemoteSlice,
 };
+use rdma_ring::future::{AsyncRing, Wakeup};
 use rdma_ring::op::{OpKind, Read, Recv, Send, Write};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 use rdma_ring::Error;
@@ -487,6 +488,7 @@ thread_local! {
     static NO_SEND_QUEUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static CANNOT_TELL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static REFUSE_EMPTY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static WITH_CHANNEL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Accept at most this many send WRs per post (this thread's rings).
@@ -504,6 +506,12 @@ fn set_refuse_empty(refuse: bool) {
 /// cannot tell which it took, as the contract allows.
 fn set_cannot_tell(cannot_tell: bool) {
     CANNOT_TELL.with(|c| c.set(cannot_tell));
+}
+
+/// Rings made from now on (on this thread) find the soft completion
+/// queue's channel (forged CQEs raise no event on it).
+fn set_with_channel(with: bool) {
+    WITH_CHANNEL.with(|c| c.set(with));
 }
 
 /// Report these CQEs before the real ones.
@@ -603,6 +611,13 @@ unsafe impl CompletionQueue for MisbehavingCq {
             return Ok(1);
         }
         self.inner.poll(out)
+    }
+    fn completion_events(&self) -> Option<std::sync::Arc<dyn CompletionEvents>> {
+        if WITH_CHANNEL.with(|c| c.get()) {
+            self.inner.completion_events()
+        } else {
+            None
+        }
     }
 }
 
@@ -862,6 +877,68 @@ fn a_refused_sync_marker_is_tried_again_while_the_ring_waits() {
         vec![(0, WcStatus::Success), (1, WcStatus::Success)]
     );
     assert_eq!(ring.in_flight(), 0);
+}
+
+/// The same on an awaited ring woken by a reactor, which drives only when
+/// the completion descriptor is readable: a refused marker raises no
+/// event, so the futures of the prefix wait until the reactor's timer
+/// ticks the ring, which posts the marker again; its completion raises
+/// the event, and a drive completes them.
+#[test]
+fn a_refused_sync_marker_is_tried_again_by_a_reactor_s_tick() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Duration;
+
+    struct Wakes(AtomicUsize);
+    impl Wake for Wakes {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let p = default_pair();
+    set_with_channel(true);
+    let ring = AsyncRing::new(misbehaving(&p), Wakeup::Reactor).unwrap();
+    let events = ring.with_ring(|r| r.cq().completion_events()).unwrap();
+    set_with_channel(false);
+    let remote = p.exposed.remote();
+    let mut writes: Vec<_> = (0..4u64)
+        .map(|i| {
+            let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+            Box::pin(ring.push(Write::new(p.pool.take().unwrap(), target)))
+        })
+        .collect();
+    set_accept(Some(2));
+    set_refuse_empty(true);
+    let err = ring.submit().unwrap_err();
+    set_accept(None);
+    set_refuse_empty(false);
+    // The two the device did not take go back to their futures.
+    assert_eq!(err.posted, 2);
+    drop(err);
+    let wakes = std::sync::Arc::new(Wakes(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    for w in &mut writes[..2] {
+        assert!(w.as_mut().poll(&mut cx).is_pending());
+    }
+    for w in &mut writes[2..] {
+        assert!(matches!(w.as_mut().poll(&mut cx), Poll::Ready((Err(_), _))));
+    }
+    // Nothing makes the descriptor readable: the reactor would not drive.
+    assert!(!events.wait(Duration::from_millis(50)).unwrap());
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+    ring.tick();
+    assert!(events.wait(Duration::from_secs(5)).unwrap(), "no event");
+    ring.drive().unwrap();
+    assert!(wakes.0.load(Ordering::SeqCst) > 0, "not woken");
+    for w in &mut writes[..2] {
+        match w.as_mut().poll(&mut cx) {
+            Poll::Ready((result, _buf)) => assert_eq!(result.unwrap(), 1024),
+            Poll::Pending => panic!("still pending"),
+        }
+    }
 }
 
 #[test]

@@ -885,6 +885,97 @@ fn shutdown_is_prompt_when_clients_close_and_bounded_when_they_do_not() {
     assert!(silent.call(b"z").is_err());
 }
 
+/// A client that goes on calling through a shutdown, its whole window in
+/// flight (each call answered `ShuttingDown`, each answer followed by the
+/// next call), is refused each time, and the shutdown still ends soon
+/// after the release timeout. (On the soft device the poller still finds
+/// a quiet pass now and then; on a NIC a caller could keep every pass
+/// busy, which the poller's bound of a second grace covers.)
+#[test]
+fn a_client_that_goes_on_calling_does_not_hold_up_shutdown_for_ever() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        release_timeout: Duration::from_millis(200),
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let mut raw = RawClient::new(&server);
+    let refused = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = {
+        let (refused, answered, stop) = (refused.clone(), answered.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let give_up = Instant::now() + Duration::from_secs(20);
+            let mut next_id = 1u64;
+            // Pushes the next call; false once the connection failed.
+            let mut call = |raw: &mut RawClient| {
+                use rdma_ring::buf::BaseBuf;
+                let mut chunk = raw.pool.take().unwrap();
+                let n = wire::encode_inline(&mut chunk, Kind::Request, next_id, b"again");
+                next_id += 1;
+                let send = Send::new(chunk.slice(..n)).user_data(2);
+                raw.ring.submission().push(send).is_ok() && raw.ring.submit().is_ok()
+            };
+            // The whole window in flight at all times: each answer (or
+            // refusal) is followed by the next call at once.
+            for _ in 0..16 {
+                call(&mut raw);
+            }
+            let mut heard = Instant::now();
+            while !stop.load(Ordering::Acquire) && Instant::now() < give_up {
+                if heard.elapsed() > Duration::from_secs(1) {
+                    break; // the server is gone
+                }
+                let mut out = Vec::new();
+                if raw.ring.completion().reap(&mut out).is_err() {
+                    break;
+                }
+                for c in out.into_iter().filter(|c| c.user_data() == 1) {
+                    if !c.status().is_success() {
+                        return;
+                    }
+                    heard = Instant::now();
+                    let answer = match Message::decode(&c.buf()[..c.byte_len() as usize]) {
+                        Ok(Message::Response { .. }) => true,
+                        Ok(Message::Error { code, .. }) => {
+                            assert_eq!(code, wire::ErrorCode::ShuttingDown);
+                            refused.fetch_add(1, Ordering::AcqRel);
+                            true
+                        }
+                        Ok(Message::Goodbye) => false,
+                        other => panic!("unexpected {other:?}"),
+                    };
+                    drop(c);
+                    let recv = Recv::new(raw.pool.take().unwrap()).user_data(1);
+                    if raw.ring.submission().push(recv).is_err() {
+                        return;
+                    }
+                    if answer {
+                        answered.fetch_add(1, Ordering::AcqRel);
+                        if !call(&mut raw) {
+                            return;
+                        }
+                    }
+                }
+                if raw.ring.submit().is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    wait_for("calls to be answered", || {
+        answered.load(Ordering::Acquire) >= 10
+    });
+    let t0 = Instant::now();
+    server.shutdown().unwrap();
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Release);
+    caller.join().unwrap();
+    assert!(refused.load(Ordering::Acquire) > 0, "no call was refused");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+}
+
 #[test]
 fn a_handler_future_that_never_finishes_does_not_hold_up_shutdown() {
     let dev = SoftDevice::new();

@@ -46,8 +46,9 @@ fn pair_with_controls(
     (a, b.join().unwrap(), ca, cb)
 }
 
-/// A queue pair too shallow for the stream's buffers is refused up
-/// front: the hello would promise the peer receives it cannot post.
+/// A queue pair too shallow for the stream's buffers, or with a completion
+/// queue too small for them, is refused up front: the hello would promise
+/// the peer receives it cannot post.
 #[test]
 fn a_queue_pair_shallower_than_the_buffers_is_refused() {
     let dev = SoftDevice::new();
@@ -61,6 +62,14 @@ fn a_queue_pair_shallower_than_the_buffers_is_refused() {
         },
         QpConfig {
             max_send_wr: deep.max_send_wr - 1,
+            ..deep
+        },
+        QpConfig {
+            cq_entries: deep.completion_entries() - 1,
+            ..deep
+        },
+        QpConfig {
+            cq_entries: 8,
             ..deep
         },
     ] {

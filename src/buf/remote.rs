@@ -132,7 +132,9 @@ impl RemoteSlice {
     }
 
     /// The 8 bytes at `offset` as an atomic target: in bounds, 8-aligned,
-    /// and with atomic rights, or an error saying which is missing.
+    /// and with atomic rights, or an error saying which is missing
+    /// ([`Error::OutOfBounds`], [`Error::Misaligned`],
+    /// [`Error::MissingAtomicRights`]).
     pub fn word(&self, offset: u64) -> Result<RemoteWord, Error> {
         // Checked, not saturated: at the top of the address space a
         // saturated end would make a word of 7 bytes pass as 8.
@@ -146,9 +148,7 @@ impl RemoteSlice {
             return Err(Error::Misaligned { addr: part.addr });
         }
         if !self.rights.contains(RemoteAccess::ATOMIC) {
-            return Err(Error::MissingRemoteRights {
-                op: crate::op::OpKind::CompareSwap,
-                needed: "ATOMIC",
+            return Err(Error::MissingAtomicRights {
                 granted: format!("{:?}", self.rights),
             });
         }
@@ -217,10 +217,14 @@ impl RemoteSlice {
 ///
 /// ```
 /// use rdma_ring::buf::{RemoteAccess, RemoteSlice};
+/// use rdma_ring::Error;
 /// let remote = RemoteSlice::new(0x1000, 64, 9, RemoteAccess::ATOMIC);
 /// assert_eq!(remote.word(8).unwrap().addr(), 0x1008);
-/// assert!(remote.word(4).is_err()); // misaligned
-/// assert!(remote.restrict(RemoteAccess::READ).word(8).is_err()); // no rights
+/// assert!(matches!(remote.word(4), Err(Error::Misaligned { addr: 0x1004 })));
+/// assert!(matches!(
+///     remote.restrict(RemoteAccess::READ).word(8),
+///     Err(Error::MissingAtomicRights { .. })
+/// ));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteWord {

@@ -170,6 +170,15 @@ impl WriteFixed {
         self
     }
 
+    /// Asks the peer's completion channel to wake a waiter armed for
+    /// solicited events only. Takes effect with [`imm`](Self::imm): a
+    /// plain WRITE consumes no receive and makes no completion at the
+    /// peer, so, as in verbs, the flag does nothing there.
+    pub fn solicited(mut self) -> Self {
+        self.flags |= SendFlags::SOLICITED;
+        self
+    }
+
     /// Copies the payload into the work request at post time (up to the
     /// queue pair's `max_inline_data`).
     pub fn inline(mut self) -> Self {

@@ -25,6 +25,11 @@ impl<Q: QueuePair> Driver<Q> {
         self.shared.drive()
     }
 
+    /// See [`AsyncRing::tick`](crate::future::AsyncRing::tick).
+    pub fn tick(&self) {
+        self.shared.with(|ring| ring.quiet_tick());
+    }
+
     /// See [`AsyncRing::completion_fd`](crate::future::AsyncRing::completion_fd).
     pub fn completion_fd(&self) -> Option<CompletionFd> {
         self.shared.events.clone().map(CompletionFd)

@@ -50,8 +50,10 @@
 //! * [`Wakeup::Reactor`]: the completion channel's file descriptor
 //!   ([`AsyncRing::completion_fd`], `AsRawFd` + `AsFd`) goes to your
 //!   reactor — tokio's `AsyncFd`, async-io's `Async` — and a small task
-//!   calls [`AsyncRing::drive`] whenever it is readable. Idle costs
-//!   nothing. For async services.
+//!   calls [`AsyncRing::drive`] whenever it is readable, and
+//!   [`AsyncRing::tick`] on a timer (idle-time work that raises no
+//!   event: a refused post's recovery, device events, rdma_cm peers that
+//!   left). Idle costs next to nothing. For async services.
 //! * [`Wakeup::Thread`]: a small notifier thread blocks on the completion
 //!   channel and calls `drive`. Works with any executor, including
 //!   `futures::executor::block_on`, at the cost of one thread per ring.

@@ -72,6 +72,38 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
         self.shared.drive()
     }
 
+    /// The ring's idle-time work, for a reactor's timer: none of it raises
+    /// a completion event, so a reactor that drives only when the
+    /// descriptor is readable never does it. With [`Wakeup::Reactor`],
+    /// call it every 100 ms or so (the notifier thread of
+    /// [`Wakeup::Thread`] does, every 250 ms of quiet; busy polling does
+    /// it as it polls). It
+    ///
+    /// * tries again a sync marker the device refused: after a post the
+    ///   device took only in part, the completion of the part it took
+    ///   comes through that marker, and their futures wait for it;
+    /// * reads the device's async events, if the ring watches them
+    ///   ([`Ring::watch_events`]);
+    /// * asks one queue pair (in turn) whether its peer left, which is how
+    ///   an rdma_cm disconnect fails its queue pair.
+    ///
+    /// Cheap when there is nothing to do.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Reactor).unwrap();
+    /// // On the reactor's timer, beside `drive` on readiness:
+    /// ring.tick();
+    /// ```
+    pub fn tick(&self) {
+        self.shared.with(|ring| ring.quiet_tick());
+    }
+
     /// A handle that can [`drive`](Driver::drive) the ring (from a reactor
     /// task) without keeping it open: the ring still closes when the last
     /// [`AsyncRing`] handle drops.

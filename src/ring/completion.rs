@@ -574,8 +574,9 @@ impl<Q: QueuePair> Ring<Q> {
         error
     }
 
-    /// The idle-time looks: device events, and peers that left.
-    fn idle_checks(&mut self) -> Result<(), Error> {
+    /// The idle-time looks: sync markers owed, device events, and peers
+    /// that left.
+    pub(super) fn idle_checks(&mut self) -> Result<(), Error> {
         if self.sync_owed {
             self.retry_sync_markers();
         }
@@ -584,7 +585,11 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Asks one attached queue pair (round robin) whether its peer left,
-    /// and moves it to error if so, so its work comes back flushed.
+    /// and moves it to error if so, so its work comes back flushed. A
+    /// queue pair that cannot say (its connection's event channel failed)
+    /// is failed the same way, as [`WcStatus::FatalErr`]: nobody could
+    /// learn that its peer left, and one connection's failure must not
+    /// fail the reap of every other queue pair on the ring.
     fn check_peers(&mut self) -> Result<(), Error> {
         let keys = self.qps.len();
         if keys == 0 {
@@ -595,8 +600,13 @@ impl<Q: QueuePair> Ring<Q> {
             self.events.peer_cursor = (self.events.peer_cursor + 1) % capacity.max(1);
             let index = self.events.peer_cursor;
             if let Some(slot) = self.qps.at_mut(index) {
-                if slot.error.is_none() && slot.qp.peer_disconnected()? {
-                    slot.record_error(WcStatus::RetryExcErr);
+                if slot.error.is_none() {
+                    let status = match slot.qp.peer_disconnected() {
+                        Ok(false) => break,
+                        Ok(true) => WcStatus::RetryExcErr,
+                        Err(_) => WcStatus::FatalErr,
+                    };
+                    slot.record_error(status);
                     slot.qp.set_error()?;
                 }
                 break;

@@ -128,14 +128,15 @@ impl<Q: QueuePair> Ring<Q> {
         true
     }
 
-    /// The notifier thread's quiet tick: tries again the sync markers the
-    /// device refused (nothing else would, on a ring whose owners all
-    /// wait), and wakes the completion streams' tasks (spuriously, which
-    /// is allowed) for tasks that have timed work of their own.
+    /// A quiet tick (the notifier thread's, or `AsyncRing::tick`): the
+    /// idle-time work of a reap, which nothing else would do on a ring
+    /// whose owners all wait — tries again the sync markers the device
+    /// refused, reads device events, asks one queue pair whether its peer
+    /// left — and wakes the completion streams' tasks (spuriously, which
+    /// is allowed) for tasks that have timed work of their own. Its looks'
+    /// errors have nobody to go to: a lasting one meets the next reap.
     pub(crate) fn quiet_tick(&mut self) {
-        if self.sync_owed {
-            self.retry_sync_markers();
-        }
+        let _ = self.idle_checks();
         self.wake_stream();
     }
 

@@ -83,6 +83,10 @@ pub struct ServerStats {
     pub releases_expired: u64,
     /// Doorbells the poller rang (all queues).
     pub doorbells: u64,
+    /// Reaps that failed without failing the ring (reading the device's
+    /// events, or moving a queue pair whose peer left to the error
+    /// state, failed); the poller went on serving.
+    pub poll_errors: u64,
 }
 
 struct PollerState<Q: QueuePair> {
@@ -94,6 +98,8 @@ struct PollerState<Q: QueuePair> {
     shutdown_began: Option<Instant>,
     /// Whether a shutdown dropped the handler futures still pending.
     aborted: bool,
+    /// Why the poller stopped on its own: the ring failed.
+    failure: Option<&'static str>,
 }
 
 /// A connected queue pair on its way to the poller.
@@ -301,6 +307,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
                 last_expire: Instant::now(),
                 shutdown_began: None,
                 aborted: false,
+                failure: None,
             }),
             inbox: Mutex::new(Some(Vec::new())),
             events,
@@ -330,6 +337,28 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
         stats
     }
 
+    /// Why the server stopped serving on its own, if it did: its ring
+    /// failed (the completion queue overran or failed, or the device
+    /// failed), so nothing could be sent or received any more. The poller
+    /// then let every connection go at once (clients see their calls
+    /// fail) and stopped; new connections are refused with
+    /// [`RpcError::ShuttingDown`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::rpc::{RpcConfig, RpcServer, Service, Caller, HandlerError};
+    /// # fn echo(_: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
+    /// #     resp.extend_from_slice(req);
+    /// #     Ok(())
+    /// # }
+    /// let dev = SoftDevice::new();
+    /// let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    /// assert_eq!(server.failure(), None);
+    /// ```
+    pub fn failure(&self) -> Option<&'static str> {
+        self.shared.lock().failure
+    }
+
     /// The address it listens on, for servers made by a listener.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
@@ -344,7 +373,13 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
     /// [`Wakeup::Busy`](crate::future::Wakeup::Busy) or
     /// [`Wakeup::Reactor`](crate::future::Wakeup::Reactor)) are
     /// disconnected then, and handler futures still pending are dropped.
-    /// Returns once the poller has stopped.
+    /// A client that has not called yet when the shutdown begins cannot
+    /// be told (the server speaks unasked only once a client has spoken,
+    /// so that its receives are posted): its connection is let go at
+    /// once, and its calls fail as on a lost connection. A client that
+    /// goes on calling is answered `ShuttingDown` each time, but holds up
+    /// the end no more than two seconds past `release_timeout`. Returns
+    /// once the poller has stopped.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         self.shared.stop.store(true, Ordering::Release);
         let acceptor = self
@@ -389,6 +424,15 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
     loop {
         let mut state = shared.lock();
         let progressed = pass(shared, &mut state);
+        if let Some(why) = state.ring.failure() {
+            // Nothing more can be sent or received: no goodbye could
+            // leave, no client could close. Every connection goes now.
+            state.failure = Some(why);
+            shared.stop.store(true, Ordering::Release);
+            state.core.abort_tasks();
+            finish(shared, &mut state);
+            return;
+        }
         if shared.stopping() && state.shutdown_began.is_none() {
             state.core.begin_shutdown();
             state.shutdown_began = Some(Instant::now());
@@ -409,15 +453,12 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
             }
             let give_up = waited_out
                 && (state.core.quiet() || waited > shared.config.release_timeout + ABORT_GRACE);
-            if (state.core.connections() == 0 || give_up) && !pass(shared, &mut state) {
-                // Arrivals that came since the pass (their handshake saw
-                // the server running) are let go like the rest.
-                for Arrival { qp, .. } in shared.close_inbox() {
-                    if let Ok(handle) = state.ring.attach(qp) {
-                        let _ = state.ring.detach(handle);
-                    }
-                }
-                close_all(&mut state);
+            // A client that goes on calling keeps every pass busy: past
+            // a second grace the end comes all the same.
+            let overdue = waited > shared.config.release_timeout + 2 * ABORT_GRACE;
+            if (state.core.connections() == 0 || give_up) && (!pass(shared, &mut state) || overdue)
+            {
+                finish(shared, &mut state);
                 return;
             }
         }
@@ -482,11 +523,11 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
     }
     match ring.completion().reap(scratch) {
         Ok(_) | Err(Error::UnknownWrId { .. }) => {}
-        Err(_) => {
-            // The completion queue overran or failed: nothing on this ring
-            // can be trusted any more.
-            core.begin_shutdown();
-        }
+        // A failed ring (its completion queue overran or failed) is the
+        // poller's to end; any other error concerns one look that failed,
+        // and the next pass looks again.
+        Err(_) if ring.failure().is_some() => {}
+        Err(_) => core.stats.poll_errors += 1,
     }
     if !scratch.is_empty() {
         progressed = true;
@@ -518,8 +559,15 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
     progressed
 }
 
-/// Ends every connection at the end of a shutdown.
-fn close_all<Q: QueuePair>(state: &mut PollerState<Q>) {
+/// The poller's last step: refuses arrivals from now on, and lets every
+/// connection go, those that arrived since the last pass (their
+/// handshake saw the server running) included.
+fn finish<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) {
+    for Arrival { qp, .. } in shared.close_inbox() {
+        if let Ok(handle) = state.ring.attach(qp) {
+            let _ = state.ring.detach(handle);
+        }
+    }
     for qp in state.core.take_all() {
         let _ = state.ring.detach(qp);
     }
@@ -638,6 +686,209 @@ mod tests {
             "kept after the poller stopped"
         );
         assert!(server.shared.take_arrivals().is_empty());
+    }
+
+    use crate::backend::soft::{SoftCq, SoftSrq};
+    use crate::backend::{CqId, PostError, QpCaps, RawCompletion, RecvWr, SendWr, Sge};
+    use std::sync::atomic::AtomicU32;
+
+    /// Faults to make in a server's queues.
+    #[derive(Default)]
+    struct Faults {
+        /// The completion queue's polls fail (an overrun).
+        cq: AtomicBool,
+        /// This many peer checks say the peer left, after which the queue
+        /// pair fails to move to the error state, once.
+        peer_checks: AtomicU32,
+    }
+
+    /// The server's soft completion queue, with `Faults::cq`.
+    struct FaultyCq {
+        cq: SoftCq,
+        faults: Arc<Faults>,
+    }
+
+    // SAFETY: the soft completion queue's completions, passed through; a
+    // poll may fail instead, which the contract allows.
+    unsafe impl CompletionQueue for FaultyCq {
+        fn id(&self) -> CqId {
+            self.cq.id()
+        }
+        fn entries(&self) -> u32 {
+            self.cq.entries()
+        }
+        fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+            if self.faults.cq.load(Ordering::Acquire) {
+                return Err(Error::CqOverrun);
+            }
+            self.cq.poll(out)
+        }
+        fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
+            self.cq.completion_events()
+        }
+    }
+
+    /// A server's soft queue pair, with `Faults::peer_checks`.
+    struct FaultyQp {
+        qp: SoftQp,
+        faults: Arc<Faults>,
+        refuse_set_error: bool,
+    }
+
+    // SAFETY: the soft queue pair's, passed through; a peer check may say
+    // the peer left and a move to error may fail, which the contract
+    // allows.
+    unsafe impl QueuePair for FaultyQp {
+        type Cq = FaultyCq;
+        type Srq = SoftSrq;
+        fn caps(&self) -> QpCaps {
+            self.qp.caps()
+        }
+        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract, passed through.
+            unsafe { self.qp.post_send(wrs, sges) }
+        }
+        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+            // SAFETY: the caller's contract, passed through.
+            unsafe { self.qp.post_recv(wrs, sges) }
+        }
+        fn set_error(&mut self) -> Result<(), Error> {
+            if std::mem::take(&mut self.refuse_set_error) {
+                return Err(Error::Soft("the move to error failed"));
+            }
+            self.qp.set_error()
+        }
+        fn take_cq(&mut self) -> Option<FaultyCq> {
+            None
+        }
+        fn peer_disconnected(&mut self) -> Result<bool, Error> {
+            let checks = &self.faults.peer_checks;
+            let left = checks
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            self.refuse_set_error |= left;
+            Ok(left)
+        }
+    }
+
+    fn faulty_server(
+        dev: &SoftDevice,
+        faults: &Arc<Faults>,
+        config: RpcConfig,
+    ) -> RpcServer<FaultyQp> {
+        let pd = Arc::new(dev.alloc_pd());
+        let cq = FaultyCq {
+            cq: dev.create_cq(server_cq_entries(&config)).unwrap(),
+            faults: Arc::clone(faults),
+        };
+        let srq = dev.create_srq(&pd, config.srq_config()).unwrap();
+        let fabric = SoftFabric {
+            dev: dev.clone(),
+            pd: Arc::clone(&pd),
+        };
+        RpcServer::start(
+            cq,
+            srq,
+            pd,
+            Service::handler(echo),
+            config,
+            Box::new(fabric),
+        )
+        .unwrap()
+    }
+
+    fn faulty_client(server: &RpcServer<FaultyQp>, faults: &Arc<Faults>) -> RpcClient<SoftQp> {
+        let config = server.shared.config;
+        let fabric = server.shared.fabric.downcast_ref::<SoftFabric>().unwrap();
+        let server_qp = server
+            .shared
+            .make_qp(|cq, srq| {
+                let qp = fabric.dev.create_qp_on(
+                    &fabric.pd,
+                    &cq.cq,
+                    Some(srq),
+                    server_qp_config(&config),
+                )?;
+                Ok::<_, Error>(FaultyQp {
+                    qp,
+                    faults: Arc::clone(faults),
+                    refuse_set_error: false,
+                })
+            })
+            .unwrap();
+        let pd = Arc::new(fabric.dev.alloc_pd());
+        let qp = fabric
+            .dev
+            .create_qp(&pd, client_qp_config(&config))
+            .unwrap();
+        fabric.dev.connect(&server_qp.qp, &qp).unwrap();
+        let pending = PendingClient::new(qp, pd, config).unwrap();
+        assert!(server.shared.admit(server_qp, None, None));
+        pending.establish().unwrap()
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "waited too long for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A ring that failed (its completion queue overran) ends the server
+    /// at once, saying why: no goodbye could leave, no client could
+    /// close, so nothing waits for them; new connections are refused.
+    #[test]
+    fn a_failed_ring_ends_the_server_at_once_and_says_why() {
+        let dev = SoftDevice::new();
+        let faults = Arc::new(Faults::default());
+        let config = RpcConfig {
+            call_timeout: Duration::from_millis(500),
+            ..RpcConfig::default()
+        };
+        let server = faulty_server(&dev, &faults, config);
+        let client = faulty_client(&server, &faults);
+        assert_eq!(client.call(b"before").unwrap(), b"before");
+        faults.cq.store(true, Ordering::Release);
+        wait_until("the failure", || server.failure().is_some());
+        assert_eq!(server.failure(), Some("completion queue overrun"));
+        assert_eq!(server.stats().clients_open, 0);
+        assert!(server.shared.stopping(), "new connections are refused");
+        assert!(client.call(b"after").is_err());
+        // Nothing left to wait for: not the release timeout (10 s).
+        let t0 = Instant::now();
+        server.shutdown().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+
+    /// A reap that fails without failing the ring (here: a queue pair
+    /// whose peer left could not be moved to error) is counted, and the
+    /// server serves on: that connection ends, the other is served.
+    #[test]
+    fn a_failed_look_at_one_connection_leaves_the_others_served() {
+        let dev = SoftDevice::new();
+        let faults = Arc::new(Faults::default());
+        let config = RpcConfig {
+            call_timeout: Duration::from_millis(500),
+            ..RpcConfig::default()
+        };
+        let server = faulty_server(&dev, &faults, config);
+        let clients = [
+            faulty_client(&server, &faults),
+            faulty_client(&server, &faults),
+        ];
+        for client in &clients {
+            assert_eq!(client.call(b"before").unwrap(), b"before");
+        }
+        faults.peer_checks.store(1, Ordering::Release);
+        wait_until("the failed look", || server.stats().poll_errors == 1);
+        wait_until("its connection to end", || {
+            server.stats().clients_closed == 1
+        });
+        assert_eq!(server.failure(), None);
+        let served = clients.iter().filter(|c| c.call(b"after").is_ok()).count();
+        assert_eq!(served, 1, "{:?}", server.stats());
+        assert_eq!(server.stats().clients_open, 1);
     }
 
     /// A client of `server`, with a handle on the server's end of its

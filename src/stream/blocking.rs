@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::connection::{Connection, Failure, ReadOutcome, SendBuffer};
 use super::StreamConfig;
 use crate::backend::soft::{SoftDevice, SoftQp};
-use crate::backend::{ProtectionDomain, QueuePair};
+use crate::backend::{CompletionQueue, ProtectionDomain, QueuePair};
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::future::Wakeup;
@@ -202,8 +202,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// registered in `pd`, which `qp` belongs to. Its receives are posted
     /// here, so connect the queue pair only now, then
     /// [`establish`](PendingStream::establish). `qp` must be made with
-    /// [`StreamConfig::qp_config`] (or deeper queues): a shallower one is
-    /// refused with [`Error::Incompatible`].
+    /// [`StreamConfig::qp_config`] (or deeper queues): one with shallower
+    /// queues, or a smaller completion queue, is refused with
+    /// [`Error::Incompatible`].
     pub fn prepare(
         qp: Q,
         pd: &dyn ProtectionDomain,
@@ -229,6 +230,14 @@ impl<Q: QueuePair> RdmaStream<Q> {
             },
         )
         .map_err(|r| r.into_parts().0)?;
+        // The ring posts a receive only with room for its completion, so a
+        // smaller completion queue would leave receives the hello promises
+        // unposted, and the peer's sends would meet receiver-not-ready.
+        if ring.cq().entries() < needed.completion_entries() {
+            return Err(Error::Incompatible(
+                "its completion queue is smaller than the stream's queues need (make it with StreamConfig::qp_config)",
+            ));
+        }
         conn.set_max_inline(ring.caps().max_inline_data);
         conn.post_all_receives()?;
         let mut core = StreamCore {

@@ -104,14 +104,26 @@ impl AsyncEvent {
         }
     }
 
-    /// Whether the event means the queue pair (or everything on the
-    /// device) is in error.
+    /// Whether the event means something is in error for good: a queue
+    /// pair, a shared receive queue, a completion queue (and with it every
+    /// queue pair that completes there: completions were lost) or the
+    /// whole device. The rings act on these themselves when handed them
+    /// (`apply_event`); this is for code that watches events beside them.
+    ///
+    /// ```
+    /// use rdma_ring::backend::{AsyncEvent, CqId};
+    /// let cq = CqId::fresh();
+    /// assert!(AsyncEvent::CqError { cq }.is_fatal());
+    /// assert!(!AsyncEvent::PortActive { port: 1 }.is_fatal());
+    /// ```
     pub fn is_fatal(&self) -> bool {
         matches!(
             self,
             AsyncEvent::QpFatal { .. }
                 | AsyncEvent::QpRequestError { .. }
                 | AsyncEvent::QpAccessError { .. }
+                | AsyncEvent::SrqError { .. }
+                | AsyncEvent::CqError { .. }
                 | AsyncEvent::DeviceFatal
         )
     }
