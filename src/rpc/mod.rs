@@ -33,8 +33,11 @@
 //!   every client it admits (`max_clients` × `window`), and a buffer goes
 //!   back as soon as its request was handled, so clients keeping to their
 //!   windows never meet an empty queue (no RNR). A client that sends more
-//!   is flooding: it is cut off at once, before it can drain the queue
-//!   for the others. The client posts a receive for every answer its
+//!   is flooding: it is cut off as soon as the poller sees the excess.
+//!   The excess has taken shared receive buffers by then (a queue pair
+//!   can post its whole send queue in one doorbell), so until the poller
+//!   refills the queue, the other clients' messages may meet
+//!   receiver-not-ready, which their NICs retry (`rnr_retry`). The client posts a receive for every answer its
 //!   window allows, plus two for the server's unsolicited messages (which
 //!   the server sends only once the client has spoken, so after its
 //!   receives are posted).
@@ -217,7 +220,9 @@ pub enum RpcError {
     Panicked(String),
     /// The request or response is longer than `max_message`.
     TooLarge(String),
-    /// The server could not read the (rendezvous) request.
+    /// The server could not read the (rendezvous) request. This crate's
+    /// server never answers so (see [`wire::ErrorCode::ReadFailed`]): a
+    /// failed READ ends the connection.
     ReadFailed(String),
     /// The server is shutting down and took no new call.
     ShuttingDown,

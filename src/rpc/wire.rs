@@ -137,7 +137,11 @@ pub enum ErrorCode {
     Panicked = 2,
     /// The request is larger than the server's `max_message`.
     TooLarge = 3,
-    /// The server could not read a rendezvous request.
+    /// The server could not read a rendezvous request. This crate's
+    /// server never sends it: on RC a failed READ moves the queue pair to
+    /// the error state, so the connection ends instead, and its calls
+    /// fail as on a lost connection. The code stays in the protocol for
+    /// servers that could answer.
     ReadFailed = 4,
     /// The server is shutting down and takes no new calls.
     ShuttingDown = 5,
