@@ -12,6 +12,9 @@ use rdma_ring::op::Recv;
 use rdma_ring::ring::{Ring, RingConfig};
 use rdma_ring::Error;
 
+mod peer_watch;
+use peer_watch::{PeerAnswer, Watched};
+
 struct Setup {
     _dev: SoftDevice,
     pd: SoftPd,
@@ -763,4 +766,53 @@ fn solicited_messages_and_writes_with_immediate_wake_a_solicited_waiter() {
     );
     events.arm_solicited().unwrap();
     assert_eq!(run!(|s| SendFixed::new(s, 8).solicited()), (1, 1));
+}
+
+/// `check_peers` fails each queue pair whose peer left (`RetryExcErr`) or
+/// that cannot say (`FatalErr`): its posted receive comes back flushed and
+/// it takes no more work. A queue pair whose peer stayed runs on.
+#[test]
+fn check_peers_fails_the_queue_pairs_whose_peer_left_or_cannot_say() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(64).unwrap();
+    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
+    let mut ring: FixedRing<Watched> = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let answers = [PeerAnswer::Left, PeerAnswer::CannotTell, PeerAnswer::Stayed];
+    let mut conns = Vec::new();
+    let mut peers = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        let qp = dev
+            .create_qp_on(&pd, ring.cq(), None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        let conn = ring
+            .attach(Watched { qp, answer })
+            .unwrap_or_else(|_| panic!("attach"));
+        let slot = ring.take_buf().unwrap();
+        ring.push(conn, RecvFixed::new(slot).user_data(i as u64))
+            .unwrap();
+        conns.push(conn);
+        peers.push(peer);
+    }
+    ring.submit().unwrap();
+    assert_eq!(ring.check_peers(), 2);
+    let mut back = ring.wait(2).unwrap();
+    back.sort_by_key(|c| c.user_data());
+    let got: Vec<_> = back.iter().map(|c| (c.user_data(), c.status())).collect();
+    assert_eq!(got, [(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr)]);
+    for c in back {
+        ring.put_buf(c.into_buf()).unwrap();
+    }
+    let errors: Vec<_> = conns.iter().map(|&c| ring.qp_error(c).unwrap()).collect();
+    assert_eq!(
+        errors,
+        [Some(WcStatus::RetryExcErr), Some(WcStatus::FatalErr), None]
+    );
+    let slot = ring.take_buf().unwrap();
+    let refused = refused!(ring, conns[0], RecvFixed::new(slot));
+    assert!(matches!(refused, Error::QpInError(_)), "{refused}");
+    // Asked again, the failed ones are not asked: nothing more fails.
+    assert_eq!(ring.check_peers(), 0);
 }

@@ -17,6 +17,7 @@ use rdma_ring::future::{AsyncFixedRing, FixedOpFuture, Wakeup};
 use rdma_ring::Error;
 
 mod interleavings;
+mod peer_watch;
 
 const SLOTS: u32 = 32;
 
@@ -1005,5 +1006,41 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
             Poll::Ready(done) => assert!(done.unwrap().status().is_success()),
             Poll::Pending => panic!("a completed operation is still pending"),
         }
+    }
+}
+
+/// An rdma_cm peer that left raises no completion event: the notifier
+/// thread's quiet tick asks the queue pairs, fails the one whose peer
+/// left, and its pending receive resolves flushed; a reactor's timer does
+/// the same with `tick`.
+#[test]
+fn a_peer_that_left_is_found_by_the_quiet_tick() {
+    use peer_watch::{PeerAnswer, Watched};
+    for wakeup in [Wakeup::Thread, Wakeup::Reactor] {
+        let dev = SoftDevice::new();
+        let pd = dev.alloc_pd();
+        let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+        let mut qp = Watched {
+            qp,
+            answer: PeerAnswer::Left,
+        };
+        let cq = qp.take_cq().unwrap();
+        let bufs = FixedBufs::new(&pd, 4, 64).unwrap();
+        let ring =
+            AsyncFixedRing::new(FixedRing::new(cq, bufs, FixedRingConfig::default()), wakeup)
+                .unwrap();
+        let conn = ring.attach(qp).unwrap();
+        let slot = ring.take_buf().unwrap();
+        let recv = ring.push(conn, RecvFixed::new(slot)).unwrap();
+        ring.submit().unwrap();
+        if wakeup == Wakeup::Reactor {
+            assert_eq!(ring.tick(), 1);
+        }
+        let waited = std::thread::spawn(move || futures::executor::block_on(recv));
+        let done = waited.join().unwrap().unwrap();
+        assert_eq!(done.status(), WcStatus::WrFlushErr);
+        assert_eq!(ring.qp_error(conn).unwrap(), Some(WcStatus::RetryExcErr));
+        ring.put_buf(done.into_buf()).unwrap();
+        drop(peer);
     }
 }

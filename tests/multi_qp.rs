@@ -14,6 +14,9 @@ use rdma_ring::op::{Read, Recv, Send, SendImm, Write};
 use rdma_ring::ring::{Completion, QpHandle, Ring, RingConfig, SrqHandle, SrqRefill};
 use rdma_ring::Error;
 
+mod peer_watch;
+use peer_watch::{PeerAnswer, Watched};
+
 fn config() -> QpConfig {
     QpConfig {
         max_send_wr: 16,
@@ -499,50 +502,17 @@ fn detach_leaks_what_it_cannot_drain() {
 /// ring keeps working.
 #[test]
 fn a_queue_pair_that_cannot_watch_its_peer_fails_alone() {
-    struct Watched {
-        qp: SoftQp,
-        watch_fails: bool,
-    }
-    // SAFETY: the soft queue pair's, except that one cannot say whether
-    // its peer left (allowed: an error is a possible answer).
-    unsafe impl QueuePair for Watched {
-        type Cq = SoftCq;
-        type Srq = SoftSrq;
-        fn caps(&self) -> QpCaps {
-            self.qp.caps()
-        }
-        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: passed through.
-            unsafe { self.qp.post_send(wrs, sges) }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: passed through.
-            unsafe { self.qp.post_recv(wrs, sges) }
-        }
-        fn set_error(&mut self) -> Result<(), Error> {
-            self.qp.set_error()
-        }
-        fn take_cq(&mut self) -> Option<SoftCq> {
-            self.qp.take_cq()
-        }
-        fn peer_disconnected(&mut self) -> Result<bool, Error> {
-            if self.watch_fails {
-                return Err(Error::Soft("the connection's event channel failed"));
-            }
-            self.qp.peer_disconnected()
-        }
-    }
     let dev = SoftDevice::new();
     let pd = dev.alloc_pd();
     let mut ring: Ring<Watched> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
     let pool = BufferPool::new(&pd, 64, 8).unwrap();
     let mut handles = Vec::new();
     let mut peers = Vec::new();
-    for watch_fails in [true, false] {
+    for answer in [PeerAnswer::CannotTell, PeerAnswer::Stayed] {
         let qp = dev.create_qp_on(&pd, ring.cq(), None, config()).unwrap();
         let peer = dev.create_qp(&pd, config()).unwrap();
         dev.connect(&qp, &peer).unwrap();
-        handles.push(ring.attach(Watched { qp, watch_fails }).unwrap());
+        handles.push(ring.attach(Watched { qp, answer }).unwrap());
         peers.push(Ring::new(peer, RingConfig::default()));
     }
     let (broken, sound) = (handles[0], handles[1]);

@@ -1,5 +1,5 @@
-//! The device's asynchronous events, and failing a queue pair on request,
-//! as the fixed ring applies them.
+//! The device's asynchronous events, peers that left, and failing a queue
+//! pair on request, as the fixed ring applies them.
 
 use super::ring::{attached_mut, enter_error, fail_slot};
 use super::FixedQp;
@@ -150,5 +150,56 @@ impl<Q: QueuePair> FixedRing<Q> {
         );
         self.parked_any |= parked;
         entered
+    }
+
+    /// Asks every attached queue pair not yet in error whether its peer
+    /// left ([`QueuePair::peer_disconnected`]: an rdma_cm queue pair reads
+    /// its connection's events; others say no), and fails each that says
+    /// so, as [`fail_qp`](Self::fail_qp) does, with `RetryExcErr`: its
+    /// work comes back flushed and it takes no more. A queue pair that
+    /// cannot say (its connection's event channel failed) is failed too,
+    /// with `FatalErr`, as nobody could learn that its peer left. Returns
+    /// how many it failed. The ring does not ask by itself (it reads no
+    /// channel of its own): call it now and then, say every 100 ms, when
+    /// queue pairs come from rdma_cm.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};
+    /// # use rdma_ring::fixed::*;
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let cq = qp.take_cq().unwrap();
+    /// # let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 4, 64).unwrap(), FixedRingConfig::default());
+    /// # let conn = ring.attach(qp).unwrap();
+    /// // A soft queue pair has no connection manager to say its peer left.
+    /// assert_eq!(ring.check_peers(), 0);
+    /// assert_eq!(ring.qp_error(conn).unwrap(), None);
+    /// ```
+    pub fn check_peers(&mut self) -> usize {
+        let mut failed = 0;
+        for slot in self.qps.iter_mut().flatten() {
+            if slot.error.is_some() {
+                continue;
+            }
+            let status = match slot.qp.peer_disconnected() {
+                Ok(false) => continue,
+                Ok(true) => WcStatus::RetryExcErr,
+                Err(_) => WcStatus::FatalErr,
+            };
+            let handle = slot.handle;
+            // A device that refuses leaves the drain to time out.
+            let (parked, _) = fail_slot(
+                slot,
+                handle,
+                status,
+                self.bufs.table(),
+                &mut self.ready,
+                &mut self.cq_free,
+            );
+            self.parked_any |= parked;
+            failed += 1;
+        }
+        failed
     }
 }

@@ -34,8 +34,9 @@
 //!   comes back flushed; the others run on. The device's asynchronous
 //!   events, read by the caller from its one event channel, are applied
 //!   with [`FixedRing::apply_event`] (a queue pair's fatal error fails it,
-//!   a failed completion queue or device fails the ring), and
-//!   [`FixedRing::fail_qp`] fails a queue pair on request.
+//!   a failed completion queue or device fails the ring);
+//!   [`FixedRing::check_peers`] fails the queue pairs whose rdma_cm peer
+//!   left, and [`FixedRing::fail_qp`] fails one on request.
 //! * **Teardown**: [`FixedRing::detach`] and dropping the ring move busy
 //!   queue pairs to error and drain them before letting go. A detach the
 //!   device does not flush in time fails with a timeout and keeps the queue

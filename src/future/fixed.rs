@@ -564,6 +564,19 @@ impl CompletionSink for Settle<'_> {
 }
 
 impl<Q: QueuePair> FixedShared<Q> {
+    /// The idle-time work ([`AsyncFixedRing::tick`]): peers that left.
+    /// What failing their queue pairs brings back at once (work never
+    /// posted) raises no completion event, so it goes to its futures here.
+    fn tick(&self) -> usize {
+        self.with(|inner| {
+            let failed = inner.ring.as_mut().map_or(0, FixedRing::check_peers);
+            if failed > 0 {
+                let _ = inner.reap();
+            }
+            failed
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner<Q>> {
         // The state stays consistent across a panicking waker.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -698,7 +711,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                     || {
                         let _ = shared.drive();
                     },
-                    || {},
+                    || {
+                        shared.tick();
+                    },
                 )
             })
         });
@@ -1281,6 +1296,27 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
         self.shared.drive()
     }
 
+    /// The ring's idle-time work, for a reactor's timer: asks the queue
+    /// pairs whether their peer left and fails those that say so, as
+    /// [`FixedRing::check_peers`] does, their futures resolving flushed
+    /// (returns how many it failed). Nothing raises a completion event for
+    /// a peer that left, so with [`Wakeup::Reactor`] and rdma_cm queue
+    /// pairs, call it every 100 ms or so; the notifier thread of
+    /// [`Wakeup::Thread`] does, every 250 ms of quiet.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// assert_eq!(ring.tick(), 0);
+    /// ```
+    pub fn tick(&self) -> usize {
+        self.shared.tick()
+    }
+
     /// A handle that can [`drive`](FixedDriver::drive) the ring (from a
     /// reactor task) without keeping it open: the ring still closes when
     /// the last [`AsyncFixedRing`] handle drops.
@@ -1395,6 +1431,21 @@ impl<Q: QueuePair> FixedDriver<Q> {
     /// ```
     pub fn drive(&self) -> Result<usize, Error> {
         self.shared.drive()
+    }
+
+    /// See [`AsyncFixedRing::tick`].
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};
+    /// # use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+    /// # use rdma_ring::future::{AsyncFixedRing, Wakeup};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let ring: AsyncFixedRing<SoftQp> = AsyncFixedRing::new(FixedRing::new(dev.create_cq(8).unwrap(), FixedBufs::new(&pd, 1, 64).unwrap(), FixedRingConfig::default()), Wakeup::Reactor).unwrap();
+    /// assert_eq!(ring.driver().tick(), 0);
+    /// ```
+    pub fn tick(&self) -> usize {
+        self.shared.tick()
     }
 
     /// See [`AsyncFixedRing::completion_fd`].
