@@ -275,8 +275,8 @@ fn an_unbounded_handshake_timeout_does_not_panic() {
     use rdma_ring::connect::{tcp, Endpoint};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let endpoint = |qpn| Endpoint {
-        qpn,
+    let endpoint = |n: u32| Endpoint {
+        qpn: 0x10 + n,
         psn: 1,
         lid: 0,
         gid: [0; 16],
@@ -295,10 +295,10 @@ fn an_unbounded_handshake_timeout_does_not_panic() {
         tcp::exchange(&mut s, &endpoint(1), Duration::MAX)
             .unwrap()
             .qpn,
-        2
+        0x12
     );
     tcp::ready(&mut s, Duration::MAX).unwrap();
-    assert_eq!(peer.join().unwrap().qpn, 1);
+    assert_eq!(peer.join().unwrap().qpn, 0x11);
 }
 
 thread_local! {

@@ -58,7 +58,9 @@ impl Endpoint {
     }
 
     /// Decodes a wire record strictly: exact length, magic, version, MTU in
-    /// range, 24-bit QPN and PSN. Never panics.
+    /// range, 24-bit QPN and PSN, and a QPN that can be a connected queue
+    /// pair's (not 0 or 1, the subnet management and general services
+    /// queue pairs). Never panics.
     pub fn decode(bytes: &[u8]) -> Result<Endpoint, Error> {
         let bad = |reason: String| Error::Malformed {
             what: "endpoint record",
@@ -92,6 +94,11 @@ impl Endpoint {
         if qpn > 0x00ff_ffff || psn > 0x00ff_ffff {
             return Err(bad(format!("QPN {qpn:#x} or PSN {psn:#x} exceeds 24 bits")));
         }
+        if qpn < 2 {
+            return Err(bad(format!(
+                "QPN {qpn} is a special queue pair's, never a connected one's"
+            )));
+        }
         let lid = u16::from_be_bytes([record[12], record[13]]);
         let gid: [u8; 16] = record[16..32].try_into().expect("16 bytes");
         Ok(Endpoint {
@@ -118,7 +125,7 @@ mod tests {
         }
 
         #[test]
-        fn round_trips(qpn in 0u32..1 << 24, psn in 0u32..1 << 24, lid: u16, gid: [u8; 16], mtu in 1u8..=5, rd: u8, init: u8) {
+        fn round_trips(qpn in 2u32..1 << 24, psn in 0u32..1 << 24, lid: u16, gid: [u8; 16], mtu in 1u8..=5, rd: u8, init: u8) {
             let ep = Endpoint { qpn, psn, lid, gid, mtu, rd_atomic: rd, init_rd_atomic: init };
             prop_assert_eq!(Endpoint::decode(&ep.encode()).unwrap(), ep);
         }
@@ -127,7 +134,7 @@ mod tests {
     #[test]
     fn rejects_each_malformation() {
         let good = Endpoint {
-            qpn: 1,
+            qpn: 0x11,
             psn: 2,
             lid: 3,
             gid: [4; 16],
@@ -147,6 +154,12 @@ mod tests {
             bad[at] = value;
             let err = Endpoint::decode(&bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
+        }
+        for special in [0u8, 1] {
+            let mut bad = good;
+            bad[4..8].copy_from_slice(&[0, 0, 0, special]);
+            let err = Endpoint::decode(&bad).unwrap_err().to_string();
+            assert!(err.contains("special queue pair"), "{err}");
         }
     }
 }

@@ -111,19 +111,22 @@ fn set_write_deadline(
 }
 
 /// Sends `local` and returns the peer's endpoint, both within `timeout`.
+/// An endpoint naming our own queue pair (what an echo service sends
+/// back) is refused.
 ///
 /// ```
 /// use std::net::{TcpListener, TcpStream};
 /// use std::time::Duration;
 /// use rdma_ring::connect::{tcp, Endpoint};
 /// let ep = |qpn| Endpoint { qpn, psn: 7, lid: 0, gid: [0; 16], mtu: 5, rd_atomic: 16, init_rd_atomic: 16 };
+/// // (QPNs 0 and 1 are special queue pairs', never a connected one's.)
 /// # let listener = TcpListener::bind("127.0.0.1:0").unwrap();
 /// # let mut ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
 /// # let (mut theirs, _) = listener.accept().unwrap();
 /// let timeout = Duration::from_secs(5);
-/// let peer = std::thread::spawn(move || tcp::exchange(&mut theirs, &ep(2), timeout).unwrap());
-/// assert_eq!(tcp::exchange(&mut ours, &ep(1), timeout).unwrap(), ep(2));
-/// assert_eq!(peer.join().unwrap(), ep(1));
+/// let peer = std::thread::spawn(move || tcp::exchange(&mut theirs, &ep(0x12), timeout).unwrap());
+/// assert_eq!(tcp::exchange(&mut ours, &ep(0x11), timeout).unwrap(), ep(0x12));
+/// assert_eq!(peer.join().unwrap(), ep(0x11));
 /// ```
 pub fn exchange(
     stream: &mut TcpStream,
@@ -147,7 +150,16 @@ pub(crate) fn exchange_by(
         .map_err(|e| io_error(step, e, 0, ENDPOINT_WIRE_LEN))?;
     let mut record = [0u8; ENDPOINT_WIRE_LEN];
     read_exact(stream, &mut record, deadline, "reading the peer's endpoint")?;
-    Endpoint::decode(&record)
+    let remote = Endpoint::decode(&record)?;
+    if (remote.qpn, remote.lid, remote.gid) == (local.qpn, local.lid, local.gid) {
+        // What an echo service sends back: connected to itself, the queue
+        // pair would "work" and talk to no one.
+        return Err(Error::Malformed {
+            what: "endpoint record",
+            reason: "the peer sent back our own queue pair's (an echo, not a peer)".into(),
+        });
+    }
+    Ok(remote)
 }
 
 /// After both queue pairs are connected: tells the peer we are ready and
@@ -416,9 +428,10 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    fn endpoint(qpn: u32) -> Endpoint {
+    /// An endpoint told apart by `n` (its QPN, 0x10 + `n`).
+    fn endpoint(n: u32) -> Endpoint {
         Endpoint {
-            qpn,
+            qpn: 0x10 + n,
             psn: 7,
             lid: 0,
             gid: [1; 16],
@@ -433,6 +446,21 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
         (client, server)
+    }
+
+    /// A service that echoes what it reads (a wrong port) sends back our
+    /// own endpoint: refused, rather than connecting the queue pair to
+    /// itself.
+    #[test]
+    fn an_echo_is_not_a_peer() {
+        let (mut a, b) = pair();
+        std::thread::spawn(move || {
+            let mut reader = b.try_clone().unwrap();
+            let mut writer = b;
+            let _ = std::io::copy(&mut reader, &mut writer);
+        });
+        let err = exchange(&mut a, &endpoint(1), Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("echo"), "{err}");
     }
 
     #[test]

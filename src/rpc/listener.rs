@@ -111,8 +111,10 @@ impl RpcServer<VerbsQp> {
 
 /// Takes connection attempts until the server stops; each handshake runs
 /// on a thread of its own (64 at most, more wait in the backlog), so a
-/// slow or hostile peer delays nobody. A failed handshake concerns that
-/// peer only.
+/// slow peer delays nobody while fewer than 64 stall at once (64 peers
+/// that stall, from one host or many, hold every slot until their connect
+/// timeout: there is no limit per source). A failed handshake concerns
+/// that peer only.
 fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
     listener: &HandshakeListener<S, ()>,
     shared: &Arc<ServerShared<Q>>,

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::host::{host_cq_entries, Prepared};
+use super::host::host_cq_entries;
 use super::wire::{Hello, HELLO_LEN};
 use super::{Session, SessionConfig, SessionError, SessionHost};
 use crate::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd, VerbsQp};
@@ -241,7 +241,7 @@ impl SessionHost<VerbsQp> {
     }
 
     /// The session protocol over an open TCP stream: endpoints, hellos,
-    /// connect, ready. The stream stays open for the session's life: its
+    /// connect, receives posted, ready. The stream stays open for the session's life: its
     /// end tells either side that the other's process is gone.
     fn handshake(&self, mut stream: TcpStream) -> Result<Session<VerbsQp>, SessionError> {
         let config = *self.config();
@@ -254,33 +254,31 @@ impl SessionHost<VerbsQp> {
                 .dev
                 .create_qp_on(&fabric.pd, cq, None, config.qp_config())
         })?;
-        let endpoint = qp.endpoint();
+        let (remote, peer) = exchange(&mut stream, &qp.endpoint(), config.hello(), deadline)?;
+        // Connected before it joins the host's ring, out of the ring's
+        // lock: moving to RTR may wait on the kernel (resolving the address
+        // of the GID the peer named), and the host's other sessions go on
+        // meanwhile. Its receives are posted before the ready byte goes,
+        // and the peer sends nothing before that byte.
+        qp.connect(&remote)?;
         let prepared = self.prepare(qp)?;
-        match exchange(
-            self,
-            &prepared,
-            &mut stream,
-            &endpoint,
-            config.hello(),
-            deadline,
-        ) {
-            Ok(peer) => Ok(self.admit(prepared, peer, Some(stream))),
+        match tcp::ready_by(&mut stream, deadline) {
+            Ok(()) => Ok(self.admit(prepared, peer, Some(stream))),
             Err(e) => {
                 self.abandon(prepared);
-                Err(e)
+                Err(e.into())
             }
         }
     }
 }
 
+/// Endpoints, then hellos: the peer's of each.
 fn exchange(
-    host: &SessionHost<VerbsQp>,
-    prepared: &Prepared,
     stream: &mut TcpStream,
     endpoint: &crate::connect::Endpoint,
     hello: Hello,
     deadline: Deadline,
-) -> Result<Hello, SessionError> {
+) -> Result<(crate::connect::Endpoint, Hello), SessionError> {
     let remote = tcp::exchange_by(stream, endpoint, deadline)?;
     // The socket's write timeout, set before the endpoint exchange, may
     // outlast the deadline: the hello's 12 bytes fit in any socket buffer.
@@ -298,9 +296,7 @@ fn exchange(
     )?;
     let peer = Hello::decode(&bytes)
         .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
-    host.with_qp(prepared, |qp| qp.connect(&remote))?;
-    tcp::ready_by(stream, deadline)?;
-    Ok(peer)
+    Ok((remote, peer))
 }
 
 enum ListenerKind {
@@ -343,7 +339,8 @@ impl SessionListener<VerbsQp> {
     /// Waits for the next peer and connects a session to it. Handshakes
     /// run side by side, on threads of their own (64 at most; more peers
     /// wait in the TCP backlog), so a peer that stalls holds up nobody
-    /// behind it: this returns the next one to finish. A peer that fails
+    /// behind it while fewer than 64 stall at once (there is no limit per
+    /// source): this returns the next one to finish. A peer that fails
     /// its handshake is dropped with an error for the call that returns
     /// it; call again.
     pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
@@ -362,8 +359,9 @@ impl SessionListener<CmQp> {
     /// rdma_cm. Handshakes run side by side, on threads of their own (64
     /// at most; more requests wait in rdma_cm's backlog), so a peer that
     /// stalls — one that never confirms, holding its handshake for the
-    /// connect timeout — holds up nobody behind it: this returns the next
-    /// one to finish. A request without a valid hello is rejected, and a
+    /// connect timeout — holds up nobody behind it while fewer than 64
+    /// stall at once (there is no limit per source): this returns the
+    /// next one to finish. A request without a valid hello is rejected, and a
     /// peer that fails its handshake comes out as an error for the call
     /// that returns it; call again. The host's other sessions go on
     /// meanwhile.

@@ -79,7 +79,8 @@ impl RdmaListener {
     /// with its receives posted, the handshake, then the hellos (all of it
     /// within the config's `connect_timeout`). Handshakes run side by
     /// side, on threads of their own (64 at most; more peers wait in the
-    /// TCP backlog), so a peer that stalls holds up nobody behind it: this
+    /// TCP backlog), so a peer that stalls holds up nobody behind it while
+    /// fewer than 64 stall at once (there is no limit per source): this
     /// returns the next one to finish. A peer that sends garbage, or
     /// stalls past the timeout, gets an error for the call that returns
     /// it; the listener goes on.
