@@ -88,6 +88,44 @@ async fn lab_3_the_server_reads_a_region_the_client_sent() {
     assert!(back.iter().enumerate().all(|(i, &b)| b == i as u8));
 }
 
+/// A message that lets the peer free memory — a region returned or
+/// released, the close — asks for a fence, so that the READs before it
+/// finish first (a READ whose response was lost runs again at the
+/// responder); other messages do not.
+#[tokio::test]
+async fn messages_that_let_the_peer_free_memory_wait_for_our_reads() {
+    let (client, server) = pair(SessionConfig::default());
+    let (ours, theirs) = (
+        server.with_queue_pair(|qp| qp.control()).unwrap(),
+        client.with_queue_pair(|qp| qp.control()).unwrap(),
+    );
+    let region = client.alloc_local_mr(bytes(64)).unwrap();
+    client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    let remote = within(server.receive_remote_mr()).await.unwrap();
+    let into = server.alloc_local_mr_zeroed(bytes(64)).unwrap();
+    let (read, into) = within(server.read(into, remote.remote())).await;
+    assert_eq!(read.unwrap(), 64);
+    within(server.send(into.slice(..8))).await.0.unwrap();
+    within(client.receive()).await.unwrap();
+    assert_eq!(ours.counters().fenced, 0, "nothing let go yet");
+    server.send_remote_mr(remote).unwrap();
+    within(client.receive_local_mr()).await.unwrap();
+    assert_eq!(ours.counters().fenced, 1, "the return");
+
+    let requested = within(server.request_remote_mr(bytes(8))).await.unwrap();
+    drop(requested);
+    within(async {
+        while ours.counters().fenced < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert_eq!(ours.counters().fenced, 2, "the release");
+    assert_eq!(theirs.counters().fenced, 0, "the grant and the rest");
+    // (The close is fenced as well; its queue pair, and so its counters,
+    // are gone once it went.)
+}
+
 #[tokio::test]
 async fn lab_4_the_client_writes_a_region_it_requested() {
     let (client, server) = pair(SessionConfig::default());

@@ -109,8 +109,11 @@
 //! * A lease's end is final: an operation on a region after it (or after
 //!   handing the region back) fails with a remote access error, which ends
 //!   the session, as RC does. [`RemoteRegion::expires_at`] is sent as the
-//!   lease left when the descriptor leaves, so it is never later than the
-//!   lender's clock, give or take the message's flight.
+//!   lease left when the descriptor leaves, and counted from when this
+//!   side's pump takes the message in: it runs later than the lender's
+//!   clock by the message's flight and by however long the message waited
+//!   for the pump (a backlog of completions, the ring held by another
+//!   user). Leave a margin before it.
 //! * The sessions of one host share its ring: the results of operations
 //!   a user leaves uncollected (futures neither awaited nor dropped) take
 //!   room in it, and once it is full, every session's receives wait to be

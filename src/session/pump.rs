@@ -663,10 +663,20 @@ fn send_control<Q: QueuePair + std::marker::Send + 'static>(
     } else {
         CONTROL
     };
+    let mut send = Send::new(region).user_data(tag);
+    if matches!(
+        control,
+        Control::Return { .. } | Control::Release { .. } | Control::Close
+    ) {
+        // It lets the peer free memory: our READs and atomics before it
+        // finish first. A READ whose response was lost is run again by the
+        // responder when retransmitted, against what the message let go.
+        send = send.fence();
+    }
     let handle = s.qp.handle();
     let pushed = host.ring.with_ring(|mut ring| {
         ring.submission_on(handle)
-            .push(Send::new(region).user_data(tag))
+            .push(send)
             .map_err(|r| r.into_parts().0)?;
         Ok(ring.qp_stats(handle).map_or(0, |x| x.sends_pushed))
     });

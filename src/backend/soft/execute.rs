@@ -72,6 +72,7 @@ impl DeviceState {
             qp.counters.executed += 1;
             done += 1;
             let wr = queued.wr;
+            qp.counters.fenced += u64::from(wr.flags.contains(SendFlags::FENCE));
             if status.is_success() {
                 if wr.flags.contains(SendFlags::SIGNALED) {
                     qp.report_send(queued.seq);

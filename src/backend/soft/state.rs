@@ -62,6 +62,12 @@ pub struct QpCounters {
     pub executed: u64,
     /// RNR NAKs the requester saw.
     pub rnr_naks: u64,
+    /// Send work requests executed that asked for a fence
+    /// (`IBV_SEND_FENCE`: to wait for the READs and atomics before them).
+    /// The soft device runs a send queue in order, one at a time, so the
+    /// fence changes nothing here; counted for tests that check it was
+    /// asked for. (Not counted for work no-op mode completes at post.)
+    pub fenced: u64,
 }
 
 pub(super) struct RnrWait {
