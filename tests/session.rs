@@ -1183,3 +1183,67 @@ async fn late_acks_leave_data_operations_their_send_queue() {
     }
     assert_eq!(within(write).await.0.unwrap(), 8);
 }
+
+/// Data operations beyond `max_send_wr` take the send queue slots kept
+/// for messages: a message then waits for room, rather than being
+/// refused, and goes once the data operations finish.
+#[tokio::test]
+async fn a_message_waits_while_data_operations_fill_the_send_queue() {
+    let config = SessionConfig {
+        recv_depth: 4,
+        user_window: 2,
+        max_send_wr: 4,
+        ..SessionConfig::default()
+    };
+    let (a, b) = pair(config);
+    let target = within(a.request_remote_mr(bytes(8))).await.unwrap();
+    a.with_queue_pair(|qp| qp.control().hold_acks()).unwrap();
+    // The send queue: 4 places for data and 5 for messages (the request's
+    // message is done); 9 writes take them all.
+    let writes: Vec<_> = (0..9)
+        .map(|_| a.write(a.alloc_local_mr(bytes(8)).unwrap(), target.remote()))
+        .collect();
+    assert!(writes.iter().all(|w| !w.was_refused()));
+    let msg = a.alloc_local_mr(bytes(8)).unwrap();
+    let send = a.send(msg.slice(..));
+    tokio::pin!(send);
+    assert!(
+        timeout(Duration::from_millis(100), &mut send)
+            .await
+            .is_err(),
+        "the message went (or failed) with the send queue full"
+    );
+    a.with_queue_pair(|qp| qp.control().release_acks()).unwrap();
+    for write in writes {
+        assert_eq!(within(write).await.0.unwrap(), 8);
+    }
+    within(send).await.0.unwrap();
+    within(b.receive()).await.unwrap();
+}
+
+/// A peer keeps at most 1024 regions lent to it waiting for its user: a
+/// user lending more, before the peer's user received them, is refused
+/// with a clear error and its region handed back, and the session goes
+/// on (the peer would otherwise take the 1025th as a protocol breach).
+#[tokio::test]
+async fn lending_more_than_the_peer_keeps_waiting_is_refused_here() {
+    let (client, server) = pair(SessionConfig::default());
+    for _ in 0..1024 {
+        let region = client.alloc_local_mr(bytes(8)).unwrap();
+        client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    }
+    let region = client.alloc_local_mr(bytes(8)).unwrap();
+    let (e, region) = client
+        .send_local_mr(region, RemoteAccess::READ)
+        .unwrap_err();
+    assert!(matches!(e, SessionError::TooManyLent { max: 1024 }), "{e}");
+    // The peer takes one and hands it back: room for one more.
+    let remote = within(server.receive_remote_mr()).await.unwrap();
+    server.send_remote_mr(remote).unwrap();
+    within(client.receive_local_mr()).await.unwrap();
+    client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    for _ in 0..1024 {
+        within(server.receive_remote_mr()).await.unwrap();
+    }
+    assert!(client.failure().is_none() && server.failure().is_none());
+}

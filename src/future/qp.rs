@@ -58,7 +58,7 @@ impl<Q: QueuePair> AsyncQp<Q> {
     }
 
     /// Pushes `op` to this queue pair and submits at once; see
-    /// [`AsyncRing::op`](crate::future::AsyncRing::op)(crate::future::AsyncRing::op).
+    /// [`AsyncRing::op`](crate::future::AsyncRing::op).
     pub fn op<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
         self.shared.op_on(Some(self.qp), op)
     }

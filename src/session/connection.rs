@@ -153,7 +153,9 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     /// [`receive_remote_mr`](Self::receive_remote_mr). It is ours again
     /// ([`receive_local_mr`](Self::receive_local_mr)) when the peer hands
     /// it back or the lease ends. If it cannot be lent, it comes back with
-    /// the error.
+    /// the error: [`SessionError::TooManyLent`] while 1024 regions this
+    /// side lent are not back (a peer keeps that many at most waiting
+    /// for its user to receive them).
     pub fn send_local_mr(
         &self,
         region: Region,
@@ -162,6 +164,12 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         let mut st = self.shared.lock();
         if let Some(e) = st.refusal() {
             return Err((e, region));
+        }
+        // Those not yet back include every one the peer's user has not
+        // received, which the peer counts against the same limit.
+        let max = super::pump::MAX_PENDING_LENDS;
+        if st.lent.values().filter(|lent| !lent.granted).count() >= max {
+            return Err((SessionError::TooManyLent { max }, region));
         }
         let exposed = match ExposedBuf::new(&*self.shared.host.pd, region, rights) {
             Ok(exposed) => exposed,

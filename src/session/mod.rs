@@ -200,8 +200,12 @@ pub struct SessionConfig {
     pub arena_bytes: usize,
     /// Most bytes all arenas may register together.
     pub memory_limit: usize,
-    /// Data operations (reads, writes, sends, atomics) in flight per
-    /// session, at most.
+    /// Send queue slots for data operations (reads, writes, atomics) in
+    /// flight per session; the queue pair has room for messages besides.
+    /// More data operations than this are not refused by the session:
+    /// they take the slots kept for messages, whose sends then wait for
+    /// room, and the ring refuses one (`SendQueueFull`) only once the
+    /// whole send queue is full.
     pub max_send_wr: u32,
 }
 
@@ -332,6 +336,13 @@ pub enum SessionError {
     /// A remote region was handed to another session than its own.
     #[error("this remote region belongs to another session")]
     WrongSession,
+    /// More regions sent with `send_local_mr` and not yet back than a
+    /// peer keeps waiting for its user: wait for some to come back.
+    #[error("{max} regions lent and not yet back: the peer keeps no more waiting for its user")]
+    TooManyLent {
+        /// The limit.
+        max: usize,
+    },
     /// Connecting failed.
     #[error("connecting failed: {0}")]
     Connect(String),
@@ -352,6 +363,7 @@ impl SessionError {
                 max: *max,
             },
             SessionError::WrongSession => SessionError::WrongSession,
+            SessionError::TooManyLent { max } => SessionError::TooManyLent { max: *max },
             SessionError::Connect(s) => SessionError::Connect(s.clone()),
         }
     }

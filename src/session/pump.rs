@@ -25,8 +25,9 @@ use crate::thread_waker::ThreadWaker;
 const TICK: Duration = Duration::from_millis(10);
 /// Completions handled before the outboxes get a turn.
 const BATCH: usize = 64;
-/// Regions lent to us and not yet taken by our user, at most.
-const MAX_PENDING_LENDS: usize = 1024;
+/// Regions lent to us and not yet taken by our user, at most (and so
+/// regions our user lends and has not had back, at most).
+pub(super) const MAX_PENDING_LENDS: usize = 1024;
 
 /// Regions lent to the peer at once, at most: each is a registration of
 /// its own, so a peer asking for many tiny regions is refused long before

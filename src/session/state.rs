@@ -207,7 +207,14 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
     /// Whether a message of ours may take a send queue slot now; if not,
     /// the pump looks again for a waiting user.
     pub(super) fn message_slot_free(&self, st: &mut SessionState) -> bool {
-        let free = st.slots.free(|| self.qp.stats().map(|s| s.sends_done));
+        let stats = self.qp.stats();
+        // Room in the send queue itself (its depth less the ring's
+        // teardown marker): data operations beyond `max_send_wr` take the
+        // places kept for messages, and a message then waits for one
+        // rather than being refused.
+        let depth = u64::from(self.host.config.qp_config().max_send_wr - 1);
+        let room = stats.is_none_or(|s| s.sends_pushed - s.sends_done < depth);
+        let free = room && st.slots.free(|| stats.map(|s| s.sends_done));
         st.slots.waited |= !free;
         free
     }
