@@ -400,6 +400,16 @@ impl SessionHost<SoftQp> {
         &self,
         other: &SessionHost<SoftQp>,
     ) -> Result<(Session<SoftQp>, Session<SoftQp>), SessionError> {
+        self.connect_soft_watching(other, (None, None))
+    }
+
+    /// [`connect_soft`](Self::connect_soft), each session watching a
+    /// socket as a handshake's (its end says the peer is gone).
+    pub(super) fn connect_soft_watching(
+        &self,
+        other: &SessionHost<SoftQp>,
+        (watch_a, watch_b): (Option<TcpStream>, Option<TcpStream>),
+    ) -> Result<(Session<SoftQp>, Session<SoftQp>), SessionError> {
         // Connected before either is attached: nobody can send before
         // both sessions exist, and the ring's lock is not needed twice.
         let (qa, qb) = (self.create_soft_qp()?, other.create_soft_qp()?);
@@ -413,7 +423,7 @@ impl SessionHost<SoftQp> {
             }
         };
         let (ha, hb) = (self.config().hello(), other.config().hello());
-        Ok((self.admit(a, hb, None), other.admit(b, ha, None)))
+        Ok((self.admit(a, hb, watch_a), other.admit(b, ha, watch_b)))
     }
 
     fn soft_fabric(&self) -> &SoftFabric {

@@ -85,7 +85,7 @@ pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<H
             };
             let sessions: Vec<_> = host.sessions().live.values().cloned().collect();
             for s in &sessions {
-                service(host, s, now, tick, ring_failed);
+                service(host, s, now, tick, ring_failed, !busy);
             }
             if let Err(e) = host.ring.submit() {
                 refused(host, &e);
@@ -501,13 +501,15 @@ fn peer_gone(socket: &std::net::TcpStream) -> Option<SessionError> {
     }
 }
 
-/// Timers, liveness, outbox and close of one session.
+/// Timers, liveness, outbox and close of one session; `drained` says
+/// this turn took every completion queued.
 fn service<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
     s: &Arc<SessionShared<Q>>,
     now: Instant,
     tick: bool,
     ring_failed: Option<&'static str>,
+    drained: bool,
 ) {
     let mut st = s.lock();
     if tick {
@@ -516,8 +518,16 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
             break_session(host, s, &mut st, e);
         }
         if st.failure.is_none() && !st.closing && !st.peer_closed {
-            if let Some(e) = s.watch.as_ref().and_then(peer_gone) {
-                break_session(host, s, &mut st, e);
+            match s.watch.as_ref().and_then(peer_gone) {
+                // The socket's end can overtake the peer's last messages,
+                // and a busy turn leaves completions queued: the peer is
+                // gone once a turn that took them all came after the end
+                // was first seen (its close, if it sent one, is then in).
+                Some(SessionError::Disconnected(_)) if !st.watch_ended || !drained => {
+                    st.watch_ended = true;
+                }
+                Some(e) => break_session(host, s, &mut st, e),
+                None => {}
             }
         }
         expire(&mut st, now);
@@ -757,5 +767,88 @@ fn forward_events<Q: QueuePair + std::marker::Send + 'static>(host: &HostShared<
     let mut queue = host.events.lock().unwrap_or_else(|p| p.into_inner());
     for e in events {
         queue.push(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BATCH;
+    use crate::backend::soft::SoftDevice;
+    use crate::buf::{BaseBuf, RemoteAccess};
+    use crate::session::{SessionConfig, SessionError, SessionHost};
+    use futures::executor::block_on;
+    use std::alloc::Layout;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn socket_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (a, listener.accept().unwrap().0)
+    }
+
+    /// The peer sends a message and closes, and its handshake socket ends,
+    /// while our pump has more than a turn's batch of completions queued
+    /// ahead of them: the end of the socket is seen before the message
+    /// and the close are taken. The message is delivered all the same,
+    /// and the session ends as closed, not as a peer gone.
+    #[test]
+    fn a_peer_s_last_messages_count_though_its_socket_s_end_came_first() {
+        let bytes = |n| Layout::from_size_align(n, 8).unwrap();
+        let dev = SoftDevice::new();
+        // Room for more messages unreported than a batch.
+        let config = SessionConfig {
+            recv_depth: 128,
+            ..SessionConfig::default()
+        };
+        let host_a = SessionHost::soft(&dev, config).unwrap();
+        let host_b = SessionHost::soft(&dev, config).unwrap();
+        let (socket_a, socket_b) = socket_pair();
+        // The session's socket, nonblocking once admitted.
+        let watch = socket_a.try_clone().unwrap();
+        let (a, b) = host_a
+            .connect_soft_watching(&host_b, (Some(socket_a), Some(socket_b)))
+            .unwrap();
+        let control = a.with_queue_pair(|qp| qp.control()).unwrap();
+        // More than a batch of completions of our pump's own sends (its
+        // messages lending regions), held by the device for now.
+        control.hold_acks();
+        let before = control.counters().send_wrs;
+        let lends = BATCH as u64 + 8;
+        for _ in 0..lends {
+            let region = a.alloc_local_mr(bytes(8)).unwrap();
+            a.send_local_mr(region, RemoteAccess::READ).unwrap();
+        }
+        let pushed = Instant::now() + Duration::from_secs(10);
+        while control.counters().send_wrs < before + lends {
+            assert!(Instant::now() < pushed, "the lends did not go");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Our pump is kept out (the ring is held) while the device hands
+        // them over, the peer sends and closes, and its socket ends.
+        a.with_queue_pair(move |_| {
+            control.release_acks();
+            let mut msg = b.alloc_local_mr(bytes(3)).unwrap();
+            msg.copy_from_slice(b"bye");
+            block_on(b.send(msg.slice(..))).0.unwrap();
+            drop(b);
+            let gone = Instant::now() + Duration::from_secs(10);
+            while !matches!(watch.peek(&mut [0u8; 1]), Ok(0)) {
+                assert!(Instant::now() < gone, "the peer's socket did not end");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // The pump's next turn looks at its sockets.
+            std::thread::sleep(Duration::from_millis(30));
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = block_on(a.receive()).unwrap_or_else(|e| panic!("the message: {e}"));
+        assert_eq!(&got[..], b"bye");
+        assert!(
+            matches!(block_on(a.receive()), Err(SessionError::Closed(_))),
+            "{:?}",
+            a.failure()
+        );
+        assert!(Instant::now() < deadline);
     }
 }

@@ -103,6 +103,9 @@ pub(super) struct SessionState {
     pub(super) close_done: bool,
     pub(super) close_deadline: Option<Instant>,
     pub(super) peer_closed: bool,
+    /// The handshake's socket was seen closed, and the completions queued
+    /// then may not all have been handled yet.
+    pub(super) watch_ended: bool,
     waiters: Vec<Waker>,
 }
 
@@ -143,6 +146,7 @@ impl SessionState {
             close_done: false,
             close_deadline: None,
             peer_closed: false,
+            watch_ended: false,
             waiters: Vec::new(),
         }
     }
