@@ -694,7 +694,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// other queue pairs' completions meanwhile wait for the next reap),
     /// and come out before what it never posted.
     /// If the device does not flush everything within `drain_timeout`, it
-    /// stays attached, in error, and [`Error::Timeout`] is returned.
+    /// stays attached, in error, and [`Error::Timeout`] is returned. (A
+    /// device that refuses to move a busy queue pair to error leaves its
+    /// work to run as it would: the drain waits for each completion all
+    /// the same, and the queue pair comes back still working.)
     ///
     /// One that takes receives from a shared receive queue is moved to
     /// error even when idle, so it takes no more of them (it comes back in
