@@ -2,8 +2,11 @@
 //! with its own error and the operation (and so its slot) handed back; and
 //! what a refused attach hands back.
 
-use rdma_ring::backend::soft::{QpControl, SoftDevice, SoftPd, SoftQp};
-use rdma_ring::backend::{QpConfig, QueuePair, SrqConfig, WcStatus};
+use rdma_ring::backend::soft::{QpControl, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
+use rdma_ring::backend::{
+    CompletionQueue, CqId, PostError, QpCaps, QpConfig, QueuePair, RawCompletion, RecvWr, SendWr,
+    Sge, SrqConfig, WcStatus,
+};
 use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::fixed::{
     FetchAddFixed, FixedBufs, FixedQp, FixedRing, FixedRingConfig, RecvFixed, SendFixed, WriteFixed,
@@ -722,7 +725,6 @@ fn a_wait_cut_short_by_a_failed_completion_queue_keeps_a_queue_pairs_order() {
 /// which makes no completion at the peer whatever its flags.
 #[test]
 fn solicited_messages_and_writes_with_immediate_wake_a_solicited_waiter() {
-    use rdma_ring::backend::CompletionQueue;
     let dev = SoftDevice::new();
     let pd = dev.alloc_pd();
     let (mut a, b) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
@@ -815,4 +817,132 @@ fn check_peers_fails_the_queue_pairs_whose_peer_left_or_cannot_say() {
     assert!(matches!(refused, Error::QpInError(_)), "{refused}");
     // Asked again, the failed ones are not asked: nothing more fails.
     assert_eq!(ring.check_peers(), 0);
+}
+
+thread_local! {
+    /// CQEs the next polls of a `ForgingCq` (on this thread) report first.
+    static FORGED: std::cell::RefCell<Vec<RawCompletion>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The `wr_id`s a `Recording` queue pair posted as sends.
+    static SENT: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A soft completion queue that reports forged CQEs before its own.
+struct ForgingCq(SoftCq);
+
+// SAFETY: the soft queue's completions, passed through; the forged ones
+// name work requests that are stale, which the ring must survive being
+// shown.
+unsafe impl CompletionQueue for ForgingCq {
+    fn id(&self) -> CqId {
+        self.0.id()
+    }
+    fn entries(&self) -> u32 {
+        self.0.entries()
+    }
+    fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
+        if let Some(cqe) = FORGED.with(|f| f.borrow_mut().pop()) {
+            out[0] = cqe;
+            return Ok(1);
+        }
+        self.0.poll(out)
+    }
+}
+
+/// A soft queue pair that records the `wr_id` of each send it posts.
+struct Recording(SoftQp);
+
+// SAFETY: the soft queue pair's, passed through.
+unsafe impl QueuePair for Recording {
+    type Cq = ForgingCq;
+    type Srq = SoftSrq;
+    fn caps(&self) -> QpCaps {
+        self.0.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        SENT.with(|s| s.borrow_mut().extend(wrs.iter().map(|wr| wr.wr_id)));
+        // SAFETY: the caller's contract, passed through.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: the caller's contract, passed through.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        self.0.set_error()
+    }
+    fn take_cq(&mut self) -> Option<ForgingCq> {
+        self.0.take_cq().map(ForgingCq)
+    }
+}
+
+/// A queue pair's place in the ring, reused by the next one attached,
+/// goes on with the sequence numbers (its `wr_id`s) where the last left
+/// off: a late CQE of the detached queue pair — even one naming the new
+/// queue pair's number, as a device reusing numbers could — matches
+/// nothing of the new one's, and releases none of its work early.
+#[test]
+fn a_stale_completion_of_a_detached_queue_pair_releases_nothing_of_its_successor() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = ForgingCq(dev.create_cq(64).unwrap());
+    let bufs = FixedBufs::new(&pd, 4, 64).unwrap();
+    let mut ring: FixedRing<Recording> = FixedRing::new(cq, bufs, FixedRingConfig::default());
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let mut peers = Vec::new();
+    let mut connected = |ring: &FixedRing<Recording>| {
+        let qp = dev
+            .create_qp_on(&pd, &ring.cq().0, None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        peers.push(peer);
+        qp
+    };
+
+    // The first queue pair: one write, done; then detached.
+    let first = ring
+        .attach(Recording(connected(&ring)))
+        .unwrap_or_else(|_| panic!("attach"));
+    let slot = ring.take_buf().unwrap();
+    ring.push(
+        first,
+        WriteFixed::new(slot, 8, target.remote()).user_data(1),
+    )
+    .unwrap();
+    ring.submit().unwrap();
+    let done = ring.wait(1).unwrap().pop().unwrap();
+    ring.put_buf(done.into_buf()).unwrap();
+    let stale = SENT.with(|s| *s.borrow().last().unwrap());
+    drop(ring.detach(first).unwrap());
+
+    // The next one takes its place; its write's completion is held back.
+    let qp = connected(&ring);
+    let (control, qpn) = (qp.control(), qp.caps().qp_num);
+    let next = ring
+        .attach(Recording(qp))
+        .unwrap_or_else(|_| panic!("attach"));
+    control.hold_acks();
+    let slot = ring.take_buf().unwrap();
+    ring.push(next, WriteFixed::new(slot, 8, target.remote()).user_data(2))
+        .unwrap();
+    ring.submit().unwrap();
+    let unknown = ring.unknown_completions();
+    FORGED.with(|f| {
+        f.borrow_mut().push(RawCompletion {
+            wr_id: stale,
+            qp_num: qpn,
+            status: WcStatus::Success,
+            byte_len: 8,
+            imm: None,
+            by_write_imm: false,
+        })
+    });
+    let mut got = Vec::new();
+    ring.reap(&mut got).unwrap();
+    assert!(got.is_empty(), "the stale CQE released {got:?}");
+    assert_eq!(ring.unknown_completions(), unknown + 1);
+    control.release_acks();
+    let done = ring.wait(1).unwrap().pop().unwrap();
+    assert_eq!((done.user_data(), done.status()), (2, WcStatus::Success));
+    ring.put_buf(done.into_buf()).unwrap();
 }
