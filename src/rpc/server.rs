@@ -771,30 +771,28 @@ mod tests {
         }
     }
 
-    fn faulty_server(
-        dev: &SoftDevice,
-        faults: &Arc<Faults>,
-        config: RpcConfig,
-    ) -> RpcServer<FaultyQp> {
+    /// A server whose queues fail as its `Faults` say; calls time out
+    /// after half a second.
+    fn faulty_server() -> (SoftDevice, Arc<Faults>, RpcServer<FaultyQp>) {
+        let dev = SoftDevice::new();
+        let faults = Arc::new(Faults::default());
+        let config = RpcConfig {
+            call_timeout: Duration::from_millis(500),
+            ..RpcConfig::default()
+        };
         let pd = Arc::new(dev.alloc_pd());
         let cq = FaultyCq {
             cq: dev.create_cq(server_cq_entries(&config)).unwrap(),
-            faults: Arc::clone(faults),
+            faults: Arc::clone(&faults),
         };
         let srq = dev.create_srq(&pd, config.srq_config()).unwrap();
         let fabric = SoftFabric {
             dev: dev.clone(),
             pd: Arc::clone(&pd),
         };
-        RpcServer::start(
-            cq,
-            srq,
-            pd,
-            Service::handler(echo),
-            config,
-            Box::new(fabric),
-        )
-        .unwrap()
+        let service = Service::handler(echo);
+        let server = RpcServer::start(cq, srq, pd, service, config, Box::new(fabric)).unwrap();
+        (dev, faults, server)
     }
 
     fn faulty_client(server: &RpcServer<FaultyQp>, faults: &Arc<Faults>) -> RpcClient<SoftQp> {
@@ -840,13 +838,7 @@ mod tests {
     /// close, so nothing waits for them; new connections are refused.
     #[test]
     fn a_failed_ring_ends_the_server_at_once_and_says_why() {
-        let dev = SoftDevice::new();
-        let faults = Arc::new(Faults::default());
-        let config = RpcConfig {
-            call_timeout: Duration::from_millis(500),
-            ..RpcConfig::default()
-        };
-        let server = faulty_server(&dev, &faults, config);
+        let (_dev, faults, server) = faulty_server();
         let client = faulty_client(&server, &faults);
         assert_eq!(client.call(b"before").unwrap(), b"before");
         faults.cq.store(true, Ordering::Release);
@@ -866,13 +858,7 @@ mod tests {
     /// server serves on: that connection ends, the other is served.
     #[test]
     fn a_failed_look_at_one_connection_leaves_the_others_served() {
-        let dev = SoftDevice::new();
-        let faults = Arc::new(Faults::default());
-        let config = RpcConfig {
-            call_timeout: Duration::from_millis(500),
-            ..RpcConfig::default()
-        };
-        let server = faulty_server(&dev, &faults, config);
+        let (_dev, faults, server) = faulty_server();
         let clients = [
             faulty_client(&server, &faults),
             faulty_client(&server, &faults),
