@@ -1044,3 +1044,68 @@ fn a_peer_that_left_is_found_by_the_quiet_tick() {
         drop(peer);
     }
 }
+
+/// The notifier thread ticks on a busy ring too: another queue pair's
+/// completions keep coming, and the queue pair whose peer left is still
+/// found and failed.
+#[test]
+fn a_peer_that_left_is_found_on_a_busy_ring() {
+    use peer_watch::{PeerAnswer, Watched};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(64).unwrap();
+    let mut peers = Vec::new();
+    let mut connected = |answer| {
+        let qp = dev
+            .create_qp_on(&pd, &cq, None, QpConfig::default())
+            .unwrap();
+        let peer = dev.create_qp(&pd, QpConfig::default()).unwrap();
+        dev.connect(&qp, &peer).unwrap();
+        peers.push(peer);
+        Watched { qp, answer }
+    };
+    let (gone, busy) = (connected(PeerAnswer::Left), connected(PeerAnswer::Stayed));
+    let bufs = FixedBufs::new(&pd, 8, 64).unwrap();
+    let ring = AsyncFixedRing::new(
+        FixedRing::new(cq, bufs, FixedRingConfig::default()),
+        Wakeup::Thread,
+    )
+    .unwrap();
+    let (gone, busy) = (ring.attach(gone).unwrap(), ring.attach(busy).unwrap());
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let remote = target.remote();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Writes on the other queue pair, one every millisecond or so.
+    let writer = {
+        let (ring, stop) = (ring.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let give_up = std::time::Instant::now() + Duration::from_secs(10);
+            while !stop.load(Ordering::Acquire) && std::time::Instant::now() < give_up {
+                let slot = ring.take_buf().unwrap();
+                let write = ring.push(busy, WriteFixed::new(slot, 8, remote)).unwrap();
+                ring.submit().unwrap();
+                let done = futures::executor::block_on(write).unwrap();
+                ring.put_buf(done.into_buf()).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let slot = ring.take_buf().unwrap();
+    let recv = ring.push(gone, RecvFixed::new(slot)).unwrap();
+    ring.submit().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(recv));
+    });
+    let done = rx.recv_timeout(Duration::from_secs(5));
+    stop.store(true, Ordering::Release);
+    writer.join().unwrap();
+    let done = done
+        .expect("the receive of the queue pair whose peer left")
+        .unwrap();
+    assert_eq!(done.status(), WcStatus::WrFlushErr);
+    assert_eq!(ring.qp_error(gone).unwrap(), Some(WcStatus::RetryExcErr));
+    ring.put_buf(done.into_buf()).unwrap();
+}

@@ -1247,3 +1247,43 @@ async fn lending_more_than_the_peer_keeps_waiting_is_refused_here() {
     }
     assert!(client.failure().is_none() && server.failure().is_none());
 }
+
+/// Regions taken back at the end of their lease still count against the
+/// peer's limit until the peer hands them back: its user may not have
+/// received them, and the peer keeps them waiting. Lending more is
+/// refused here, and room comes back as the peer lets them go.
+#[tokio::test]
+async fn regions_whose_lease_ended_count_until_the_peer_hands_them_back() {
+    let config = SessionConfig {
+        lease: Duration::from_millis(200),
+        ..SessionConfig::default()
+    };
+    let (client, server) = pair(config);
+    for _ in 0..1024 {
+        let region = client.alloc_local_mr(bytes(8)).unwrap();
+        client.send_local_mr(region, RemoteAccess::READ).unwrap();
+    }
+    // Their leases end: every one comes home.
+    for _ in 0..1024 {
+        within(client.receive_local_mr()).await.unwrap();
+    }
+    let region = client.alloc_local_mr(bytes(8)).unwrap();
+    let (e, mut region) = client
+        .send_local_mr(region, RemoteAccess::READ)
+        .unwrap_err();
+    assert!(matches!(e, SessionError::TooManyLent { max: 1024 }), "{e}");
+    // The server's user takes one (its lease over) and lets it go.
+    drop(within(server.receive_remote_mr()).await.unwrap());
+    within(async {
+        loop {
+            match client.send_local_mr(region, RemoteAccess::READ) {
+                Ok(()) => break,
+                Err((SessionError::TooManyLent { .. }, back)) => region = back,
+                Err((e, _)) => panic!("{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(client.failure().is_none() && server.failure().is_none());
+}

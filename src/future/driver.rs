@@ -77,14 +77,16 @@ impl fmt::Debug for CompletionFd {
     }
 }
 
-/// How often the notifier thread wakes the completion stream's task when
-/// nothing happens, so tasks with timed work of their own (a byte
-/// stream's keep-alive probe) get to run it.
+/// How often the notifier thread ticks the ring: its idle-time work, which
+/// raises no completion event, and a wake of the completion stream's task,
+/// so tasks with timed work of their own (a byte stream's keep-alive
+/// probe) get to run it.
 const TICK: Duration = Duration::from_millis(250);
 
 /// The notifier thread of [`Wakeup::Thread`](super::Wakeup::Thread): runs
 /// `drive` whenever the completion channel `events` fires, and `tick`
-/// every [`TICK`] of quiet, until `stop` is set.
+/// every [`TICK`], busy or not (a peer that left must be found on a ring
+/// whose other queue pairs keep completing), until `stop` is set.
 pub(super) fn notifier_loop(
     events: Option<Arc<dyn CompletionEvents>>,
     stop: &AtomicBool,
@@ -101,20 +103,16 @@ pub(super) fn notifier_loop(
     let survive = |f: &dyn Fn()| {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     };
-    let mut quiet_since = std::time::Instant::now();
+    let mut ticked = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         match events.wait(Duration::from_millis(50)) {
-            Ok(true) => {
-                survive(&drive);
-                quiet_since = std::time::Instant::now();
-            }
-            Ok(false) => {
-                if quiet_since.elapsed() >= TICK {
-                    survive(&tick);
-                    quiet_since = std::time::Instant::now();
-                }
-            }
+            Ok(true) => survive(&drive),
+            Ok(false) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+        if ticked.elapsed() >= TICK {
+            survive(&tick);
+            ticked = std::time::Instant::now();
         }
     }
 }

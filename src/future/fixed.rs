@@ -1302,7 +1302,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// (returns how many it failed). Nothing raises a completion event for
     /// a peer that left, so with [`Wakeup::Reactor`] and rdma_cm queue
     /// pairs, call it every 100 ms or so; the notifier thread of
-    /// [`Wakeup::Thread`] does, every 250 ms of quiet.
+    /// [`Wakeup::Thread`] does, every 250 ms.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};

@@ -76,7 +76,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// a completion event, so a reactor that drives only when the
     /// descriptor is readable never does it. With [`Wakeup::Reactor`],
     /// call it every 100 ms or so (the notifier thread of
-    /// [`Wakeup::Thread`] does, every 250 ms of quiet; busy polling does
+    /// [`Wakeup::Thread`] does, every 250 ms; busy polling does
     /// it as it polls). It
     ///
     /// * tries again a sync marker the device refused: after a post the

@@ -128,7 +128,7 @@ impl<Q: QueuePair> Ring<Q> {
         true
     }
 
-    /// A quiet tick (the notifier thread's, or `AsyncRing::tick`): the
+    /// A tick (the notifier thread's, or `AsyncRing::tick`): the
     /// idle-time work of a reap, which nothing else would do on a ring
     /// whose owners all wait — tries again the sync markers the device
     /// refused, reads device events, asks one queue pair whether its peer

@@ -561,15 +561,26 @@ fn pass<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) -> b
 
 /// The poller's last step: refuses arrivals from now on, and lets every
 /// connection go, those that arrived since the last pass (their
-/// handshake saw the server running) included.
+/// handshake saw the server running) included. On a failed ring each is
+/// only moved to error, not drained one by one (a dead device may flush
+/// nothing, and each drain would wait out its timeout with the server
+/// locked): the ring's own teardown drains them all at once, when the
+/// server goes.
 fn finish<Q: QueuePair>(shared: &ServerShared<Q>, state: &mut PollerState<Q>) {
-    for Arrival { qp, .. } in shared.close_inbox() {
+    let failed = state.ring.failure().is_some();
+    let arrivals = shared.close_inbox();
+    for qp in state.core.take_all() {
+        if failed {
+            let _ = state.ring.fail_qp(qp);
+        } else {
+            let _ = state.ring.detach(qp);
+        }
+    }
+    for Arrival { qp, .. } in arrivals {
+        // A failed ring takes none: the queue pair is dropped here.
         if let Ok(handle) = state.ring.attach(qp) {
             let _ = state.ring.detach(handle);
         }
-    }
-    for qp in state.core.take_all() {
-        let _ = state.ring.detach(qp);
     }
 }
 
@@ -844,7 +855,8 @@ mod tests {
         faults.cq.store(true, Ordering::Release);
         wait_until("the failure", || server.failure().is_some());
         assert_eq!(server.failure(), Some("completion queue overrun"));
-        assert_eq!(server.stats().clients_open, 0);
+        let stats = server.stats();
+        assert_eq!((stats.clients_open, stats.clients_closed), (0, 1));
         assert!(server.shared.stopping(), "new connections are refused");
         assert!(client.call(b"after").is_err());
         // Nothing left to wait for: not the release timeout (10 s).

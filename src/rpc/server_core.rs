@@ -885,6 +885,7 @@ impl ServerCore {
     /// Every connection, to close them all at the end.
     pub(super) fn take_all(&mut self) -> Vec<QpHandle> {
         let all: Vec<QpHandle> = self.conns.keys().copied().collect();
+        self.stats.clients_closed += all.len() as u64;
         self.conns.clear();
         self.reads.clear();
         let _ = self.tasks.cancel(|_| true);

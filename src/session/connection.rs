@@ -165,10 +165,13 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         if let Some(e) = st.refusal() {
             return Err((e, region));
         }
-        // Those not yet back include every one the peer's user has not
-        // received, which the peer counts against the same limit.
+        // Those not yet back (lent, or taken back at the end of a lease
+        // but not yet handed back by the peer) include every one the
+        // peer's user has not received, which the peer counts against the
+        // same limit.
         let max = super::pump::MAX_PENDING_LENDS;
-        if st.lent.values().filter(|lent| !lent.granted).count() >= max {
+        let out = st.lent.values().filter(|lent| !lent.granted).count();
+        if out + st.lent_expired.len() >= max {
             return Err((SessionError::TooManyLent { max }, region));
         }
         let exposed = match ExposedBuf::new(&*self.shared.host.pd, region, rights) {

@@ -25,6 +25,9 @@ use crate::thread_waker::ThreadWaker;
 const TICK: Duration = Duration::from_millis(10);
 /// Completions handled before the outboxes get a turn.
 const BATCH: usize = 64;
+/// How long after the end of a peer's handshake socket was seen a busy
+/// host still gives its last messages to come in.
+const WATCH_GRACE: Duration = Duration::from_millis(100);
 /// Regions lent to us and not yet taken by our user, at most (and so
 /// regions our user lends and has not had back, at most).
 pub(super) const MAX_PENDING_LENDS: usize = 1024;
@@ -381,7 +384,9 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
         Control::Return { id } | Control::Release { id } => match st.lent.remove(&id) {
             Some(lent) => reclaim(st, lent, matches!(control, Control::Return { .. })),
             // Taken back at the end of its lease while coming back.
-            None if id < st.next_region => {}
+            None if id < st.next_region => {
+                st.lent_expired.remove(&id);
+            }
             None => {
                 return Err(format!(
                     "the peer returned region {id}, which was never lent"
@@ -522,9 +527,14 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
                 // The socket's end can overtake the peer's last messages,
                 // and a busy turn leaves completions queued: the peer is
                 // gone once a turn that took them all came after the end
-                // was first seen (its close, if it sent one, is then in).
-                Some(SessionError::Disconnected(_)) if !st.watch_ended || !drained => {
-                    st.watch_ended = true;
+                // was first seen (its close, if it sent one, is then in),
+                // or, on a host kept busy by others, a grace after it.
+                Some(SessionError::Disconnected(_))
+                    if st
+                        .watch_ended
+                        .is_none_or(|seen| !drained && now < seen + WATCH_GRACE) =>
+                {
+                    st.watch_ended.get_or_insert(now);
                 }
                 Some(e) => break_session(host, s, &mut st, e),
                 None => {}
@@ -565,8 +575,14 @@ fn expire(st: &mut SessionState, now: Instant) {
     let mut changed = !expired.is_empty();
     for id in expired {
         let lent = st.lent.remove(&id).expect("listed");
+        let sent_by_user = !lent.granted;
         reclaim(st, lent, false);
-        withdraw_unsent(st, id);
+        if !withdraw_unsent(st, id) && sent_by_user {
+            // The peer may keep it waiting for its user until that user
+            // takes it and hands it back: it still counts against the
+            // regions a peer keeps waiting.
+            st.lent_expired.insert(id);
+        }
     }
     for request in st.requests.values_mut() {
         if matches!(request, Request::Waiting { deadline: Some(d), .. } if now >= *d) {
@@ -594,9 +610,11 @@ fn lease_ended(st: &SessionState, control: &Control) -> bool {
 /// Region `id`, taken back, must never reach the peer if its descriptor
 /// has not left yet (flow control held it): a lend is dropped, and a grant
 /// becomes a refusal, so the request is still answered.
-fn withdraw_unsent(st: &mut SessionState, id: u64) {
+fn withdraw_unsent(st: &mut SessionState, id: u64) -> bool {
+    let queued = st.outbox.len();
     st.outbox
         .retain(|c| !matches!(c, Control::Lend(d) if d.id == id));
+    let withdrawn = st.outbox.len() < queued;
     for control in st.outbox.iter_mut() {
         if let Control::AllocGrant { request, region } = *control {
             if region.id == id {
@@ -607,6 +625,7 @@ fn withdraw_unsent(st: &mut SessionState, id: u64) {
             }
         }
     }
+    withdrawn
 }
 
 /// Sends what the outbox holds, as flow control allows, then an ack if

@@ -2,7 +2,7 @@
 //! outbox, what arrived for the user, the regions lent each way, and the
 //! requests awaiting an answer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Waker};
@@ -93,6 +93,10 @@ pub(super) struct SessionState {
     pub(super) returned_bytes: u64,
     pub(super) lent: HashMap<u64, Lent>,
     pub(super) lent_bytes: u64,
+    /// Regions our user lent whose lease ended after their descriptor
+    /// went: the peer may still keep them waiting for its user, until it
+    /// hands them back.
+    pub(super) lent_expired: HashSet<u64>,
     pub(super) next_region: u64,
     pub(super) requests: HashMap<u64, Request>,
     pub(super) next_request: u64,
@@ -103,9 +107,9 @@ pub(super) struct SessionState {
     pub(super) close_done: bool,
     pub(super) close_deadline: Option<Instant>,
     pub(super) peer_closed: bool,
-    /// The handshake's socket was seen closed, and the completions queued
-    /// then may not all have been handled yet.
-    pub(super) watch_ended: bool,
+    /// When the handshake's socket was first seen closed (the completions
+    /// queued then may not all have been handled yet).
+    pub(super) watch_ended: Option<Instant>,
     waiters: Vec<Waker>,
 }
 
@@ -138,6 +142,7 @@ impl SessionState {
             returned_bytes: 0,
             lent: HashMap::new(),
             lent_bytes: 0,
+            lent_expired: HashSet::new(),
             next_region: 1,
             requests: HashMap::new(),
             next_request: 1,
@@ -146,7 +151,7 @@ impl SessionState {
             close_done: false,
             close_deadline: None,
             peer_closed: false,
-            watch_ended: false,
+            watch_ended: None,
             waiters: Vec::new(),
         }
     }
