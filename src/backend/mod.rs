@@ -531,6 +531,18 @@ pub unsafe trait QueuePair {
     }
 }
 
+/// The status a ring fails `qp` with if its peer is known gone:
+/// `RetryExcErr` when it says its peer left, `FatalErr` when it cannot say
+/// (its connection's event channel failed: nobody could learn that its
+/// peer left, and one connection's failure must not fail the others).
+pub(crate) fn peer_departure(qp: &mut impl QueuePair) -> Option<WcStatus> {
+    match qp.peer_disconnected() {
+        Ok(false) => None,
+        Ok(true) => Some(WcStatus::RetryExcErr),
+        Err(_) => Some(WcStatus::FatalErr),
+    }
+}
+
 /// A completion queue, shared by any number of queue pairs.
 ///
 /// # Safety

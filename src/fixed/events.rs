@@ -4,7 +4,7 @@
 use super::ring::{attached_mut, enter_error, fail_slot};
 use super::FixedQp;
 use super::FixedRing;
-use crate::backend::{AsyncEvent, QueuePair, WcStatus};
+use crate::backend::{peer_departure, AsyncEvent, QueuePair, WcStatus};
 use crate::error::Error;
 
 impl<Q: QueuePair> FixedRing<Q> {
@@ -182,10 +182,8 @@ impl<Q: QueuePair> FixedRing<Q> {
             if slot.error.is_some() {
                 continue;
             }
-            let status = match slot.qp.peer_disconnected() {
-                Ok(false) => continue,
-                Ok(true) => WcStatus::RetryExcErr,
-                Err(_) => WcStatus::FatalErr,
+            let Some(status) = peer_departure(&mut slot.qp) else {
+                continue;
             };
             let handle = slot.handle;
             // A device that refuses leaves the drain to time out.

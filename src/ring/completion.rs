@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::lifecycle::Done;
 use super::{DeviceCq, InFlight, Key, QpHandle, QueueRef, Ring, SrqHandle};
-use crate::backend::{QueuePair, RawCompletion, WcStatus};
+use crate::backend::{peer_departure, QueuePair, RawCompletion, WcStatus};
 use crate::buf::{OwnedBuf, OwnedBufs};
 use crate::deadline::Deadline;
 use crate::error::Error;
@@ -585,11 +585,8 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Asks one attached queue pair (round robin) whether its peer left,
-    /// and moves it to error if so, so its work comes back flushed. A
-    /// queue pair that cannot say (its connection's event channel failed)
-    /// is failed the same way, as [`WcStatus::FatalErr`]: nobody could
-    /// learn that its peer left, and one connection's failure must not
-    /// fail the reap of every other queue pair on the ring.
+    /// and moves it to error if so (or if it cannot say), so its work
+    /// comes back flushed; see [`peer_departure`].
     fn check_peers(&mut self) -> Result<(), Error> {
         let keys = self.qps.len();
         if keys == 0 {
@@ -601,13 +598,10 @@ impl<Q: QueuePair> Ring<Q> {
             let index = self.events.peer_cursor;
             if let Some(slot) = self.qps.at_mut(index) {
                 if slot.error.is_none() {
-                    let status = match slot.qp.peer_disconnected() {
-                        Ok(false) => break,
-                        Ok(true) => WcStatus::RetryExcErr,
-                        Err(_) => WcStatus::FatalErr,
-                    };
-                    slot.record_error(status);
-                    slot.qp.set_error()?;
+                    if let Some(status) = peer_departure(&mut slot.qp) {
+                        slot.record_error(status);
+                        slot.qp.set_error()?;
+                    }
                 }
                 break;
             }
