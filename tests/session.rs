@@ -1287,3 +1287,59 @@ async fn regions_whose_lease_ended_count_until_the_peer_hands_them_back() {
     .await;
     assert!(client.failure().is_none() && server.failure().is_none());
 }
+
+/// Requests nobody waits for any more stay open until the peer answers
+/// (a late grant must go back). A peer that never answers cannot make
+/// them grow without bound: past 4096 open, a request fails at once, and
+/// room comes back as the peer answers.
+#[tokio::test]
+async fn requests_the_peer_never_answers_are_bounded() {
+    use futures::FutureExt;
+    let mut peer = raw_peer(SessionConfig::default());
+    // Each future sends its request on its first poll and is dropped.
+    for _ in 0..4096 {
+        assert!(peer
+            .session
+            .request_remote_mr(bytes(8))
+            .now_or_never()
+            .is_none());
+    }
+    let err = within(peer.session.request_remote_mr(bytes(8)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SessionError::TooManyRequests { max: 4096 }),
+        "{err}"
+    );
+    assert!(peer.session.failure().is_none());
+    // The peer answers the first: room for one more, and one only.
+    let first = peer.wire.next_message();
+    let (_, message) = rdma_ring::session::wire::decode(&first).unwrap();
+    let rdma_ring::session::wire::Message::Control(Control::AllocRequest { request, .. }) = message
+    else {
+        panic!("expected a request, got {message:?}");
+    };
+    peer.wire.send(
+        Control::AllocRefuse {
+            request,
+            reason: RefuseReason::Quota,
+        }
+        .encode(1, 0),
+    );
+    within(async {
+        while peer
+            .session
+            .request_remote_mr(bytes(8))
+            .now_or_never()
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let err = within(peer.session.request_remote_mr(bytes(8)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SessionError::TooManyRequests { .. }), "{err}");
+    assert!(peer.session.failure().is_none());
+}

@@ -84,6 +84,12 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     /// Asks the peer to allocate a region for `layout` and lend it to us
     /// with read and write rights; waits up to the configured
     /// `request_timeout`.
+    ///
+    /// A request whose wait ended (timed out, or its future dropped)
+    /// stays open until the peer answers it, so that a late grant goes
+    /// back at once. While 4096 are open, a new request fails at once
+    /// with [`SessionError::TooManyRequests`]: a peer that never answers
+    /// cannot make the session grow without bound.
     pub async fn request_remote_mr(&self, layout: Layout) -> Result<RemoteRegion, SessionError> {
         self.request_remote_mr_with(layout, RemoteAccess::READ | RemoteAccess::WRITE)
             .await
@@ -109,6 +115,10 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
             let mut st = self.shared.lock();
             if let Some(e) = st.refusal() {
                 return Err(e);
+            }
+            let max = super::pump::MAX_OPEN_REQUESTS;
+            if st.requests.len() >= max {
+                return Err(SessionError::TooManyRequests { max });
             }
             let request = st.next_request;
             st.next_request += 1;

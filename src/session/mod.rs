@@ -343,6 +343,15 @@ pub enum SessionError {
         /// The limit.
         max: usize,
     },
+    /// More of our allocation requests are open (sent and not answered,
+    /// including those whose wait ended) than a session keeps: wait for
+    /// the peer to answer some. A peer lends at most that many regions at
+    /// once anyway.
+    #[error("{max} allocation requests are not yet answered by the peer")]
+    TooManyRequests {
+        /// The limit.
+        max: usize,
+    },
     /// Connecting failed.
     #[error("connecting failed: {0}")]
     Connect(String),
@@ -364,6 +373,7 @@ impl SessionError {
             },
             SessionError::WrongSession => SessionError::WrongSession,
             SessionError::TooManyLent { max } => SessionError::TooManyLent { max: *max },
+            SessionError::TooManyRequests { max } => SessionError::TooManyRequests { max: *max },
             SessionError::Connect(s) => SessionError::Connect(s.clone()),
         }
     }

@@ -36,6 +36,11 @@ pub(super) const MAX_PENDING_LENDS: usize = 1024;
 /// its own, so a peer asking for many tiny regions is refused long before
 /// the device's table of them fills.
 const MAX_LENT_REGIONS: usize = 4096;
+/// Our allocation requests open at once, at most (the peer would refuse
+/// grants beyond its `MAX_LENT_REGIONS` anyway): entries of requests
+/// nobody waits for any more stay until the peer answers, and a peer that
+/// never does must not grow the map without bound.
+pub(super) const MAX_OPEN_REQUESTS: usize = MAX_LENT_REGIONS;
 /// How long a closing session waits for its close message to leave.
 pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
