@@ -107,6 +107,40 @@ fn large_responses_are_read_and_released() {
     assert_eq!(stats.releases_expired, 0);
 }
 
+/// Large requests from every client together hold at most `max_reading`
+/// bytes on the server: the rest wait their turn and are answered all the
+/// same. One request larger than the bound alone still goes.
+#[test]
+fn large_requests_of_many_clients_wait_for_memory_to_read_them() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_reading: 100_000,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let clients: Vec<_> = (0..3).map(|_| server.connect_soft().unwrap()).collect();
+    let reqs: Vec<Vec<u8>> = (0..24).map(|i| pattern(40_000, i as u8)).collect();
+    let futures: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| clients[i % 3].call_async(r))
+        .collect();
+    let got = futures::executor::block_on(futures::future::join_all(futures));
+    for (req, resp) in reqs.iter().zip(got) {
+        assert!(&resp.unwrap() == req, "an echo differs");
+    }
+    let stats = server.stats();
+    assert!(stats.reads_waited > 0, "{stats:?}");
+    assert!(
+        (40_000..=100_000).contains(&stats.peak_reading),
+        "{stats:?}"
+    );
+    let big = pattern(250_000, 7);
+    assert!(clients[0].call(&big).unwrap() == big);
+    assert_eq!(server.stats().peak_reading, 250_000);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn sixteen_clients_pipeline_calls_without_rnr() {
     let dev = SoftDevice::new();

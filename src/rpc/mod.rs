@@ -46,7 +46,9 @@
 //!   rendezvous: its owner exposes it read-only and SENDs its descriptor;
 //!   the peer RDMA-READs it. A large request's buffer is released by its
 //!   response; a large response's by the client's release message, or by
-//!   the server after `release_timeout`.
+//!   the server after `release_timeout`. The server reads large requests
+//!   into memory it registers for them, at most `max_reading` bytes at
+//!   once over all clients; the rest wait their turn.
 //! * **Faults.** A malformed message or a lying descriptor ends that
 //!   connection only (with an error message to the client first, where
 //!   one can go); a handler's panic fails that call only. A client that
@@ -105,6 +107,13 @@ pub struct RpcConfig {
     /// The longest request or response (server side); a client also
     /// refuses responses longer than its own value.
     pub max_message: u32,
+    /// Bytes of large requests (those that go by rendezvous) the server
+    /// reads and holds at once, over all clients (server side). A request
+    /// that would go past it waits, in arrival order, until earlier ones
+    /// are read and handed to the handler; one request alone is always
+    /// read. Without it, every client could make the server register a
+    /// window of `max_message`-sized requests.
+    pub max_reading: u64,
     /// Connections open at once (server side), closing ones included:
     /// the shared receive queue holds `max_clients` × `window` buffers;
     /// later clients are refused with [`RpcError::Busy`].
@@ -132,6 +141,7 @@ impl Default for RpcConfig {
             window: 16,
             buffer_size: 4096 + wire::HEADER_LEN as u32,
             max_message: 64 << 20,
+            max_reading: 256 << 20,
             max_clients: 64,
             release_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),

@@ -87,6 +87,12 @@ pub struct ServerStats {
     /// events, or moving a queue pair whose peer left to the error
     /// state, failed); the poller went on serving.
     pub poll_errors: u64,
+    /// Large requests that waited for others to be read first
+    /// (`max_reading`).
+    pub reads_waited: u64,
+    /// The most bytes of large requests held at once: at most
+    /// `max_reading`, unless one request alone was larger.
+    pub peak_reading: u64,
 }
 
 struct PollerState<Q: QueuePair> {

@@ -118,6 +118,12 @@ pub(super) struct ServerCore {
     service: Service,
     conns: HashMap<QpHandle, Conn>,
     reads: HashMap<u64, PendingRead>,
+    /// Bytes of the rendezvous requests in `reads` (registered here and
+    /// not yet read and handled).
+    reading: u64,
+    /// Rendezvous requests waiting for `reading` to fall under
+    /// `max_reading`, in arrival order: each holds a descriptor only.
+    waiting_reads: VecDeque<(QpHandle, u64, RemoteSlice)>,
     next_read: u64,
     tasks: Tasks<(QpHandle, u64)>,
     finished: Vec<((QpHandle, u64), Outcome)>,
@@ -143,6 +149,8 @@ impl ServerCore {
             service,
             conns: HashMap::new(),
             reads: HashMap::new(),
+            reading: 0,
+            waiting_reads: VecDeque::new(),
             next_read: 0,
             tasks: Tasks::new(),
             finished: Vec::new(),
@@ -333,6 +341,7 @@ impl ServerCore {
             conn.outbox.clear();
             conn.pending_reads.clear();
             self.stats.clients_left += 1;
+            self.waiting_reads.retain(|(owner, ..)| *owner != qp);
             return;
         }
         conn.unanswered += 1;
@@ -555,6 +564,14 @@ impl ServerCore {
             );
             return self.answer_error(qp, id, ErrorCode::TooLarge, &why);
         }
+        // Memory for requests being read is bounded over all clients:
+        // each client may have a window of requests as large as
+        // max_message. One request alone always goes.
+        if self.reading > 0 && self.reading + remote.len() > self.config.max_reading {
+            self.stats.reads_waited += 1;
+            self.waiting_reads.push_back((qp, id, remote));
+            return;
+        }
         let memory = vec![0u8; remote.len() as usize];
         let buf = match RegisteredBuf::new(&*self.pd, memory) {
             Ok(buf) => buf,
@@ -566,6 +583,8 @@ impl ServerCore {
         let key = self.next_read;
         self.next_read = (self.next_read + 1) & !READ;
         self.reads.insert(key, PendingRead { qp, id, remote });
+        self.reading += remote.len();
+        self.stats.peak_reading = self.stats.peak_reading.max(self.reading);
         // The read is pushed with the connection's sends, in `push`.
         self.conns
             .get_mut(&qp)
@@ -575,9 +594,30 @@ impl ServerCore {
     }
 
     fn on_read(&mut self, qp: QpHandle, c: Completion) {
-        let Some(PendingRead { id, .. }) = self.reads.remove(&(c.user_data() & !READ)) else {
+        let Some(PendingRead { id, remote, .. }) = self.reads.remove(&(c.user_data() & !READ))
+        else {
             return;
         };
+        self.handle_read(qp, id, c);
+        // Its memory is free once handled (an async handler has a copy).
+        self.reading -= remote.len();
+        self.start_waiting_reads();
+    }
+
+    /// Starts the waiting rendezvous requests that fit now, in order.
+    fn start_waiting_reads(&mut self) {
+        while let Some(&(qp, id, remote)) = self.waiting_reads.front() {
+            if self.reading > 0 && self.reading + remote.len() > self.config.max_reading {
+                return;
+            }
+            self.waiting_reads.pop_front();
+            if self.conns.get(&qp).is_some_and(|c| c.closing.is_none()) {
+                self.start_read(qp, id, remote);
+            }
+        }
+    }
+
+    fn handle_read(&mut self, qp: QpHandle, id: u64, c: Completion) {
         let status = c.status();
         let Some(conn) = self.conns.get_mut(&qp) else {
             return;
@@ -618,9 +658,11 @@ impl ServerCore {
 
     /// Whether no connection has anything to send or in flight.
     pub(super) fn quiet(&self) -> bool {
-        self.conns
-            .values()
-            .all(|c| c.in_flight == 0 && c.outbox.is_empty() && c.pending_reads.is_empty())
+        self.waiting_reads.is_empty()
+            && self
+                .conns
+                .values()
+                .all(|c| c.in_flight == 0 && c.outbox.is_empty() && c.pending_reads.is_empty())
     }
 
     /// Finds clients that are gone without a word: a queue pair the
@@ -870,16 +912,21 @@ impl ServerCore {
             })
             .map(|(&qp, _)| qp)
             .collect();
-        done.into_iter()
+        let finished = done
+            .into_iter()
             .map(|qp| {
                 let conn = self.conns.remove(&qp).expect("listed");
                 self.reads.retain(|_, r| r.qp != qp);
+                self.waiting_reads.retain(|(owner, ..)| *owner != qp);
                 // Nobody is left to answer: the handler's futures go.
                 let _ = self.tasks.cancel(|(owner, _)| *owner == qp);
                 self.stats.clients_closed += 1;
                 (qp, conn.closing.unwrap_or_default())
             })
-            .collect()
+            .collect();
+        self.reading = self.reads.values().map(|r| r.remote.len()).sum();
+        self.start_waiting_reads();
+        finished
     }
 
     /// Every connection, to close them all at the end.
@@ -888,6 +935,8 @@ impl ServerCore {
         self.stats.clients_closed += all.len() as u64;
         self.conns.clear();
         self.reads.clear();
+        self.reading = 0;
+        self.waiting_reads.clear();
         let _ = self.tasks.cancel(|_| true);
         all
     }
