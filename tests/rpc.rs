@@ -141,6 +141,54 @@ fn large_requests_of_many_clients_wait_for_memory_to_read_them() {
     server.shutdown().unwrap();
 }
 
+/// Requests waiting for memory to read them go in arrival order: a
+/// small one that would fit now waits behind a large one that came
+/// first. They arrived before the shutdown, so a shutdown reads and
+/// answers them. The device runs work only when told, so the reads stay
+/// in flight while the test looks.
+#[test]
+fn waiting_requests_go_in_order_and_are_answered_through_a_shutdown() {
+    use rdma_ring::backend::soft::Progress;
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_reading: 100_000,
+        ..RpcConfig::default()
+    };
+    let server = Arc::new(RpcServer::soft(&dev, Service::handler(echo), config).unwrap());
+    let client = server.connect_soft().unwrap();
+    let before = server.stats().messages;
+    dev.set_progress(Progress::Manual);
+    let reqs = [pattern(60_000, 1), pattern(60_000, 2), pattern(10_000, 3)];
+    let calls: Vec<_> = reqs.iter().map(|r| client.call_async(r)).collect();
+    dev.progress(); // the three descriptors arrive; no read runs yet
+    wait_for("the three requests to be seen", || {
+        server.stats().messages == before + 3
+    });
+    // The first is being read; the second waits for memory, and the
+    // third, though it would fit, waits behind it.
+    let stats = server.stats();
+    assert_eq!(stats.reads_waited, 2, "{stats:?}");
+    assert_eq!(stats.peak_reading, 60_000, "{stats:?}");
+    // The shutdown begins (its goodbye rings a doorbell) with both
+    // still waiting.
+    let doorbells = stats.doorbells;
+    let stopping = {
+        let server = Arc::clone(&server);
+        std::thread::spawn(move || server.shutdown())
+    };
+    wait_for("the shutdown to begin", || {
+        server.stats().doorbells > doorbells
+    });
+    dev.set_progress(Progress::Auto);
+    dev.progress();
+    let got = futures::executor::block_on(futures::future::join_all(calls));
+    for (req, resp) in reqs.iter().zip(got) {
+        assert!(&resp.unwrap() == req, "an echo differs");
+    }
+    drop(client);
+    stopping.join().unwrap().unwrap();
+}
+
 #[test]
 fn sixteen_clients_pipeline_calls_without_rnr() {
     let dev = SoftDevice::new();

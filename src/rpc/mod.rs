@@ -108,11 +108,14 @@ pub struct RpcConfig {
     /// refuses responses longer than its own value.
     pub max_message: u32,
     /// Bytes of large requests (those that go by rendezvous) the server
-    /// reads and holds at once, over all clients (server side). A request
-    /// that would go past it waits, in arrival order, until earlier ones
-    /// are read and handed to the handler; one request alone is always
-    /// read. Without it, every client could make the server register a
-    /// window of `max_message`-sized requests.
+    /// reads at once, over all clients (server side): memory registered
+    /// for each until it is read and handed to the handler. A request
+    /// that would go past it waits, in arrival order (a small one behind
+    /// a large one), until earlier ones are handed over; one request
+    /// alone is always read. Requests waiting when a shutdown begins
+    /// are read and answered through it. Without the bound, every client
+    /// could make the server register a window of `max_message`-sized
+    /// requests.
     pub max_reading: u64,
     /// Connections open at once (server side), closing ones included:
     /// the shared receive queue holds `max_clients` × `window` buffers;

@@ -339,9 +339,8 @@ impl ServerCore {
             // client exposed is its own business now.
             conn.closing = Some("the client closed the connection".into());
             conn.outbox.clear();
-            conn.pending_reads.clear();
             self.stats.clients_left += 1;
-            self.waiting_reads.retain(|(owner, ..)| *owner != qp);
+            self.drop_unpushed_reads(qp);
             return;
         }
         conn.unanswered += 1;
@@ -392,6 +391,7 @@ impl ServerCore {
             body: Body::Bytes(text),
         });
         conn.closing = Some(format!("protocol violation: {why}"));
+        self.drop_unpushed_reads(qp);
     }
 
     fn run_handler(&mut self, qp: QpHandle, id: u64, request: &[u8]) {
@@ -566,12 +566,24 @@ impl ServerCore {
         }
         // Memory for requests being read is bounded over all clients:
         // each client may have a window of requests as large as
-        // max_message. One request alone always goes.
-        if self.reading > 0 && self.reading + remote.len() > self.config.max_reading {
+        // max_message. Those waiting go first: a stream of small requests
+        // must not starve a large one.
+        if !self.waiting_reads.is_empty() || !self.may_read(remote) {
             self.stats.reads_waited += 1;
             self.waiting_reads.push_back((qp, id, remote));
             return;
         }
+        self.read_request(qp, id, remote);
+    }
+
+    /// Whether a request of `remote`'s length may be read now: one alone
+    /// always may.
+    fn may_read(&self, remote: RemoteSlice) -> bool {
+        self.reading == 0 || self.reading + remote.len() <= self.config.max_reading
+    }
+
+    /// Registers memory for a request and queues its read.
+    fn read_request(&mut self, qp: QpHandle, id: u64, remote: RemoteSlice) {
         let memory = vec![0u8; remote.len() as usize];
         let buf = match RegisteredBuf::new(&*self.pd, memory) {
             Ok(buf) => buf,
@@ -605,16 +617,35 @@ impl ServerCore {
     }
 
     /// Starts the waiting rendezvous requests that fit now, in order.
+    /// They arrived before any shutdown began, so they are read and
+    /// handled through one; those of a connection that is closing go.
     fn start_waiting_reads(&mut self) {
         while let Some(&(qp, id, remote)) = self.waiting_reads.front() {
-            if self.reading > 0 && self.reading + remote.len() > self.config.max_reading {
+            if self.conns.get(&qp).is_none_or(|c| c.closing.is_some()) {
+                self.waiting_reads.pop_front();
+                continue;
+            }
+            if !self.may_read(remote) {
                 return;
             }
             self.waiting_reads.pop_front();
-            if self.conns.get(&qp).is_some_and(|c| c.closing.is_none()) {
-                self.start_read(qp, id, remote);
+            self.read_request(qp, id, remote);
+        }
+    }
+
+    /// Forgets the reads of `qp` not yet pushed (its connection is
+    /// closing) and those waiting, and starts others in their place.
+    fn drop_unpushed_reads(&mut self, qp: QpHandle) {
+        let Some(conn) = self.conns.get_mut(&qp) else {
+            return;
+        };
+        for (key, ..) in conn.pending_reads.drain(..) {
+            if let Some(read) = self.reads.remove(&key) {
+                self.reading -= read.remote.len();
             }
         }
+        self.waiting_reads.retain(|(owner, ..)| *owner != qp);
+        self.start_waiting_reads();
     }
 
     fn handle_read(&mut self, qp: QpHandle, id: u64, c: Completion) {
@@ -912,7 +943,7 @@ impl ServerCore {
             })
             .map(|(&qp, _)| qp)
             .collect();
-        let finished = done
+        let finished: Vec<(QpHandle, String)> = done
             .into_iter()
             .map(|qp| {
                 let conn = self.conns.remove(&qp).expect("listed");
@@ -924,8 +955,10 @@ impl ServerCore {
                 (qp, conn.closing.unwrap_or_default())
             })
             .collect();
-        self.reading = self.reads.values().map(|r| r.remote.len()).sum();
-        self.start_waiting_reads();
+        if !finished.is_empty() {
+            self.reading = self.reads.values().map(|r| r.remote.len()).sum();
+            self.start_waiting_reads();
+        }
         finished
     }
 
