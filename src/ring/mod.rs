@@ -199,6 +199,7 @@ impl Default for RingConfig {
 /// assert_eq!(RingStats::default().doorbells, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RingStats {
     /// Post calls made (one per queue with work per submit).
     pub doorbells: u64,

@@ -20,6 +20,7 @@ use crate::op::OpKind;
 /// assert_eq!(QpStats::default().doorbells, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QpStats {
     /// Post calls made on its queues.
     pub doorbells: u64,

@@ -55,6 +55,7 @@ impl std::fmt::Debug for Service {
 /// assert_eq!(ServerStats::default().requests, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ServerStats {
     /// Connections greeted.
     pub clients_accepted: u64,

@@ -49,6 +49,7 @@ pub enum QpState {
 /// assert_eq!(QpCounters::default().send_posts, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QpCounters {
     /// `post_send` calls.
     pub send_posts: u64,
