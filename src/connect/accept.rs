@@ -1,7 +1,8 @@
 //! Accepting handshakes side by side, over TCP or rdma_cm.
 
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,14 @@ use crate::error::Error;
 /// kernel's backlog (TCP's, or rdma_cm's), so a flood of them costs a
 /// bounded number of threads and queue pairs.
 const MAX_HANDSHAKES: usize = 64;
+/// Handshakes in progress from one address at most: one host whose peers
+/// stall cannot take every slot. Its further attempts wait, accepted, for
+/// its own handshakes to end.
+const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
+/// Attempts waiting so, at most, from one address and in all (each holds
+/// a socket); beyond, an attempt is dropped, which closes it.
+const MAX_WAITING_PER_ORIGIN: usize = 32;
+const MAX_WAITING: usize = 256;
 /// How often a waiting accept looks for new connections.
 const ACCEPT_TICK: Duration = Duration::from_millis(20);
 
@@ -25,6 +34,11 @@ pub(crate) trait Incoming {
     type Error;
     /// The next attempt waiting, if any; never blocks.
     fn try_next(&self) -> Result<Option<Self::Attempt>, Self::Error>;
+    /// The address an attempt comes from, where the source says: the
+    /// attempts of one address share [`MAX_HANDSHAKES_PER_ORIGIN`].
+    fn origin(_attempt: &Self::Attempt) -> Option<IpAddr> {
+        None
+    }
 }
 
 impl Incoming for TcpListener {
@@ -51,6 +65,12 @@ impl Incoming for TcpListener {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    fn origin((_, peer): &(TcpStream, SocketAddr)) -> Option<IpAddr> {
+        // An IPv4 peer of a dual-stack listener is the same host as over
+        // IPv4.
+        Some(peer.ip().to_canonical())
     }
 }
 
@@ -94,11 +114,15 @@ impl Incoming for CmListener {
 /// that stalls (for as long as the handshake's timeout) holds up none of
 /// the peers behind it. An accept hands out the next handshake to finish,
 /// whoever's it is: a connection made, or the error of a peer that failed.
-pub(crate) struct HandshakeListener<S, T> {
+pub(crate) struct HandshakeListener<S: Incoming, T> {
     source: S,
     finished: Mutex<Receiver<T>>,
     finish: Sender<T>,
     slots: HandshakeSlots,
+    origins: OriginSlots,
+    /// Attempts accepted while their address had its handshakes running,
+    /// oldest first.
+    waiting: Mutex<VecDeque<(S::Attempt, IpAddr)>>,
 }
 
 /// Counts the handshakes in progress, up to [`MAX_HANDSHAKES`].
@@ -131,6 +155,63 @@ impl Drop for HandshakeSlot {
     }
 }
 
+/// Counts the handshakes in progress per address, up to
+/// [`MAX_HANDSHAKES_PER_ORIGIN`] each.
+#[derive(Clone, Default)]
+struct OriginSlots(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+impl OriginSlots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn has_room(&self, origin: IpAddr) -> bool {
+        self.lock().get(&origin).copied().unwrap_or(0) < MAX_HANDSHAKES_PER_ORIGIN
+    }
+
+    /// A slot for one more handshake from `origin`, unless all its slots
+    /// are taken.
+    fn take(&self, origin: IpAddr) -> Option<OriginSlot> {
+        let mut running = self.lock();
+        let n = running.entry(origin).or_insert(0);
+        if *n >= MAX_HANDSHAKES_PER_ORIGIN {
+            return None;
+        }
+        *n += 1;
+        Some(OriginSlot {
+            slots: self.clone(),
+            origin,
+        })
+    }
+
+    #[cfg(test)]
+    fn running(&self, origin: IpAddr) -> usize {
+        self.lock().get(&origin).copied().unwrap_or(0)
+    }
+}
+
+/// An attempt taken for a handshake, with its address's slot (when the
+/// source says where it comes from).
+type Taken<A> = (A, Option<OriginSlot>);
+
+/// A handshake in progress from one address, counted while it lives.
+struct OriginSlot {
+    slots: OriginSlots,
+    origin: IpAddr,
+}
+
+impl Drop for OriginSlot {
+    fn drop(&mut self) {
+        let mut running = self.slots.lock();
+        if let Some(n) = running.get_mut(&self.origin) {
+            *n -= 1;
+            if *n == 0 {
+                running.remove(&self.origin);
+            }
+        }
+    }
+}
+
 impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
     /// Over `tcp`, which it makes non-blocking.
     pub(crate) fn tcp(tcp: TcpListener) -> io::Result<Self> {
@@ -152,6 +233,8 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             finished: Mutex::new(finished),
             finish,
             slots: HandshakeSlots::default(),
+            origins: OriginSlots::default(),
+            waiting: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -194,8 +277,8 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             }
             // Beyond the slots, attempts wait in the source's backlog.
             if let Some(slot) = self.slots.take() {
-                if let Some(attempt) = self.source.try_next()? {
-                    self.start(attempt, handshake.clone(), slot);
+                if let Some((attempt, origin)) = self.next_attempt()? {
+                    self.start(attempt, handshake.clone(), (slot, origin));
                     continue;
                 }
             }
@@ -207,10 +290,39 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
         }
     }
 
+    /// The next attempt whose address has a handshake slot free, with
+    /// that slot: one waiting for its address's turn first, else a new
+    /// one. New attempts from an address whose slots are all taken wait
+    /// (or, beyond [`MAX_WAITING_PER_ORIGIN`] or [`MAX_WAITING`], are
+    /// dropped, which closes them: that peer's failure alone).
+    fn next_attempt(&self) -> Result<Option<Taken<S::Attempt>>, S::Error> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = waiting
+            .iter()
+            .position(|(_, origin)| self.origins.has_room(*origin))
+        {
+            let (attempt, origin) = waiting.remove(i).expect("found");
+            return Ok(Some((attempt, self.origins.take(origin))));
+        }
+        while let Some(attempt) = self.source.try_next()? {
+            let Some(origin) = S::origin(&attempt) else {
+                return Ok(Some((attempt, None)));
+            };
+            if let Some(slot) = self.origins.take(origin) {
+                return Ok(Some((attempt, Some(slot))));
+            }
+            let same = waiting.iter().filter(|(_, o)| *o == origin).count();
+            if same < MAX_WAITING_PER_ORIGIN && waiting.len() < MAX_WAITING {
+                waiting.push_back((attempt, origin));
+            }
+        }
+        Ok(None)
+    }
+
     /// Runs `handshake` on a thread of its own. Without a thread (the
     /// system out of them), the attempt is dropped, which closes or
     /// rejects it: that peer's failure alone.
-    fn start<F>(&self, attempt: S::Attempt, handshake: F, slot: HandshakeSlot)
+    fn start<F>(&self, attempt: S::Attempt, handshake: F, slot: (HandshakeSlot, Option<OriginSlot>))
     where
         F: FnOnce(S::Attempt) -> T + Send + 'static,
     {
@@ -226,11 +338,13 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     }
 }
 
-impl<S: std::fmt::Debug, T> std::fmt::Debug for HandshakeListener<S, T> {
+impl<S: Incoming + std::fmt::Debug, T> std::fmt::Debug for HandshakeListener<S, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let waiting = self.waiting.lock().map_or(0, |w| w.len());
         f.debug_struct("HandshakeListener")
             .field("source", &self.source)
             .field("running", &self.slots.running())
+            .field("waiting", &waiting)
             .finish()
     }
 }
@@ -318,5 +432,74 @@ mod tests {
         assert_eq!(listener.slots.running(), 1, "the peer's handshake goes on");
         peer.write_all(b"hi").unwrap();
         assert_eq!(listener.accept(handshake).unwrap().unwrap(), *b"hi");
+    }
+
+    /// A socket connected to `addr` from `from` (any 127/8 address is this
+    /// host, as far as the listener can tell a different one).
+    fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let stream = socket.connect(addr).await.unwrap();
+            stream.into_std().unwrap()
+        })
+    }
+
+    /// One address whose peers connect and say nothing, more of them than
+    /// the listener has handshake slots, holds at most eight handshakes;
+    /// its further attempts wait (32 at most, the rest are closed), and a
+    /// peer from another address is served at once.
+    #[test]
+    fn one_address_cannot_take_every_handshake() {
+        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent: Vec<TcpStream> = (0..70).map(|_| connect_from("127.0.0.3", addr)).collect();
+        let mut speaking = connect_from("127.0.0.2", addr);
+        speaking.write_all(b"hi").unwrap();
+        let handshake = |(mut socket, peer): (TcpStream, SocketAddr)| {
+            socket
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut word = [0u8; 2];
+            (peer.ip(), socket.read_exact(&mut word).map(|()| word))
+        };
+        let started = Instant::now();
+        let (from, said) = listener.accept(handshake).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(from, "127.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(said.unwrap(), *b"hi");
+        // Every attempt was taken from the backlog before the speaking
+        // one could finish.
+        let stalling: IpAddr = "127.0.0.3".parse().unwrap();
+        assert_eq!(
+            listener.origins.running(stalling),
+            MAX_HANDSHAKES_PER_ORIGIN
+        );
+        assert_eq!(
+            listener.waiting.lock().unwrap().len(),
+            MAX_WAITING_PER_ORIGIN
+        );
+        // Those beyond were closed: their peers read the end.
+        let mut closed = 0;
+        for mut socket in silent {
+            socket
+                .set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            if matches!(socket.read(&mut [0u8; 1]), Ok(0)) {
+                closed += 1;
+            }
+        }
+        assert_eq!(
+            closed,
+            70 - MAX_HANDSHAKES_PER_ORIGIN - MAX_WAITING_PER_ORIGIN
+        );
     }
 }

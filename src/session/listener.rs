@@ -339,8 +339,10 @@ impl SessionListener<VerbsQp> {
     /// Waits for the next peer and connects a session to it. Handshakes
     /// run side by side, on threads of their own (64 at most; more peers
     /// wait in the TCP backlog), so a peer that stalls holds up nobody
-    /// behind it while fewer than 64 stall at once (there is no limit per
-    /// source): this returns the next one to finish. A peer that fails
+    /// behind it while fewer than 64 stall at once. One address has 8 at
+    /// most: its further peers wait their turn, accepted (32 of them; the
+    /// rest are closed), so one host's stalling peers cannot take every
+    /// slot. This returns the next one to finish. A peer that fails
     /// its handshake is dropped with an error for the call that returns
     /// it; call again.
     pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
@@ -360,7 +362,8 @@ impl SessionListener<CmQp> {
     /// at most; more requests wait in rdma_cm's backlog), so a peer that
     /// stalls — one that never confirms, holding its handshake for the
     /// connect timeout — holds up nobody behind it while fewer than 64
-    /// stall at once (there is no limit per source): this returns the
+    /// stall at once (rdma_cm's requests have no limit per address, as
+    /// the TCP listener's have): this returns the
     /// next one to finish. A request without a valid hello is rejected, and a
     /// peer that fails its handshake comes out as an error for the call
     /// that returns it; call again. The host's other sessions go on

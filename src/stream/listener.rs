@@ -80,7 +80,9 @@ impl RdmaListener {
     /// within the config's `connect_timeout`). Handshakes run side by
     /// side, on threads of their own (64 at most; more peers wait in the
     /// TCP backlog), so a peer that stalls holds up nobody behind it while
-    /// fewer than 64 stall at once (there is no limit per source): this
+    /// fewer than 64 stall at once. One address has 8 at most: its
+    /// further peers wait their turn, accepted (32 of them; the rest are
+    /// closed), so one host's stalling peers cannot take every slot. This
     /// returns the next one to finish. A peer that sends garbage, or
     /// stalls past the timeout, gets an error for the call that returns
     /// it; the listener goes on.
@@ -142,7 +144,8 @@ impl RdmaStream<VerbsQp> {
 /// on the device it arrived on, with its receives posted before it is
 /// accepted. Handshakes run side by side, on threads of their own (64 at
 /// most; more requests wait in rdma_cm's backlog), so a peer that stalls
-/// holds up nobody behind it.
+/// holds up nobody behind it while fewer than 64 stall at once (there is
+/// no limit per address, as the TCP listener has).
 ///
 /// ```no_run
 /// use std::io::Read;
