@@ -564,6 +564,10 @@ fn rdma_cm_in_steps_posts_receives_before_the_peer_can_send() {
         let mut ring = Ring::with_cq(dev.create_cq(256).unwrap(), RingConfig::default());
         let request = listener.request(timeout).unwrap();
         assert!(request.private_data().starts_with(b"steps"));
+        // The requester is on this host, at the listener's address.
+        let peer = request.peer_addr().expect("an IP requester");
+        assert_eq!(peer.ip(), addr.ip(), "{peer}");
+        assert_ne!(peer.port(), 0, "{peer}");
         let qp = request
             .create_qp_on(&dev, &pd, ring.cq(), None, QpConfig::default())
             .unwrap();

@@ -20,7 +20,8 @@ const MAX_HANDSHAKES: usize = 64;
 /// its own handshakes to end.
 const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
 /// Attempts waiting so, at most, from one address and in all (each holds
-/// a socket); beyond, an attempt is dropped, which closes it.
+/// a socket or an rdma_cm request); beyond, an attempt is dropped, which
+/// closes or rejects it.
 const MAX_WAITING_PER_ORIGIN: usize = 32;
 const MAX_WAITING: usize = 256;
 /// How often a waiting accept looks for new connections.
@@ -107,6 +108,10 @@ impl Incoming for CmListener {
             Err(Error::HandshakeTimeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    fn origin(request: &CmRequest) -> Option<IpAddr> {
+        request.peer_addr().map(|addr| addr.ip().to_canonical())
     }
 }
 

@@ -165,6 +165,31 @@ impl CmId {
         }
     }
 
+    /// The address of the peer this id is connected or connecting to:
+    /// the requester's, for an id from a connect request. `None` for an
+    /// address that is not IP (InfiniBand's native addressing).
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is live; rdma_cm fills its route's destination
+        // with a socket address whose family field says which member of
+        // the union is set, and each member read is one of that family.
+        unsafe {
+            let dst = &(*self.id).route.addr.dst_addr_union;
+            match i32::from(dst.dst_addr.sa_family) {
+                libc::AF_INET => {
+                    let sin = &dst.dst_sin;
+                    let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                    Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &dst.dst_sin6;
+                    let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                    Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+                }
+                _ => None,
+            }
+        }
+    }
+
     /// Waits up to `timeout` for the next event on this id's channel.
     fn next_event(&self, timeout: Duration) -> Result<Event, Error> {
         let deadline = Deadline::after(timeout);
@@ -904,6 +929,20 @@ impl CmRequest {
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.as_ref().and_then(CmId::device_name)
+    }
+
+    /// The requester's address, if it is an IP address.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// println!("a request from {:?}", request.peer_addr());
+    /// ```
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(CmId::peer_addr)
     }
 
     /// A queue pair for this request, in INIT, with a completion queue of

@@ -111,11 +111,11 @@ impl RpcServer<VerbsQp> {
 
 /// Takes connection attempts until the server stops; each handshake runs
 /// on a thread of its own (64 at most, more wait in the backlog), so a
-/// slow peer delays nobody while fewer than 64 stall at once. Over TCP,
-/// one address has 8 at most (its further peers wait their turn,
-/// accepted, 32 of them; the rest are closed), so one host's stalling
-/// peers cannot take every slot; rdma_cm's requests have no limit per
-/// address. A failed handshake concerns that peer only.
+/// slow peer delays nobody while fewer than 64 stall at once. One
+/// address has 8 at most (its further peers wait their turn, accepted, 32
+/// of them; the rest are closed or rejected), so one host's stalling
+/// peers cannot take every slot. A failed handshake concerns that peer
+/// only.
 fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
     listener: &HandshakeListener<S, ()>,
     shared: &Arc<ServerShared<Q>>,

@@ -362,8 +362,9 @@ impl SessionListener<CmQp> {
     /// at most; more requests wait in rdma_cm's backlog), so a peer that
     /// stalls — one that never confirms, holding its handshake for the
     /// connect timeout — holds up nobody behind it while fewer than 64
-    /// stall at once (rdma_cm's requests have no limit per address, as
-    /// the TCP listener's have): this returns the
+    /// stall at once, and one address has 8 at most (its further requests
+    /// wait their turn, 32 of them; the rest are rejected): this returns
+    /// the
     /// next one to finish. A request without a valid hello is rejected, and a
     /// peer that fails its handshake comes out as an error for the call
     /// that returns it; call again. The host's other sessions go on

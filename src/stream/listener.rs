@@ -144,8 +144,9 @@ impl RdmaStream<VerbsQp> {
 /// on the device it arrived on, with its receives posted before it is
 /// accepted. Handshakes run side by side, on threads of their own (64 at
 /// most; more requests wait in rdma_cm's backlog), so a peer that stalls
-/// holds up nobody behind it while fewer than 64 stall at once (there is
-/// no limit per address, as the TCP listener has).
+/// holds up nobody behind it while fewer than 64 stall at once; one
+/// address has 8 at most (its further requests wait their turn, 32 of
+/// them; the rest are rejected).
 ///
 /// ```no_run
 /// use std::io::Read;
