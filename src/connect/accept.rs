@@ -15,14 +15,13 @@ use crate::error::Error;
 /// kernel's backlog (TCP's, or rdma_cm's), so a flood of them costs a
 /// bounded number of threads and queue pairs.
 const MAX_HANDSHAKES: usize = 64;
-/// Handshakes in progress from one address at most: one host whose peers
-/// stall cannot take every slot. Its further attempts wait, accepted, for
-/// its own handshakes to end.
+/// Handshakes in progress from one address at most (an IPv6 /64 counts
+/// as one address): one address whose peers stall cannot take every slot.
+/// Its further attempts wait, accepted, for its own handshakes to end.
 const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
-/// Attempts waiting so, at most, from one address and in all (each holds
-/// a socket or an rdma_cm request); beyond, an attempt is dropped, which
-/// closes or rejects it.
-const MAX_WAITING_PER_ORIGIN: usize = 32;
+/// Attempts waiting so, at most (each holds a socket or an rdma_cm
+/// request). A full queue drops the oldest attempt of the address with
+/// the most waiting, or the new one if that is its own address.
 const MAX_WAITING: usize = 256;
 /// How often a waiting accept looks for new connections.
 const ACCEPT_TICK: Duration = Duration::from_millis(20);
@@ -36,7 +35,8 @@ pub(crate) trait Incoming {
     /// The next attempt waiting, if any; never blocks.
     fn try_next(&self) -> Result<Option<Self::Attempt>, Self::Error>;
     /// The address an attempt comes from, where the source says: the
-    /// attempts of one address share [`MAX_HANDSHAKES_PER_ORIGIN`].
+    /// attempts of one address share [`MAX_HANDSHAKES_PER_ORIGIN`]
+    /// (those without one share only the listener's slots).
     fn origin(_attempt: &Self::Attempt) -> Option<IpAddr> {
         None
     }
@@ -69,9 +69,7 @@ impl Incoming for TcpListener {
     }
 
     fn origin((_, peer): &(TcpStream, SocketAddr)) -> Option<IpAddr> {
-        // An IPv4 peer of a dual-stack listener is the same host as over
-        // IPv4.
-        Some(peer.ip().to_canonical())
+        Some(peer.ip())
     }
 }
 
@@ -111,7 +109,7 @@ impl Incoming for CmListener {
     }
 
     fn origin(request: &CmRequest) -> Option<IpAddr> {
-        request.peer_addr().map(|addr| addr.ip().to_canonical())
+        request.peer_addr().map(|addr| addr.ip())
     }
 }
 
@@ -170,10 +168,6 @@ impl OriginSlots {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn has_room(&self, origin: IpAddr) -> bool {
-        self.lock().get(&origin).copied().unwrap_or(0) < MAX_HANDSHAKES_PER_ORIGIN
-    }
-
     /// A slot for one more handshake from `origin`, unless all its slots
     /// are taken.
     fn take(&self, origin: IpAddr) -> Option<OriginSlot> {
@@ -193,6 +187,39 @@ impl OriginSlots {
     fn running(&self, origin: IpAddr) -> usize {
         self.lock().get(&origin).copied().unwrap_or(0)
     }
+}
+
+/// The address whose handshakes count together: an IPv6 host commonly
+/// has a /64 of its own, so its addresses count as one.
+fn address_group(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !(u64::MAX as u128)).into()),
+        v4 => v4,
+    }
+}
+
+/// Queues `attempt` from `origin` to wait for its address's turn. A full
+/// queue makes room by dropping (closing or rejecting) the oldest attempt
+/// of the address with the most waiting, unless `origin` would then have
+/// as many: then the new one is dropped. A burst from one address waits
+/// whole while there is room, and no address crowds the others out.
+fn park<A>(waiting: &mut VecDeque<(A, IpAddr)>, attempt: A, origin: IpAddr) {
+    if waiting.len() >= MAX_WAITING {
+        let mut counts: HashMap<IpAddr, usize> = HashMap::new();
+        for (_, o) in waiting.iter() {
+            *counts.entry(*o).or_default() += 1;
+        }
+        let own = counts.get(&origin).copied().unwrap_or(0);
+        let Some((most, n)) = counts.into_iter().max_by_key(|&(_, n)| n) else {
+            return;
+        };
+        if own + 1 >= n {
+            return;
+        }
+        let oldest = waiting.iter().position(|(_, o)| *o == most);
+        drop(waiting.remove(oldest.expect("counted")));
+    }
+    waiting.push_back((attempt, origin));
 }
 
 /// An attempt taken for a handshake, with its address's slot (when the
@@ -296,30 +323,30 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     }
 
     /// The next attempt whose address has a handshake slot free, with
-    /// that slot: one waiting for its address's turn first, else a new
-    /// one. New attempts from an address whose slots are all taken wait
-    /// (or, beyond [`MAX_WAITING_PER_ORIGIN`] or [`MAX_WAITING`], are
-    /// dropped, which closes them: that peer's failure alone).
+    /// that slot: the oldest waiting for its address's turn first, else a
+    /// new one. New attempts from an address whose slots are all taken
+    /// wait ([`park`]).
     fn next_attempt(&self) -> Result<Option<Taken<S::Attempt>>, S::Error> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = waiting
-            .iter()
-            .position(|(_, origin)| self.origins.has_room(*origin))
-        {
-            let (attempt, origin) = waiting.remove(i).expect("found");
-            return Ok(Some((attempt, self.origins.take(origin))));
+        for i in 0..waiting.len() {
+            if let Some(slot) = self.origins.take(waiting[i].1) {
+                let (attempt, _) = waiting.remove(i).expect("in range");
+                return Ok(Some((attempt, Some(slot))));
+            }
         }
-        while let Some(attempt) = self.source.try_next()? {
-            let Some(origin) = S::origin(&attempt) else {
+        // Bounded: attempts that keep coming from an address with no room
+        // must not keep this call from handing out finished handshakes.
+        for _ in 0..MAX_WAITING + MAX_HANDSHAKES {
+            let Some(attempt) = self.source.try_next()? else {
+                return Ok(None);
+            };
+            let Some(origin) = S::origin(&attempt).map(address_group) else {
                 return Ok(Some((attempt, None)));
             };
             if let Some(slot) = self.origins.take(origin) {
                 return Ok(Some((attempt, Some(slot))));
             }
-            let same = waiting.iter().filter(|(_, o)| *o == origin).count();
-            if same < MAX_WAITING_PER_ORIGIN && waiting.len() < MAX_WAITING {
-                waiting.push_back((attempt, origin));
-            }
+            park(&mut waiting, attempt, origin);
         }
         Ok(None)
     }
@@ -456,8 +483,8 @@ mod tests {
 
     /// One address whose peers connect and say nothing, more of them than
     /// the listener has handshake slots, holds at most eight handshakes;
-    /// its further attempts wait (32 at most, the rest are closed), and a
-    /// peer from another address is served at once.
+    /// its further attempts wait, and a peer from another address is
+    /// served at once. Each one waiting gets its turn.
     #[test]
     fn one_address_cannot_take_every_handshake() {
         let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
@@ -481,8 +508,8 @@ mod tests {
         );
         assert_eq!(from, "127.0.0.2".parse::<IpAddr>().unwrap());
         assert_eq!(said.unwrap(), *b"hi");
-        // Every attempt was taken from the backlog before the speaking
-        // one could finish.
+        // Every attempt was taken from the backlog (in order) before the
+        // speaking one's.
         let stalling: IpAddr = "127.0.0.3".parse().unwrap();
         assert_eq!(
             listener.origins.running(stalling),
@@ -490,21 +517,53 @@ mod tests {
         );
         assert_eq!(
             listener.waiting.lock().unwrap().len(),
-            MAX_WAITING_PER_ORIGIN
+            70 - MAX_HANDSHAKES_PER_ORIGIN
         );
-        // Those beyond were closed: their peers read the end.
-        let mut closed = 0;
-        for mut socket in silent {
-            socket
-                .set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-            if matches!(socket.read(&mut [0u8; 1]), Ok(0)) {
-                closed += 1;
-            }
+        // Once the silent peers leave, every handshake, those that waited
+        // included, runs and fails on its own.
+        drop(silent);
+        for _ in 0..70 {
+            let (from, said) = listener.accept(handshake).unwrap();
+            assert_eq!(from, stalling);
+            assert_eq!(said.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
         }
+        assert!(listener.waiting.lock().unwrap().is_empty());
+    }
+
+    /// A full queue of waiting attempts drops the oldest of the address
+    /// with the most, never leaving one address more than another's share.
+    #[test]
+    fn a_full_waiting_queue_drops_from_the_address_with_the_most() {
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut waiting = VecDeque::new();
+        for i in 0..MAX_WAITING {
+            park(&mut waiting, i, a);
+        }
+        // A new one of the crowding address is dropped.
+        park(&mut waiting, 999, a);
+        assert_eq!(waiting.len(), MAX_WAITING);
+        assert!(waiting.iter().all(|&(n, _)| n != 999));
+        // Another address's take the crowding one's oldest places, until
+        // both have half.
+        for i in 0..MAX_WAITING {
+            park(&mut waiting, 1000 + i, b);
+        }
+        let of = |o: IpAddr| waiting.iter().filter(|(_, w)| *w == o).count();
+        assert_eq!((of(a), of(b)), (MAX_WAITING / 2, MAX_WAITING / 2));
         assert_eq!(
-            closed,
-            70 - MAX_HANDSHAKES_PER_ORIGIN - MAX_WAITING_PER_ORIGIN
+            waiting.iter().find(|(_, o)| *o == a).unwrap().0,
+            MAX_WAITING / 2
         );
+    }
+
+    /// An IPv6 /64 is one address; IPv4 peers of a dual-stack listener
+    /// count as IPv4.
+    #[test]
+    fn addresses_group_by_ipv6_prefix() {
+        let group = |s: &str| address_group(s.parse().unwrap());
+        assert_eq!(group("2001:db8::1"), group("2001:db8::ffff:1"));
+        assert_ne!(group("2001:db8::1"), group("2001:db8:0:1::1"));
+        assert_eq!(group("::ffff:10.0.0.1"), group("10.0.0.1"));
+        assert_ne!(group("10.0.0.1"), group("10.0.0.2"));
     }
 }

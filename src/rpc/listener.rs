@@ -112,10 +112,9 @@ impl RpcServer<VerbsQp> {
 /// Takes connection attempts until the server stops; each handshake runs
 /// on a thread of its own (64 at most, more wait in the backlog), so a
 /// slow peer delays nobody while fewer than 64 stall at once. One
-/// address has 8 at most (its further peers wait their turn, accepted, 32
-/// of them; the rest are closed or rejected), so one host's stalling
-/// peers cannot take every slot. A failed handshake concerns that peer
-/// only.
+/// address has 8 at most (its further peers wait their turn, accepted),
+/// so one address's stalling peers cannot take every slot. A failed
+/// handshake concerns that peer only.
 fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
     listener: &HandshakeListener<S, ()>,
     shared: &Arc<ServerShared<Q>>,
