@@ -137,6 +137,13 @@ fn stalling_peers_hold_up_no_client_and_a_pacing_one_is_not_admitted() {
     let pacing = pacing.join().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(server.stats().clients_open, 1);
+    // The three silent peers and the pacing one failed their handshakes,
+    // and the server counted each.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.stats().handshakes_failed < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.stats().handshakes_failed, 4, "{:?}", server.stats());
     drop((client, pacing));
     server.shutdown().unwrap();
     drop(silent);

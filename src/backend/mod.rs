@@ -142,7 +142,11 @@ impl QpConfig {
     /// ```
     pub fn completion_entries(&self) -> u32 {
         if self.cq_entries == 0 {
-            self.max_send_wr + self.max_recv_wr + 1
+            // Saturating: a depth this large is refused by the device's
+            // limits, with an error, not an overflow.
+            self.max_send_wr
+                .saturating_add(self.max_recv_wr)
+                .saturating_add(1)
         } else {
             self.cq_entries
         }

@@ -15,8 +15,8 @@ use crate::error::Error;
 /// kernel's backlog (TCP's, or rdma_cm's), so a flood of them costs a
 /// bounded number of threads and queue pairs.
 const MAX_HANDSHAKES: usize = 64;
-/// Handshakes in progress from one address at most (an IPv6 /64 counts
-/// as one address): one address whose peers stall cannot take every slot.
+/// Handshakes in progress from one address at most: one address whose
+/// peers stall cannot take every slot.
 /// Its further attempts wait, accepted, for its own handshakes to end.
 const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
 /// Attempts waiting so, at most (each holds a socket or an rdma_cm
@@ -189,13 +189,12 @@ impl OriginSlots {
     }
 }
 
-/// The address whose handshakes count together: an IPv6 host commonly
-/// has a /64 of its own, so its addresses count as one.
+/// The address whose handshakes count together: an IPv4 peer of a
+/// dual-stack listener counts as over IPv4. Each IPv6 address counts on
+/// its own: a fabric commonly puts a whole rack in one /64, and one peer
+/// there must not hold up the rest.
 fn address_group(ip: IpAddr) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !(u64::MAX as u128)).into()),
-        v4 => v4,
-    }
+    ip.to_canonical()
 }
 
 /// Queues `attempt` from `origin` to wait for its address's turn. A full
@@ -556,13 +555,12 @@ mod tests {
         );
     }
 
-    /// An IPv6 /64 is one address; IPv4 peers of a dual-stack listener
-    /// count as IPv4.
+    /// IPv4 peers of a dual-stack listener count as IPv4; IPv6 addresses
+    /// of one /64 count each on its own.
     #[test]
-    fn addresses_group_by_ipv6_prefix() {
+    fn addresses_count_on_their_own() {
         let group = |s: &str| address_group(s.parse().unwrap());
-        assert_eq!(group("2001:db8::1"), group("2001:db8::ffff:1"));
-        assert_ne!(group("2001:db8::1"), group("2001:db8:0:1::1"));
+        assert_ne!(group("2001:db8::1"), group("2001:db8::2"));
         assert_eq!(group("::ffff:10.0.0.1"), group("10.0.0.1"));
         assert_ne!(group("10.0.0.1"), group("10.0.0.2"));
     }

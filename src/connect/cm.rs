@@ -190,8 +190,9 @@ impl CmId {
         }
     }
 
-    /// Waits up to `timeout` for the next event on this id's channel.
-    fn next_event(&self, timeout: Duration) -> Result<Event, Error> {
+    /// Waits up to `timeout` for the next event on this id's channel, in
+    /// `step` (which a timeout names).
+    fn next_event(&self, step: &'static str, timeout: Duration) -> Result<Event, Error> {
         let deadline = Deadline::after(timeout);
         loop {
             // Another thread may take an event we were woken for: the
@@ -202,8 +203,8 @@ impl CmId {
             let left = deadline.remaining();
             if left.is_zero() {
                 return Err(Error::HandshakeTimeout {
-                    step: "waiting for an rdma_cm event",
-                    reason: format!("no event within the {timeout:?} given"),
+                    step,
+                    reason: format!("no rdma_cm event within {timeout:?}"),
                 });
             }
             wait_readable(self.fd(), left)?;
@@ -268,7 +269,7 @@ impl CmId {
         step: &'static str,
         timeout: Duration,
     ) -> Result<Event, Error> {
-        let event = self.next_event(timeout)?;
+        let event = self.next_event(step, timeout)?;
         if event.kind != want {
             return Err(unexpected(step, event.kind, event.status));
         }
@@ -610,8 +611,9 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<CmQp, Error> {
     check_private(private_data)?;
+    let deadline = Deadline::after(timeout);
     let qp = resolve(addr, timeout)?.create_qp(dev, pd, config)?;
-    qp.connect(private_data, timeout)?;
+    qp.connect(private_data, deadline.remaining())?;
     Ok(qp)
 }
 
@@ -815,11 +817,21 @@ impl CmListener {
     /// ring.qp().accept(b"welcome", Duration::from_secs(10)).unwrap();
     /// ```
     pub fn request(&self, timeout: Duration) -> Result<CmRequest, Error> {
-        let request = self.id.expect(
-            ev::RDMA_CM_EVENT_CONNECT_REQUEST,
-            "waiting for a connect request",
-            timeout,
-        )?;
+        let step = "waiting for a connect request";
+        let deadline = Deadline::after(timeout);
+        // A listening id hears of its address changing too (a bonding
+        // failover, say): that ends no listener. Only the device's
+        // removal does.
+        let request = loop {
+            let event = self.id.next_event(step, deadline.remaining())?;
+            match event.kind {
+                ev::RDMA_CM_EVENT_CONNECT_REQUEST => break event,
+                ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                    return Err(unexpected(step, event.kind, event.status))
+                }
+                _ => {}
+            }
+        };
         let id = CmId::adopt(request.id)?;
         Ok(CmRequest {
             id: Some(id),
@@ -857,8 +869,9 @@ impl CmListener {
         timeout: Duration,
     ) -> Result<CmQp, Error> {
         check_private(private_data)?;
+        let deadline = Deadline::after(timeout);
         let qp = self.request(timeout)?.create_qp(dev, pd, config)?;
-        qp.accept(private_data, timeout)?;
+        qp.accept(private_data, deadline.remaining())?;
         Ok(qp)
     }
 }
@@ -1169,7 +1182,7 @@ impl CmQp {
         if unsafe { rdma_sys::rdma_connect(self.id.id, &mut param) } != 0 {
             return Err(cm_error("rdma_connect"));
         }
-        let event = self.id.next_event(timeout)?;
+        let event = self.id.next_event("connecting", timeout)?;
         match event.kind {
             ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
             ev::RDMA_CM_EVENT_REJECTED => {

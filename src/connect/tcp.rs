@@ -301,8 +301,8 @@ pub fn connect_qp(
     Ok(qp)
 }
 
-/// Opens a TCP stream to the first of `addr`'s addresses that answers
-/// within `timeout` each, for a [`handshake`]. A host name is resolved
+/// Opens a TCP stream to the first of `addr`'s addresses that answers,
+/// within `timeout` for them all, for a [`handshake`]. A host name is resolved
 /// first, by the system's resolver, whose own timeouts apply (`timeout`
 /// does not bound them): give an address where that matters.
 ///
@@ -327,9 +327,18 @@ pub fn dial(addr: impl std::net::ToSocketAddrs, timeout: Duration) -> Result<Tcp
             _ => Error::Handshake { step, reason },
         }
     };
+    let deadline = Deadline::after(timeout);
     let mut last = None;
     for addr in addr.to_socket_addrs().map_err(failed)? {
-        match TcpStream::connect_timeout(&addr, timeout) {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            last = Some(std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!("no address answered within {timeout:?}"),
+            ));
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, left) {
             Ok(stream) => return Ok(stream),
             Err(e) => last = Some(e),
         }

@@ -100,7 +100,9 @@ impl RpcServer<VerbsQp> {
             .name("rdma-ring-rpc-accept".into())
             .spawn(move || {
                 accept_all(&listener, &shared, |(socket, peer), shared| {
-                    let _ = handshake_tcp(socket, peer, shared);
+                    if handshake_tcp(socket, peer, shared).is_err() {
+                        shared.handshake_failed();
+                    }
                 })
             })
             .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
@@ -206,10 +208,11 @@ fn handshake_cm(request: CmRequest, shared: &ServerShared<CmQp>) {
             server_qp_config(&shared.config),
         )
     });
-    if let Ok(qp) = made {
-        if qp.accept(b"", shared.config.connect_timeout).is_ok() {
+    match made {
+        Ok(qp) if qp.accept(b"", shared.config.connect_timeout).is_ok() => {
             shared.admit(qp, None, None);
         }
+        _ => shared.handshake_failed(),
     }
 }
 

@@ -88,6 +88,10 @@ pub struct ServerStats {
     /// events, or moving a queue pair whose peer left to the error
     /// state, failed); the poller went on serving.
     pub poll_errors: u64,
+    /// Connection attempts whose handshake failed (garbage, a timeout, a
+    /// peer that left, a queue pair the device refused); the server served
+    /// on.
+    pub handshakes_failed: u64,
     /// Large requests that waited for others to be read first
     /// (`max_reading`).
     pub reads_waited: u64,
@@ -124,6 +128,8 @@ pub(super) struct ServerShared<Q: QueuePair> {
     state: Mutex<PollerState<Q>>,
     events: Option<Arc<dyn CompletionEvents>>,
     stop: AtomicBool,
+    /// Counted by the acceptor, which holds no lock of the poller's.
+    pub(super) handshakes_failed: std::sync::atomic::AtomicU64,
     pub(super) config: RpcConfig,
     /// The device and protection domain connections are made on.
     pub(super) fabric: Box<dyn Any + std::marker::Send + Sync>,
@@ -158,6 +164,13 @@ impl<Q: QueuePair> ServerShared<Q> {
     /// open by the client for the connection's life, whose end tells that
     /// the client's process is gone. Refused once the server stops: the
     /// queue pair is dropped, and `false` returned.
+    /// Counts a connection attempt whose handshake failed (only the
+    /// verbs listeners handshake).
+    #[cfg(feature = "verbs")]
+    pub(super) fn handshake_failed(&self) {
+        self.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>, watch: Option<TcpStream>) -> bool {
         !self.stopping() && self.enqueue(Arrival { qp, peer, watch })
     }
@@ -319,6 +332,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
             inbox: Mutex::new(Some(Vec::new())),
             events,
             stop: AtomicBool::new(false),
+            handshakes_failed: std::sync::atomic::AtomicU64::new(0),
             config,
             fabric,
         });
@@ -341,6 +355,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
         let mut stats = state.core.stats;
         stats.clients_open = state.core.connections() as u64;
         stats.doorbells = state.ring.stats().doorbells;
+        stats.handshakes_failed = self.shared.handshakes_failed.load(Ordering::Relaxed);
         stats
     }
 

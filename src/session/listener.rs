@@ -339,8 +339,8 @@ impl SessionListener<VerbsQp> {
     /// Waits for the next peer and connects a session to it. Handshakes
     /// run side by side, on threads of their own (64 at most; more peers
     /// wait in the TCP backlog), so a peer that stalls holds up nobody
-    /// behind it while fewer than 64 stall at once. One address (an IPv6
-    /// /64 counts as one) has 8 at most; its further peers wait their
+    /// behind it while fewer than 64 stall at once. One address has 8 at
+    /// most; its further peers wait their
     /// turn, accepted, so one address's stalling peers cannot take every
     /// slot (see the README for the bounds). This returns the next one to
     /// finish. A peer that fails

@@ -80,8 +80,7 @@ impl RdmaListener {
     /// within the config's `connect_timeout`). Handshakes run side by
     /// side, on threads of their own (64 at most; more peers wait in the
     /// TCP backlog), so a peer that stalls holds up nobody behind it while
-    /// fewer than 64 stall at once. One address (an IPv6 /64 counts as
-    /// one) has 8 at most; its further peers wait their turn, accepted, so
+    /// fewer than 64 stall at once. One address has 8 at most; its further peers wait their turn, accepted, so
     /// one address's stalling peers cannot take every slot. This returns
     /// the next one to finish. A peer that sends garbage, or
     /// stalls past the timeout, gets an error for the call that returns

@@ -222,7 +222,9 @@ pub struct RawCompletion {
     pub qp_num: u32,
     /// Outcome.
     pub status: WcStatus,
-    /// Bytes transferred (receives: bytes that arrived).
+    /// Bytes that arrived, for a successful receive. For other work a
+    /// backend may give 0 (the verbs backend does: a NIC need not report
+    /// it); the rings count those from what was posted.
     pub byte_len: u32,
     /// Immediate data that arrived with a receive.
     pub imm: Option<u32>,

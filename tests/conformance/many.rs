@@ -15,7 +15,7 @@ use rdma_ring::op::{Read, Recv, Send, SendImm, Write};
 use rdma_ring::ring::{Completion, Ring, RingConfig};
 use rdma_ring::Error;
 
-use super::{ring_config, Fabric};
+use super::{ring_config, CqOf, Fabric};
 
 fn small() -> QpConfig {
     QpConfig {
@@ -577,4 +577,91 @@ pub fn events_have_a_descriptor<F: Fabric>(f: &F) {
     let events = f.events();
     assert!(events.as_fd().as_raw_fd() >= 0);
     assert!(events.next_event().is_ok());
+}
+
+/// What the device reports, read straight from the completion queues: a
+/// sender's own completion of a send with immediate carries no immediate
+/// (only the receive does), and a registration with no remote right has
+/// no rkey.
+pub fn raw_completions_and_keys_say_only_what_they_should<F: Fabric>(f: &F) {
+    use rdma_ring::backend::{
+        Access, CompletionQueue, ProtectionDomain, RawCompletion, SendFlags, SendOpcode, SgeSpan,
+    };
+    let (mut qa, mut qb) = f.pair(small());
+    let mut cqa = qa
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let mut cqb = qb
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let mut src = vec![7u8; 16];
+    let mut dst = vec![0u8; 16];
+    // SAFETY: both vectors outlive their registrations (dropped below,
+    // before them), and the work completes before either is read.
+    let (src_mr, dst_mr) = unsafe {
+        (
+            f.pd()
+                .register_raw(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE)
+                .unwrap(),
+            f.pd()
+                .register_raw(dst.as_mut_ptr(), dst.len(), Access::LOCAL_WRITE)
+                .unwrap(),
+        )
+    };
+    assert_eq!(
+        (src_mr.rkey(), dst_mr.rkey()),
+        (0, 0),
+        "no remote right, no rkey"
+    );
+    let one = SgeSpan { start: 0, len: 1 };
+    let recv = RecvWr {
+        wr_id: 1,
+        sges: one,
+    };
+    let dst_sge = Sge {
+        addr: dst.as_mut_ptr() as u64,
+        len: 16,
+        lkey: dst_mr.lkey(),
+    };
+    let mut send = SendWr::new(2, SendOpcode::SendImm, one);
+    send.flags = SendFlags::SIGNALED;
+    send.imm = 0xabcd;
+    let src_sge = Sge {
+        addr: src.as_mut_ptr() as u64,
+        len: 16,
+        lkey: src_mr.lkey(),
+    };
+    // SAFETY: each element names registered bytes that stay put until
+    // their completions are polled below.
+    unsafe {
+        qb.post_recv(&[recv], &[dst_sge]).unwrap();
+        qa.post_send(&[send], &[src_sge]).unwrap();
+    }
+    let poll_one = |cq: &mut CqOf<F>| {
+        let mut out = [RawCompletion {
+            wr_id: 0,
+            qp_num: 0,
+            status: WcStatus::Success,
+            byte_len: 0,
+            imm: None,
+            by_write_imm: false,
+        }; 1];
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while cq.poll(&mut out).unwrap() == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion");
+            std::thread::yield_now();
+        }
+        out[0]
+    };
+    let sent = poll_one(&mut cqa);
+    assert_eq!((sent.wr_id, sent.status), (2, WcStatus::Success));
+    assert_eq!((sent.imm, sent.by_write_imm), (None, false), "{sent:?}");
+    let got = poll_one(&mut cqb);
+    assert_eq!((got.wr_id, got.status), (1, WcStatus::Success));
+    assert_eq!(
+        (got.imm, got.by_write_imm, got.byte_len),
+        (Some(0xabcd), false, 16)
+    );
+    drop((src_mr, dst_mr));
+    assert_eq!(dst, src);
 }

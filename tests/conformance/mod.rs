@@ -464,6 +464,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn a_partial_post_on_the_device() { conformance::many::a_partial_post_on_the_device(&$make) }
         $(#[$attr])* #[test] fn a_shared_cq_is_never_overrun() { conformance::many::a_shared_cq_is_never_overrun(&$make) }
         $(#[$attr])* #[test] fn events_have_a_descriptor() { conformance::many::events_have_a_descriptor(&$make) }
+        $(#[$attr])* #[test] fn raw_completions_and_keys_say_only_what_they_should() { conformance::many::raw_completions_and_keys_say_only_what_they_should(&$make) }
         $(#[$attr])* #[test] fn fixed_every_op_kind() { conformance::fixed::fixed_every_op_kind(&$make) }
         $(#[$attr])* #[test] fn fixed_many_qps_on_one_cq() { conformance::fixed::fixed_many_qps_on_one_cq(&$make) }
         $(#[$attr])* #[test] fn fixed_wrong_rkey_fails_and_flushes() { conformance::fixed::fixed_wrong_rkey_fails_and_flushes(&$make) }

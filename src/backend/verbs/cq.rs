@@ -45,7 +45,7 @@ pub struct VerbsCq {
     id: CqId,
     entries: u32,
     wcs: Vec<ibv_wc>,
-    events: OnceLock<Option<Arc<VerbsEvents>>>,
+    events: OnceLock<Arc<VerbsEvents>>,
 }
 
 // SAFETY: the CQ is owned through `inner` (thread-safe); `wcs` is plain data
@@ -131,27 +131,39 @@ unsafe impl CompletionQueue for VerbsCq {
         }
         for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
             let status = WcStatus::from_code(wc.status);
-            // Only a successful completion's flags and length are defined.
-            let ok = status.is_success();
-            let with_imm = ok && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            // Only a successful receive's flags and length are defined: a
+            // provider may set IBV_WC_WITH_IMM on the sender's own
+            // completion of a send or write with immediate and write
+            // neither the immediate nor the length (`wcs` is reused, so
+            // those would be an earlier completion's).
+            let recv = status.is_success() && wc.opcode & rdma_sys::ibv_wc_opcode::IBV_WC_RECV != 0;
+            let with_imm = recv && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             *slot = RawCompletion {
                 wr_id: wc.wr_id,
                 qp_num: wc.qp_num,
                 status,
-                byte_len: if ok { wc.byte_len } else { 0 },
+                byte_len: if recv { wc.byte_len } else { 0 },
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
                 imm: with_imm
                     .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
-                by_write_imm: ok && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+                by_write_imm: recv
+                    && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
             };
         }
         Ok(n as usize)
     }
 
     fn completion_events(&self) -> Option<Arc<dyn CompletionEvents>> {
-        let events = self
-            .events
-            .get_or_init(|| VerbsEvents::new(Arc::clone(&self.inner)).ok().map(Arc::new));
-        events.clone().map(|e| e as Arc<dyn CompletionEvents>)
+        // A failure (setting the channel non-blocking) is not kept: the
+        // next call tries again. Two made at once share the channel, and
+        // the one not kept only set its flag.
+        let events = match self.events.get() {
+            Some(events) => events,
+            None => {
+                let made = VerbsEvents::new(Arc::clone(&self.inner)).ok()?;
+                self.events.get_or_init(|| Arc::new(made))
+            }
+        };
+        Some(Arc::clone(events) as Arc<dyn CompletionEvents>)
     }
 }

@@ -11,10 +11,13 @@ use super::{VerbsAsyncEvents, VerbsCq, VerbsSrq};
 use crate::backend::{QpConfig, SrqConfig};
 use crate::error::Error;
 
+/// The error of a verb that returns an errno. Some providers return it
+/// negated (rxe's post paths, in some rdma-core versions): either sign
+/// names the same errno.
 pub(super) fn verbs_error(verb: &'static str, errno: i32) -> Error {
     Error::Verbs {
         verb,
-        source: std::io::Error::from_raw_os_error(errno),
+        source: std::io::Error::from_raw_os_error(errno.saturating_abs()),
     }
 }
 
@@ -242,6 +245,18 @@ impl VerbsDevice {
             Some(index) => (index, query_gid(ctx, options.port, index)?),
             None => pick_gid(ctx, name, options.port, port.gid_tbl_len)?,
         };
+        // An unpopulated entry reads as all zeros, and succeeds: a peer
+        // would be told a GID that routes nowhere, and the move to RTR
+        // fail with a bare EINVAL.
+        if gid == [0; 16] {
+            return Err(Error::Verbs {
+                verb: "ibv_query_gid",
+                source: std::io::Error::other(format!(
+                    "GID index {index} of port {} of {name} is empty",
+                    options.port
+                )),
+            });
+        }
         inner.gid_index = index;
         inner.gid = gid;
         Ok(VerbsDevice {
@@ -325,7 +340,16 @@ fn query_gid(ctx: *mut ibv_context, port: u8, index: u8) -> Result<[u8; 16], Err
     // SAFETY: `ctx` is open; `gid` is a valid out-pointer.
     let ret = unsafe { rdma_sys::ibv_query_gid(ctx, port, i32::from(index), &mut gid) };
     if ret != 0 {
-        return Err(verbs_error("ibv_query_gid", ret));
+        // It returns -1, not an errno, and may leave errno unset.
+        let source = std::io::Error::last_os_error();
+        let source = match source.raw_os_error() {
+            Some(0) | None => std::io::Error::from_raw_os_error(libc::EINVAL),
+            Some(_) => source,
+        };
+        return Err(Error::Verbs {
+            verb: "ibv_query_gid",
+            source,
+        });
     }
     // SAFETY: every bit pattern of the union is a valid byte array.
     Ok(unsafe { gid.raw })

@@ -82,6 +82,11 @@ unsafe impl ProtectionDomain for VerbsPd {
         }
         // SAFETY: `mr` was just returned non-NULL by `ibv_reg_mr`.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        // Providers hand out an rkey for every registration (mlx5's equals
+        // the lkey); one with no remote right has none to give, as
+        // `MemoryRegion` promises.
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let rkey = if access.intersects(remote) { rkey } else { 0 };
         Ok(Box::new(VerbsMr {
             _pd: Arc::clone(&self.inner),
             mr,

@@ -35,16 +35,22 @@ pub struct VerbsQp {
     config: QpConfig,
     psn: u32,
     connected: AtomicBool,
+    /// Held around `ibv_modify_qp` and `ibv_query_qp`: libibverbs writes
+    /// its copy of the state (`qp->state`) after the provider's call,
+    /// unlocked, so two threads changing the state through `&self` would
+    /// race on it.
+    state_lock: std::sync::Mutex<()>,
     send_wrs: Vec<ibv_send_wr>,
     recv_wrs: Vec<ibv_recv_wr>,
 }
 
 // SAFETY: the QP pointer is owned by this value; libibverbs QPs may be used
 // from any thread, `&mut self` serializes posting, and the state changes
-// through `&self` are `ibv_modify_qp`, which libibverbs serializes itself.
+// and queries through `&self` (`ibv_modify_qp`, `ibv_query_qp`) hold
+// `state_lock`.
 unsafe impl Send for VerbsQp {}
-// SAFETY: as above: shared references only read fixed fields or call
-// `ibv_modify_qp`.
+// SAFETY: as above: shared references only read fixed fields or change or
+// query the state under `state_lock`.
 unsafe impl Sync for VerbsQp {}
 
 impl std::fmt::Debug for VerbsQp {
@@ -175,6 +181,7 @@ impl VerbsQp {
             config,
             psn: random_psn(),
             connected: AtomicBool::new(false),
+            state_lock: std::sync::Mutex::new(()),
         };
         this.enter_init()?;
         Ok(this)
@@ -217,6 +224,7 @@ impl VerbsQp {
         mask: ibv_qp_attr_mask,
         verb: &'static str,
     ) -> Result<(), Error> {
+        let _state = self.state_lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
         let ret = unsafe { rdma_sys::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if ret != 0 {
@@ -356,6 +364,7 @@ impl VerbsQp {
             | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
             | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
             | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC;
+        let _state = self.state_lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the QP is live until `Drop`; both out-pointers are valid
         // and written only during the call.
         let ret = unsafe { rdma_sys::ibv_query_qp(self.qp, &mut attr, mask.0 as i32, &mut init) };
