@@ -204,7 +204,7 @@ impl CmId {
             if left.is_zero() {
                 return Err(Error::HandshakeTimeout {
                     step,
-                    reason: format!("no rdma_cm event within {timeout:?}"),
+                    reason: format!("no rdma_cm event came in time ({timeout:?} was left)"),
                 });
             }
             wait_readable(self.fd(), left)?;
@@ -612,9 +612,23 @@ pub fn connect(
 ) -> Result<CmQp, Error> {
     check_private(private_data)?;
     let deadline = Deadline::after(timeout);
-    let qp = resolve(addr, timeout)?.create_qp(dev, pd, config)?;
+    let route = resolve(addr, timeout)?;
+    // A request is sent only with time left to wait for its answer.
+    out_of_time("connecting", &deadline, timeout)?;
+    let qp = route.create_qp(dev, pd, config)?;
     qp.connect(private_data, deadline.remaining())?;
     Ok(qp)
+}
+
+/// A timeout in `step` if `deadline`, of `timeout` in all, has passed.
+fn out_of_time(step: &'static str, deadline: &Deadline, timeout: Duration) -> Result<(), Error> {
+    if deadline.remaining().is_zero() {
+        return Err(Error::HandshakeTimeout {
+            step,
+            reason: format!("the {timeout:?} given ran out before it"),
+        });
+    }
+    Ok(())
 }
 
 /// A route to a listener, resolved by [`resolve`]: create the queue pair
@@ -870,7 +884,11 @@ impl CmListener {
     ) -> Result<CmQp, Error> {
         check_private(private_data)?;
         let deadline = Deadline::after(timeout);
-        let qp = self.request(timeout)?.create_qp(dev, pd, config)?;
+        let request = self.request(timeout)?;
+        // Answered only with time left to hear the confirmation: dropped
+        // now, the request is rejected, which the requester hears at once.
+        out_of_time("accepting", &deadline, timeout)?;
+        let qp = request.create_qp(dev, pd, config)?;
         qp.accept(private_data, deadline.remaining())?;
         Ok(qp)
     }

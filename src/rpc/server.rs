@@ -159,11 +159,6 @@ impl<Q: QueuePair> ServerShared<Q> {
         Ok(qp)
     }
 
-    /// Hands a connected queue pair (made by [`make_qp`](Self::make_qp)) to the
-    /// poller, which greets it; `watch` is the handshake's socket, kept
-    /// open by the client for the connection's life, whose end tells that
-    /// the client's process is gone. Refused once the server stops: the
-    /// queue pair is dropped, and `false` returned.
     /// Counts a connection attempt whose handshake failed (only the
     /// verbs listeners handshake).
     #[cfg(feature = "verbs")]
@@ -171,6 +166,11 @@ impl<Q: QueuePair> ServerShared<Q> {
         self.handshakes_failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Hands a connected queue pair (made by [`make_qp`](Self::make_qp)) to the
+    /// poller, which greets it; `watch` is the handshake's socket, kept
+    /// open by the client for the connection's life, whose end tells that
+    /// the client's process is gone. Refused once the server stops: the
+    /// queue pair is dropped, and `false` returned.
     pub(super) fn admit(&self, qp: Q, peer: Option<SocketAddr>, watch: Option<TcpStream>) -> bool {
         !self.stopping() && self.enqueue(Arrival { qp, peer, watch })
     }

@@ -13,12 +13,14 @@ use crate::error::Error;
 
 /// The error of a verb that returns an errno. Some providers return it
 /// negated (rxe's post paths, in some rdma-core versions): either sign
-/// names the same errno.
+/// names the same errno, except -1, which means "see errno".
 pub(super) fn verbs_error(verb: &'static str, errno: i32) -> Error {
-    Error::Verbs {
-        verb,
-        source: std::io::Error::from_raw_os_error(errno.saturating_abs()),
-    }
+    let source = if errno == -1 {
+        std::io::Error::last_os_error()
+    } else {
+        std::io::Error::from_raw_os_error(errno.saturating_abs())
+    };
+    Error::Verbs { verb, source }
 }
 
 pub(super) fn last_error(verb: &'static str) -> Error {
@@ -337,10 +339,13 @@ impl VerbsDevice {
 fn query_gid(ctx: *mut ibv_context, port: u8, index: u8) -> Result<[u8; 16], Error> {
     // SAFETY: all-zero is a valid GID.
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+    // It returns -1, not an errno, and may leave errno as it was: cleared
+    // first, so that an earlier call's error is not reported as its.
+    // SAFETY: errno is this thread's; writing it is what C code does.
+    unsafe { *libc::__errno_location() = 0 };
     // SAFETY: `ctx` is open; `gid` is a valid out-pointer.
     let ret = unsafe { rdma_sys::ibv_query_gid(ctx, port, i32::from(index), &mut gid) };
     if ret != 0 {
-        // It returns -1, not an errno, and may leave errno unset.
         let source = std::io::Error::last_os_error();
         let source = match source.raw_os_error() {
             Some(0) | None => std::io::Error::from_raw_os_error(libc::EINVAL),
