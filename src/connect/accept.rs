@@ -16,8 +16,8 @@ use crate::error::Error;
 /// bounded number of threads and queue pairs.
 const MAX_HANDSHAKES: usize = 64;
 /// Handshakes in progress from one address at most: one address whose
-/// peers stall cannot take every slot.
-/// Its further attempts wait, accepted, for its own handshakes to end.
+/// peers stall cannot take every slot. Its further attempts wait,
+/// accepted, for its own handshakes to end.
 const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
 /// Attempts waiting so, at most (each holds a socket or an rdma_cm
 /// request). A full queue drops the oldest attempt of the address with

@@ -622,7 +622,7 @@ pub fn connect(
 
 /// A timeout in `step` if `deadline`, of `timeout` in all, has passed.
 fn out_of_time(step: &'static str, deadline: &Deadline, timeout: Duration) -> Result<(), Error> {
-    if deadline.remaining().is_zero() {
+    if deadline.expired() {
         return Err(Error::HandshakeTimeout {
             step,
             reason: format!("the {timeout:?} given ran out before it"),

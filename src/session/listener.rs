@@ -340,12 +340,11 @@ impl SessionListener<VerbsQp> {
     /// run side by side, on threads of their own (64 at most; more peers
     /// wait in the TCP backlog), so a peer that stalls holds up nobody
     /// behind it while fewer than 64 stall at once. One address has 8 at
-    /// most; its further peers wait their
-    /// turn, accepted, so one address's stalling peers cannot take every
-    /// slot (see the README for the bounds). This returns the next one to
-    /// finish. A peer that fails
-    /// its handshake is dropped with an error for the call that returns
-    /// it; call again.
+    /// most; its further peers wait their turn, accepted, so one address's
+    /// stalling peers cannot take every slot (see the README for the
+    /// bounds). This returns the next one to finish. A peer that fails its
+    /// handshake is dropped with an error for the call that returns it;
+    /// call again.
     pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
         let ListenerKind::Tcp(listener) = &self.kind else {
             unreachable!("a TCP listener")
@@ -364,9 +363,10 @@ impl SessionListener<CmQp> {
     /// stalls — one that never confirms, holding its handshake for the
     /// connect timeout — holds up nobody behind it while fewer than 64
     /// stall at once, and one address has 8 at most (its further requests
-    /// wait their turn): this returns the next one to finish. A request without a valid hello is rejected, and a
-    /// peer that fails its handshake comes out as an error for the call
-    /// that returns it; call again. The host's other sessions go on
+    /// wait their turn): this returns the next one to finish. A request
+    /// without a valid hello is rejected, and a peer that fails its
+    /// handshake comes out as an error for the call that returns it; call
+    /// again. The host's other sessions go on
     /// meanwhile.
     pub fn accept(&self) -> Result<Session<CmQp>, SessionError> {
         let ListenerKind::Cm(listener) = &self.kind else {
