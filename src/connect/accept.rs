@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::cm::{CmListener, CmRequest};
 use crate::error::Error;
@@ -21,7 +21,8 @@ const MAX_HANDSHAKES: usize = 64;
 const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
 /// Attempts waiting so, at most (each holds a socket or an rdma_cm
 /// request). A full queue drops the oldest attempt of the address with
-/// the most waiting, or the new one if that is its own address.
+/// the most waiting, or the new one if that is its own address; one that
+/// waited longer than the connect timeout is dropped ([`drop_stale`]).
 const MAX_WAITING: usize = 256;
 /// How often a waiting accept looks for new connections.
 const ACCEPT_TICK: Duration = Duration::from_millis(20);
@@ -125,7 +126,16 @@ pub(crate) struct HandshakeListener<S: Incoming, T> {
     origins: OriginSlots,
     /// Attempts accepted while their address had its handshakes running,
     /// oldest first.
-    waiting: Mutex<VecDeque<(S::Attempt, IpAddr)>>,
+    waiting: Mutex<VecDeque<Parked<S::Attempt>>>,
+    /// How long an attempt may wait so (see [`drop_stale`]).
+    patience: Duration,
+}
+
+/// An attempt waiting for its address's turn.
+struct Parked<A> {
+    attempt: A,
+    origin: IpAddr,
+    since: Instant,
 }
 
 /// Counts the handshakes in progress, up to [`MAX_HANDSHAKES`].
@@ -202,11 +212,11 @@ fn address_group(ip: IpAddr) -> IpAddr {
 /// of the address with the most waiting, unless `origin` would then have
 /// as many: then the new one is dropped. A burst from one address waits
 /// whole while there is room, and no address crowds the others out.
-fn park<A>(waiting: &mut VecDeque<(A, IpAddr)>, attempt: A, origin: IpAddr) {
+fn park<A>(waiting: &mut VecDeque<Parked<A>>, attempt: A, origin: IpAddr) {
     if waiting.len() >= MAX_WAITING {
         let mut counts: HashMap<IpAddr, usize> = HashMap::new();
-        for (_, o) in waiting.iter() {
-            *counts.entry(*o).or_default() += 1;
+        for parked in waiting.iter() {
+            *counts.entry(parked.origin).or_default() += 1;
         }
         let own = counts.get(&origin).copied().unwrap_or(0);
         let Some((most, n)) = counts.into_iter().max_by_key(|&(_, n)| n) else {
@@ -215,10 +225,28 @@ fn park<A>(waiting: &mut VecDeque<(A, IpAddr)>, attempt: A, origin: IpAddr) {
         if own + 1 >= n {
             return;
         }
-        let oldest = waiting.iter().position(|(_, o)| *o == most);
+        let oldest = waiting.iter().position(|parked| parked.origin == most);
         drop(waiting.remove(oldest.expect("counted")));
     }
-    waiting.push_back((attempt, origin));
+    waiting.push_back(Parked {
+        attempt,
+        origin,
+        since: Instant::now(),
+    });
+}
+
+/// Drops (closes or rejects) the attempts that waited longer than
+/// `patience` for their address's turn: their peers, waiting as long as
+/// the listener's connect timeout, have given up, and handshaking them
+/// would only cost a queue pair each.
+fn drop_stale<A>(waiting: &mut VecDeque<Parked<A>>, patience: Duration) {
+    // Oldest first: `park` pushes at the back and removes from anywhere.
+    while waiting
+        .front()
+        .is_some_and(|parked| parked.since.elapsed() > patience)
+    {
+        drop(waiting.pop_front());
+    }
 }
 
 /// An attempt taken for a handshake, with its address's slot (when the
@@ -244,10 +272,11 @@ impl Drop for OriginSlot {
 }
 
 impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
-    /// Over `tcp`, which it makes non-blocking.
-    pub(crate) fn tcp(tcp: TcpListener) -> io::Result<Self> {
+    /// Over `tcp`, which it makes non-blocking; an attempt waits for its
+    /// address's turn up to `patience` (see [`HandshakeListener::new`]).
+    pub(crate) fn tcp(tcp: TcpListener, patience: Duration) -> io::Result<Self> {
         tcp.set_nonblocking(true)?;
-        Ok(HandshakeListener::new(tcp))
+        Ok(HandshakeListener::new(tcp, patience))
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -256,8 +285,10 @@ impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
 }
 
 impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
-    /// Over `source`, whose `try_next` must not block.
-    pub(crate) fn new(source: S) -> Self {
+    /// Over `source`, whose `try_next` must not block. An attempt that
+    /// waits for its address's turn longer than `patience` (the connect
+    /// timeout: its peer has given up by then) is dropped unhandshaken.
+    pub(crate) fn new(source: S, patience: Duration) -> Self {
         let (finish, finished) = mpsc::channel();
         HandshakeListener {
             source,
@@ -266,6 +297,7 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             slots: HandshakeSlots::default(),
             origins: OriginSlots::default(),
             waiting: Mutex::new(VecDeque::new()),
+            patience,
         }
     }
 
@@ -327,10 +359,11 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     /// wait ([`park`]).
     fn next_attempt(&self) -> Result<Option<Taken<S::Attempt>>, S::Error> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        drop_stale(&mut waiting, self.patience);
         for i in 0..waiting.len() {
-            if let Some(slot) = self.origins.take(waiting[i].1) {
-                let (attempt, _) = waiting.remove(i).expect("in range");
-                return Ok(Some((attempt, Some(slot))));
+            if let Some(slot) = self.origins.take(waiting[i].origin) {
+                let parked = waiting.remove(i).expect("in range");
+                return Ok(Some((parked.attempt, Some(slot))));
             }
         }
         // Bounded: attempts that keep coming from an address with no room
@@ -386,11 +419,18 @@ mod tests {
     use std::io::{Read, Write};
     use std::time::Instant;
 
+    /// A listener on this host, whose waiting attempts never go stale
+    /// within a test.
+    fn listen<T: Send + 'static>() -> HandshakeListener<TcpListener, T> {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        HandshakeListener::tcp(tcp, Duration::from_secs(600)).unwrap()
+    }
+
     /// A peer that connects and says nothing holds up no peer behind it:
     /// the handshake of the one that speaks finishes first and comes out.
     #[test]
     fn a_silent_peer_holds_up_nobody_behind_it() {
-        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let listener = listen();
         let addr = listener.local_addr().unwrap();
         let _silent = TcpStream::connect(addr).unwrap();
         let mut speaking = TcpStream::connect(addr).unwrap();
@@ -438,7 +478,7 @@ mod tests {
     /// and what it returns comes out of the next accept.
     #[test]
     fn a_stopped_accept_leaves_its_handshakes_to_the_next() {
-        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let listener = listen();
         let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
             let mut word = [0u8; 2];
@@ -486,7 +526,7 @@ mod tests {
     /// served at once. Each one waiting gets its turn.
     #[test]
     fn one_address_cannot_take_every_handshake() {
-        let listener = HandshakeListener::tcp(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let listener = listen();
         let addr = listener.local_addr().unwrap();
         let silent: Vec<TcpStream> = (0..70).map(|_| connect_from("127.0.0.3", addr)).collect();
         let mut speaking = connect_from("127.0.0.2", addr);
@@ -541,18 +581,68 @@ mod tests {
         // A new one of the crowding address is dropped.
         park(&mut waiting, 999, a);
         assert_eq!(waiting.len(), MAX_WAITING);
-        assert!(waiting.iter().all(|&(n, _)| n != 999));
+        assert!(waiting.iter().all(|parked| parked.attempt != 999));
         // Another address's take the crowding one's oldest places, until
         // both have half.
         for i in 0..MAX_WAITING {
             park(&mut waiting, 1000 + i, b);
         }
-        let of = |o: IpAddr| waiting.iter().filter(|(_, w)| *w == o).count();
+        let of = |o: IpAddr| waiting.iter().filter(|p| p.origin == o).count();
         assert_eq!((of(a), of(b)), (MAX_WAITING / 2, MAX_WAITING / 2));
         assert_eq!(
-            waiting.iter().find(|(_, o)| *o == a).unwrap().0,
+            waiting.iter().find(|p| p.origin == a).unwrap().attempt,
             MAX_WAITING / 2
         );
+    }
+
+    /// Attempts that waited for their address's turn longer than the
+    /// listener's patience are dropped unhandshaken, their peers seeing
+    /// the connection closed; those that come after are handshaken.
+    #[test]
+    fn attempts_that_waited_too_long_are_dropped() {
+        let patience = Duration::from_millis(300);
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = HandshakeListener::tcp(tcp, patience).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let from = "127.0.0.4";
+        let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
+            socket
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut word = [0u8; 2];
+            socket.read_exact(&mut word).map(|()| word)
+        };
+        // Eight silent peers take the address's slots; four more wait.
+        let silent: Vec<TcpStream> = (0..MAX_HANDSHAKES_PER_ORIGIN)
+            .map(|_| connect_from(from, addr))
+            .collect();
+        let mut stale: Vec<TcpStream> = (0..4).map(|_| connect_from(from, addr)).collect();
+        let settled = Instant::now() + Duration::from_secs(5);
+        while listener.waiting.lock().unwrap().len() < stale.len() {
+            assert!(Instant::now() < settled, "the attempts never waited");
+            let stop = std::cell::Cell::new(false);
+            let none = listener.accept_until(handshake, || stop.replace(true));
+            assert!(none.unwrap().is_none());
+        }
+        std::thread::sleep(patience + Duration::from_millis(100));
+        // A newer one, once the silent peers leave, is served; the stale
+        // ones were dropped at the first look after their time ran out.
+        let mut fresh = connect_from(from, addr);
+        fresh.write_all(b"hi").unwrap();
+        drop(silent);
+        let mut said = Vec::new();
+        for _ in 0..MAX_HANDSHAKES_PER_ORIGIN + 1 {
+            said.push(listener.accept(handshake).unwrap().ok());
+        }
+        assert_eq!(said.iter().flatten().collect::<Vec<_>>(), [b"hi"]);
+        for socket in &mut stale {
+            socket.set_nonblocking(false).unwrap();
+            socket
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            assert_eq!(socket.read(&mut [0u8; 1]).unwrap(), 0, "closed");
+        }
+        assert!(listener.waiting.lock().unwrap().is_empty());
     }
 
     /// IPv4 peers of a dual-stack listener count as IPv4; IPv6 addresses

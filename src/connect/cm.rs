@@ -1390,13 +1390,35 @@ unsafe impl QueuePair for CmQp {
         };
         // An accept waiting for the peer's confirmation without the ring
         // held: the event that ends its wait is kept for it.
-        if self.confirming.get() && self.stashed.get().is_none() {
-            self.stashed.set(Some((event.kind, event.status)));
+        if self.confirming.get() {
+            let kept = kept_for_confirmation(self.stashed.get(), (event.kind, event.status));
+            self.stashed.set(Some(kept));
         }
         Ok(matches!(
             event.kind,
             ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
         ))
+    }
+}
+
+/// Of the events a look for departed peers took while an accept waits
+/// for confirmation, the one its wait ends with: the first, unless the
+/// peer confirmed and then left (or the device went) before the accept
+/// looked. The queue pair is dead then, and the handshake must fail, not
+/// admit it.
+fn kept_for_confirmation(kept: Option<(ev::Type, i32)>, new: (ev::Type, i32)) -> (ev::Type, i32) {
+    match kept {
+        Some(first)
+            if first.0 == ev::RDMA_CM_EVENT_ESTABLISHED
+                && matches!(
+                    new.0,
+                    ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+                ) =>
+        {
+            new
+        }
+        Some(first) => first,
+        None => new,
     }
 }
 
@@ -1418,7 +1440,7 @@ impl Drop for CmQp {
 
 #[cfg(test)]
 mod tests {
-    use super::{accept_depths, ev, unexpected};
+    use super::{accept_depths, ev, kept_for_confirmation, unexpected};
     use crate::error::Error;
 
     /// rdma_cm's own timeouts come as events: a peer that is down or a
@@ -1461,6 +1483,25 @@ mod tests {
                 "{err:?}"
             );
         }
+    }
+
+    /// A peer that confirms and leaves before the accept looks fails the
+    /// accept; other events keep the first.
+    #[test]
+    fn a_confirmation_followed_by_a_departure_is_a_departure() {
+        let established = (ev::RDMA_CM_EVENT_ESTABLISHED, 0);
+        let left = (ev::RDMA_CM_EVENT_DISCONNECTED, 0);
+        let removed = (ev::RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+        let rejected = (ev::RDMA_CM_EVENT_REJECTED, 28);
+        let changed = (ev::RDMA_CM_EVENT_ADDR_CHANGE, 0);
+        assert_eq!(kept_for_confirmation(None, established), established);
+        assert_eq!(kept_for_confirmation(Some(established), left), left);
+        assert_eq!(kept_for_confirmation(Some(established), removed), removed);
+        assert_eq!(
+            kept_for_confirmation(Some(established), changed),
+            established
+        );
+        assert_eq!(kept_for_confirmation(Some(rejected), left), rejected);
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl RpcServer<VerbsQp> {
             reason: e.to_string(),
         };
         let listener = TcpListener::bind(addr)
-            .and_then(HandshakeListener::tcp)
+            .and_then(|tcp| HandshakeListener::tcp(tcp, config.connect_timeout))
             .map_err(failed)?;
         let local = listener.local_addr().map_err(failed)?;
         let mut server = start_on::<VerbsQp>(dev, service, config)?;
@@ -178,7 +178,7 @@ impl RpcServer<CmQp> {
         let name = listener.device_name().ok_or(Error::Incompatible(
             "bind_cm needs the address of one RDMA device's interface, not a wildcard",
         ))?;
-        let listener = HandshakeListener::new(listener);
+        let listener = HandshakeListener::new(listener, config.connect_timeout);
         let dev = VerbsDevice::open(&name)?;
         let mut server = start_on::<CmQp>(&dev, service, config)?;
         server.local_addr = Some(addr);

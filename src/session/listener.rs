@@ -131,7 +131,8 @@ impl SessionBuilder {
     pub fn bind(&self, addr: impl ToSocketAddrs) -> Result<SessionListener<VerbsQp>, SessionError> {
         let failed = |e: std::io::Error| SessionError::Connect(e.to_string());
         let listener = TcpListener::bind(addr).map_err(failed)?;
-        let listener = HandshakeListener::tcp(listener).map_err(failed)?;
+        let listener =
+            HandshakeListener::tcp(listener, self.config.connect_timeout).map_err(failed)?;
         Ok(SessionListener {
             host: self.host()?,
             kind: ListenerKind::Tcp(listener),
@@ -180,7 +181,10 @@ impl SessionBuilder {
         let dev = VerbsDevice::open_with(&name, self.options)?;
         Ok(SessionListener {
             host: start_host::<CmQp>(&dev, self.config)?,
-            kind: ListenerKind::Cm(HandshakeListener::new(listener)),
+            kind: ListenerKind::Cm(HandshakeListener::new(
+                listener,
+                self.config.connect_timeout,
+            )),
         })
     }
 }

@@ -63,7 +63,7 @@ impl RdmaListener {
     ) -> io::Result<RdmaListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaListener {
-            tcp: HandshakeListener::tcp(TcpListener::bind(addr)?)?,
+            tcp: HandshakeListener::tcp(TcpListener::bind(addr)?, config.connect_timeout)?,
             dev: dev.clone(),
             pd: dev.alloc_pd().map_err(to_io)?,
             config,
@@ -176,7 +176,10 @@ impl RdmaCmListener {
     pub fn bind(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaCmListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaCmListener {
-            cm: HandshakeListener::new(CmListener::bind(addr).map_err(to_io)?),
+            cm: HandshakeListener::new(
+                CmListener::bind(addr).map_err(to_io)?,
+                config.connect_timeout,
+            ),
             addr,
             device: Arc::default(),
             config,
