@@ -25,8 +25,10 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Tas
     .expect("registering the completion channel with async-io");
     smol::spawn(async move {
         while fd.readable().await.is_ok() {
-            if driver.drive().is_err() {
-                return;
+            // An error is reported, not the end: a driver that stopped
+            // would strand every pending future.
+            if let Err(e) = driver.drive() {
+                eprintln!("driving the ring: {e}");
             }
         }
     })

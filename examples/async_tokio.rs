@@ -35,8 +35,10 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> tokio::ta
             tokio::select! {
                 ready = fd.readable() => {
                     let Ok(mut ready) = ready else { return };
-                    if driver.drive().is_err() {
-                        return;
+                    // An error is reported, not the end: a driver that
+                    // stopped would strand every pending future.
+                    if let Err(e) = driver.drive() {
+                        eprintln!("driving the ring: {e}");
                     }
                     ready.clear_ready();
                 }

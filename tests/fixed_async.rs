@@ -1109,3 +1109,73 @@ fn a_peer_that_left_is_found_on_a_busy_ring() {
     assert_eq!(ring.qp_error(gone).unwrap(), Some(WcStatus::RetryExcErr));
     ring.put_buf(done.into_buf()).unwrap();
 }
+
+/// A failed arm of the completion channel neither keeps the drive that met
+/// it from handing out the completions waiting, nor leaves the ring
+/// unarmed for good: the next tick drives, and arms again.
+#[test]
+fn a_failed_arm_strands_no_completion() {
+    use rdma_ring::backend::soft::Progress;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    struct Woken(AtomicBool);
+    impl futures::task::ArcWake for Woken {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let bufs = FixedBufs::new(&pd, 4, 64).unwrap();
+    let cq = qp.take_cq().unwrap();
+    let ring = AsyncFixedRing::new(
+        FixedRing::new(cq, bufs, FixedRingConfig::default()),
+        Wakeup::Reactor,
+    )
+    .unwrap();
+    let conn = ring.attach(qp).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = futures::task::waker(Arc::clone(&woken));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut write = || {
+        let slot = ring.take_buf().unwrap();
+        let mut write = ring
+            .push(conn, WriteFixed::new(slot, 64, target.remote()))
+            .unwrap();
+        let polled = std::future::Future::poll(std::pin::Pin::new(&mut write), &mut cx);
+        assert!(polled.is_pending(), "nothing ran yet");
+        write
+    };
+
+    // The drive for the first write's event fails to arm, and hands out
+    // the completion all the same.
+    let first = write();
+    dev.fail_arms(1);
+    dev.progress();
+    assert!(ring.drive().is_err(), "the arm's failure is reported");
+    assert!(woken.0.swap(false, Ordering::SeqCst), "the write was woken");
+    assert!(futures::executor::block_on(first)
+        .unwrap()
+        .status()
+        .is_success());
+
+    // The second raises no event: a tick drives, and arms again.
+    let second = write();
+    dev.progress();
+    ring.tick();
+    assert!(woken.0.swap(false, Ordering::SeqCst), "the tick drove");
+    assert!(futures::executor::block_on(second)
+        .unwrap()
+        .status()
+        .is_success());
+    let third = write();
+    dev.progress();
+    assert_eq!(ring.drive().unwrap(), 1, "armed again: a clean drive");
+    assert!(futures::executor::block_on(third)
+        .unwrap()
+        .status()
+        .is_success());
+}

@@ -244,3 +244,119 @@ async fn a_blocking_wait_through_with_ring_leaves_the_reactor_its_wakeups() {
     peer.join().unwrap();
     reactor.abort();
 }
+
+/// A failed arm of the completion channel (ibv_req_notify_cq refused)
+/// neither keeps the drive that met it from handing out the completions
+/// waiting, nor leaves the ring unarmed for good: with no event to come,
+/// the next tick drives, and arms again.
+#[test]
+fn a_failed_arm_strands_no_completion() {
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::ring::{Ring, RingConfig};
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Reactor).unwrap();
+    let write = |byte: u8| {
+        let buf = RegisteredBuf::new(&pd, vec![byte; 8]).unwrap();
+        Box::pin(ring.write(buf, target.remote()))
+    };
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = futures::task::waker(Arc::clone(&woken));
+    let mut cx = Context::from_waker(&waker);
+
+    // The first write completes; the drive for its event fails to arm.
+    let mut first = write(1);
+    assert!(first.as_mut().poll(&mut cx).is_pending());
+    dev.fail_arms(1);
+    dev.progress();
+    assert!(ring.drive().is_err(), "the arm's failure is reported");
+    assert!(
+        woken.0.swap(false, Ordering::SeqCst),
+        "the drive handed out the completion all the same"
+    );
+    let Poll::Ready((done, _)) = first.as_mut().poll(&mut cx) else {
+        panic!("the first write's completion was left in the queue");
+    };
+    done.unwrap();
+
+    // The second raises no event (the channel is not armed): a tick
+    // drives, and arms the channel again.
+    let mut second = write(2);
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    dev.progress();
+    ring.tick();
+    assert!(
+        woken.0.swap(false, Ordering::SeqCst),
+        "the tick drove the unarmed ring"
+    );
+    let Poll::Ready((done, _)) = second.as_mut().poll(&mut cx) else {
+        panic!("the second write's completion was stranded");
+    };
+    done.unwrap();
+
+    // Armed again: the third raises an event, and the drive is clean.
+    let mut third = write(3);
+    assert!(third.as_mut().poll(&mut cx).is_pending());
+    dev.progress();
+    let events = ring.completion_fd().unwrap();
+    let mut fds = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&events),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd, for the length given.
+    assert_eq!(
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 1000) },
+        1,
+        "an event came"
+    );
+    assert_eq!(ring.drive().unwrap(), 1);
+    assert!(matches!(
+        third.as_mut().poll(&mut cx),
+        Poll::Ready((Ok(_), _))
+    ));
+}
+
+/// A future of a pushed operation dropped before the submit posts it at
+/// once (with whatever else was pushed), not at some later, unrelated
+/// submit: the write lands before the drop returns.
+#[test]
+fn a_pushed_operation_dropped_before_its_submit_goes_out_at_the_drop() {
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::Write;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let rights = RemoteAccess::WRITE | RemoteAccess::READ;
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], rights).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    let buf = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+    let write = ring.push(Write::new(buf, target.remote()));
+    assert_eq!(ring.with_ring(|r| r.stats().doorbells), 0, "pushed only");
+    drop(write);
+    assert_eq!(
+        ring.with_ring(|r| r.stats().doorbells),
+        1,
+        "posted at the drop"
+    );
+    // What it wrote is there; its completion is reaped like any
+    // orphan's, nothing left over.
+    futures::executor::block_on(async {
+        let buf = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+        let (read, buf) = ring.read(buf, target.remote()).await;
+        assert_eq!(read.unwrap(), 8);
+        assert_eq!(&buf[..], &[7u8; 8]);
+    });
+    assert_eq!(ring.with_ring(|r| r.in_flight()), 0);
+}

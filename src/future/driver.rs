@@ -27,7 +27,7 @@ impl<Q: QueuePair> Driver<Q> {
 
     /// See [`AsyncRing::tick`](crate::future::AsyncRing::tick).
     pub fn tick(&self) {
-        self.shared.with(|ring| ring.quiet_tick());
+        self.shared.tick();
     }
 
     /// See [`AsyncRing::completion_fd`](crate::future::AsyncRing::completion_fd).
@@ -123,15 +123,19 @@ pub(super) struct NotifierThread {
 }
 
 impl NotifierThread {
-    /// Starts `run` on a thread of its own.
-    pub(super) fn spawn(run: impl FnOnce() + Send + 'static) -> Arc<Self> {
+    /// Starts `run` on a thread of its own; the system may have no thread
+    /// to give.
+    pub(super) fn spawn(run: impl FnOnce() + Send + 'static) -> Result<Arc<Self>, Error> {
         let handle = std::thread::Builder::new()
             .name("rdma-ring-notifier".into())
             .spawn(run)
-            .expect("spawning the notifier thread");
-        Arc::new(NotifierThread {
+            .map_err(|source| Error::Verbs {
+                verb: "pthread_create (the notifier thread)",
+                source,
+            })?;
+        Ok(Arc::new(NotifierThread {
             handle: Mutex::new(Some(handle)),
-        })
+        }))
     }
 
     /// Waits for the thread to end (its stop flag is set), unless this

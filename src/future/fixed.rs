@@ -97,6 +97,9 @@ struct FixedShared<Q: QueuePair> {
     events: Option<Arc<dyn CompletionEvents>>,
     handles: AtomicUsize,
     stop: AtomicBool,
+    /// Whether the channel's last arm failed (see
+    /// [`take_and_arm`](super::take_and_arm)).
+    unarmed: AtomicBool,
 }
 
 /// Where one pushed operation stands, by its tag.
@@ -568,13 +571,18 @@ impl<Q: QueuePair> FixedShared<Q> {
     /// What failing their queue pairs brings back at once (work never
     /// posted) raises no completion event, so it goes to its futures here.
     fn tick(&self) -> usize {
-        self.with(|inner| {
+        let failed = self.with(|inner| {
             let failed = inner.ring.as_mut().map_or(0, FixedRing::check_peers);
             if failed > 0 {
                 let _ = inner.reap();
             }
             failed
-        })
+        });
+        // No event would come to drive a channel left unarmed.
+        if self.unarmed.load(Ordering::Acquire) {
+            let _ = self.drive();
+        }
+        failed
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<Q>> {
@@ -623,12 +631,14 @@ impl<Q: QueuePair> FixedShared<Q> {
                 }
                 return Ok(0);
             }
-            if let Some(events) = &self.events {
-                events.take()?;
-                events.arm()?;
-            }
+            // Completions reach their futures even when the channel
+            // fails: a failed arm is tried again by the next drive or tick.
+            let channel = self.events.as_ref().map_or(Ok(()), |events| {
+                super::take_and_arm(events.as_ref(), &self.unarmed)
+            });
             inner.submit_pushed();
-            inner.reap()
+            let reaped = inner.reap();
+            channel.and(reaped)
         })
     }
 
@@ -701,6 +711,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
             events,
             handles: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
+            unarmed: AtomicBool::new(false),
         });
         let notifier = (wakeup == Wakeup::Thread).then(|| {
             let shared = Arc::clone(&shared);
@@ -717,6 +728,18 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 )
             })
         });
+        let notifier = match notifier.transpose() {
+            Ok(notifier) => notifier,
+            // The thread's closure, and its handle on `shared`, went with
+            // the failed spawn: the ring comes back whole.
+            Err(error) => {
+                let ring = Arc::try_unwrap(shared)
+                    .ok()
+                    .and_then(|shared| shared.inner.into_inner().ok()?.ring)
+                    .expect("the only handle, holding the ring");
+                return Err(Rejected::new(error, ring));
+            }
+        };
         Ok(AsyncFixedRing { shared, notifier })
     }
 
@@ -1281,7 +1304,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Takes pending completion events, re-arms the channel, posts what
     /// waits to be, then moves every completion to its future (waking
     /// it). Call it whenever the completion descriptor is readable.
-    /// Returns how many completions it handed out.
+    /// Returns how many completions it handed out. An error (the channel
+    /// or the device failed) is reported once the completions that could
+    /// be reaped reached their futures; keep driving: a driver that stops
+    /// strands every pending future. After a failed arm,
+    /// [`tick`](Self::tick) drives until an arm succeeds.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};

@@ -113,7 +113,10 @@
 //!     let fd = unsafe { AsyncFd::register_with_interest(channel, Interest::READABLE) }.unwrap();
 //!     tokio::spawn(async move {
 //!         while let Ok(mut ready) = fd.readable().await {
-//!             driver.drive().unwrap();
+//!             // An error is reported, not the end: keep driving.
+//!             if let Err(e) = driver.drive() {
+//!                 eprintln!("driving the ring: {e}");
+//!             }
 //!             ready.clear_ready();
 //!         }
 //!     });
@@ -148,7 +151,9 @@
 //!     let fd = smol::Async::new(driver.completion_fd().unwrap()).unwrap();
 //!     let _task = smol::spawn(async move {
 //!         while fd.readable().await.is_ok() {
-//!             driver.drive().unwrap();
+//!             if let Err(e) = driver.drive() {
+//!                 eprintln!("driving the ring: {e}");
+//!             }
 //!         }
 //!     });
 //!     let (result, buf) = ring.read(RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap(), exposed.remote()).await;
@@ -305,6 +310,22 @@ pub(crate) struct Shared<Q: QueuePair> {
     /// one doorbell per queue, at the next poll of any awaited operation
     /// or drive, or at once when [`DEFERRED_MAX`] wait.
     pub(crate) deferred: AtomicUsize,
+    /// Whether the completion channel's last arm failed: until an arm
+    /// succeeds, ticks drive the ring (see [`take_and_arm`]).
+    pub(crate) unarmed: AtomicBool,
+}
+
+/// Takes the channel's pending events and arms it again, noting in
+/// `unarmed` whether the arm failed: a channel left unarmed raises no
+/// event, so whatever ticks must drive instead until an arm succeeds.
+pub(crate) fn take_and_arm(
+    events: &dyn CompletionEvents,
+    unarmed: &AtomicBool,
+) -> Result<(), Error> {
+    let taken = events.take().map(drop);
+    let armed = events.arm();
+    unarmed.store(armed.is_err(), std::sync::atomic::Ordering::Release);
+    taken.and(armed)
 }
 
 /// Awaited operations that may wait for a doorbell at most: the bound on
@@ -342,14 +363,34 @@ impl<Q: QueuePair> Shared<Q> {
     }
 
     pub(crate) fn drive(&self) -> Result<usize, Error> {
-        if let Some(events) = &self.events {
-            events.take()?;
-            events.arm()?;
-        }
-        self.with(|ring| {
+        // Completions reach their futures even when the channel fails: a
+        // failed arm is tried again by the next drive or tick.
+        let channel = self.events.as_ref().map_or(Ok(()), |events| {
+            take_and_arm(events.as_ref(), &self.unarmed)
+        });
+        let reaped = self.with(|ring| {
             self.submit_deferred(ring);
-            ring.dispatch()
-        })
+            let before = ring.stats().cqes;
+            match ring.dispatch() {
+                // Counted in the ring's stats, and no reason to stop
+                // driving: a driver that stopped would strand every
+                // future.
+                Ok(_) | Err(Error::UnknownWrId { .. }) => {
+                    Ok(usize::try_from(ring.stats().cqes - before).unwrap_or(usize::MAX))
+                }
+                Err(e) => Err(e),
+            }
+        });
+        channel.and(reaped)
+    }
+
+    /// The ring's idle-time work, and a drive if the channel's last arm
+    /// failed (no event would come to drive it).
+    pub(crate) fn tick(&self) {
+        self.with(|ring| ring.quiet_tick());
+        if self.unarmed.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = self.drive();
+        }
     }
 
     /// Whether coalesced operations wait for a doorbell.

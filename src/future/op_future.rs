@@ -305,9 +305,15 @@ impl<Q: QueuePair, B, O> Drop for OpFuture<Q, B, O> {
     fn drop(&mut self) {
         if let State::InFlight(key) = self.state {
             self.shared.with(|ring| {
-                // A coalesced operation dropped before its first poll still
-                // goes out, as it would have without coalescing.
-                self.shared.submit_deferred(ring);
+                // An operation dropped before it went out goes out now, with
+                // whatever waits for the same doorbell, as the fixed
+                // adapter's do: left pushed, it would go out at whichever
+                // submit came next, maybe long after the caller moved on
+                // (a remote region reused meanwhile). A coalesced one goes
+                // out as it would have without coalescing.
+                if ring.awaits_doorbell(key) {
+                    let _ = self.shared.submit_pushed(ring);
+                }
                 ring.orphan(key)
             });
         }

@@ -42,7 +42,9 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
             stop: AtomicBool::new(false),
             coalesce: AtomicBool::new(false),
             deferred: AtomicUsize::new(0),
+            unarmed: AtomicBool::new(false),
         });
+        // Without a thread, `shared` drops here, closing the ring.
         let notifier = (wakeup == Wakeup::Thread).then(|| {
             let shared = Arc::clone(&shared);
             NotifierThread::spawn(move || {
@@ -52,10 +54,11 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
                     || {
                         let _ = shared.drive();
                     },
-                    || shared.with(|ring| ring.quiet_tick()),
+                    || shared.tick(),
                 )
             })
         });
+        let notifier = notifier.transpose()?;
         Ok(AsyncRing { shared, notifier })
     }
 
@@ -67,7 +70,15 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
 
     /// Takes pending completion events, re-arms the channel, then moves
     /// every completion to its future (waking it). Call it whenever the
-    /// completion descriptor is readable. Returns how many CQEs it reaped.
+    /// completion descriptor is readable. Returns how many CQEs it reaped;
+    /// a CQE that names no operation of the ring is counted in
+    /// [`RingStats::unknown_cqes`](crate::ring::RingStats::unknown_cqes),
+    /// not returned as an error.
+    ///
+    /// An error (the channel or the device failed) is reported once the
+    /// completions that could be reaped reached their futures; keep
+    /// driving: a driver that stops strands every pending future. After
+    /// a failed arm, [`tick`](Self::tick) drives until an arm succeeds.
     pub fn drive(&self) -> Result<usize, Error> {
         self.shared.drive()
     }
@@ -101,7 +112,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// ring.tick();
     /// ```
     pub fn tick(&self) {
-        self.shared.with(|ring| ring.quiet_tick());
+        self.shared.tick();
     }
 
     /// A handle that can [`drive`](Driver::drive) the ring (from a reactor
@@ -124,6 +135,9 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
 
     /// Pushes `op` to the default queue pair without submitting: push
     /// several, then [`submit`] them with one doorbell, then await them.
+    /// A future dropped before the submit posts what was pushed, its own
+    /// operation included: nothing pushed waits for a later, unrelated
+    /// submit.
     ///
     /// [`submit`]: Self::submit
     pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
@@ -211,7 +225,8 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// to [`completions`](Self::completions), read stats, and so on. The
     /// ring is lent as a [`LockedRing`], never as `&mut Ring`, so it
     /// cannot be swapped or replaced under the futures that own
-    /// operations in it.
+    /// operations in it. `f` must not use this ring's handles (nor drop a
+    /// future of it): the lock is held, and taking it again deadlocks.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};

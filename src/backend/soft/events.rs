@@ -92,9 +92,19 @@ impl AsFd for SoftEvents {
 }
 
 impl SoftEvents {
-    /// Runs `f` on the device side of this channel, under the device lock.
+    /// Arms the channel as `f` says, on its device side, under the device
+    /// lock; fails instead while [`SoftDevice::fail_arms`] says so.
+    ///
+    /// [`SoftDevice::fail_arms`]: super::SoftDevice::fail_arms
     fn with_source(&self, f: impl FnOnce(&mut EventSource)) -> Result<(), Error> {
         let mut state = self.shared.lock();
+        if state.fail_arms > 0 {
+            state.fail_arms -= 1;
+            return Err(Error::Verbs {
+                verb: "ibv_req_notify_cq",
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         let cq = state
             .cq(self.cq)
             .ok_or(Error::Soft("completion queue destroyed"))?;

@@ -316,6 +316,24 @@ impl SoftDevice {
         self.shared.lock().fail_deregistrations = n;
     }
 
+    /// Makes the next `n` arms of a completion channel (of any of the
+    /// device's completion queues) fail, as `ibv_req_notify_cq` may: the
+    /// queue is left unarmed, and raises no event for its next CQE.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{CompletionEvents, CompletionQueue};
+    /// let dev = SoftDevice::new();
+    /// let cq = dev.create_cq(8).unwrap();
+    /// let events = cq.completion_events().unwrap();
+    /// dev.fail_arms(1);
+    /// assert!(events.arm().is_err());
+    /// assert!(events.arm().is_ok()); // the next one succeeds
+    /// ```
+    pub fn fail_arms(&self, n: u32) {
+        self.shared.lock().fail_arms = n;
+    }
+
     /// A new protection domain.
     ///
     /// ```

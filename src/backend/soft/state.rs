@@ -328,6 +328,8 @@ pub(super) struct DeviceState {
     pub(super) rnr_timer: bool,
     /// Deregistrations still to fail (fault injection).
     pub(super) fail_deregistrations: u32,
+    /// Completion channel arms still to fail (fault injection).
+    pub(super) fail_arms: u32,
     pub(super) port_active: bool,
     pub(super) async_events: AsyncEventQueue,
     /// Reused for every copy, so execution allocates nothing in steady
@@ -347,6 +349,7 @@ impl DeviceState {
             has_channels: false,
             rnr_timer: false,
             fail_deregistrations: 0,
+            fail_arms: 0,
             port_active: true,
             async_events: AsyncEventQueue::default(),
             copy_buffer: Vec::new(),
