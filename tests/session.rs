@@ -505,6 +505,30 @@ async fn closing_is_seen_by_the_peer_after_what_was_sent() {
     ));
 }
 
+/// A session dropped after its peer closed has no Close to send: it goes
+/// at once, not after the grace a Close of its own is given (a second).
+#[tokio::test]
+async fn closing_after_the_peer_closed_waits_for_nothing() {
+    let dev = SoftDevice::new();
+    let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+    let (first, second) = host.connect_soft(&host).unwrap();
+    drop(first);
+    assert!(matches!(
+        within(second.receive()).await,
+        Err(SessionError::Closed(_))
+    ));
+    let dropped = std::time::Instant::now();
+    drop(second);
+    while host.sessions() > 0 {
+        assert!(
+            dropped.elapsed() < Duration::from_millis(700),
+            "still open after {:?}",
+            dropped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_fatal_queue_pair_error_fails_pending_waits() {
     let (_client, server) = pair(SessionConfig::default());
@@ -1288,22 +1312,123 @@ async fn regions_whose_lease_ended_count_until_the_peer_hands_them_back() {
     assert!(client.failure().is_none() && server.failure().is_none());
 }
 
+/// A request that timed out, or whose future was dropped, while flow
+/// control still held it back is never sent: the peer would register
+/// memory for nobody.
+#[tokio::test]
+async fn requests_given_up_before_they_could_go_are_never_sent() {
+    use rdma_ring::session::wire::{decode, Message};
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let config = SessionConfig {
+        request_timeout: Duration::from_millis(200),
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    let mut cx = Context::from_waker(Waker::noop());
+    // The peer reports nothing processed: 15 requests go, and the rest
+    // wait (the last of its 16 receives is kept for an ack).
+    let mut sent: Vec<_> = (0..15)
+        .map(|_| Box::pin(peer.session.request_remote_mr(bytes(8))))
+        .collect();
+    for future in &mut sent {
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+    }
+    let mut seen = 0u32;
+    while seen < 15 {
+        for c in peer.wire.ring.completion().wait(1).unwrap() {
+            if c.kind() == rdma_ring::op::OpKind::Recv {
+                let len = c.byte_len() as usize;
+                let buf = c.into_buf();
+                assert!(matches!(
+                    decode(&buf[..len]).unwrap().1,
+                    Message::Control(Control::AllocRequest { .. })
+                ));
+                seen += 1;
+            }
+        }
+    }
+    let mut dropped = Box::pin(peer.session.request_remote_mr(bytes(8)));
+    assert!(dropped.as_mut().poll(&mut cx).is_pending());
+    drop(dropped);
+    let err = within(peer.session.request_remote_mr(bytes(8)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SessionError::Timeout(_)), "{err}");
+    // The peer reports all processed: neither held-back request goes.
+    for _ in 0..15 {
+        let buf = RegisteredBuf::new(&*peer.wire.pd, vec![0u8; 4096 + 16]).unwrap();
+        peer.wire.ring.submission().push(Recv::new(buf)).unwrap();
+    }
+    peer.wire.ring.submit().unwrap();
+    peer.wire.send(Control::Ack.encode(seen, 0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while let Some(c) = peer.wire.ring.completion().poll().unwrap() {
+        if c.kind() == rdma_ring::op::OpKind::Recv && c.status().is_success() {
+            let len = c.byte_len() as usize;
+            let buf = c.into_buf();
+            let message = decode(&buf[..len]).unwrap().1;
+            assert!(
+                !matches!(message, Message::Control(Control::AllocRequest { .. })),
+                "a request given up went: {message:?}"
+            );
+        }
+    }
+    assert!(peer.session.failure().is_none());
+    drop(sent);
+}
+
 /// Requests nobody waits for any more stay open until the peer answers
 /// (a late grant must go back). A peer that never answers cannot make
 /// them grow without bound: past 4096 open, a request fails at once, and
 /// room comes back as the peer answers.
 #[tokio::test]
 async fn requests_the_peer_never_answers_are_bounded() {
-    use futures::FutureExt;
+    use rdma_ring::session::wire::{decode, Message};
+    use std::future::Future;
+    use std::task::{Context, Waker};
     let mut peer = raw_peer(SessionConfig::default());
-    // Each future sends its request on its first poll and is dropped.
-    for _ in 0..4096 {
-        assert!(peer
-            .session
-            .request_remote_mr(bytes(8))
-            .now_or_never()
-            .is_none());
+    // Each future queues its request on its first poll, and is kept until
+    // its request went: one dropped while flow control still holds its
+    // request back takes the request back with it.
+    let mut asking: Vec<_> = (0..4096)
+        .map(|_| Box::pin(peer.session.request_remote_mr(bytes(8))))
+        .collect();
+    for future in &mut asking {
+        let polled = future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        assert!(polled.is_pending());
     }
+    // The peer takes them all, reporting each processed (so that more
+    // can go), and answers none.
+    let (mut requests, mut seen, mut acked) = (0, 0u32, 0u32);
+    while requests < 4096 {
+        let done = peer.wire.ring.completion().wait(1).unwrap();
+        for c in done {
+            if c.kind() != rdma_ring::op::OpKind::Recv {
+                continue;
+            }
+            let len = c.byte_len() as usize;
+            seen += 1;
+            if let Message::Control(Control::AllocRequest { .. }) =
+                decode(&c.into_buf()[..len]).unwrap().1
+            {
+                requests += 1;
+            }
+            let buf = RegisteredBuf::new(&*peer.wire.pd, vec![0u8; 4096 + 16]).unwrap();
+            peer.wire.ring.submission().push(Recv::new(buf)).unwrap();
+        }
+        peer.wire.ring.submit().unwrap();
+        // Every eighth: acks are messages too, and the session, which
+        // reports its own count only on what it sends, takes no more
+        // than its depth of them unreported.
+        if seen - acked >= 8 {
+            peer.wire.send(Control::Ack.encode(seen, 0));
+            acked = seen;
+        }
+    }
+    drop(asking);
     let err = within(peer.session.request_remote_mr(bytes(8)))
         .await
         .unwrap_err();
@@ -1313,33 +1438,29 @@ async fn requests_the_peer_never_answers_are_bounded() {
     );
     assert!(peer.session.failure().is_none());
     // The peer answers the first: room for one more, and one only.
-    let first = peer.wire.next_message();
-    let (_, message) = rdma_ring::session::wire::decode(&first).unwrap();
-    let rdma_ring::session::wire::Message::Control(Control::AllocRequest { request, .. }) = message
-    else {
-        panic!("expected a request, got {message:?}");
-    };
     peer.wire.send(
         Control::AllocRefuse {
-            request,
+            request: 1,
             reason: RefuseReason::Quota,
         }
-        .encode(1, 0),
+        .encode(seen, 0),
     );
-    within(async {
-        while peer
-            .session
-            .request_remote_mr(bytes(8))
-            .now_or_never()
-            .is_some()
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    let answered = std::time::Instant::now() + PATIENCE;
+    let one_more = loop {
+        let mut one_more = Box::pin(peer.session.request_remote_mr(bytes(8)));
+        let polled = one_more
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        if polled.is_pending() {
+            break one_more;
         }
-    })
-    .await;
+        assert!(std::time::Instant::now() < answered, "no room came back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     let err = within(peer.session.request_remote_mr(bytes(8)))
         .await
         .unwrap_err();
     assert!(matches!(err, SessionError::TooManyRequests { .. }), "{err}");
     assert!(peer.session.failure().is_none());
+    drop(one_more);
 }

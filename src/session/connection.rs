@@ -276,6 +276,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         match pushed {
             Ok(op) => {
                 let (result, list) = op.await;
+                self.shared.message_done();
                 let [msg, _trailer] = list.into_inner();
                 (result.map(|_| ()).map_err(SessionError::from), msg)
             }
@@ -384,6 +385,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         match pushed {
             Ok(op) => {
                 let (result, buf) = op.await;
+                self.shared.message_done();
                 (result.map_err(SessionError::from), buf)
             }
             Err(e) => (Err(e), buf.expect("not pushed")),
@@ -464,6 +466,15 @@ struct AbandonOnDrop<'a, Q: QueuePair + Send + 'static> {
 impl<Q: QueuePair + Send + 'static> Drop for AbandonOnDrop<'_, Q> {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
+        let waiting = matches!(
+            st.requests.get(&self.request),
+            Some(Request::Waiting { .. })
+        );
+        if waiting && st.withdraw_request(self.request) {
+            // Never sent: no answer will come to release.
+            st.requests.remove(&self.request);
+            return;
+        }
         match st.requests.get(&self.request) {
             Some(Request::Waiting { .. } | Request::TimedOut { answered: false }) => {
                 st.requests.insert(self.request, Request::Abandoned);

@@ -188,9 +188,11 @@ pub struct SessionConfig {
     pub max_remote_total: u64,
     /// Rights the peer may ask for.
     pub max_remote_rights: RemoteAccess,
-    /// How long the peer may hold a region of ours before we take it back.
+    /// How long the peer may hold a region of ours before we take it
+    /// back; not zero.
     pub lease: Duration,
-    /// How long [`Session::request_remote_mr`] waits for the peer.
+    /// How long [`Session::request_remote_mr`] waits for the peer; not
+    /// zero.
     pub request_timeout: Duration,
     /// How long connecting may take, handshake and hellos together; not
     /// zero. Opening the TCP connection, or resolving the rdma_cm route,
@@ -241,6 +243,9 @@ impl SessionConfig {
     /// // Connecting must be given some time.
     /// let config = SessionConfig { connect_timeout: std::time::Duration::ZERO, ..SessionConfig::default() };
     /// assert!(config.check().unwrap_err().to_string().contains("connect_timeout"));
+    /// // So must a lease.
+    /// let config = SessionConfig { lease: std::time::Duration::ZERO, ..SessionConfig::default() };
+    /// assert!(config.check().unwrap_err().to_string().contains("lease"));
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: &'static str| Err(Error::Incompatible(what));
@@ -261,6 +266,14 @@ impl SessionConfig {
         }
         if self.connect_timeout.is_zero() {
             return bad("connect_timeout must be above zero");
+        }
+        // Zero would take back every region as it went, and time out
+        // every request at the pump's next turn.
+        if self.lease.is_zero() {
+            return bad("lease must be above zero");
+        }
+        if self.request_timeout.is_zero() {
+            return bad("request_timeout must be above zero");
         }
         Ok(())
     }

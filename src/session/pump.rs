@@ -556,8 +556,13 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         // completion nobody tells us of is reaped: it looks again.
         st.changed();
     }
+    // A peer that closed first needs no Close of ours (flush drops it):
+    // nothing is left to wait for.
     let close_now = st.closing
-        && (st.close_done || st.failure.is_some() || st.close_deadline.is_some_and(|d| now >= d));
+        && (st.close_done
+            || st.peer_closed
+            || st.failure.is_some()
+            || st.close_deadline.is_some_and(|d| now >= d));
     drop(st);
     if close_now {
         host.sessions().live.remove(&s.qp.handle());
@@ -589,11 +594,17 @@ fn expire(st: &mut SessionState, now: Instant) {
             st.lent_expired.insert(id);
         }
     }
-    for request in st.requests.values_mut() {
-        if matches!(request, Request::Waiting { deadline: Some(d), .. } if now >= *d) {
-            *request = Request::TimedOut { answered: false };
-            changed = true;
-        }
+    let timed_out: Vec<u64> = st
+        .requests
+        .iter()
+        .filter(|(_, r)| matches!(r, Request::Waiting { deadline: Some(d), .. } if now >= *d))
+        .map(|(&id, _)| id)
+        .collect();
+    for id in timed_out {
+        // One still in the outbox is never sent: no answer will come.
+        let answered = st.withdraw_request(id);
+        st.requests.insert(id, Request::TimedOut { answered });
+        changed = true;
     }
     if changed {
         st.changed();

@@ -168,6 +168,16 @@ impl SessionState {
         crate::wakers::wake_now_or_later(self.waiters.drain(..));
     }
 
+    /// Takes allocation request `request` out of the outbox if flow
+    /// control still holds it there: whether it was. A request withdrawn
+    /// so is never answered, and the peer registers no memory for nobody.
+    pub(super) fn withdraw_request(&mut self, request: u64) -> bool {
+        let queued = self.outbox.len();
+        self.outbox
+            .retain(|c| !matches!(*c, Control::AllocRequest { request: r, .. } if r == request));
+        self.outbox.len() < queued
+    }
+
     /// Records the session's first failure; later ones add nothing.
     pub(super) fn fail(&mut self, e: SessionError) {
         if self.failure.is_none() {
@@ -226,6 +236,22 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
         let free = room && st.slots.free(|| stats.map(|s| s.sends_done));
         st.slots.waited |= !free;
         free
+    }
+
+    /// After a message of ours completed: sends complete in order, so the
+    /// oldest slot held is free now. A user message waiting for one looks
+    /// again, and the pump runs if its own messages wait, rather than at
+    /// its next turn (up to 10 ms later).
+    pub(super) fn message_done(&self) {
+        let mut st = self.lock();
+        if std::mem::take(&mut st.slots.waited) {
+            st.changed();
+        }
+        let pump_work = !st.outbox.is_empty() || st.flow.wants_ack();
+        drop(st);
+        if pump_work {
+            self.host.nudge();
+        }
     }
 
     /// Counts a message of ours that just went (after the sends pushed
