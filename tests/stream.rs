@@ -321,6 +321,63 @@ fn both_sides_writing_then_shutting_down_then_reading_do_not_deadlock() {
     );
 }
 
+/// A caller holding every send buffer (taken, not sent) gets an error
+/// from a write or for one more buffer, not a wait that cannot end; once
+/// it sends one, writing goes on.
+#[test]
+fn holding_every_send_buffer_fails_a_write_instead_of_hanging_it() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b, _ca, _cb) = pair_with_controls(&dev, small());
+    // Without the check, the write would wait this long and time out.
+    a.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let held: Vec<_> = (0..small().send_buffers)
+        .map(|_| a.send_buffer().unwrap())
+        .collect();
+    let err = a.write(b"more").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let err = a.send_buffer().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let mut held = held.into_iter();
+    let mut first = held.next().unwrap();
+    first[..2].copy_from_slice(b"hi");
+    a.send(first, 2).unwrap();
+    a.write_all(b" there").unwrap();
+    a.flush().unwrap();
+    let mut got = [0u8; 8];
+    b.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"hi there");
+}
+
+/// A stream dropped without reading drops what arrives while it lingers:
+/// a peer that writes more than our buffers hold before it reads is not
+/// held up, and gets our tail and end of stream, not a reset.
+#[test]
+fn a_lingering_stream_drops_what_arrives_so_the_peer_goes_on() {
+    let dev = SoftDevice::new();
+    let config = StreamConfig {
+        connect_timeout: Duration::from_secs(10),
+        linger: Duration::from_secs(10),
+        ..small()
+    };
+    let (mut a, b, _ca, _cb) = pair_with_controls(&dev, config);
+    let b = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+        let mut b = b;
+        b.set_write_timeout(Some(Duration::from_secs(8)))?;
+        b.set_read_timeout(Some(Duration::from_secs(8)))?;
+        // More than A's receive buffers and our send buffers hold.
+        b.write_all(&pattern(2000, 2))?;
+        let mut got = Vec::new();
+        b.read_to_end(&mut got)?;
+        Ok(got)
+    });
+    // Fits our send buffers and B's receive buffers: the write returns
+    // with part of it still waiting to go.
+    a.write_all(&pattern(250, 1)).unwrap();
+    drop(a);
+    let got = b.join().unwrap().expect("B wrote, then read to the end");
+    assert!(got == pattern(250, 1), "B got {} bytes", got.len());
+}
+
 /// The same through the async stream: each side writes, closes, then
 /// reads to the end.
 #[test]

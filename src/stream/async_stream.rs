@@ -323,10 +323,13 @@ impl<Q: QueuePair + Send + 'static> tokio::io::AsyncWrite for AsyncRdmaStream<Q>
 impl<Q: QueuePair + Send + 'static> Drop for AsyncRdmaStream<Q> {
     fn drop(&mut self) {
         // As the blocking stream does: let what was written and the end of
-        // stream leave before the ring's teardown could flush them.
+        // stream leave before the ring's teardown could flush them, and
+        // drop what arrives meanwhile (nobody will read it), so a peer
+        // blocked writing to us goes on.
         if !self.conn.established() {
             return;
         }
+        self.conn.shutdown_read();
         self.conn.shutdown_write();
         let deadline = Instant::now().checked_add(self.linger);
         loop {

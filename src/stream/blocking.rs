@@ -103,12 +103,15 @@ impl<Q: QueuePair> StreamCore<Q> {
 
     /// Sends what was written and the end of stream, and waits (up to
     /// `linger`) for them to leave, so that the ring's teardown does not
-    /// flush them.
+    /// flush them. Nothing will read what arrives meanwhile: it is
+    /// dropped, and its buffers granted back, so a peer blocked writing
+    /// to us goes on to read what we send.
     fn linger(&mut self, linger: Duration) {
         if !self.conn.established() {
             // No end of stream can go to a peer that never said hello.
             return;
         }
+        self.conn.shutdown_read();
         self.conn.shutdown_write();
         let deadline = Instant::now().checked_add(linger);
         loop {
@@ -295,7 +298,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// A send buffer to fill in place, saving the copy [`write`](io::Write::write)
     /// makes: for large messages, where the copy costs. It holds one
     /// message (up to the smaller of our and the peer's buffer size); waits
-    /// (as a write does) while every send buffer is in use.
+    /// (as a write does) while every send buffer is in use. If the caller
+    /// holds every one (taken, not sent), this and a write fail with
+    /// `InvalidInput` instead of waiting for ever.
     ///
     /// ```
     /// use std::io::Read;

@@ -260,6 +260,11 @@ impl Connection {
         let status = c.status();
         let (len, imm, by_write) = (c.byte_len(), c.imm(), c.is_write_imm());
         let Ok(chunk) = c.into_buf().downcast::<PoolChunk>() else {
+            // Only our receives are posted on this queue pair; one more
+            // way of saying so must not lose a receive the hello counted.
+            self.fail(Failure::Transport(
+                "a receive completion without its buffer".into(),
+            ));
             return;
         };
         if status == WcStatus::LocLenErr {
@@ -354,7 +359,8 @@ impl Connection {
     }
 
     /// Copies as much of `src` as the send buffers take; `Ok(0)` means
-    /// they are all full (wait for the peer to read).
+    /// they are all full (wait for the peer to read), an error that the
+    /// caller holds every one.
     pub(crate) fn write(&mut self, src: &[u8]) -> Result<usize, io::Error> {
         self.check_writable()?;
         let limit = self.message_limit();
@@ -363,6 +369,10 @@ impl Connection {
             if self.staging.is_none() {
                 match self.send_pool.take() {
                     Ok(chunk) => self.staging = Some((chunk, 0)),
+                    Err(_) if copied == 0 => {
+                        self.check_not_all_held()?;
+                        break;
+                    }
                     Err(_) => break,
                 }
             }
@@ -390,6 +400,9 @@ impl Connection {
             Some((chunk, _)) => Some(chunk),
             None => self.send_pool.take().ok(),
         };
+        if chunk.is_none() {
+            self.check_not_all_held()?;
+        }
         Ok(chunk.map(|chunk| SendBuffer {
             chunk,
             limit: self.message_limit(),
@@ -434,6 +447,22 @@ impl Connection {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the stream was shut down for writing",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses to wait for a send buffer when none can come back: every
+    /// one is a [`SendBuffer`] the caller took and has not sent (none is
+    /// free, filled, queued or in flight), so a wait would never end.
+    fn check_not_all_held(&self) -> Result<(), io::Error> {
+        // Asked only once the pool had none to give.
+        let none_coming =
+            self.staging.is_none() && self.outbox.is_empty() && self.data_in_flight == 0;
+        if none_coming {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "every send buffer is held by a SendBuffer not sent yet: send or drop one first",
             ));
         }
         Ok(())
