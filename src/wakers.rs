@@ -77,3 +77,64 @@ pub(crate) fn wake_all(wakers: impl IntoIterator<Item = Waker>) {
 pub(crate) fn drop_quietly<T>(value: T) {
     let _ = catch_unwind(AssertUnwindSafe(move || drop(value)));
 }
+
+/// Most wakers a list of tasks waiting for a change keeps (see
+/// [`register`]).
+pub(crate) const MAX_WAITERS: usize = 1024;
+
+/// Adds `waker` to `waiters` unless one there wakes the same task. Such a
+/// list is emptied only at the next change, and grows meanwhile by one for
+/// each task that polled and went away (its future dropped): a full one
+/// is handed to `wake` first. Waking is spurious for the tasks still
+/// waiting, which poll again and register anew; it bounds the list.
+pub(crate) fn register(
+    waiters: &mut Vec<Waker>,
+    waker: &Waker,
+    wake: impl FnOnce(std::vec::Drain<'_, Waker>),
+) {
+    if waiters.iter().any(|w| w.will_wake(waker)) {
+        return;
+    }
+    if waiters.len() >= MAX_WAITERS {
+        wake(waiters.drain(..));
+    }
+    waiters.push(waker.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A list of waiters stays bounded however many tasks register and go
+    /// away: the full list is woken, and the newcomer kept.
+    #[test]
+    fn a_full_list_of_waiters_is_woken_not_grown() {
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let mut waiters = Vec::new();
+        let tasks: Vec<Waker> = (0..=MAX_WAITERS)
+            .map(|_| Waker::from(Arc::new(Count(AtomicUsize::new(0)))))
+            .collect();
+        let counted = Waker::from(Arc::clone(&woken));
+        register(&mut waiters, &counted, |full| wake_all(full));
+        register(&mut waiters, &counted, |full| wake_all(full));
+        assert_eq!(waiters.len(), 1, "one task, once");
+        for task in &tasks[..MAX_WAITERS - 1] {
+            register(&mut waiters, task, |full| wake_all(full));
+        }
+        assert_eq!(waiters.len(), MAX_WAITERS);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+        register(&mut waiters, &tasks[MAX_WAITERS], |full| wake_all(full));
+        assert_eq!(waiters.len(), 1, "the full list went");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "and was woken");
+    }
+}

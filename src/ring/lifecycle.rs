@@ -289,11 +289,11 @@ impl<Q: QueuePair> Ring<Q> {
     /// Remembers `waker` to wake when a completion is queued for the
     /// completion queue: beside the others waiting, not in their place
     /// (streams that displaced each other's wakers would wake each other
-    /// for ever).
+    /// for ever). A full list is woken (once the lock is let go) rather
+    /// than grown: see [`register`](crate::wakers::register).
     pub(crate) fn set_ready_waker(&mut self, waker: &Waker) {
-        if !self.ready_wakers.iter().any(|w| w.will_wake(waker)) {
-            self.ready_wakers.push(waker.clone());
-        }
+        let wakes = &mut self.wakes;
+        crate::wakers::register(&mut self.ready_wakers, waker, |full| wakes.extend(full));
     }
 
     /// Moves every CQE the device has to its owner. A CQE that named no

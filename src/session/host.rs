@@ -469,9 +469,9 @@ impl<Q: QueuePair + Send + 'static> SessionEvents<Q> {
                 Some(e) => Poll::Ready(Some(e)),
                 None if q.stopped => Poll::Ready(None),
                 None => {
-                    if !q.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                        q.waiters.push(cx.waker().clone());
-                    }
+                    crate::wakers::register(&mut q.waiters, cx.waker(), |full| {
+                        crate::wakers::wake_now_or_later(full)
+                    });
                     Poll::Pending
                 }
             }

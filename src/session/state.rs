@@ -158,9 +158,9 @@ impl SessionState {
 
     /// Registers `cx`'s waker for the next change.
     pub(super) fn wait(&mut self, cx: &Context<'_>) {
-        if !self.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            self.waiters.push(cx.waker().clone());
-        }
+        crate::wakers::register(&mut self.waiters, cx.waker(), |full| {
+            crate::wakers::wake_now_or_later(full)
+        });
     }
 
     /// Wakes everyone waiting for a change.
