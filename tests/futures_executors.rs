@@ -360,3 +360,33 @@ fn a_pushed_operation_dropped_before_its_submit_goes_out_at_the_drop() {
     });
     assert_eq!(ring.with_ring(|r| r.in_flight()), 0);
 }
+
+/// An awaited receive an RDMA WRITE with immediate used up says 0 bytes
+/// arrived in its buffer (so `&buf[..len]` stays inside what arrived, as
+/// the sync ring's `result` does) and how many the WRITE wrote elsewhere.
+#[test]
+fn an_awaited_receive_used_by_a_write_with_immediate_holds_nothing() {
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::WriteImm;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 4096], RemoteAccess::WRITE).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    let mut peer = Ring::new(peer, RingConfig::default());
+    let recv = ring.recv(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap());
+    let data = RegisteredBuf::new(&pd, vec![7u8; 4096]).unwrap();
+    peer.submission()
+        .push(WriteImm::new(data, target.remote(), 9))
+        .unwrap();
+    peer.submit().unwrap();
+    let (got, buf) = futures::executor::block_on(recv);
+    let got = got.unwrap();
+    assert!(got.write_imm);
+    assert_eq!((got.len, got.written, got.imm), (0, 4096, Some(9)));
+    assert!(buf[..got.len].is_empty());
+}

@@ -15,17 +15,24 @@ use crate::error::Error;
 use crate::op::Operation;
 use crate::ring::{Completion, Key, QpHandle, SrqHandle};
 
-/// What a receive got.
+/// What a receive got. `len` counts only bytes in the receive's own
+/// buffer, so `&buf[..len]` never reaches past what arrived: a receive an
+/// RDMA WRITE with immediate consumed has `len` 0, and what the WRITE put
+/// in the peer's chosen region is `written`.
 ///
 /// ```
 /// use rdma_ring::future::Received;
-/// let r = Received { len: 5, imm: Some(7), write_imm: false, qp: None };
+/// let r = Received { len: 5, written: 0, imm: Some(7), write_imm: false, qp: None };
 /// assert_eq!(r.imm, Some(7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Received {
-    /// Bytes that arrived (for a WRITE with immediate: bytes written).
+    /// Bytes that arrived in the buffer (0 for an RDMA WRITE with
+    /// immediate, which leaves the buffer untouched).
     pub len: usize,
+    /// For an RDMA WRITE with immediate, the bytes it wrote (into the
+    /// region it targeted, not this buffer); 0 for a SEND.
+    pub written: usize,
     /// Immediate data, if the sender sent some.
     pub imm: Option<u32>,
     /// Whether an RDMA WRITE with immediate consumed the receive (the
@@ -50,8 +57,13 @@ impl OpOutput for usize {
 
 impl OpOutput for Received {
     fn from_completion(c: &Completion) -> Result<Self, Error> {
-        c.result().map(|_| Received {
-            len: c.byte_len() as usize,
+        c.result().map(|len| Received {
+            len,
+            written: if c.is_write_imm() {
+                c.byte_len() as usize
+            } else {
+                0
+            },
             imm: c.imm(),
             write_imm: c.is_write_imm(),
             qp: c.qp(),
