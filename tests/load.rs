@@ -1,7 +1,7 @@
 //! A load test on the soft device: 1,024 queue pairs on one completion
 //! queue and one shared receive queue, against 1,024 queue pairs of a
 //! client ring (also on one completion queue); over 100,000 operations in
-//! 20 rounds, over 5,000 in flight at once. Every operation comes back
+//! 20 rounds, over 4,000 in flight at once. Every operation comes back
 //! exactly once, with the right data, from the right queue pair; every
 //! buffer goes back to its pool; nothing hangs.
 
