@@ -136,9 +136,10 @@ struct Args {
     #[arg(short = 'Q', long)]
     cq_mod: Option<usize>,
     /// Largest message posted inline (WRITE and SEND, and the echo of a
-    /// SEND latency server).
-    #[arg(short = 'I', long, default_value_t = 220)]
-    inline_size: usize,
+    /// SEND latency server) [default, as perftest's: 220 for write lat,
+    /// 236 for send lat, 0 otherwise].
+    #[arg(short = 'I', long)]
+    inline_size: Option<usize>,
     /// Device: a verbs device name, `soft` or `noop` (the soft device with
     /// no execution cost; both --loopback only); default: the first
     /// device, else soft.
@@ -215,6 +216,16 @@ impl Args {
         self.sizes().into_iter().max().unwrap_or(8).max(8)
     }
 
+    /// The largest message posted inline: `-I`, else perftest's default
+    /// for the test.
+    fn inline(&self) -> usize {
+        self.inline_size.unwrap_or(match (self.mode, self.op) {
+            (Mode::Lat, Op::Write) => 220,
+            (Mode::Lat, Op::Send) => 236,
+            _ => 0,
+        })
+    }
+
     fn iters(&self) -> u64 {
         self.iters.unwrap_or(match self.mode {
             Mode::Bw => 5000,
@@ -267,7 +278,7 @@ impl Args {
         QpConfig {
             max_send_wr: self.tx_depth() as u32 + 1,
             max_recv_wr: RX_DEPTH as u32,
-            max_inline_data: self.inline_size as u32,
+            max_inline_data: self.inline() as u32,
             // A SEND that finds the receiver momentarily without a receive
             // (a server thread descheduled under TCG) waits for it, as
             // perftest's do, rather than failing the run; the watchdog
@@ -462,9 +473,14 @@ fn loopback(args: &Args, device: &str) -> Result<Vec<Row>> {
 }
 
 /// The memory the client targets: a slot of the largest size for each
-/// outstanding operation, up to 16 (they may share).
+/// outstanding operation, up to 16 (they may share). A SEND targets none,
+/// so it gets one word (its receives are the server's memory).
 fn expose<P: ProtectionDomain>(pd: &P, args: &Args) -> Result<ExposedBuf<Vec<u8>>> {
-    let bytes = args.largest() * args.depth().min(16);
+    let bytes = if args.op == Op::Send {
+        8
+    } else {
+        args.largest() * args.depth().min(16)
+    };
     let rights = RemoteAccess::READ | RemoteAccess::WRITE | RemoteAccess::ATOMIC;
     Ok(ExposedBuf::new(pd, vec![0u8; bytes], rights)?)
 }
@@ -495,7 +511,7 @@ impl Plan {
             mode: args.mode,
             sizes: args.sizes(),
             depth: args.depth(),
-            inline: args.inline_size,
+            inline: args.inline(),
         }
     }
 
@@ -660,7 +676,7 @@ struct SendServer<Q: QueuePair> {
 impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
     fn new<P: ProtectionDomain>(args: &Args, pd: &P, qp: Q) -> Result<Self> {
         let rx_depth = args.recv_depth();
-        let echo = (args.mode == Mode::Lat).then_some(args.inline_size);
+        let echo = (args.mode == Mode::Lat).then_some(args.inline());
         // An echoed buffer is out of the pool until its send completes (a
         // fresh one takes its place in the receive queue): one at a time,
         // with one to spare.
@@ -942,8 +958,12 @@ fn measure_sizes<R: PerfRing>(
     Ok(rows)
 }
 
-/// Targets of `size` bytes within `remote`, one per outstanding slot.
+/// Targets of `size` bytes within `remote`, one per outstanding slot
+/// (for a SEND, which names no remote memory, `remote` alone).
 fn slots(args: &Args, remote: RemoteSlice, size: usize) -> Result<Vec<RemoteSlice>> {
+    if args.op == Op::Send {
+        return Ok(vec![remote]);
+    }
     let stride = size.max(8) as u64;
     let n = (remote.len() / stride).clamp(1, args.depth() as u64);
     (0..n)
@@ -986,7 +1006,7 @@ impl<Q: QueuePair> PerfRing for SyncRing<'_, Q> {
         Ok(self.pool.take()?)
     }
     fn push(&mut self, args: &Args, buf: PoolChunk, slot: RemoteSlice, size: usize) -> Result<()> {
-        let inline = size <= args.inline_size;
+        let inline = size <= args.inline();
         let mut sq = self.ring.submission();
         let pushed = match args.op {
             Op::Write if inline => sq
@@ -1282,7 +1302,7 @@ fn push_fixed<P: PushFixed>(
     slot: RemoteSlice,
     size: usize,
 ) -> Result<P::Pushed> {
-    let inline = size <= args.inline_size;
+    let inline = size <= args.inline();
     let len = size as u32;
     match args.op {
         Op::Write if inline => ring.push_op(qp, WriteFixed::new(buf, len, slot).inline()),
@@ -1366,7 +1386,7 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
             let t = (args.mode == Mode::Lat).then(Instant::now);
             let buf = pool.take()?;
             // Inline as the sync path and perftest's -I send it.
-            let inline = size <= args.inline_size;
+            let inline = size <= args.inline();
             let write = |buf: PoolChunk| {
                 let op = Write::new(buf.slice(..size), slot);
                 ring.op(if inline { op.inline() } else { op })
@@ -1490,7 +1510,7 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
         args.op.name(),
         args.mode.name(),
         cqe_per_op(rows),
-        args.inline_size
+        args.inline()
     );
     if args.mode == Mode::Bw && args.depth() < args.tx_depth() {
         let why = if args.op == Op::Send {
@@ -1654,7 +1674,7 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
         bw(args.post_list()),
         bw(args.cq_mod()),
         json_num(Some(cqe_per_op(rows)), 4),
-        args.inline_size,
+        args.inline(),
         MB as u64,
         results.join(",")
     )
