@@ -148,6 +148,11 @@ struct Args {
     /// GID index (verbs).
     #[arg(short = 'x', long)]
     gid_index: Option<u8>,
+    /// RDMA READs and atomics in flight at once (each side asks; the
+    /// device's limits and the peer's answer bound it) [default, as
+    /// perftest's: the device's limit].
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u8>,
     /// TCP port of the handshake.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
@@ -288,6 +293,7 @@ impl Args {
             } else {
                 QpConfig::default().rnr_retry
             },
+            max_rd_atomic: self.outs.unwrap_or(u8::MAX),
             ..QpConfig::default()
         }
     }
@@ -1505,8 +1511,15 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
         Mode::Bw => format!(" (-Q {})", args.cq_mod()),
         Mode::Lat => String::new(),
     };
+    let outs = match (args.op, args.outs) {
+        (Op::Read | Op::Atomic, Some(n)) => format!(" | reads/atomics in flight up to {n}"),
+        (Op::Read | Op::Atomic, None) => {
+            " | reads/atomics in flight up to the device's limit".into()
+        }
+        _ => String::new(),
+    };
     println!(
-        " rdma-ring-perf {} {} | device {device} | {path} path | {knobs} | CQEs asked per op {:.3}{asked} | inline {}",
+        " rdma-ring-perf {} {} | device {device} | {path} path | {knobs} | CQEs asked per op {:.3}{asked} | inline {}{outs}",
         args.op.name(),
         args.mode.name(),
         cqe_per_op(rows),
@@ -1657,13 +1670,14 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
     // `post_list` are what ran (`tx_depth_asked` what -t said), `cq_mod`
     // is -Q and `cqe_per_op` what it came to; a latency run (one
     // operation at a time) has no depth, post list or moderation to ask
-    // for. `coalesce` is --coalesce (shared doorbells, awaited paths).
+    // for. `coalesce` is --coalesce (shared doorbells, awaited paths);
+    // `outs` is -o (null: the device's limit).
     let bw = |v: usize| match args.mode {
         Mode::Bw => v.to_string(),
         Mode::Lat => "null".into(),
     };
     format!(
-        "{{\"tool\":\"rdma-ring-perf\",\"op\":{},\"mode\":{},\"device\":{},\"path\":{},\"coalesce\":{},\"tx_depth\":{},\"tx_depth_asked\":{},\"post_list\":{},\"cq_mod\":{},\"cqe_per_op\":{},\"inline\":{},\"mb_bytes\":{},\"results\":[{}]}}",
+        "{{\"tool\":\"rdma-ring-perf\",\"op\":{},\"mode\":{},\"device\":{},\"path\":{},\"coalesce\":{},\"tx_depth\":{},\"tx_depth_asked\":{},\"post_list\":{},\"cq_mod\":{},\"cqe_per_op\":{},\"inline\":{},\"outs\":{},\"mb_bytes\":{},\"results\":[{}]}}",
         json_str(args.op.name()),
         json_str(args.mode.name()),
         json_str(device),
@@ -1675,6 +1689,7 @@ fn json(args: &Args, device: &str, rows: &[Row]) -> String {
         bw(args.cq_mod()),
         json_num(Some(cqe_per_op(rows)), 4),
         args.inline(),
+        args.outs.map_or("null".into(), |n| n.to_string()),
         MB as u64,
         results.join(",")
     )

@@ -103,6 +103,13 @@ pub struct QpConfig {
     /// peer would never be noticed) or more than 31 (beyond the field) is
     /// refused.
     pub ack_timeout: u8,
+    /// RDMA READs and atomics in flight at once, each way: this side
+    /// issues at most this many and answers at most this many of the
+    /// peer's, each within the device's limits and what the peer says it
+    /// can answer or will issue. More lets READs of a deep queue overlap
+    /// (perftest asks for the device's limit); each one answered holds a
+    /// responder resource on the device. 0 is taken as 1.
+    pub max_rd_atomic: u8,
 }
 
 impl QpConfig {
@@ -127,6 +134,7 @@ impl Default for QpConfig {
             rnr_retry: 6,
             retry_cnt: 6,
             ack_timeout: 16,
+            max_rd_atomic: 16,
         }
     }
 }

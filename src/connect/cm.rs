@@ -425,12 +425,8 @@ fn check_device(id: &CmId, dev: &VerbsDevice) -> Result<(), Error> {
 /// READ/atomic depths: (responder resources, initiator depth).
 type Depths = (u8, u8);
 
-fn local_depths(dev: &VerbsDevice) -> Depths {
-    let limits = dev.limits();
-    (
-        limits.max_qp_rd_atom.clamp(1, 16),
-        limits.max_qp_init_rd_atom.clamp(1, 16),
-    )
+fn local_depths(dev: &VerbsDevice, config: &QpConfig) -> Depths {
+    dev.limits().rd_atomic_depths(config)
 }
 
 /// The depths to accept a request with, given ours (`local`: what we can
@@ -1055,7 +1051,7 @@ impl CmRequest {
             }
         };
         let depths = accept_depths(
-            local_depths(dev),
+            local_depths(dev, &config),
             self.responder_resources,
             self.initiator_depth,
         );
@@ -1191,7 +1187,7 @@ impl CmQp {
         }
         let mut param = conn_param(
             &self.qp,
-            local_depths_of(&self.qp),
+            local_depths_of(&self.qp, &self.config),
             &self.config,
             private_data,
         );
@@ -1349,12 +1345,8 @@ impl CmQp {
     }
 }
 
-fn local_depths_of(qp: &VerbsQp) -> Depths {
-    let limits = qp.device_limits();
-    (
-        limits.max_qp_rd_atom.clamp(1, 16),
-        limits.max_qp_init_rd_atom.clamp(1, 16),
-    )
+fn local_depths_of(qp: &VerbsQp, config: &QpConfig) -> Depths {
+    qp.device_limits().rd_atomic_depths(config)
 }
 
 // SAFETY: every post and state change goes to the inner `VerbsQp`, which

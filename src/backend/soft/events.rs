@@ -102,7 +102,7 @@ impl SoftEvents {
             state.fail_arms -= 1;
             return Err(Error::Verbs {
                 verb: "ibv_req_notify_cq",
-                source: std::io::Error::from_raw_os_error(libc::EIO),
+                source: std::io::Error::other("the soft device was told to fail this arm"),
             });
         }
         let cq = state

@@ -63,6 +63,31 @@ pub struct DeviceLimits {
     pub max_sge_rd: u32,
 }
 
+impl DeviceLimits {
+    /// The READ/atomic depths of a queue pair configured with `config`:
+    /// (how many it answers, how many it issues), within what the device
+    /// allows, at least 1 each.
+    ///
+    /// ```
+    /// use rdma_ring::backend::verbs::DeviceLimits;
+    /// use rdma_ring::backend::QpConfig;
+    /// let limits = DeviceLimits {
+    ///     max_qp_wr: 16384, max_sge: 32, max_cqe: 65536, max_srq_wr: 16384, max_srq_sge: 27,
+    ///     max_qp_rd_atom: 128, max_qp_init_rd_atom: 64, atomics: true, max_sge_rd: 32,
+    /// };
+    /// assert_eq!(limits.rd_atomic_depths(&QpConfig::default()), (16, 16));
+    /// let deep = QpConfig { max_rd_atomic: u8::MAX, ..QpConfig::default() };
+    /// assert_eq!(limits.rd_atomic_depths(&deep), (128, 64));
+    /// ```
+    pub fn rd_atomic_depths(&self, config: &crate::backend::QpConfig) -> (u8, u8) {
+        let cap = config.max_rd_atomic.max(1);
+        (
+            self.max_qp_rd_atom.min(cap).max(1),
+            self.max_qp_init_rd_atom.min(cap).max(1),
+        )
+    }
+}
+
 /// Which port and GID to use.
 ///
 /// ```

@@ -213,8 +213,8 @@ impl VerbsQp {
             lid: dev.lid,
             gid: dev.gid,
             mtu: dev.active_mtu as u8,
-            rd_atomic: dev.limits.max_qp_rd_atom.clamp(1, 16),
-            init_rd_atomic: dev.limits.max_qp_init_rd_atom.clamp(1, 16),
+            rd_atomic: dev.limits.rd_atomic_depths(&self.config).0,
+            init_rd_atomic: dev.limits.rd_atomic_depths(&self.config).1,
         }
     }
 
@@ -267,7 +267,7 @@ impl VerbsQp {
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = remote.psn;
         // Answer as many READs/atomics as the peer may issue, within our means.
-        let ours = limits.max_qp_rd_atom.clamp(1, 16);
+        let ours = limits.rd_atomic_depths(&self.config).0;
         attr.max_dest_rd_atomic = match remote.init_rd_atomic {
             0 => ours,
             theirs => ours.min(theirs),
@@ -302,7 +302,7 @@ impl VerbsQp {
         attr.rnr_retry = self.config.rnr_retry.min(7);
         attr.sq_psn = self.psn;
         // Never have more outstanding than the peer can answer.
-        let ours = limits.max_qp_init_rd_atom.clamp(1, 16);
+        let ours = limits.rd_atomic_depths(&self.config).1;
         attr.max_rd_atomic = match remote.rd_atomic {
             0 => ours,
             theirs => ours.min(theirs),
