@@ -427,74 +427,13 @@ fn complete<Q, S, K: CompletionSink>(
     };
     if !cqe.status.is_success() {
         slot.error.get_or_insert(cqe.status);
-        if cqe.status == WcStatus::WrFlushErr && slot.sends.head < seq {
-            release_flushed_run(slot, seq, cqe, table, cq_free, out, spill);
-            return;
-        }
     }
-    release_sends(
-        slot,
-        seq,
-        cqe,
-        table,
-        WcStatus::Success,
-        cq_free,
-        out,
-        spill,
-    );
-}
-
-/// [`release_sends`] for a flushed completion with unsignaled sends
-/// before it: on a device that flushes unsignaled work without a
-/// completion each (the drain marker's case), they may not have run, and
-/// flushed is what can be said of them. A spec-abiding device completes
-/// each flushed one on its own, so this is not met there; out of line.
-#[allow(clippy::too_many_arguments)]
-#[cold]
-#[inline(never)]
-fn release_flushed_run<Q, K: CompletionSink>(
-    slot: &mut AttachedQp<Q>,
-    seq: u64,
-    cqe: &RawCompletion,
-    table: u64,
-    cq_free: &mut usize,
-    out: &mut K,
-    spill: &mut Vec<FixedCompletion>,
-) {
-    release_sends(
-        slot,
-        seq,
-        cqe,
-        table,
-        WcStatus::WrFlushErr,
-        cq_free,
-        out,
-        spill,
-    );
-}
-
-/// Hands out send `seq`'s completion and those of the unsignaled sends
-/// before it, as `run_status`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn release_sends<Q, K: CompletionSink>(
-    slot: &mut AttachedQp<Q>,
-    seq: u64,
-    cqe: &RawCompletion,
-    table: u64,
-    run_status: WcStatus,
-    cq_free: &mut usize,
-    out: &mut K,
-    spill: &mut Vec<FixedCompletion>,
-) {
-    let qp = slot.handle;
     // RC completes a send queue in order: this entry completes every
-    // unsignaled send before it, successfully unless it was flushed.
-    // (The drain marker is always the last send posted, so it can only be
-    // this entry.) The queue moves on before anything is handed out, so a
-    // sink that panics (a caller's closure) can never be handed the run
-    // twice; what it was not handed is spilled into `spill` as the stack
-    // unwinds.
+    // unsignaled send before it, successfully. (The drain marker is always
+    // the last send posted, so it can only be this entry.) The queue moves
+    // on before anything is handed out, so a sink that panics (a caller's
+    // closure) can never be handed the run twice; what it was not handed
+    // is spilled into `spill` as the stack unwinds.
     let head = slot.sends.head;
     let entry = slot.sends.get(seq);
     slot.sends.head = seq + 1;
@@ -506,7 +445,7 @@ fn release_sends<Q, K: CompletionSink>(
         *cq_free += 1;
     }
     let sends = &slot.sends;
-    let release = move |at| send_completion(sends.get(at), qp, table, run_status);
+    let release = move |at| send_completion(sends.get(at), qp, table, WcStatus::Success);
     // Guarded only where a panic could leave something unhanded: a
     // completion alone is the one the sink was handed.
     if K::MAY_UNWIND && head < seq {
