@@ -26,9 +26,11 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Tas
     smol::spawn(async move {
         while fd.readable().await.is_ok() {
             // An error is reported, not the end: a driver that stopped
-            // would strand every pending future.
+            // would strand every pending future. A pause keeps a channel
+            // that stays readable (its device gone) from spinning.
             if let Err(e) = driver.drive() {
                 eprintln!("driving the ring: {e}");
+                smol::Timer::after(std::time::Duration::from_millis(10)).await;
             }
         }
     })

@@ -36,9 +36,12 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> tokio::ta
                 ready = fd.readable() => {
                     let Ok(mut ready) = ready else { return };
                     // An error is reported, not the end: a driver that
-                    // stopped would strand every pending future.
+                    // stopped would strand every pending future. A pause
+                    // keeps a channel that stays readable (its device
+                    // gone) from spinning.
                     if let Err(e) = driver.drive() {
                         eprintln!("driving the ring: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     ready.clear_ready();
                 }

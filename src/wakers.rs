@@ -79,8 +79,10 @@ pub(crate) fn drop_quietly<T>(value: T) {
 }
 
 /// Most wakers a list of tasks waiting for a change keeps (see
-/// [`register`]).
-pub(crate) const MAX_WAITERS: usize = 1024;
+/// [`register`]): far more than tasks really wait on one session or
+/// ring at once (a session has at most 4096 requests open), since a full
+/// list of live waiters would be woken again and again.
+pub(crate) const MAX_WAITERS: usize = 1 << 16;
 
 /// Adds `waker` to `waiters` unless one there wakes the same task. Such a
 /// list is emptied only at the next change, and grows meanwhile by one for
@@ -92,10 +94,20 @@ pub(crate) fn register(
     waker: &Waker,
     wake: impl FnOnce(std::vec::Drain<'_, Waker>),
 ) {
+    register_within(waiters, waker, MAX_WAITERS, wake);
+}
+
+/// [`register`], with a list full at `max`.
+fn register_within(
+    waiters: &mut Vec<Waker>,
+    waker: &Waker,
+    max: usize,
+    wake: impl FnOnce(std::vec::Drain<'_, Waker>),
+) {
     if waiters.iter().any(|w| w.will_wake(waker)) {
         return;
     }
-    if waiters.len() >= MAX_WAITERS {
+    if waiters.len() >= max {
         wake(waiters.drain(..));
     }
     waiters.push(waker.clone());
@@ -119,22 +131,26 @@ mod tests {
     /// away: the full list is woken, and the newcomer kept.
     #[test]
     fn a_full_list_of_waiters_is_woken_not_grown() {
+        const MAX: usize = 8;
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         let mut waiters = Vec::new();
-        let tasks: Vec<Waker> = (0..=MAX_WAITERS)
+        let tasks: Vec<Waker> = (0..=MAX)
             .map(|_| Waker::from(Arc::new(Count(AtomicUsize::new(0)))))
             .collect();
         let counted = Waker::from(Arc::clone(&woken));
-        register(&mut waiters, &counted, |full| wake_all(full));
-        register(&mut waiters, &counted, |full| wake_all(full));
-        assert_eq!(waiters.len(), 1, "one task, once");
-        for task in &tasks[..MAX_WAITERS - 1] {
-            register(&mut waiters, task, |full| wake_all(full));
+        let mut register = |waker: &Waker| {
+            register_within(&mut waiters, waker, MAX, |full| wake_all(full));
+            waiters.len()
+        };
+        register(&counted);
+        assert_eq!(register(&counted), 1, "one task, once");
+        let mut len = 0;
+        for task in &tasks[..MAX - 1] {
+            len = register(task);
         }
-        assert_eq!(waiters.len(), MAX_WAITERS);
+        assert_eq!(len, MAX);
         assert_eq!(woken.0.load(Ordering::SeqCst), 0);
-        register(&mut waiters, &tasks[MAX_WAITERS], |full| wake_all(full));
-        assert_eq!(waiters.len(), 1, "the full list went");
+        assert_eq!(register(&tasks[MAX]), 1, "the full list went");
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "and was woken");
     }
 }

@@ -1320,8 +1320,10 @@ async fn requests_given_up_before_they_could_go_are_never_sent() {
     use rdma_ring::session::wire::{decode, Message};
     use std::future::Future;
     use std::task::{Context, Waker};
+    // Long enough for the 15 that go to be sent first, on a loaded host:
+    // one still held back when its time ran out would never go.
     let config = SessionConfig {
-        request_timeout: Duration::from_millis(200),
+        request_timeout: Duration::from_secs(1),
         ..SessionConfig::default()
     };
     let mut peer = raw_peer(config);
@@ -1387,7 +1389,12 @@ async fn requests_the_peer_never_answers_are_bounded() {
     use rdma_ring::session::wire::{decode, Message};
     use std::future::Future;
     use std::task::{Context, Waker};
-    let mut peer = raw_peer(SessionConfig::default());
+    // The requests must all go out before any times out: one still held
+    // back by flow control then would never be sent.
+    let mut peer = raw_peer(SessionConfig {
+        request_timeout: Duration::from_secs(120),
+        ..SessionConfig::default()
+    });
     // Each future queues its request on its first poll, and is kept until
     // its request went: one dropped while flow control still holds its
     // request back takes the request back with it.

@@ -600,17 +600,24 @@ mod tests {
     /// the connection closed; those that come after are handshaken.
     #[test]
     fn attempts_that_waited_too_long_are_dropped() {
-        let patience = Duration::from_millis(300);
+        // Long enough that the fresh attempt below, which may wait while
+        // the silent peers' threads end, does not go stale itself.
+        let patience = Duration::from_secs(1);
         let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
         let listener = HandshakeListener::tcp(tcp, patience).unwrap();
         let addr = listener.local_addr().unwrap();
         let from = "127.0.0.4";
-        let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
-            socket
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .unwrap();
-            let mut word = [0u8; 2];
-            socket.read_exact(&mut word).map(|()| word)
+        let started = Arc::new(AtomicUsize::new(0));
+        let handshake = {
+            let started = Arc::clone(&started);
+            move |(mut socket, _peer): (TcpStream, SocketAddr)| {
+                started.fetch_add(1, Ordering::SeqCst);
+                socket
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap();
+                let mut word = [0u8; 2];
+                socket.read_exact(&mut word).map(|()| word)
+            }
         };
         // Eight silent peers take the address's slots; four more wait.
         let silent: Vec<TcpStream> = (0..MAX_HANDSHAKES_PER_ORIGIN)
@@ -621,10 +628,10 @@ mod tests {
         while listener.waiting.lock().unwrap().len() < stale.len() {
             assert!(Instant::now() < settled, "the attempts never waited");
             let stop = std::cell::Cell::new(false);
-            let none = listener.accept_until(handshake, || stop.replace(true));
+            let none = listener.accept_until(handshake.clone(), || stop.replace(true));
             assert!(none.unwrap().is_none());
         }
-        std::thread::sleep(patience + Duration::from_millis(100));
+        std::thread::sleep(patience + Duration::from_millis(200));
         // A newer one, once the silent peers leave, is served; the stale
         // ones were dropped at the first look after their time ran out.
         let mut fresh = connect_from(from, addr);
@@ -632,16 +639,21 @@ mod tests {
         drop(silent);
         let mut said = Vec::new();
         for _ in 0..MAX_HANDSHAKES_PER_ORIGIN + 1 {
-            said.push(listener.accept(handshake).unwrap().ok());
+            said.push(listener.accept(handshake.clone()).unwrap().ok());
         }
         assert_eq!(said.iter().flatten().collect::<Vec<_>>(), [b"hi"]);
+        // Closed at once, not after a handshake's 5 s: none ran for them.
         for socket in &mut stale {
             socket.set_nonblocking(false).unwrap();
             socket
-                .set_read_timeout(Some(Duration::from_secs(5)))
+                .set_read_timeout(Some(Duration::from_secs(2)))
                 .unwrap();
             assert_eq!(socket.read(&mut [0u8; 1]).unwrap(), 0, "closed");
         }
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            MAX_HANDSHAKES_PER_ORIGIN + 1
+        );
         assert!(listener.waiting.lock().unwrap().is_empty());
     }
 

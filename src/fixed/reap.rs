@@ -429,11 +429,13 @@ fn complete<Q, S, K: CompletionSink>(
         slot.error.get_or_insert(cqe.status);
     }
     // RC completes a send queue in order: this entry completes every
-    // unsignaled send before it, successfully. (The drain marker is always
-    // the last send posted, so it can only be this entry.) The queue moves
-    // on before anything is handed out, so a sink that panics (a caller's
-    // closure) can never be handed the run twice; what it was not handed
-    // is spilled into `spill` as the stack unwinds.
+    // unsignaled send before it, successfully, whatever its own status:
+    // an unsignaled send that succeeds makes no CQE, and one flushed or
+    // failed makes its own, so none of those is in the run. (The drain
+    // marker is always the last send posted, so it can only be this
+    // entry.) The queue moves on before anything is handed out, so a sink
+    // that panics (a caller's closure) can never be handed the run twice;
+    // what it was not handed is spilled into `spill` as the stack unwinds.
     let head = slot.sends.head;
     let entry = slot.sends.get(seq);
     slot.sends.head = seq + 1;

@@ -1307,7 +1307,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Returns how many completions it handed out. An error (the channel
     /// or the device failed) is reported once the completions that could
     /// be reaped reached their futures; keep driving: a driver that stops
-    /// strands every pending future. After a failed arm,
+    /// strands every pending future (pause a little after an error: a
+    /// channel whose device is gone may stay readable). After a failed arm,
     /// [`tick`](Self::tick) drives until an arm succeeds.
     ///
     /// ```

@@ -23,7 +23,9 @@ pub struct AsyncRing<Q: QueuePair + Send + 'static> {
 
 impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// Shares `ring`, woken as `wakeup` says. [`Wakeup::Reactor`] and
-    /// [`Wakeup::Thread`] need a backend with a completion channel.
+    /// [`Wakeup::Thread`] need a backend with a completion channel. If
+    /// the notifier thread of [`Wakeup::Thread`] cannot start, the ring is
+    /// closed (drained) and the error returned.
     pub fn new(mut ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
         let events = match wakeup {
             Wakeup::Busy => None,
@@ -77,8 +79,10 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     ///
     /// An error (the channel or the device failed) is reported once the
     /// completions that could be reaped reached their futures; keep
-    /// driving: a driver that stops strands every pending future. After
-    /// a failed arm, [`tick`](Self::tick) drives until an arm succeeds.
+    /// driving: a driver that stops strands every pending future (pause
+    /// a little after an error: a channel whose device is gone may stay
+    /// readable). After a failed arm, [`tick`](Self::tick) drives until
+    /// an arm succeeds.
     pub fn drive(&self) -> Result<usize, Error> {
         self.shared.drive()
     }
