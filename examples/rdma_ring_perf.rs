@@ -14,9 +14,11 @@
 //! rdma-ring-perf send bw --loopback -d rxe0 -a --max-size 65536 --plot bw.svg
 //! ```
 //!
-//! Latency: READ and atomics are round trips by nature; a WRITE's latency
-//! is the time to its completion (the responder's ACK), a SEND's half the
-//! round trip of a ping-pong (the server echoes), as `ib_send_lat` reports.
+//! Latency: READ and atomics are round trips by nature; a WRITE's and a
+//! SEND's are half the round trip of a ping-pong, as `ib_write_lat` and
+//! `ib_send_lat` report: the server WRITEs each WRITE back (seen by
+//! polling the last byte of the client's memory, as perftest does) or
+//! sends each SEND back.
 
 use std::cell::Cell;
 // The control connection of two processes, which need the verbs backend.
@@ -25,7 +27,7 @@ use std::io::{Read as _, Write as _};
 #[cfg(feature = "verbs")]
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,7 +75,8 @@ enum Mode {
     /// Bandwidth and message rate.
     Bw,
     /// Latency percentiles, one operation at a time (so -t, -l and -Q do
-    /// not apply).
+    /// not apply); WRITE and SEND as half a ping-pong's round trip (the
+    /// server echoes), READ and atomics as round trips.
     Lat,
 }
 
@@ -491,6 +494,16 @@ fn expose<P: ProtectionDomain>(pd: &P, args: &Args) -> Result<ExposedBuf<Vec<u8>
     Ok(ExposedBuf::new(pd, vec![0u8; bytes], rights)?)
 }
 
+/// The memory a `write lat` client's echoes land in (none for other
+/// runs): one message of the largest size.
+fn echoed<P: ProtectionDomain>(pd: &P, args: &Args) -> Result<Option<ExposedBuf<Vec<u8>>>> {
+    if (args.op, args.mode) != (Op::Write, Mode::Lat) {
+        return Ok(None);
+    }
+    let memory = vec![0u8; args.largest()];
+    Ok(Some(ExposedBuf::new(pd, memory, RemoteAccess::WRITE)?))
+}
+
 /// What the server must agree to before anything is set up: what it
 /// sizes its memory and queue pair from, and what makes the two sides'
 /// loops match (a `send lat` client waits for echoes a `send bw` server
@@ -507,7 +520,7 @@ struct Plan {
 /// The first word of a plan, so that another program (or another version)
 /// on the port is told apart from a plan that differs.
 #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-const PLAN_MAGIC: &str = "rdma-ring-perf/1";
+const PLAN_MAGIC: &str = "rdma-ring-perf/2";
 
 #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 impl Plan {
@@ -605,6 +618,52 @@ trait Handoff {
     fn check(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Where the server's WRITE echoes land, in a `write lat` run.
+    fn echoes(&self) -> Option<EchoWatch> {
+        None
+    }
+}
+
+/// Memory of ours a peer's WRITEs land in, watched for their last byte:
+/// how both sides of a `write lat` ping-pong (as `ib_write_lat`'s) see
+/// the other's WRITE arrive, with no completion on the receiving side.
+#[derive(Clone, Copy)]
+struct EchoWatch {
+    /// The address of an `ExposedBuf`'s first byte; the buffer outlives
+    /// every watch of it (see where each is made).
+    addr: usize,
+    len: usize,
+}
+
+impl EchoWatch {
+    /// # Safety
+    ///
+    /// `buf` must outlive the watch and every copy of it.
+    unsafe fn of(buf: &ExposedBuf<Vec<u8>>) -> EchoWatch {
+        // SAFETY: no peer writes yet (the watch is made before the
+        // connection is used), so the slice is read by nobody else now;
+        // only its address is kept.
+        let bytes = unsafe { buf.as_slice() };
+        EchoWatch {
+            addr: bytes.as_ptr() as usize,
+            len: bytes.len(),
+        }
+    }
+
+    /// The byte at `at`, as it is now.
+    fn byte(&self, at: usize) -> u8 {
+        assert!(at < self.len, "a watch reads within its buffer");
+        // SAFETY: within the buffer, which outlives the watch (`of`); a
+        // volatile read of one byte, since the peer's WRITE changes it
+        // behind the compiler's back, through no Rust reference.
+        unsafe { std::ptr::read_volatile((self.addr + at) as *const u8) }
+    }
+}
+
+/// The tag of iteration `i` of a ping-pong: never 0 (what memory holds
+/// before any WRITE), and never the previous iteration's.
+fn tag(i: u64) -> u8 {
+    (i % 255) as u8 + 1
 }
 
 /// How long a size may go without a completion before the run fails.
@@ -738,8 +797,9 @@ impl Running {
     }
 }
 
-/// The server's thread, seen from the client's loops in this process.
-struct Local<'a>(Option<&'a Running>);
+/// The server's thread, seen from the client's loops in this process:
+/// for `write lat`, also where its echoes land and the size it echoes.
+struct Local<'a>(Option<&'a Running>, Option<(EchoWatch, Arc<AtomicUsize>)>);
 
 impl Local<'_> {
     fn alive(&self) -> Result<()> {
@@ -753,7 +813,10 @@ impl Local<'_> {
 }
 
 impl Handoff for Local<'_> {
-    fn begin(&mut self, _size: usize) -> Result<()> {
+    fn begin(&mut self, size: usize) -> Result<()> {
+        if let Some((_, echoed)) = &self.1 {
+            echoed.store(size, Ordering::Release);
+        }
         self.alive()
     }
     fn end(&mut self) -> Result<()> {
@@ -761,6 +824,9 @@ impl Handoff for Local<'_> {
     }
     fn check(&mut self) -> Result<()> {
         self.alive()
+    }
+    fn echoes(&self) -> Option<EchoWatch> {
+        self.1.as_ref().map(|(watch, _)| *watch)
     }
 }
 
@@ -772,12 +838,29 @@ fn loopback_pair<P: ProtectionDomain, Q: QueuePair + std::marker::Send + 'static
     qb: Q,
 ) -> Result<Vec<Row>> {
     let target = expose(pd, args)?;
+    let mine = echoed(pd, args)?;
+    let echo_size = Arc::new(AtomicUsize::new(0));
     let (server, _idle) = if args.op == Op::Send {
         (Some(SendServer::new(args, pd, qb)?.start()), None)
+    } else if let Some(mine) = &mine {
+        // SAFETY: `target` outlives the thread, which `stop` below joins.
+        let watch = unsafe { EchoWatch::of(&target) };
+        let echo = WriteEcho::new(args, pd, qb, watch, mine.remote())?;
+        (Some(echo.start(Arc::clone(&echo_size))), None)
     } else {
         (None, Some(qb))
     };
-    let rows = measure_all(args, pd, qa, target.remote(), &mut Local(server.as_ref()));
+    // SAFETY: `mine` outlives the measurement, the watch's only user.
+    let echoes = mine
+        .as_ref()
+        .map(|m| (unsafe { EchoWatch::of(m) }, echo_size));
+    let rows = measure_all(
+        args,
+        pd,
+        qa,
+        target.remote(),
+        &mut Local(server.as_ref(), echoes),
+    );
     // The server's own error first: the client mostly sees only what it
     // caused. Both when both failed, since either may be the cause.
     match (server.map_or(Ok(()), Running::stop), rows) {
@@ -833,6 +916,110 @@ fn serve_sends<Q: QueuePair>(server: SendServer<Q>, stop: &AtomicBool) -> Result
             let Ok(chunk) = pool.take() else { break };
             sq.push(Recv::new(chunk)).map_err(|r| r.to_string())?;
             posted += 1;
+        }
+        sq.submit().map_err(|e| e.error)?;
+    }
+    Ok(())
+}
+
+/// The server side of `write lat`: watches the last byte of the size
+/// being run in its exposed memory (`target`), and when a new tag lands
+/// there, WRITEs the same size back to the client's memory (`client`)
+/// with that tag last, as `ib_write_lat`'s server does.
+struct WriteEcho<Q: QueuePair> {
+    ring: Ring<Q>,
+    pool: BufferPool,
+    target: EchoWatch,
+    client: RemoteSlice,
+    inline: usize,
+}
+
+impl<Q: QueuePair + std::marker::Send + 'static> WriteEcho<Q> {
+    /// `target` watches the memory the client WRITEs to.
+    fn new<P: ProtectionDomain>(
+        args: &Args,
+        pd: &P,
+        qp: Q,
+        target: EchoWatch,
+        client: RemoteSlice,
+    ) -> Result<Self> {
+        Ok(WriteEcho {
+            ring: Ring::new(qp, RingConfig::default()),
+            // An echo's buffer is back once its completion is: two, so
+            // the next echo never waits for the last one's.
+            pool: BufferPool::new(pd, args.largest(), 2)?,
+            target,
+            client,
+            inline: args.inline(),
+        })
+    }
+
+    /// Runs on a thread of its own, echoing the size `size` holds (0:
+    /// none yet).
+    fn start(self, size: Arc<AtomicUsize>) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || serve_writes(self, &flag, &size));
+        Running { stop, thread }
+    }
+}
+
+fn serve_writes<Q: QueuePair>(
+    echo: WriteEcho<Q>,
+    stop: &AtomicBool,
+    size: &AtomicUsize,
+) -> Result<()> {
+    let WriteEcho {
+        mut ring,
+        pool,
+        target,
+        client,
+        inline,
+    } = echo;
+    let (mut running, mut last) = (0, 0u8);
+    let mut done = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let now = size.load(Ordering::Acquire);
+        if now != running {
+            (running, last) = (now, 0);
+        }
+        if running == 0 {
+            continue;
+        }
+        let tag = target.byte(running - 1);
+        if tag == 0 || tag == last {
+            // The buffers of echoes done go back to the pool.
+            ring.completion().reap(&mut done)?;
+            for c in done.drain(..) {
+                if !c.status().is_success() {
+                    return Err(format!("an echo failed: {}", c.status()).into());
+                }
+            }
+            continue;
+        }
+        last = tag;
+        let mut chunk = loop {
+            if let Ok(chunk) = pool.take() {
+                break chunk;
+            }
+            ring.completion().reap(&mut done)?;
+            for c in done.drain(..) {
+                if !c.status().is_success() {
+                    return Err(format!("an echo failed: {}", c.status()).into());
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+        };
+        chunk[running - 1] = tag;
+        let to = client.slice(0..running as u64)?;
+        let write = Write::new(chunk.slice(..running), to).signaled();
+        let mut sq = ring.submission();
+        if running <= inline {
+            sq.push(write.inline()).map_err(|r| r.to_string())?;
+        } else {
+            sq.push(write).map_err(|r| r.to_string())?;
         }
         sq.submit().map_err(|e| e.error)?;
     }
@@ -991,6 +1178,8 @@ trait PerfRing {
     fn reap(&mut self, bufs: &mut Vec<Self::Buf>) -> Result<usize>;
     /// A buffer the loop is done with.
     fn give_back(&mut self, buf: Self::Buf) -> Result<()>;
+    /// Sets byte `at` of `buf` (a ping-pong's tag).
+    fn set_byte(&mut self, buf: &mut Self::Buf, at: usize, value: u8);
     /// Send work requests posted so far with a CQE asked for.
     fn signaled(&self) -> u64;
 }
@@ -1065,6 +1254,9 @@ impl<Q: QueuePair> PerfRing for SyncRing<'_, Q> {
         }
         Ok(n)
     }
+    fn set_byte(&mut self, buf: &mut PoolChunk, at: usize, value: u8) {
+        buf[at] = value;
+    }
     fn give_back(&mut self, _buf: PoolChunk) -> Result<()> {
         // Dropped, a chunk goes back to its pool.
         Ok(())
@@ -1127,6 +1319,9 @@ impl<Q: QueuePair> PerfRing for FixedPerf<'_, Q> {
     fn give_back(&mut self, buf: FixedBuf) -> Result<()> {
         self.ring.put_buf(buf).map_err(text)?;
         Ok(())
+    }
+    fn set_byte(&mut self, buf: &mut FixedBuf, at: usize, value: u8) {
+        self.ring.bufs().bytes_mut(buf)[at] = value;
     }
     fn signaled(&self) -> u64 {
         self.signaled.load(Ordering::Relaxed)
@@ -1194,6 +1389,9 @@ fn lat<R: PerfRing>(
     lat.try_reserve_exact(iters as usize)
         .map_err(|_| format!("no memory for {iters} latency samples"))?;
     let mut back = Vec::with_capacity(2);
+    // A WRITE's ping-pong: the server WRITEs each back, its tag last.
+    let echoes = sync.echoes();
+    let ping_pong = args.op == Op::Send || echoes.is_some();
     let mut watchdog = Watchdog::new(sync, size, iters);
     let start = Instant::now();
     for i in 0..iters {
@@ -1204,7 +1402,10 @@ fn lat<R: PerfRing>(
             ring.push_recv(echo)?;
             expect = 2;
         }
-        let buf = ring.take()?;
+        let mut buf = ring.take()?;
+        if echoes.is_some() {
+            ring.set_byte(&mut buf, size - 1, tag(i));
+        }
         ring.push(args, buf, slot, size)?;
         ring.submit()?;
         let mut seen = 0;
@@ -1214,11 +1415,17 @@ fn lat<R: PerfRing>(
                 n => seen += n,
             }
         }
+        if let Some(echoes) = echoes {
+            while echoes.byte(size - 1) != tag(i) {
+                watchdog.idle(i)?;
+            }
+        }
         for buf in back.drain(..) {
             ring.give_back(buf)?;
         }
         let us = t.elapsed().as_secs_f64() * 1e6;
-        lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+        // Half the round trip of a ping-pong, as perftest reports it.
+        lat.push(if ping_pong { us / 2.0 } else { us });
     }
     let secs = start.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
@@ -1340,6 +1547,7 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
 ) -> Result<Row> {
     let done = Cell::new(0u64);
     let done = &done;
+    let echoes = sync.echoes();
     run_tasks(args, remote, size, sync, done, |slot, mine| async move {
         let mut lat = Vec::new();
         let mut buf = ring.take_buf().ok_or("the slots are all taken")?;
@@ -1349,20 +1557,28 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
         } else {
             None
         };
-        for _ in 0..mine {
+        for i in 0..mine {
             let t = (args.mode == Mode::Lat).then(Instant::now);
             // The echo's receive goes first.
             let echo = match echo_buf.take() {
                 Some(b) => Some(ring.push(qp, RecvFixed::new(b)).map_err(text)?),
                 None => None,
             };
+            if echoes.is_some() {
+                ring.with_bufs(|b| b.bytes_mut(&mut buf)[size - 1] = tag(i))?;
+            }
             buf = succeeded(push_fixed(args, ring, qp, buf, slot, size)?.await?)?;
             if let Some(echo) = echo {
                 echo_buf = Some(succeeded(echo.await?)?);
             }
+            if let Some(echoes) = echoes {
+                await_echo(echoes, size, i)?;
+            }
             if let Some(t) = t {
                 let us = t.elapsed().as_secs_f64() * 1e6;
-                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+                // Half the round trip of a ping-pong, as perftest reports.
+                let half = ping_pong || echoes.is_some();
+                lat.push(if half { us / 2.0 } else { us });
             }
             done.set(done.get() + 1);
         }
@@ -1384,13 +1600,17 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
 ) -> Result<Row> {
     let done = Cell::new(0u64);
     let done = &done;
+    let echoes = sync.echoes();
     run_tasks(args, remote, size, sync, done, |slot, mine| async move {
         let mut lat = Vec::new();
-        for _ in 0..mine {
+        for i in 0..mine {
             // Timed only for latency: bandwidth runs read no clock per
             // operation (the sync path reads none either).
             let t = (args.mode == Mode::Lat).then(Instant::now);
-            let buf = pool.take()?;
+            let mut buf = pool.take()?;
+            if echoes.is_some() {
+                buf[size - 1] = tag(i);
+            }
             // Inline as the sync path and perftest's -I send it.
             let inline = size <= args.inline();
             let write = |buf: PoolChunk| {
@@ -1417,14 +1637,38 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
                 }
             };
             result?;
+            if let Some(echoes) = echoes {
+                await_echo(echoes, size, i)?;
+            }
             if let Some(t) = t {
                 let us = t.elapsed().as_secs_f64() * 1e6;
-                lat.push(if args.op == Op::Send { us / 2.0 } else { us });
+                // Half the round trip of a ping-pong, as perftest reports.
+                let half = args.op == Op::Send || echoes.is_some();
+                lat.push(if half { us / 2.0 } else { us });
             }
             done.set(done.get() + 1);
         }
         Ok(lat)
     })
+}
+
+/// Spins until the peer's WRITE echo of iteration `i` lands (its tag in
+/// the last byte of `size`), for up to [`STALL`].
+fn await_echo(echoes: EchoWatch, size: usize, i: u64) -> Result<()> {
+    let since = Instant::now();
+    let mut spins = 0u32;
+    while echoes.byte(size - 1) != tag(i) {
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 && since.elapsed() >= STALL {
+            return Err(format!(
+                "no echo for {} s at {size} B (operation {i}): the peer stopped answering",
+                STALL.as_secs()
+            )
+            .into());
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
 }
 
 /// Runs the depth's tasks (one for latency) on one executor thread, each
@@ -1884,7 +2128,7 @@ mod verbs {
         let target = expose(&pd, args)?;
         // A SEND server's receives go in before the handshake, so no SEND
         // meets an empty queue; otherwise the queue pair only has to stay.
-        let (server, _idle) = if args.op == Op::Send {
+        let (server, idle) = if args.op == Op::Send {
             let server = SendServer::new(args, &pd, qp)?;
             tcp::handshake(&mut stream, server.qp(), TIMEOUT)?;
             (Some(server), None)
@@ -1893,8 +2137,27 @@ mod verbs {
             (None, Some(qp))
         };
         stream.write_all(&target.remote().encode())?;
-        let running = server.map(SendServer::start);
-        let served = serve_plan(&mut stream, running.as_ref());
+        // A `write lat` client sends where its echoes go; the queue pair
+        // then goes to the thread that echoes.
+        let echo_size = Arc::new(AtomicUsize::new(0));
+        let write_lat = (args.op, args.mode) == (Op::Write, Mode::Lat);
+        let (running, _idle) = match (server, idle) {
+            (Some(server), _) => (Some(server.start()), None),
+            (None, Some(qp)) if write_lat => {
+                let mut record = [0u8; rdma_ring::buf::REMOTE_SLICE_WIRE_LEN];
+                stream.read_exact(&mut record)?;
+                let client = RemoteSlice::decode(&record)?;
+                // SAFETY: `target` outlives the thread, which `stop` below
+                // joins.
+                let watch = unsafe { EchoWatch::of(&target) };
+                let echo = WriteEcho::new(args, &pd, qp, watch, client)?;
+                (Some(echo.start(Arc::clone(&echo_size))), None)
+            }
+            (None, idle) => (None, idle),
+        };
+        let sizes = args.sizes();
+        let echoed = write_lat.then_some((&sizes[..], &*echo_size));
+        let served = serve_plan(&mut stream, running.as_ref(), echoed);
         // The receiving thread's own error, if it had one, says more than
         // what the plan ran into because of it.
         let stopped = running.map_or(Ok(()), Running::stop);
@@ -1911,9 +2174,14 @@ mod verbs {
     /// receiving thread (if any) all the while. Between sizes the client
     /// has `TIMEOUT` to go on; during one, as long as it makes progress
     /// (it fails itself, and tells, after `STALL` without).
-    fn serve_plan(stream: &mut TcpStream, receiving: Option<&Running>) -> Result<()> {
+    fn serve_plan(
+        stream: &mut TcpStream,
+        receiving: Option<&Running>,
+        echoed: Option<(&[usize], &AtomicUsize)>,
+    ) -> Result<()> {
         stream.set_read_timeout(Some(TICK))?;
         let mut in_size = false;
+        let mut begun = 0;
         let mut heard = Instant::now();
         loop {
             let byte = match read_byte(stream) {
@@ -1943,7 +2211,14 @@ mod verbs {
                 return Err("the receiving thread stopped".into());
             }
             match byte {
-                BEGIN => in_size = true,
+                BEGIN => {
+                    in_size = true;
+                    // The echo thread watches the size about to run.
+                    if let Some((sizes, size)) = echoed {
+                        size.store(sizes.get(begun).copied().unwrap_or(0), Ordering::Release);
+                    }
+                    begun += 1;
+                }
                 END => in_size = false,
                 BYE => return Ok(()),
                 FAIL => {
@@ -1957,7 +2232,9 @@ mod verbs {
         }
     }
 
-    struct RemoteSync<'a>(&'a mut TcpStream);
+    /// The connection to the server, and where its echoes land in a
+    /// `write lat` run.
+    struct RemoteSync<'a>(&'a mut TcpStream, Option<EchoWatch>);
 
     impl RemoteSync<'_> {
         fn say(&mut self, byte: u8) -> Result<()> {
@@ -2016,6 +2293,9 @@ mod verbs {
                 Err(e) => Err(format!("the connection to the server: {e}").into()),
             }
         }
+        fn echoes(&self) -> Option<EchoWatch> {
+            self.1
+        }
     }
 
     pub fn client(args: &Args, name: &str, host: &str) -> Result<Vec<Row>> {
@@ -2057,7 +2337,14 @@ mod verbs {
         stream.set_read_timeout(Some(TIMEOUT))?;
         stream.read_exact(&mut record)?;
         let remote = RemoteSlice::decode(&record)?;
-        let rows = measure_all(args, &pd, qp, remote, &mut RemoteSync(&mut stream));
+        // Where a `write lat` server's echoes go.
+        let mine = echoed(&pd, args)?;
+        if let Some(mine) = &mine {
+            stream.write_all(&mine.remote().encode())?;
+        }
+        // SAFETY: `mine` outlives the measurement, the watch's only user.
+        let echoes = mine.as_ref().map(|m| unsafe { EchoWatch::of(m) });
+        let rows = measure_all(args, &pd, qp, remote, &mut RemoteSync(&mut stream, echoes));
         match &rows {
             Ok(_) => stream.write_all(&[BYE])?,
             Err(e) => tell_failure(&mut stream, e),

@@ -124,9 +124,8 @@ for op in write read send atomic; do
     done
 done
 echo
-echo "ratio = ring / perftest. Latency: perftest's WRITE and SEND latencies are half a ping-pong round"
-echo "trip; the ring's WRITE latency is the time to the WRITE's completion (a full round trip to the"
-echo "responder's ACK), so its ratio reads about 2x by construction. READ, atomics and SEND compare alike."
+echo "ratio = ring / perftest. Latency: WRITE and SEND latencies are half a ping-pong round trip on"
+echo "both sides (each side WRITEs or SENDs the other's back); READ and atomics are round trips."
 
 echo
 echo "Awaited beside sync at depth 16, WRITE $size B, two processes on rxe0: the sync ring with one doorbell"
