@@ -472,6 +472,12 @@ fn loopback(args: &Args, device: &str) -> Result<Vec<Row>> {
             if device == "noop" && args.op == Op::Send {
                 return Err("the noop device delivers nothing: SEND needs `-d soft`".into());
             }
+            if device == "noop" && (args.op, args.mode) == (Op::Write, Mode::Lat) {
+                return Err(
+                    "the noop device moves no data, so no echo is ever seen: write lat needs `-d soft`"
+                        .into(),
+                );
+            }
             let dev = SoftDevice::with_progress(progress);
             let pd = dev.alloc_pd();
             let (qa, qb) = dev.connected_pair(&pd, &pd, args.qp_config())?;
@@ -640,23 +646,24 @@ impl EchoWatch {
     ///
     /// `buf` must outlive the watch and every copy of it.
     unsafe fn of(buf: &ExposedBuf<Vec<u8>>) -> EchoWatch {
-        // SAFETY: no peer writes yet (the watch is made before the
-        // connection is used), so the slice is read by nobody else now;
-        // only its address is kept.
-        let bytes = unsafe { buf.as_slice() };
+        // The address the device writes at, taken with no reference to
+        // the bytes (which the peer may be writing).
+        let remote = buf.remote();
         EchoWatch {
-            addr: bytes.as_ptr() as usize,
-            len: bytes.len(),
+            addr: remote.addr() as usize,
+            len: buf.len(),
         }
     }
 
     /// The byte at `at`, as it is now.
     fn byte(&self, at: usize) -> u8 {
         assert!(at < self.len, "a watch reads within its buffer");
-        // SAFETY: within the buffer, which outlives the watch (`of`); a
-        // volatile read of one byte, since the peer's WRITE changes it
-        // behind the compiler's back, through no Rust reference.
-        unsafe { std::ptr::read_volatile((self.addr + at) as *const u8) }
+        // SAFETY: within the buffer, which outlives the watch (the
+        // contract of `of`), and a byte is always aligned; read as an
+        // atomic, through no Rust reference, since the peer's WRITE
+        // changes it behind the compiler's back.
+        let byte = unsafe { std::sync::atomic::AtomicU8::from_ptr((self.addr + at) as *mut u8) };
+        byte.load(Ordering::Acquire)
     }
 }
 
@@ -771,29 +778,48 @@ impl<Q: QueuePair + std::marker::Send + 'static> SendServer<Q> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || serve_sends(self, &flag));
-        Running { stop, thread }
+        Running::new(stop, thread)
     }
 }
 
-/// A running [`SendServer`].
+/// A running [`SendServer`] or [`WriteEcho`]: stopped and joined when
+/// dropped too, so that nothing it reads (a [`WriteEcho`] reads memory of
+/// its caller's) is freed under it, however the caller leaves.
 struct Running {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Result<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 impl Running {
+    fn new(stop: Arc<AtomicBool>, thread: std::thread::JoinHandle<Result<()>>) -> Running {
+        Running {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
     /// Whether the thread has stopped by itself (it only does on an
     /// error, which [`stop`](Self::stop) returns).
     fn failed(&self) -> bool {
-        self.thread.is_finished()
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
-    fn stop(self) -> Result<()> {
+    fn stop(mut self) -> Result<()> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread
+        let thread = self.thread.take().expect("joined once");
+        thread
             .join()
-            .map_err(|_| "the receiving thread panicked")?
-            .map_err(|e| format!("receiving: {e}").into())
+            .map_err(|_| "the server's thread panicked")?
+            .map_err(|e| format!("the server's thread: {e}").into())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.stop.store(true, Ordering::Relaxed);
+            let _ = thread.join();
+        }
     }
 }
 
@@ -804,9 +830,7 @@ struct Local<'a>(Option<&'a Running>, Option<(EchoWatch, Arc<AtomicUsize>)>);
 impl Local<'_> {
     fn alive(&self) -> Result<()> {
         match self.0 {
-            Some(running) if running.failed() => {
-                Err("the server's receiving thread stopped".into())
-            }
+            Some(running) if running.failed() => Err("the server's thread stopped".into()),
             _ => Ok(()),
         }
     }
@@ -960,7 +984,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> WriteEcho<Q> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || serve_writes(self, &flag, &size));
-        Running { stop, thread }
+        Running::new(stop, thread)
     }
 }
 
@@ -984,6 +1008,8 @@ fn serve_writes<Q: QueuePair>(
             (running, last) = (now, 0);
         }
         if running == 0 {
+            // Between plans: nothing to watch yet.
+            std::thread::yield_now();
             continue;
         }
         let tag = target.byte(running - 1);
@@ -995,6 +1021,7 @@ fn serve_writes<Q: QueuePair>(
                     return Err(format!("an echo failed: {}", c.status()).into());
                 }
             }
+            std::hint::spin_loop();
             continue;
         }
         last = tag;
@@ -1572,7 +1599,7 @@ fn measure_fixed_async<Q: QueuePair + std::marker::Send + 'static>(
                 echo_buf = Some(succeeded(echo.await?)?);
             }
             if let Some(echoes) = echoes {
-                await_echo(echoes, size, i)?;
+                echo_of(echoes, size, i).await;
             }
             if let Some(t) = t {
                 let us = t.elapsed().as_secs_f64() * 1e6;
@@ -1638,7 +1665,7 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
             };
             result?;
             if let Some(echoes) = echoes {
-                await_echo(echoes, size, i)?;
+                echo_of(echoes, size, i).await;
             }
             if let Some(t) = t {
                 let us = t.elapsed().as_secs_f64() * 1e6;
@@ -1652,23 +1679,19 @@ fn measure_async<Q: QueuePair + std::marker::Send + 'static>(
     })
 }
 
-/// Spins until the peer's WRITE echo of iteration `i` lands (its tag in
-/// the last byte of `size`), for up to [`STALL`].
-fn await_echo(echoes: EchoWatch, size: usize, i: u64) -> Result<()> {
-    let since = Instant::now();
-    let mut spins = 0u32;
-    while echoes.byte(size - 1) != tag(i) {
-        spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 && since.elapsed() >= STALL {
-            return Err(format!(
-                "no echo for {} s at {size} B (operation {i}): the peer stopped answering",
-                STALL.as_secs()
-            )
-            .into());
+/// Until the peer's WRITE echo of iteration `i` lands (its tag in the
+/// last byte of `size`): busy polled, as the operations are, so that the
+/// watchdog beside the tasks (see [`run_tasks`]) runs between looks.
+async fn echo_of(echoes: EchoWatch, size: usize, i: u64) {
+    std::future::poll_fn(|cx| {
+        if echoes.byte(size - 1) == tag(i) {
+            std::task::Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
         }
-        std::hint::spin_loop();
-    }
-    Ok(())
+    })
+    .await
 }
 
 /// Runs the depth's tasks (one for latency) on one executor thread, each
@@ -2145,6 +2168,7 @@ mod verbs {
             (Some(server), _) => (Some(server.start()), None),
             (None, Some(qp)) if write_lat => {
                 let mut record = [0u8; rdma_ring::buf::REMOTE_SLICE_WIRE_LEN];
+                stream.set_read_timeout(Some(TIMEOUT))?;
                 stream.read_exact(&mut record)?;
                 let client = RemoteSlice::decode(&record)?;
                 // SAFETY: `target` outlives the thread, which `stop` below

@@ -118,11 +118,15 @@ server_and_client rdma-ring-perf send lat -d rxe0 -p 18518 -n 500 -- \
 echo "==> [vm] rdma-ring-perf on rxe0, two processes: WRITE bandwidth, fixed-buffer ring awaited"
 server_and_client rdma-ring-perf write bw -d rxe0 -p 18519 -s 4096 -n 2000 -- \
     rdma-ring-perf write bw -d rxe0 -p 18519 -s 4096 -n 2000 --fixed --async 127.0.0.1
-echo "==> [vm] rdma-ring-perf on rxe0, two processes: WRITE latency (a ping-pong), 2 B - 4 KiB, sync and awaited"
+echo "==> [vm] rdma-ring-perf on rxe0, two processes: WRITE latency (a ping-pong), 2 B - 4 KiB, each path"
 server_and_client rdma-ring-perf write lat -d rxe0 -p 18520 -a --max-size 4096 -n 300 -- \
     rdma-ring-perf write lat -d rxe0 -p 18520 -a --max-size 4096 -n 300 127.0.0.1
 server_and_client rdma-ring-perf write lat -d rxe0 -p 18521 -n 300 -- \
     rdma-ring-perf write lat -d rxe0 -p 18521 -n 300 --async 127.0.0.1
+server_and_client rdma-ring-perf write lat -d rxe0 -p 18522 -n 300 -- \
+    rdma-ring-perf write lat -d rxe0 -p 18522 -n 300 --fixed 127.0.0.1
+server_and_client rdma-ring-perf write lat -d rxe0 -p 18523 -n 300 -- \
+    rdma-ring-perf write lat -d rxe0 -p 18523 -n 300 --fixed --async 127.0.0.1
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
