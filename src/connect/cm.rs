@@ -425,10 +425,6 @@ fn check_device(id: &CmId, dev: &VerbsDevice) -> Result<(), Error> {
 /// READ/atomic depths: (responder resources, initiator depth).
 type Depths = (u8, u8);
 
-fn local_depths(dev: &VerbsDevice, config: &QpConfig) -> Depths {
-    dev.limits().rd_atomic_depths(config)
-}
-
 /// The depths to accept a request with, given ours (`local`: what we can
 /// answer, what we can issue) and the request event's. The kernel reports
 /// a request's depths from the listener's side: its
@@ -1051,7 +1047,7 @@ impl CmRequest {
             }
         };
         let depths = accept_depths(
-            local_depths(dev, &config),
+            dev.limits().rd_atomic_depths(&config),
             self.responder_resources,
             self.initiator_depth,
         );
@@ -1187,7 +1183,7 @@ impl CmQp {
         }
         let mut param = conn_param(
             &self.qp,
-            local_depths_of(&self.qp, &self.config),
+            self.qp.device_limits().rd_atomic_depths(&self.config),
             &self.config,
             private_data,
         );
@@ -1343,10 +1339,6 @@ impl CmQp {
     pub fn qp(&self) -> &VerbsQp {
         &self.qp
     }
-}
-
-fn local_depths_of(qp: &VerbsQp, config: &QpConfig) -> Depths {
-    qp.device_limits().rd_atomic_depths(config)
 }
 
 // SAFETY: every post and state change goes to the inner `VerbsQp`, which

@@ -472,13 +472,7 @@ impl<Q: QueuePair> Ring<Q> {
         wr.flags = SendFlags::SIGNALED;
         // SAFETY: the marker has no scatter/gather element, so it names no
         // memory at all.
-        let posted = match unsafe { slot.qp.post_send(&[wr], &[]) } {
-            // A backend that cannot tell reports it taken: it may have
-            // been, and its completion must find its entry.
-            Ok(()) | Err(crate::backend::PostError { accepted: 1.., .. }) => true,
-            Err(_) => false,
-        };
-        if posted {
+        if marker_taken(unsafe { slot.qp.post_send(&[wr], &[]) }) {
             slot.drain = Some(marker);
             slot.send_order.push_back(marker);
             slot.outstanding_send += 1;
@@ -664,4 +658,14 @@ pub(super) fn depth_refusal(caps: &QpCaps) -> Option<Error> {
     (!fits).then_some(Error::Incompatible(
         "its queue depths are beyond what a ring takes (1 to 2^24 sends, up to 2^24 receives)",
     ))
+}
+
+/// Whether the device took a marker posted alone: a backend that cannot
+/// tell what it took reports it taken, as it may have been, and its
+/// completion must then find its entry.
+pub(super) fn marker_taken(posted: Result<(), crate::backend::PostError>) -> bool {
+    matches!(
+        posted,
+        Ok(()) | Err(crate::backend::PostError { accepted: 1.., .. })
+    )
 }

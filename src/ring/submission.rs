@@ -556,12 +556,7 @@ impl<Q: QueuePair> Ring<Q> {
         let mut marker = SendWr::new(key.to_wr_id(), SendOpcode::Write, SgeSpan::default());
         marker.flags = SendFlags::SIGNALED;
         // SAFETY: a zero-length work request names no memory.
-        let posted = match unsafe { slot.qp.post_send(&[marker], &[]) } {
-            // A backend that cannot tell reports it taken: it may have
-            // been, and its completion must find its entry.
-            Ok(()) | Err(crate::backend::PostError { accepted: 1.., .. }) => true,
-            Err(_) => false,
-        };
+        let posted = qp::marker_taken(unsafe { slot.qp.post_send(&[marker], &[]) });
         slot.stats.doorbells += 1;
         self.stats.doorbells += 1;
         if posted {

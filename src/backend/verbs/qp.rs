@@ -207,14 +207,15 @@ impl VerbsQp {
     /// [`Endpoint::encode`]) any way you like.
     pub fn endpoint(&self) -> Endpoint {
         let dev = &self.pd.dev;
+        let (rd_atomic, init_rd_atomic) = dev.limits.rd_atomic_depths(&self.config);
         Endpoint {
             qpn: self.qpn(),
             psn: self.psn,
             lid: dev.lid,
             gid: dev.gid,
             mtu: dev.active_mtu as u8,
-            rd_atomic: dev.limits.rd_atomic_depths(&self.config).0,
-            init_rd_atomic: dev.limits.rd_atomic_depths(&self.config).1,
+            rd_atomic,
+            init_rd_atomic,
         }
     }
 
