@@ -189,6 +189,62 @@ fn waiting_requests_go_in_order_and_are_answered_through_a_shutdown() {
     stopping.join().unwrap().unwrap();
 }
 
+/// Clients take turns at the memory for reading large requests: one
+/// client's backlog of them does not make another's wait for all of it.
+/// Only one request fits at a time, so the handler sees them in the order
+/// they were read.
+#[test]
+fn clients_take_turns_at_reading_large_requests() {
+    use rdma_ring::backend::soft::Progress;
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_reading: 100_000,
+        ..RpcConfig::default()
+    };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+            seen.lock().unwrap().push(req[0]);
+            resp.extend_from_slice(req);
+            Ok(())
+        }
+    };
+    let server = RpcServer::soft(&dev, Service::handler(handler), config).unwrap();
+    let hog = server.connect_soft().unwrap();
+    let other = server.connect_soft().unwrap();
+    let before = server.stats().messages;
+    dev.set_progress(Progress::Manual);
+    let hogs: Vec<Vec<u8>> = (1..=5).map(|i| pattern(60_000, i)).collect();
+    let mut calls: Vec<_> = hogs.iter().map(|r| hog.call_async(r)).collect();
+    dev.progress(); // the hog's descriptors arrive; one read starts
+    wait_for("the hog's requests to be seen", || {
+        server.stats().messages == before + 5
+    });
+    let late = pattern(60_000, 99);
+    calls.push(other.call_async(&late));
+    dev.set_progress(Progress::Auto);
+    dev.progress();
+    let got = futures::executor::block_on(futures::future::join_all(calls));
+    for (req, resp) in hogs.iter().chain([&late]).zip(got) {
+        assert!(&resp.unwrap() == req, "an echo differs");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    // The hog's own requests keep their order.
+    let hogs_seen: Vec<u8> = seen.iter().copied().filter(|&s| s != 99).collect();
+    assert_eq!(hogs_seen, [1, 2, 3, 4, 5]);
+    // However the other's descriptor met the hog's reads, at least two of
+    // the hog's were still waiting behind it: in arrival order, it would
+    // have gone last.
+    let at = seen.iter().position(|&s| s == 99).unwrap();
+    assert!(
+        at <= 3,
+        "the other client's request was read after {at} of the hog's: {seen:?}"
+    );
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn sixteen_clients_pipeline_calls_without_rnr() {
     let dev = SoftDevice::new();

@@ -48,7 +48,9 @@
 //!   response; a large response's by the client's release message, or by
 //!   the server after `release_timeout`. The server reads large requests
 //!   into memory it registers for them, at most `max_reading` bytes at
-//!   once over all clients; the rest wait their turn.
+//!   once over all clients; the rest wait, each client's in its order and
+//!   the clients taking turns, so one client's backlog of large requests
+//!   does not hold the others up for all of its length.
 //! * **Faults.** A malformed message or a lying descriptor ends that
 //!   connection only (with an error message to the client first, where
 //!   one can go); a handler's panic fails that call only. A client that
@@ -74,6 +76,7 @@ mod server;
 mod server_core;
 mod tasks;
 mod timer;
+mod waiting_reads;
 mod waking;
 pub mod wire;
 
@@ -110,9 +113,11 @@ pub struct RpcConfig {
     /// Bytes of large requests (those that go by rendezvous) the server
     /// reads at once, over all clients (server side): memory registered
     /// for each until it is read and handed to the handler. A request
-    /// that would go past it waits, in arrival order (a small one behind
-    /// a large one), until earlier ones are handed over; one request
-    /// alone is always read. Requests waiting when a shutdown begins
+    /// that would go past it waits until earlier ones are handed over:
+    /// each client's in its arrival order, the clients taking turns (one
+    /// request each), and nothing overtakes the request whose turn it is
+    /// (a small one waits behind a large one); one request alone is
+    /// always read. Requests waiting when a shutdown begins
     /// are read and answered through it. Without the bound, every client
     /// could make the server register a window of `max_message`-sized
     /// requests.

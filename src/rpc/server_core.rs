@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::handler::{Caller, HandlerError};
 use super::server::{ServerStats, Service};
 use super::tasks::{panic_text, Outcome, Tasks};
+use super::waiting_reads::WaitingReads;
 use super::wire::{self, ErrorCode, Hello, Kind, Message, HEADER_LEN};
 use super::RpcConfig;
 use crate::backend::{ProtectionDomain, QueuePair, WcStatus};
@@ -122,8 +123,9 @@ pub(super) struct ServerCore {
     /// not yet read and handled).
     reading: u64,
     /// Rendezvous requests waiting for `reading` to fall under
-    /// `max_reading`, in arrival order: each holds a descriptor only.
-    waiting_reads: VecDeque<(QpHandle, u64, RemoteSlice)>,
+    /// `max_reading`, the clients taking turns: each holds a descriptor
+    /// only.
+    waiting_reads: WaitingReads,
     next_read: u64,
     tasks: Tasks<(QpHandle, u64)>,
     finished: Vec<((QpHandle, u64), Outcome)>,
@@ -150,7 +152,7 @@ impl ServerCore {
             conns: HashMap::new(),
             reads: HashMap::new(),
             reading: 0,
-            waiting_reads: VecDeque::new(),
+            waiting_reads: WaitingReads::default(),
             next_read: 0,
             tasks: Tasks::new(),
             finished: Vec::new(),
@@ -570,7 +572,7 @@ impl ServerCore {
         // must not starve a large one.
         if !self.waiting_reads.is_empty() || !self.may_read(remote) {
             self.stats.reads_waited += 1;
-            self.waiting_reads.push_back((qp, id, remote));
+            self.waiting_reads.push(qp, id, remote);
             return;
         }
         self.read_request(qp, id, remote);
@@ -616,19 +618,20 @@ impl ServerCore {
         self.start_waiting_reads();
     }
 
-    /// Starts the waiting rendezvous requests that fit now, in order.
-    /// They arrived before any shutdown began, so they are read and
-    /// handled through one; those of a connection that is closing go.
+    /// Starts the waiting rendezvous requests that fit now, the clients
+    /// taking turns. They arrived before any shutdown began, so they are
+    /// read and handled through one; those of a connection that is
+    /// closing go.
     fn start_waiting_reads(&mut self) {
-        while let Some(&(qp, id, remote)) = self.waiting_reads.front() {
+        while let Some((qp, _, remote)) = self.waiting_reads.next() {
             if self.conns.get(&qp).is_none_or(|c| c.closing.is_some()) {
-                self.waiting_reads.pop_front();
+                self.waiting_reads.remove_client(qp);
                 continue;
             }
             if !self.may_read(remote) {
                 return;
             }
-            self.waiting_reads.pop_front();
+            let (qp, id, remote) = self.waiting_reads.take_next().expect("looked at above");
             self.read_request(qp, id, remote);
         }
     }
@@ -644,7 +647,7 @@ impl ServerCore {
                 self.reading -= read.remote.len();
             }
         }
-        self.waiting_reads.retain(|(owner, ..)| *owner != qp);
+        self.waiting_reads.remove_client(qp);
         self.start_waiting_reads();
     }
 
@@ -948,7 +951,7 @@ impl ServerCore {
             .map(|qp| {
                 let conn = self.conns.remove(&qp).expect("listed");
                 self.reads.retain(|_, r| r.qp != qp);
-                self.waiting_reads.retain(|(owner, ..)| *owner != qp);
+                self.waiting_reads.remove_client(qp);
                 // Nobody is left to answer: the handler's futures go.
                 let _ = self.tasks.cancel(|(owner, _)| *owner == qp);
                 self.stats.clients_closed += 1;
