@@ -116,12 +116,13 @@ fn one_doorbell_per_queue_pair_and_completions_name_theirs() {
     }
 }
 
-/// A queue pair on a shared completion queue that always rewrites the
-/// queue pair number of the next completion, to test that the ring checks
-/// it.
+/// A queue pair on a shared completion queue that reports a made-up
+/// completion next (`rewrite`), to test that the ring checks what it
+/// names, or reports the device's next one as flushed (`flush_next`).
 struct Rewriting {
     inner: SoftCq,
     rewrite: std::sync::Arc<std::sync::Mutex<Option<(u64, u32)>>>,
+    flush_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 // SAFETY: reports the inner queue's completions; a rewritten one names the
@@ -143,7 +144,21 @@ unsafe impl CompletionQueue for Rewriting {
             };
             return Ok(1);
         }
-        self.inner.poll(out)
+        let n = self.inner.poll(out)?;
+        if n > 0
+            && self
+                .flush_next
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            out[0] = RawCompletion {
+                status: WcStatus::WrFlushErr,
+                byte_len: 0,
+                imm: None,
+                by_write_imm: false,
+                ..out[0]
+            };
+        }
+        Ok(n)
     }
 }
 
@@ -202,6 +217,7 @@ fn a_completion_of_one_queue_pair_never_releases_another_s_operation() {
         Rewriting {
             inner,
             rewrite: rewrite.clone(),
+            flush_next: Default::default(),
         },
         RingConfig::default(),
     );
@@ -239,6 +255,57 @@ fn a_completion_of_one_queue_pair_never_releases_another_s_operation() {
     let back = ring.close();
     assert_eq!(back.len(), 1);
     assert_eq!((back[0].user_data(), back[0].qp()), (7, Some(b)));
+}
+
+/// A flushed shared receive that names an attached queue pair is no error
+/// of that queue pair: it may be a late flush of a detached queue pair
+/// whose number this one took over (a device reuses numbers). The receive
+/// comes back flushed, and the queue pair takes work on.
+#[test]
+fn a_flushed_shared_receive_does_not_fail_the_queue_pair_it_names() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let flush_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let inner = dev.create_cq(64).unwrap();
+    let mut ring: Ring<OnRewriting> = Ring::with_cq(
+        Rewriting {
+            inner,
+            rewrite: Default::default(),
+            flush_next: flush_next.clone(),
+        },
+        RingConfig::default(),
+    );
+    let srq = ring
+        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+        .unwrap();
+    let qp = dev
+        .create_qp_on(&pd, &ring.cq().inner, ring.srq(srq), config())
+        .unwrap();
+    let peer = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let b = ring.attach(OnRewriting::new(qp)).unwrap();
+    let buf = RegisteredBuf::new(&pd, vec![0u8; 32]).unwrap();
+    ring.srq_submission(srq)
+        .push(Recv::new(buf).user_data(7))
+        .unwrap();
+    ring.submit().unwrap();
+    // A message takes the receive; the device is made to say it flushed.
+    let mut client = Ring::new(peer, RingConfig::default());
+    let msg = RegisteredBuf::new(&pd, vec![2u8; 8]).unwrap();
+    client.submission().push(Send::new(msg)).unwrap();
+    client.submit().unwrap();
+    dev.progress();
+    flush_next.store(true, std::sync::atomic::Ordering::Relaxed);
+    let back = ring.completion().poll().unwrap().expect("the flush");
+    assert_eq!(
+        (back.user_data(), back.status(), back.qp()),
+        (7, WcStatus::WrFlushErr, Some(b))
+    );
+    let send = RegisteredBuf::new(&pd, vec![1u8; 8]).unwrap();
+    ring.submission_on(b)
+        .push(Send::new(send))
+        .expect("the queue pair takes work on");
+    ring.submit().unwrap();
 }
 
 /// One queue pair's full send queue does not stop another's pushes; the
@@ -803,6 +870,39 @@ fn detach_on_a_shared_receive_queue_waits_for_last_wqe() {
     s.clients[1].submit().unwrap();
     let got = s.server.completion().wait(1).unwrap();
     assert_eq!(got[0].qp(), Some(s.handles[1]));
+}
+
+/// The device's word that a queue pair detached from a shared receive
+/// queue took its last receive reaps what is queued while that number
+/// still names a receiver (a device may drop a destroyed queue pair's
+/// completions, and the count of the receives it took with them). Here
+/// the ring does not watch events, so the detach could not wait for it.
+#[test]
+fn last_wqe_of_a_detached_queue_pair_reaps_what_is_queued() {
+    let mut s = star(Progress::Auto, 2, 256, Some(srq_config()));
+    let srq = s.srq.unwrap();
+    for _ in 0..2 {
+        s.server
+            .srq_submission(srq)
+            .push(Recv::new(s.pool.take().unwrap()))
+            .unwrap();
+    }
+    s.server.submit().unwrap();
+    let a = s.handles[0];
+    let a_num = s.server.qp_of(a).unwrap().qpn();
+    assert!(s.server.detach(a).unwrap().drained);
+    s.clients[1]
+        .submission()
+        .push(Send::new(s.pool.take().unwrap().slice(0..2)))
+        .unwrap();
+    s.clients[1].submit().unwrap();
+    s.clients[1].completion().wait(1).unwrap();
+    let cqes = s.server.stats().cqes;
+    s.server
+        .apply_event(AsyncEvent::LastWqeReached { qp_num: a_num });
+    assert_eq!(s.server.stats().cqes, cqes + 1, "the queued receive reaped");
+    let got = s.server.completion().poll().unwrap().expect("reaped");
+    assert_eq!(got.qp(), Some(s.handles[1]));
 }
 
 /// A fatal queue pair event moves that queue pair to error (its work comes

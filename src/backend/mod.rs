@@ -605,6 +605,8 @@ pub unsafe trait CompletionQueue {
     fn entries(&self) -> u32;
 
     /// Moves up to `out.len()` completions into `out`; returns how many.
+    /// Fewer than `out.len()` means the queue had no more: the rings stop
+    /// polling on a short batch, taking the queue as drained.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::SoftDevice;
@@ -719,7 +721,9 @@ pub unsafe trait SharedReceiveQueue {
     unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError>;
 
     /// Arms the low-water event: when fewer than `limit` receives remain
-    /// posted, the device raises [`AsyncEvent::SrqLimitReached`] once.
+    /// posted, the device raises [`AsyncEvent::SrqLimitReached`] once. A
+    /// `limit` above the depth asked for ([`SrqCaps::max_wr`]) is refused,
+    /// even where the device made the queue deeper.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::SoftDevice;
@@ -733,8 +737,9 @@ pub unsafe trait SharedReceiveQueue {
     /// ```
     fn arm_limit(&mut self, limit: u32) -> Result<(), Error>;
 
-    /// Destroys the queue. It fails while queue pairs are still attached;
-    /// after `Ok`, the device never touches the receives still posted.
+    /// Destroys the queue. It fails while a queue pair created on it still
+    /// exists (on verbs, detached from a ring or not); after `Ok`, the
+    /// device never touches the receives still posted.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::SoftDevice;

@@ -461,7 +461,11 @@ impl<Q: QueuePair> Ring<Q> {
         match consumer.and_then(|h| self.qps.get_mut(h.key)) {
             Some(slot) if slot.srq == Some(srq) => {
                 slot.stats.cqes += 1;
-                if !raw.status.is_success() {
+                // Not a flush: a queue pair the device moved to error says
+                // so by its own completions and events, and a flush may be
+                // a late one of a detached queue pair whose number this one
+                // took over (it would stay in error for good).
+                if !raw.status.is_success() && raw.status != WcStatus::WrFlushErr {
                     slot.record_error(raw.status);
                 }
             }

@@ -36,8 +36,14 @@ impl<Q: QueuePair> Ring<Q> {
     /// * `QpFatal`, `QpRequestError`, `QpAccessError`: that queue pair is in
     ///   error (moved there if the device did not), its operations come
     ///   back flushed, and it takes no more work;
-    /// * `LastWqeReached`: a detach of that queue pair stops waiting;
-    /// * `SrqLimitReached`: a refill of that shared receive queue runs now;
+    /// * `LastWqeReached`: a detach of that queue pair stops waiting; for
+    ///   a queue pair already detached from a shared receive queue, the
+    ///   completions queued are reaped while its number is still known (a
+    ///   device may drop a destroyed queue pair's completions, and with
+    ///   them the count of receives it took), and the number is forgotten;
+    /// * `SrqLimitReached`: the completions queued are reaped (the
+    ///   receives the device took count as posted until then), and the
+    ///   shared receive queues with a refill are topped up;
     /// * `CqError` of the ring's queue, `DeviceFatal`: the ring takes no
     ///   more work ([`Ring::failure`]); on `DeviceFatal` every queue pair is
     ///   moved to error.
@@ -151,9 +157,20 @@ impl<Q: QueuePair> Ring<Q> {
             AsyncEvent::LastWqeReached { qp_num } => {
                 if let Some(key) = self.by_qpn.get(&qp_num).copied() {
                     self.qps.get_mut(key).expect("indexed").last_wqe = true;
+                } else {
+                    self.last_receive_of_former(qp_num);
                 }
             }
-            AsyncEvent::SrqLimitReached { .. } => self.refill_srqs(),
+            AsyncEvent::SrqLimitReached { .. } => {
+                // The receives the device says were taken are counted as
+                // posted until reaped: reap them, or the refill finds
+                // nothing to top up (and the device has disarmed the
+                // limit).
+                if self.failed.is_none() {
+                    self.reap_queued();
+                }
+                self.refill_srqs();
+            }
             AsyncEvent::CqError { cq } if cq == self.cq_id => {
                 self.failed = Some("completion queue error");
                 self.cq_lost = true;

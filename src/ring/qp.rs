@@ -346,7 +346,9 @@ impl<Q: QueuePair> Ring<Q> {
     /// more receives. The queue pair comes back in [`Detached`], in the
     /// error state; if the device did not drain in time, its in-flight
     /// buffers are leaked (never freed under the NIC) and `drained` is
-    /// false.
+    /// false. So it is too if the device refused to move the queue pair to
+    /// error: it may then still run, and receives it takes from a shared
+    /// receive queue complete as a former queue pair's.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, WcStatus};

@@ -91,6 +91,36 @@ impl<S> SrqSlot<S> {
     pub(super) fn had(&self, qpn: u32) -> bool {
         self.former.contains(&qpn)
     }
+
+    /// Queue pair `qpn`, detached, takes no more receives from this queue.
+    fn forget(&mut self, qpn: u32) {
+        self.former.retain(|&n| n != qpn);
+    }
+}
+
+impl<Q: QueuePair> Ring<Q> {
+    /// A detached queue pair's last receive has completed
+    /// ([`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached)):
+    /// reaps what is queued while its number still names a receiver, then
+    /// forgets the number.
+    pub(super) fn last_receive_of_former(&mut self, qpn: u32) {
+        let known = self
+            .srqs
+            .keys()
+            .into_iter()
+            .any(|k| self.srqs.get(k).is_some_and(|s| s.had(qpn)));
+        if !known {
+            return;
+        }
+        if self.failed.is_none() {
+            self.reap_queued();
+        }
+        for k in self.srqs.keys() {
+            if let Some(slot) = self.srqs.get_mut(k) {
+                slot.forget(qpn);
+            }
+        }
+    }
 }
 
 /// The submission side of one of a ring's shared receive queues: it takes

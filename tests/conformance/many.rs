@@ -275,6 +275,64 @@ pub fn srq_limit_event<F: Fabric>(f: &F) {
     assert!(matches!(event, AsyncEvent::SrqLimitReached { .. }));
 }
 
+/// The low-water event tops a refilled shared receive queue up at once:
+/// the receives the device says were taken are reaped first (until then
+/// they count as posted, and a refill would find nothing to do).
+pub fn srq_limit_event_refills_at_once<F: Fabric>(f: &F) {
+    use rdma_ring::ring::SrqRefill;
+    let mut server = Ring::with_cq(f.cq(256), ring_config());
+    server.watch_events(f.events());
+    let srq = server
+        .add_srq(f.srq(SrqConfig {
+            max_wr: 16,
+            max_sge: 1,
+        }))
+        .unwrap();
+    let (qp, peer) = f.pair_on(server.cq(), server.srq(srq), small());
+    server.attach(qp).unwrap();
+    let mut client = Ring::new(peer, ring_config());
+    let pool = BufferPool::new(f.pd(), 64, 32).unwrap();
+    let refill = SrqRefill {
+        pool: pool.clone(),
+        low: 4,
+        target: 8,
+        user_data: 9,
+    };
+    server.set_srq_refill(srq, Some(refill)).unwrap();
+    assert_eq!(server.srq_posted(srq), Some(8));
+    server.arm_srq_limit(srq, 6).unwrap();
+    for _ in 0..5 {
+        client
+            .submission()
+            .push(Send::new(pool.take().unwrap().slice(0..4)))
+            .unwrap();
+    }
+    client.submit().unwrap();
+    assert_eq!(wait(&mut client, 5).len(), 5);
+    // The server is not reaped: only the event may bring the refill.
+    let posted_before = server.stats().recv_wrs;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    while server.stats().recv_wrs == posted_before {
+        server.poll_events().unwrap();
+        seen |= std::iter::from_fn(|| server.next_event())
+            .any(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refill after the low-water event (event seen: {seen})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(seen, "refilled without the event");
+    assert_eq!(server.stats().recv_wrs, posted_before + 5);
+    assert_eq!(server.srq_posted(srq), Some(8));
+    // The five messages were reaped for the refill, and wait in order.
+    let got = wait(&mut server, 5);
+    assert!(got
+        .iter()
+        .all(|c| c.user_data() == 9 && matches!(c.result(), Ok(4))));
+}
+
 /// Detaching a queue pair from a shared completion queue with receives in
 /// flight gives them back flushed; the other queue pair keeps working.
 pub fn detach_with_work_in_flight<F: Fabric>(f: &F) {
@@ -664,4 +722,52 @@ pub fn raw_completions_and_keys_say_only_what_they_should<F: Fabric>(f: &F) {
     );
     drop((src_mr, dst_mr));
     assert_eq!(dst, src);
+}
+
+/// A poll asked for more completions than are queued gets them all: the
+/// rings take a short batch as "drained", so a backend that returned
+/// fewer than asked while more were queued would strand completions (the
+/// verbs backend's staging array once held 64, under a larger
+/// `poll_batch`).
+pub fn a_large_poll_takes_every_queued_completion<F: Fabric>(f: &F) {
+    use rdma_ring::backend::{CompletionQueue, RawCompletion, SendFlags, SendOpcode, SgeSpan};
+    const N: usize = 100;
+    let config = QpConfig {
+        max_send_wr: N as u32,
+        max_recv_wr: 1,
+        ..QpConfig::default()
+    };
+    let (mut qa, _qb) = f.pair(config);
+    let mut cq = qa
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let write = SendWr {
+        flags: SendFlags::SIGNALED,
+        ..SendWr::new(0, SendOpcode::Write, SgeSpan::default())
+    };
+    let wrs: Vec<SendWr> = (0..N as u64)
+        .map(|i| SendWr { wr_id: i, ..write })
+        .collect();
+    // SAFETY: zero-length WRITEs name no memory.
+    unsafe { qa.post_send(&wrs, &[]) }.unwrap();
+    // Not a timing check: the device has long finished 100 empty WRITEs by
+    // then, and a backend capped at 64 per poll returns at most 64 however
+    // long it waits.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut out = vec![RawCompletion::default(); 2 * N];
+    let first = cq.poll(&mut out).unwrap();
+    assert!(first > 64, "a poll of {} returned {first}", out.len());
+    let mut got: Vec<u64> = out[..first].iter().map(|c| c.wr_id).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while got.len() < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {N} completed",
+            got.len()
+        );
+        let n = cq.poll(&mut out).unwrap();
+        got.extend(out[..n].iter().map(|c| c.wr_id));
+    }
+    assert_eq!(got, (0..N as u64).collect::<Vec<_>>());
+    assert!(out[..first].iter().all(|c| c.status == WcStatus::Success));
 }

@@ -455,6 +455,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn many_queue_pairs_on_one_cq_and_srq() { conformance::many::many_queue_pairs_on_one_cq_and_srq(&$make) }
         $(#[$attr])* #[test] fn scatter_gather_on_the_device() { conformance::many::scatter_gather_on_the_device(&$make) }
         $(#[$attr])* #[test] fn srq_limit_event() { conformance::many::srq_limit_event(&$make) }
+        $(#[$attr])* #[test] fn srq_limit_event_refills_at_once() { conformance::many::srq_limit_event_refills_at_once(&$make) }
         $(#[$attr])* #[test] fn a_queue_pair_on_a_destroyed_srq_is_refused() { conformance::many::a_queue_pair_on_a_destroyed_srq_is_refused(&$make) }
         $(#[$attr])* #[test] fn an_ack_timeout_that_never_fires_is_refused() { conformance::many::an_ack_timeout_that_never_fires_is_refused(&$make) }
         $(#[$attr])* #[test] fn detach_with_work_in_flight() { conformance::many::detach_with_work_in_flight(&$make) }
@@ -465,6 +466,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn a_shared_cq_is_never_overrun() { conformance::many::a_shared_cq_is_never_overrun(&$make) }
         $(#[$attr])* #[test] fn events_have_a_descriptor() { conformance::many::events_have_a_descriptor(&$make) }
         $(#[$attr])* #[test] fn raw_completions_and_keys_say_only_what_they_should() { conformance::many::raw_completions_and_keys_say_only_what_they_should(&$make) }
+        $(#[$attr])* #[test] fn a_large_poll_takes_every_queued_completion() { conformance::many::a_large_poll_takes_every_queued_completion(&$make) }
         $(#[$attr])* #[test] fn fixed_every_op_kind() { conformance::fixed::fixed_every_op_kind(&$make) }
         $(#[$attr])* #[test] fn fixed_many_qps_on_one_cq() { conformance::fixed::fixed_many_qps_on_one_cq(&$make) }
         $(#[$attr])* #[test] fn fixed_wrong_rkey_fails_and_flushes() { conformance::fixed::fixed_wrong_rkey_fails_and_flushes(&$make) }

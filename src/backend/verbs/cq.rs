@@ -117,7 +117,13 @@ unsafe impl CompletionQueue for VerbsCq {
     }
 
     fn poll(&mut self, out: &mut [RawCompletion]) -> Result<usize, Error> {
-        let max = out.len().min(self.wcs.len());
+        // A short batch means the queue is drained (the trait's contract),
+        // so the staging array must take as many as asked; it grows only
+        // past the largest batch asked so far.
+        if out.len() > self.wcs.len() {
+            self.wcs = zeroed(out.len());
+        }
+        let max = out.len().min(i32::MAX as usize);
         // SAFETY: the CQ is live; `wcs` has room for `max` entries.
         let n = unsafe { rdma_sys::ibv_poll_cq(self.inner.cq, max as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {

@@ -155,6 +155,20 @@ unsafe impl SharedReceiveQueue for VerbsSrq {
         if self.destroyed {
             return Err(Error::Soft("the shared receive queue was destroyed"));
         }
+        // The device may have made the queue deeper than asked (mlx5 rounds
+        // up) and would take a mark the ring never fills to.
+        if limit > self.caps.max_wr {
+            return Err(Error::Verbs {
+                verb: "ibv_modify_srq(IBV_SRQ_LIMIT)",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "limit {limit} exceeds the queue's depth {}",
+                        self.caps.max_wr
+                    ),
+                ),
+            });
+        }
         // SAFETY: the SRQ is live; `attr` is valid for the limit field.
         let ret = unsafe {
             rdma_sys::ibv_modify_srq(
