@@ -108,6 +108,45 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
     }
 }
 
+/// `listen` waits for one session: a connection that fails its handshake
+/// first (a port probe that connects and closes) is dropped, not returned
+/// as the listen's error.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn listen_outlasts_a_port_probe() {
+    let name = device_name();
+    drop(device()); // fails loudly without one
+    let port = free_port();
+    let server = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            SessionBuilder::default()
+                .device(&name)
+                .listen(("127.0.0.1", port))
+        })
+    };
+    // The probe, once the port listens: connect, say nothing, close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let probe = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(probe) => break probe,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "never listened: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(probe);
+    std::thread::sleep(Duration::from_millis(200));
+    let client = SessionBuilder::default()
+        .device(&name)
+        .connect(("127.0.0.1", port))
+        .expect("the session after the probe");
+    let server = server
+        .join()
+        .unwrap()
+        .expect("listen returns the session, not the probe's failure");
+    assert!(server.failure().is_none() && client.failure().is_none());
+}
+
 /// A session listener on the loopback interface of the test device, with
 /// `connect_timeout`; its port and config.
 fn loopback_listener(

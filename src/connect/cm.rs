@@ -32,7 +32,7 @@ use rdma_sys::{
     ibv_qp_attr, rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param, rdma_event_channel,
 };
 
-use crate::backend::verbs::{VerbsCq, VerbsDevice, VerbsPd, VerbsQp, VerbsSrq};
+use crate::backend::verbs::{DeviceOptions, VerbsCq, VerbsDevice, VerbsPd, VerbsQp, VerbsSrq};
 use crate::backend::{PostError, QpCaps, QpConfig, QueuePair, RecvWr, SendWr, Sge};
 use crate::deadline::Deadline;
 use crate::error::Error;
@@ -149,6 +149,18 @@ impl CmId {
     fn port(&self) -> u8 {
         // SAFETY: the id is live.
         unsafe { (*self.id).port_num }
+    }
+
+    /// The device and port rdma_cm bound this id to, opened.
+    fn open_device(&self) -> Result<VerbsDevice, Error> {
+        let name = self.device_name().ok_or(Error::Incompatible(
+            "rdma_cm bound no device (a wildcard address)",
+        ))?;
+        let options = DeviceOptions {
+            port: self.port(),
+            ..DeviceOptions::default()
+        };
+        VerbsDevice::open_with(&name, options)
     }
 
     /// The name of the device rdma_cm bound this id to.
@@ -667,6 +679,21 @@ impl CmRoute {
         self.id.device_name()
     }
 
+    /// Opens the device and port rdma_cm routed through (on a device of
+    /// several ports, not always port 1): the queue pair must be on them.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm;
+    /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), Duration::from_secs(10)).unwrap();
+    /// let dev = route.open_device().unwrap();
+    /// assert_eq!(Some(dev.name().to_string()), route.device_name());
+    /// ```
+    pub fn open_device(&self) -> Result<VerbsDevice, Error> {
+        self.id.open_device()
+    }
+
     /// A queue pair for this connection, in INIT, with a completion queue
     /// of its own. `dev` must be the device the route goes through.
     ///
@@ -796,6 +823,19 @@ impl CmListener {
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.device_name()
+    }
+
+    /// Opens the device and port the listener is bound to (fails for a
+    /// wildcard address): requests arriving there are accepted on them.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let dev = listener.open_device().unwrap();
+    /// ```
+    pub fn open_device(&self) -> Result<VerbsDevice, Error> {
+        self.id.open_device()
     }
 
     /// The next connection request, within `timeout`: the first step of
@@ -952,6 +992,40 @@ impl CmRequest {
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.as_ref().and_then(CmId::device_name)
+    }
+
+    /// The port the request arrived on.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("0.0.0.0:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// println!("on {:?} port {}", request.device_name(), request.port());
+    /// ```
+    pub fn port(&self) -> u8 {
+        self.id.as_ref().map_or(0, CmId::port)
+    }
+
+    /// Opens the device and port the request arrived on: its queue pair
+    /// must be on them.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("0.0.0.0:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// let dev = request.open_device().unwrap();
+    /// ```
+    pub fn open_device(&self) -> Result<VerbsDevice, Error> {
+        self.id
+            .as_ref()
+            .ok_or(Error::Incompatible(
+                "the request was handed to a queue pair",
+            ))?
+            .open_device()
     }
 
     /// The requester's address, if it is an IP address.

@@ -175,11 +175,13 @@ impl RpcServer<CmQp> {
     /// device; requests arriving on another are rejected).
     pub fn bind_cm(addr: SocketAddr, service: Service, config: RpcConfig) -> Result<Self, Error> {
         let listener = CmListener::bind(addr)?;
-        let name = listener.device_name().ok_or(Error::Incompatible(
-            "bind_cm needs the address of one RDMA device's interface, not a wildcard",
-        ))?;
+        if listener.device_name().is_none() {
+            return Err(Error::Incompatible(
+                "bind_cm needs the address of one RDMA device's interface, not a wildcard",
+            ));
+        }
+        let dev = listener.open_device()?;
         let listener = HandshakeListener::new(listener, config.connect_timeout);
-        let dev = VerbsDevice::open(&name)?;
         let mut server = start_on::<CmQp>(&dev, service, config)?;
         server.local_addr = Some(addr);
         let shared = Arc::clone(&server.shared);
@@ -257,10 +259,10 @@ impl RpcClient<CmQp> {
     /// rdma_cm, on the device the route leads through.
     pub fn connect_cm(addr: SocketAddr, config: RpcConfig) -> Result<Self, RpcError> {
         let route = cm::resolve(addr, config.connect_timeout).map_err(connect_failed)?;
-        let name = route
-            .device_name()
-            .ok_or_else(|| RpcError::Connect("the route names no RDMA device".into()))?;
-        let dev = VerbsDevice::open(&name).map_err(connect_failed)?;
+        if route.device_name().is_none() {
+            return Err(RpcError::Connect("the route names no RDMA device".into()));
+        }
+        let dev = route.open_device().map_err(connect_failed)?;
         let pd = dev.alloc_pd().map_err(connect_failed)?;
         let qp = route
             .create_qp(&dev, &pd, client_qp_config(&config))

@@ -41,7 +41,9 @@ pub struct SessionBuilder {
 }
 
 impl SessionBuilder {
-    /// The device to use, by name (default: the first one).
+    /// The device to use, by name (default: the first one). Over rdma_cm
+    /// ([`connect_cm`](Self::connect_cm), [`bind_cm`](Self::bind_cm)),
+    /// the device, port and GID are rdma_cm's choice, from the address.
     pub fn device(mut self, name: &str) -> Self {
         self.device = Some(name.to_owned());
         self
@@ -122,9 +124,17 @@ impl SessionBuilder {
     }
 
     /// Waits for one peer at `addr` (TCP handshake) — async-rdma's
-    /// `listen`. For many peers, [`bind`](Self::bind).
+    /// `listen`. A connection that fails its handshake (a port probe, a
+    /// peer that sends garbage or goes silent) is dropped, and it waits on
+    /// for one that succeeds; only the listener's own failure is returned.
+    /// For many peers, [`bind`](Self::bind).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
-        self.bind(addr)?.accept()
+        let listener = self.bind(addr)?;
+        loop {
+            if let Ok(session) = listener.next_handshake()? {
+                return Ok(session);
+            }
+        }
     }
 
     /// Listens at `addr` (TCP handshake) for many peers on one host.
@@ -144,10 +154,10 @@ impl SessionBuilder {
     pub fn connect_cm(&self, addr: SocketAddr) -> Result<Session<CmQp>, SessionError> {
         let timeout = self.config.connect_timeout;
         let route = cm::resolve(addr, timeout)?;
-        let name = route
-            .device_name()
-            .ok_or(Error::Incompatible("rdma_cm resolved no device"))?;
-        let dev = VerbsDevice::open_with(&name, self.options)?;
+        if route.device_name().is_none() {
+            return Err(Error::Incompatible("rdma_cm resolved no device").into());
+        }
+        let dev = route.open_device()?;
         let host = start_host::<CmQp>(&dev, self.config)?;
         let fabric = verbs_fabric(&host);
         let config = self.config.qp_config();
@@ -175,10 +185,13 @@ impl SessionBuilder {
     /// interface, for many peers on one host.
     pub fn bind_cm(&self, addr: SocketAddr) -> Result<SessionListener<CmQp>, SessionError> {
         let listener = CmListener::bind(addr)?;
-        let name = listener.device_name().ok_or(Error::Incompatible(
-            "bind_cm needs the address of one RDMA device's interface, not a wildcard",
-        ))?;
-        let dev = VerbsDevice::open_with(&name, self.options)?;
+        if listener.device_name().is_none() {
+            return Err(Error::Incompatible(
+                "bind_cm needs the address of one RDMA device's interface, not a wildcard",
+            )
+            .into());
+        }
+        let dev = listener.open_device()?;
         Ok(SessionListener {
             host: start_host::<CmQp>(&dev, self.config)?,
             kind: ListenerKind::Cm(HandshakeListener::new(
@@ -350,13 +363,18 @@ impl SessionListener<VerbsQp> {
     /// handshake is dropped with an error for the call that returns it;
     /// call again.
     pub fn accept(&self) -> Result<Session<VerbsQp>, SessionError> {
+        self.next_handshake()?
+    }
+
+    /// The next handshake to finish, or the listener's own failure.
+    fn next_handshake(&self) -> Result<Result<Session<VerbsQp>, SessionError>, SessionError> {
         let ListenerKind::Tcp(listener) = &self.kind else {
             unreachable!("a TCP listener")
         };
         let host = self.host.clone();
         listener
             .accept(move |(stream, _)| host.handshake(stream))
-            .map_err(|e| SessionError::Connect(e.to_string()))?
+            .map_err(|e| SessionError::Connect(e.to_string()))
     }
 }
 

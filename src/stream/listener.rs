@@ -34,7 +34,9 @@ fn first_device() -> io::Result<VerbsDevice> {
 /// use rdma_ring::stream::RdmaListener;
 /// let listener = RdmaListener::bind("0.0.0.0:7480").unwrap();
 /// for stream in listener.incoming() {
-///     let mut stream = stream.unwrap();
+///     // A connection that failed its handshake (a port probe, a peer that
+///     // sent garbage) is that peer's error: serve on.
+///     let Ok(mut stream) = stream else { continue };
 ///     let mut buf = [0u8; 40];
 ///     let n = stream.read(&mut buf).unwrap();
 ///     stream.write_all(&buf[..n]).unwrap();
@@ -246,9 +248,11 @@ fn cm_handshake(
     let (dev, pd) = {
         let mut cached = device.lock().unwrap_or_else(|p| p.into_inner());
         match &*cached {
-            Some((dev, pd)) if dev.name() == name => (dev.clone(), pd.clone()),
+            Some((dev, pd)) if dev.name() == name && dev.port() == request.port() => {
+                (dev.clone(), pd.clone())
+            }
             _ => {
-                let dev = VerbsDevice::open(&name).map_err(to_io)?;
+                let dev = request.open_device().map_err(to_io)?;
                 let pd = dev.alloc_pd().map_err(to_io)?;
                 *cached = Some((dev.clone(), pd.clone()));
                 (dev, pd)
@@ -272,10 +276,13 @@ impl RdmaStream<CmQp> {
     pub fn connect_cm(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaStream<CmQp>> {
         config.check().map_err(to_io)?;
         let route = cm::resolve(addr, config.connect_timeout).map_err(to_io)?;
-        let name = route.device_name().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, "the route names no RDMA device")
-        })?;
-        let dev = VerbsDevice::open(&name).map_err(to_io)?;
+        if route.device_name().is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the route names no RDMA device",
+            ));
+        }
+        let dev = route.open_device().map_err(to_io)?;
         let pd = dev.alloc_pd().map_err(to_io)?;
         let qp = route
             .create_qp(&dev, &pd, config.qp_config())
