@@ -79,6 +79,22 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
     );
     drop(refused);
 
+    // The listener heard the removal too, and hears nothing more: a
+    // request fails, then every later one at once (not after waiting out
+    // its timeout for a request that cannot come).
+    let first = listener.request(Duration::from_secs(10));
+    assert!(first.is_err(), "a request on a removed device");
+    assert!(listener.removed(), "{:?}", first.err());
+    let started = Instant::now();
+    let again = listener
+        .request(Duration::from_secs(10))
+        .expect_err("a request on a removed device");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited {:?} for {again}",
+        started.elapsed()
+    );
+
     let leaked = rdma_ring::leak::leaked().buffers;
     let started = Instant::now();
     let back = ring.close();

@@ -41,6 +41,12 @@ pub(crate) trait Incoming {
     fn origin(_attempt: &Self::Attempt) -> Option<IpAddr> {
         None
     }
+
+    /// Whether the source will give no more attempts, ever (its device
+    /// went away): an accept loop may stop.
+    fn ended(&self) -> bool {
+        false
+    }
 }
 
 impl Incoming for TcpListener {
@@ -111,6 +117,10 @@ impl Incoming for CmListener {
 
     fn origin(request: &CmRequest) -> Option<IpAddr> {
         request.peer_addr().map(|addr| addr.ip())
+    }
+
+    fn ended(&self) -> bool {
+        self.removed()
     }
 }
 
@@ -299,6 +309,12 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             waiting: Mutex::new(VecDeque::new()),
             patience,
         }
+    }
+
+    /// Whether the source will give no more attempts (see
+    /// [`Incoming::ended`]).
+    pub(crate) fn ended(&self) -> bool {
+        self.source.ended()
     }
 
     /// Waits for the next handshake to finish, starting `handshake` on a

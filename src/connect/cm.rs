@@ -542,7 +542,7 @@ fn ready_qp(
 /// use rdma_ring::connect::cm;
 /// let timeout = Duration::from_secs(10);
 /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
-/// let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+/// let dev = route.open_device().unwrap();
 /// let pd = dev.alloc_pd().unwrap();
 /// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
 /// // Post the receives the peer's first messages need here, then connect.
@@ -645,7 +645,7 @@ fn out_of_time(step: &'static str, deadline: &Deadline, timeout: Duration) -> Re
 /// use rdma_ring::backend::QpConfig;
 /// use rdma_ring::connect::cm;
 /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), Duration::from_secs(10)).unwrap();
-/// # let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+/// # let dev = route.open_device().unwrap();
 /// # let pd = dev.alloc_pd().unwrap();
 /// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
 /// // In INIT until `connect`, so receives can be posted first.
@@ -664,7 +664,8 @@ impl std::fmt::Debug for CmRoute {
 }
 
 impl CmRoute {
-    /// The RDMA device rdma_cm routed through: open that one.
+    /// The RDMA device rdma_cm routed through ([`open_device`](Self::open_device)
+    /// opens it, on the port rdma_cm chose).
     ///
     /// ```no_run
     /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
@@ -672,8 +673,9 @@ impl CmRoute {
     /// use rdma_ring::backend::verbs::VerbsDevice;
     /// use rdma_ring::connect::cm;
     /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), Duration::from_secs(10)).unwrap();
-    /// // rdma_cm chose the device from the address; the queue pair must be on it.
-    /// let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// // rdma_cm chose the device from the address; the queue pair must be
+    /// // on it (and on the port it chose: `open_device`).
+    /// println!("through {:?}", route.device_name());
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.device_name()
@@ -706,7 +708,7 @@ impl CmRoute {
     /// use rdma_ring::ring::{Ring, RingConfig};
     /// # let timeout = std::time::Duration::from_secs(10);
     /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
-    /// # let dev = rdma_ring::backend::verbs::VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// # let dev = route.open_device().unwrap();
     /// # let pd = dev.alloc_pd().unwrap();
     /// let mut ring = Ring::new(route.create_qp(&dev, &pd, QpConfig::default()).unwrap(), RingConfig::default());
     /// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap())).unwrap();
@@ -768,13 +770,17 @@ impl CmRoute {
 /// use rdma_ring::backend::QpConfig;
 /// use rdma_ring::connect::cm::CmListener;
 /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
-/// let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+/// let dev = listener.open_device().unwrap();
 /// let pd = dev.alloc_pd().unwrap();
 /// let qp = listener.accept(&dev, &pd, QpConfig::default(), b"welcome", Duration::from_secs(60)).unwrap();
 /// assert!(qp.qp().is_connected());
 /// ```
 pub struct CmListener {
     id: CmId,
+    /// Set once rdma_cm said the device went away: the listening id hears
+    /// nothing more, so every later request fails at once rather than
+    /// waiting out its timeout for nothing.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CmListener {
@@ -807,7 +813,10 @@ impl CmListener {
         if unsafe { rdma_sys::rdma_listen(id.id, 64) } != 0 {
             return Err(cm_error("rdma_listen"));
         }
-        Ok(CmListener { id })
+        Ok(CmListener {
+            id,
+            removed: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// The RDMA device the listener is bound to, when it was bound to an
@@ -819,7 +828,7 @@ impl CmListener {
     /// use rdma_ring::connect::cm::CmListener;
     /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
     /// // Bound to one interface's address, so to that interface's device.
-    /// let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+    /// let dev = listener.open_device().unwrap();
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.device_name()
@@ -836,6 +845,24 @@ impl CmListener {
     /// ```
     pub fn open_device(&self) -> Result<VerbsDevice, Error> {
         self.id.open_device()
+    }
+
+    /// Whether rdma_cm said the listener's device was removed: it hears
+    /// no more requests, and [`request`](Self::request) fails at once.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// while !listener.removed() {
+    ///     if let Ok(request) = listener.request(Duration::from_secs(1)) {
+    ///         drop(request); // rejected
+    ///     }
+    /// }
+    /// ```
+    pub fn removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The next connection request, within `timeout`: the first step of
@@ -855,7 +882,7 @@ impl CmListener {
     /// use rdma_ring::ring::{Ring, RingConfig};
     /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
     /// let request = listener.request(Duration::from_secs(60)).unwrap();
-    /// # let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// # let dev = request.open_device().unwrap();
     /// # let pd = dev.alloc_pd().unwrap();
     /// let mut ring = Ring::new(request.create_qp(&dev, &pd, QpConfig::default()).unwrap(), RingConfig::default());
     /// ring.submission().push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 4096]).unwrap())).unwrap();
@@ -864,6 +891,12 @@ impl CmListener {
     /// ```
     pub fn request(&self, timeout: Duration) -> Result<CmRequest, Error> {
         let step = "waiting for a connect request";
+        if self.removed() {
+            return Err(cm_failure(
+                step,
+                "the device was removed: this listener hears no more requests".into(),
+            ));
+        }
         let deadline = Deadline::after(timeout);
         // A listening id hears of its address changing too (a bonding
         // failover, say): that ends no listener. Only the device's
@@ -873,7 +906,9 @@ impl CmListener {
             match event.kind {
                 ev::RDMA_CM_EVENT_CONNECT_REQUEST => break event,
                 ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                    return Err(unexpected(step, event.kind, event.status))
+                    self.removed
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    return Err(unexpected(step, event.kind, event.status));
                 }
                 _ => {}
             }
@@ -900,7 +935,7 @@ impl CmListener {
     /// use rdma_ring::backend::QpConfig;
     /// use rdma_ring::connect::cm::CmListener;
     /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
-    /// # let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+    /// # let dev = listener.open_device().unwrap();
     /// # let pd = dev.alloc_pd().unwrap();
     /// let qp = listener.accept(&dev, &pd, QpConfig::default(), b"welcome", Duration::from_secs(60)).unwrap();
     /// // rdma_cm pads the request's private data with zeros: compare a prefix.
@@ -935,7 +970,7 @@ impl CmListener {
 /// use rdma_ring::backend::QpConfig;
 /// use rdma_ring::connect::cm::CmListener;
 /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
-/// # let dev = VerbsDevice::open(&listener.device_name().unwrap()).unwrap();
+/// # let dev = listener.open_device().unwrap();
 /// # let pd = dev.alloc_pd().unwrap();
 /// while let Ok(request) = listener.request(Duration::from_secs(60)) {
 ///     if request.private_data().starts_with(b"hello") {
@@ -988,7 +1023,7 @@ impl CmRequest {
     /// let listener = CmListener::bind("0.0.0.0:7472".parse().unwrap()).unwrap();
     /// let request = listener.request(Duration::from_secs(60)).unwrap();
     /// // On the wildcard address, each request names the device it came through.
-    /// let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// let dev = request.open_device().unwrap();
     /// ```
     pub fn device_name(&self) -> Option<String> {
         self.id.as_ref().and_then(CmId::device_name)
@@ -1054,7 +1089,7 @@ impl CmRequest {
     /// use rdma_ring::connect::cm::CmListener;
     /// # let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
     /// let request = listener.request(Duration::from_secs(60)).unwrap();
-    /// let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// let dev = request.open_device().unwrap();
     /// let pd = dev.alloc_pd().unwrap();
     /// let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
     /// assert!(!qp.qp().is_connected()); // in INIT until accepted
@@ -1239,7 +1274,7 @@ impl CmQp {
     /// use rdma_ring::connect::cm;
     /// let timeout = Duration::from_secs(10);
     /// let route = cm::resolve("10.99.0.1:7472".parse().unwrap(), timeout).unwrap();
-    /// # let dev = VerbsDevice::open(&route.device_name().unwrap()).unwrap();
+    /// # let dev = route.open_device().unwrap();
     /// # let pd = dev.alloc_pd().unwrap();
     /// let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
     /// qp.connect(b"hello", timeout).unwrap();
@@ -1304,7 +1339,7 @@ impl CmQp {
     /// let timeout = Duration::from_secs(10);
     /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
     /// let request = listener.request(Duration::from_secs(60)).unwrap();
-    /// # let dev = VerbsDevice::open(&request.device_name().unwrap()).unwrap();
+    /// # let dev = request.open_device().unwrap();
     /// # let pd = dev.alloc_pd().unwrap();
     /// let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
     /// qp.accept(b"welcome", timeout).unwrap();

@@ -112,7 +112,9 @@ impl Completion {
 
     /// The queue pair the operation ran on: for a receive of a shared
     /// receive queue, the queue pair that consumed it (`None` if it had
-    /// been detached, or it was flushed unconsumed).
+    /// been detached, or it was flushed unconsumed, or flushed naming a
+    /// queue pair the ring knows no error of: a late flush of a detached
+    /// queue pair whose number the device gave again).
     pub fn qp(&self) -> Option<QpHandle> {
         self.qp
     }
@@ -457,15 +459,22 @@ impl<Q: QueuePair> Ring<Q> {
         // another ring's queue that completes here, whose
         // receives' `wr_id`s ours share) names none of them, and
         // the receive is still posted.
-        let consumer = self.qp_by_num(raw.qp_num);
+        let mut consumer = self.qp_by_num(raw.qp_num);
         match consumer.and_then(|h| self.qps.get_mut(h.key)) {
             Some(slot) if slot.srq == Some(srq) => {
                 slot.stats.cqes += 1;
-                // Not a flush: a queue pair the device moved to error says
-                // so by its own completions and events, and a flush may be
-                // a late one of a detached queue pair whose number this one
-                // took over (it would stay in error for good).
-                if !raw.status.is_success() && raw.status != WcStatus::WrFlushErr {
+                if raw.status == WcStatus::WrFlushErr {
+                    // A queue pair the device moved to error says so by
+                    // its own completions and events. A flush naming one
+                    // the ring knows no error of may be a late one of a
+                    // detached queue pair whose number this one took over:
+                    // it names neither (an error recorded here would stay
+                    // for good, and its owner may end a healthy
+                    // connection).
+                    if slot.error.is_none() {
+                        consumer = None;
+                    }
+                } else if !raw.status.is_success() {
                     slot.record_error(raw.status);
                 }
             }

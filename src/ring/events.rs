@@ -41,9 +41,10 @@ impl<Q: QueuePair> Ring<Q> {
     ///   completions queued are reaped while its number is still known (a
     ///   device may drop a destroyed queue pair's completions, and with
     ///   them the count of receives it took), and the number is forgotten;
-    /// * `SrqLimitReached`: the completions queued are reaped (the
-    ///   receives the device took count as posted until then), and the
-    ///   shared receive queues with a refill are topped up;
+    /// * `SrqLimitReached` of a shared receive queue of the ring with a
+    ///   refill: the completions queued are reaped (the receives the
+    ///   device took count as posted until then), and the queues with a
+    ///   refill are topped up;
     /// * `CqError` of the ring's queue, `DeviceFatal`: the ring takes no
     ///   more work ([`Ring::failure`]); on `DeviceFatal` every queue pair is
     ///   moved to error.
@@ -142,6 +143,12 @@ impl<Q: QueuePair> Ring<Q> {
     /// ```
     pub fn apply_event(&mut self, event: AsyncEvent) {
         self.stats.events += 1;
+        // Kept first: applying it may reap, and a reap may read (and keep)
+        // later events.
+        if self.events.kept.len() >= MAX_KEPT {
+            self.events.kept.pop_front();
+        }
+        self.events.kept.push_back(event);
         match event {
             AsyncEvent::QpFatal { qp_num }
             | AsyncEvent::QpRequestError { qp_num }
@@ -161,15 +168,19 @@ impl<Q: QueuePair> Ring<Q> {
                     self.last_receive_of_former(qp_num);
                 }
             }
-            AsyncEvent::SrqLimitReached { .. } => {
+            AsyncEvent::SrqLimitReached { srq } => {
                 // The receives the device says were taken are counted as
                 // posted until reaped: reap them, or the refill finds
                 // nothing to top up (and the device has disarmed the
-                // limit).
-                if self.failed.is_none() {
+                // limit). Only for a queue of ours that is refilled.
+                let refilled = self
+                    .srq_key_by_id(srq)
+                    .and_then(|k| self.srqs.get(k))
+                    .is_some_and(|s| s.refill.is_some());
+                if refilled && self.failed.is_none() {
                     self.reap_queued();
+                    self.refill_srqs();
                 }
-                self.refill_srqs();
             }
             AsyncEvent::CqError { cq } if cq == self.cq_id => {
                 self.failed = Some("completion queue error");
@@ -185,10 +196,6 @@ impl<Q: QueuePair> Ring<Q> {
             }
             _ => {}
         }
-        if self.events.kept.len() >= MAX_KEPT {
-            self.events.kept.pop_front();
-        }
-        self.events.kept.push_back(event);
     }
 
     /// The next event the ring has seen and not yet handed out.

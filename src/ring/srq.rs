@@ -302,7 +302,9 @@ impl<Q: QueuePair> Ring<Q> {
     /// completion is reported ([`Error::UnknownWrId`]) and not acted on;
     /// a receive a queue pair took before it was attached or announced
     /// stays counted as posted until the queue is removed. The latest
-    /// 1024 numbers announced or detached are remembered.
+    /// 1024 numbers announced or detached are remembered, each until the
+    /// device says that queue pair took its last receive
+    /// ([`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached)).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, SrqConfig};

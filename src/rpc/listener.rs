@@ -129,6 +129,11 @@ fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
             || shared.stopping(),
         );
         if accepted.is_err() {
+            // A listener whose device went away hears nothing more; the
+            // server serves on the clients it has.
+            if listener.ended() {
+                return;
+            }
             std::thread::sleep(LISTENER_ERROR_PAUSE);
         }
     }

@@ -49,13 +49,14 @@ impl SessionBuilder {
         self
     }
 
-    /// The port (default 1).
+    /// The port (default 1; over rdma_cm, rdma_cm's choice).
     pub fn port(mut self, port: u8) -> Self {
         self.options.port = port;
         self
     }
 
-    /// The GID index (default: a RoCE v2 IPv4-mapped GID if there is one).
+    /// The GID index (default: a RoCE v2 IPv4-mapped GID if there is one;
+    /// over rdma_cm, rdma_cm's choice).
     pub fn gid_index(mut self, index: u8) -> Self {
         self.options.gid_index = Some(index);
         self
@@ -124,15 +125,17 @@ impl SessionBuilder {
     }
 
     /// Waits for one peer at `addr` (TCP handshake) — async-rdma's
-    /// `listen`. A connection that fails its handshake (a port probe, a
-    /// peer that sends garbage or goes silent) is dropped, and it waits on
-    /// for one that succeeds; only the listener's own failure is returned.
-    /// For many peers, [`bind`](Self::bind).
+    /// `listen`. A connection whose peer fails the handshake (a port
+    /// probe, a peer that sends garbage, goes silent or leaves) is dropped,
+    /// and it waits on for one that succeeds; a failure of our own (the
+    /// listener's, or the device refusing a queue pair) is returned. For
+    /// many peers, [`bind`](Self::bind).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
         let listener = self.bind(addr)?;
         loop {
-            if let Ok(session) = listener.next_handshake()? {
-                return Ok(session);
+            match listener.next_handshake()? {
+                Err(e) if peer_failed(&e) => continue,
+                done => return done,
             }
         }
     }
@@ -316,6 +319,17 @@ fn exchange(
     Ok((remote, peer))
 }
 
+/// Whether a handshake failed through its peer's doing, not ours.
+fn peer_failed(e: &SessionError) -> bool {
+    matches!(
+        e,
+        SessionError::Protocol(_)
+            | SessionError::Disconnected(_)
+            | SessionError::Timeout(_)
+            | SessionError::Device(Error::Handshake { .. } | Error::HandshakeTimeout { .. })
+    )
+}
+
 enum ListenerKind {
     Tcp(HandshakeListener<TcpListener, Result<Session<VerbsQp>, SessionError>>),
     Cm(HandshakeListener<CmListener, Result<Session<CmQp>, SessionError>>),
@@ -388,8 +402,9 @@ impl SessionListener<CmQp> {
     /// wait their turn): this returns the next one to finish. A request
     /// without a valid hello is rejected, and a peer that fails its
     /// handshake comes out as an error for the call that returns it; call
-    /// again. The host's other sessions go on
-    /// meanwhile.
+    /// again. The host's other sessions go on meanwhile. Once rdma_cm says
+    /// the device was removed, every call fails at once: the listener
+    /// hears no more requests.
     pub fn accept(&self) -> Result<Session<CmQp>, SessionError> {
         let ListenerKind::Cm(listener) = &self.kind else {
             unreachable!("an rdma_cm listener")

@@ -196,7 +196,8 @@ impl RdmaCmListener {
     /// Waits (up to `timeout`) for the next handshake to finish: a stream
     /// connected, or the error of a peer whose handshake failed. A
     /// handshake still running when the wait ends goes on, and comes out
-    /// of a later call.
+    /// of a later call. Once rdma_cm says the device was removed, every
+    /// call fails at once: the listener hears no more requests.
     pub fn accept_timeout(&self, timeout: Duration) -> io::Result<RdmaStream<CmQp>> {
         let deadline = Deadline::after(timeout);
         let (device, config, addr) = (Arc::clone(&self.device), self.config, self.addr);

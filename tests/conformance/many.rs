@@ -251,6 +251,10 @@ pub fn srq_limit_event<F: Fabric>(f: &F) {
             .unwrap();
     }
     server.submit().unwrap();
+    assert!(
+        server.arm_srq_limit(srq, 17).is_err(),
+        "a mark above the depth asked for"
+    );
     server.arm_srq_limit(srq, 2).unwrap();
     for _ in 0..3 {
         client
@@ -748,26 +752,33 @@ pub fn a_large_poll_takes_every_queued_completion<F: Fabric>(f: &F) {
     let wrs: Vec<SendWr> = (0..N as u64)
         .map(|i| SendWr { wr_id: i, ..write })
         .collect();
-    // SAFETY: zero-length WRITEs name no memory.
-    unsafe { qa.post_send(&wrs, &[]) }.unwrap();
-    // Not a timing check: the device has long finished 100 empty WRITEs by
-    // then, and a backend capped at 64 per poll returns at most 64 however
-    // long it waits.
-    std::thread::sleep(Duration::from_secs(1));
     let mut out = vec![RawCompletion::default(); 2 * N];
-    let first = cq.poll(&mut out).unwrap();
-    assert!(first > 64, "a poll of {} returned {first}", out.len());
-    let mut got: Vec<u64> = out[..first].iter().map(|c| c.wr_id).collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while got.len() < N {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of {N} completed",
-            got.len()
-        );
-        let n = cq.poll(&mut out).unwrap();
-        got.extend(out[..n].iter().map(|c| c.wr_id));
+    // A backend capped at 64 per poll returns exactly 64 of 100 queued,
+    // however long it waited; a slow device (Soft-RoCE under emulation,
+    // busy with other tests) may not have finished them all, so a first
+    // poll under 64 tries again, waiting longer.
+    for round in 1..=3u64 {
+        // SAFETY: zero-length WRITEs name no memory.
+        unsafe { qa.post_send(&wrs, &[]) }.unwrap();
+        std::thread::sleep(Duration::from_secs(round));
+        let first = cq.poll(&mut out).unwrap();
+        assert_ne!(first, 64, "a poll of {} stopped at 64 of {N}", out.len());
+        assert!(out[..first].iter().all(|c| c.status == WcStatus::Success));
+        let mut got: Vec<u64> = out[..first].iter().map(|c| c.wr_id).collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while got.len() < N {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {N} completed",
+                got.len()
+            );
+            let n = cq.poll(&mut out).unwrap();
+            got.extend(out[..n].iter().map(|c| c.wr_id));
+        }
+        assert_eq!(got, (0..N as u64).collect::<Vec<_>>());
+        if first > 64 {
+            return;
+        }
     }
-    assert_eq!(got, (0..N as u64).collect::<Vec<_>>());
-    assert!(out[..first].iter().all(|c| c.status == WcStatus::Success));
+    panic!("the device never finished 64 empty WRITEs within 3 s");
 }
