@@ -156,6 +156,13 @@ struct Args {
     /// perftest's: the device's limit].
     #[arg(short = 'o', long = "outs")]
     outs: Option<u8>,
+    /// Traffic class of this side's packets (RoCE: DSCP << 2), as
+    /// perftest's --tclass.
+    #[arg(long = "tclass", default_value_t = 0)]
+    traffic_class: u8,
+    /// Service level of this side's packets, 0 to 15, as perftest's -S.
+    #[arg(short = 'S', long = "sl", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=15))]
+    service_level: u8,
     /// TCP port of the handshake.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
@@ -297,6 +304,8 @@ impl Args {
                 QpConfig::default().rnr_retry
             },
             max_rd_atomic: self.outs.unwrap_or(u8::MAX),
+            traffic_class: self.traffic_class,
+            service_level: self.service_level,
             ..QpConfig::default()
         }
     }

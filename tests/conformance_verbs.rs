@@ -270,11 +270,18 @@ fn queue_pairs_run_with_their_config_s_timers_however_connected() {
     let fabric = Verbs::new();
     // RNR retries of 7 (for ever) are the config's to ask for, as 4 are;
     // each side's counts differ, so that none can come from the peer's.
-    let config = |ack_timeout, rnr_retry| QpConfig {
-        ack_timeout,
-        retry_cnt: rnr_retry - 2,
-        rnr_retry,
-        ..QpConfig::default()
+    // So is the traffic class (each side's its own; the service level
+    // asked for here is the class's top three bits).
+    let config = |ack_timeout, rnr_retry| {
+        let traffic_class = 8 * (ack_timeout + rnr_retry);
+        QpConfig {
+            ack_timeout,
+            retry_cnt: rnr_retry - 2,
+            rnr_retry,
+            traffic_class,
+            service_level: traffic_class >> 5,
+            ..QpConfig::default()
+        }
     };
     let a = fabric.dev.create_qp(&fabric.pd, config(13, 7)).unwrap();
     let b = fabric.dev.create_qp(&fabric.pd, config(15, 4)).unwrap();
@@ -287,6 +294,10 @@ fn queue_pairs_run_with_their_config_s_timers_however_connected() {
             (ack_timeout, rnr_retry - 2, rnr_retry),
             "{attrs:?}"
         );
+        // The service level is asked for too, but Soft-RoCE keeps none
+        // (RoCE packets carry no SL field), so only the class is checked.
+        let asked = config(ack_timeout, rnr_retry);
+        assert_eq!(attrs.traffic_class, asked.traffic_class, "{attrs:?}");
         // Code 12, 0.64 ms: a sender that found no receive tries again soon.
         assert_eq!(attrs.min_rnr_timer, 12, "{attrs:?}");
         assert!(attrs.path_mtu >= 256, "{attrs:?}");
@@ -315,6 +326,10 @@ fn queue_pairs_run_with_their_config_s_timers_however_connected() {
             (ack_timeout, rnr_retry - 2, rnr_retry),
             "{attrs:?}"
         );
+        // The service level is asked for too, but Soft-RoCE keeps none
+        // (RoCE packets carry no SL field), so only the class is checked.
+        let asked = config(ack_timeout, rnr_retry);
+        assert_eq!(attrs.traffic_class, asked.traffic_class, "{attrs:?}");
         // Code 12, 0.64 ms: a sender that found no receive tries again soon.
         assert_eq!(attrs.min_rnr_timer, 12, "{attrs:?}");
     }

@@ -43,7 +43,10 @@ use crate::error::Error;
 /// requests were posted, the rest were not. A backend that cannot tell
 /// which it posted reports them all as accepted (`accepted` equal to the
 /// list's length); the ring then moves the queue pair to error, so that
-/// whatever the device did take comes back flushed.
+/// whatever the device did take comes back flushed. A shared receive queue
+/// cannot be moved to error: receives of such a post that the device never
+/// took stay counted as posted (their buffers held, never freed under the
+/// device) until the queue is removed.
 ///
 /// ```
 /// # use rdma_ring::backend::soft::SoftDevice;
@@ -110,15 +113,29 @@ pub struct QpConfig {
     /// (perftest asks for the device's limit); each one answered holds a
     /// responder resource on the device. 0 is taken as 1.
     pub max_rd_atomic: u8,
+    /// The traffic class of the queue pair's packets (RoCE: the IP
+    /// header's DSCP and ECN bits, so `dscp << 2`), for fabrics that give
+    /// RDMA a lossless class of its own (PFC, ECN). 0 by default. Over the
+    /// TCP handshake it is this side's; over rdma_cm, a nonzero value
+    /// overrides rdma_cm's (its `tos`) for the data path.
+    pub traffic_class: u8,
+    /// The service level, 0 to 15, of the queue pair's packets
+    /// (InfiniBand: the virtual lane; RoCE: the priority some devices map
+    /// it to; Soft-RoCE keeps none). 0 by default; over rdma_cm, a nonzero
+    /// value overrides rdma_cm's.
+    pub service_level: u8,
 }
 
 impl QpConfig {
-    /// Why no queue pair takes this configuration's ACK timeout, if none
-    /// does.
-    pub(crate) fn ack_timeout_refusal(&self) -> Option<&'static str> {
-        (!(1..=31).contains(&self.ack_timeout)).then_some(
-            "ack_timeout must be 1 to 31 (0 would never time out, so a dead peer would go unnoticed)",
-        )
+    /// Why no queue pair takes this configuration (its ACK timeout or
+    /// service level), if none does.
+    pub(crate) fn refusal(&self) -> Option<&'static str> {
+        if !(1..=31).contains(&self.ack_timeout) {
+            return Some(
+                "ack_timeout must be 1 to 31 (0 would never time out, so a dead peer would go unnoticed)",
+            );
+        }
+        (self.service_level > 15).then_some("service_level must be 0 to 15")
     }
 }
 
@@ -135,6 +152,8 @@ impl Default for QpConfig {
             retry_cnt: 6,
             ack_timeout: 16,
             max_rd_atomic: 16,
+            traffic_class: 0,
+            service_level: 0,
         }
     }
 }

@@ -469,7 +469,9 @@ fn conn_param(qp: &VerbsQp, depths: Depths, config: &QpConfig, private: &[u8]) -
     }
 }
 
-/// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`,
+/// Moves `qp` to RTR and RTS with the attributes rdma_cm computed for `id`
+/// (first taking, in INIT, rdma_cm's P_Key index and port: on an
+/// InfiniBand partition the connection's P_Key need not be at index 0),
 /// and, when accepting, the READ/atomic depths agreed with the requester;
 /// the ACK timeout is `config`'s and the RNR timer ours, not rdma_cm's
 /// (an ACK timeout following the path's packet lifetime, about two
@@ -482,6 +484,21 @@ fn ready_qp(
     depths: Option<Depths>,
     config: &QpConfig,
 ) -> Result<(), Error> {
+    // SAFETY: a plain C struct, for which all-zero is valid.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_INIT;
+    let mut mask = 0;
+    // SAFETY: the id is connected or connecting; both are valid out-pointers.
+    if unsafe { rdma_sys::rdma_init_qp_attr(id.id, &mut attr, &mut mask) } != 0 {
+        return Err(cm_error("rdma_init_qp_attr(INIT)"));
+    }
+    // INIT to INIT: rdma_cm's access flags are not taken, the queue pair
+    // keeps allowing every remote operation (memory registrations decide).
+    let mask = (rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE
+        | rdma_sys::ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+        | rdma_sys::ibv_qp_attr_mask::IBV_QP_PORT)
+        .0 as i32;
+    qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm's INIT attributes)")?;
     for (state, verb) in [
         (
             rdma_sys::ibv_qp_state::IBV_QPS_RTR,
@@ -510,6 +527,13 @@ fn ready_qp(
         if state == rdma_sys::ibv_qp_state::IBV_QPS_RTR {
             attr.min_rnr_timer = crate::backend::verbs::MIN_RNR_TIMER;
             mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
+            // rdma_init_qp_attr's RTR attributes include the path (AV).
+            if config.traffic_class != 0 {
+                attr.ah_attr.grh.traffic_class = config.traffic_class;
+            }
+            if config.service_level != 0 {
+                attr.ah_attr.sl = config.service_level;
+            }
         } else {
             attr.timeout = config.ack_timeout;
             // The connection's messages carry the retry counts each side

@@ -206,6 +206,15 @@ pub fn an_ack_timeout_that_never_fires_is_refused<F: Fabric>(f: &F) {
             "ack_timeout {ack_timeout}"
         );
     }
+    // Nor does a service level past the field's 4 bits.
+    let config = QpConfig {
+        service_level: 16,
+        ..small()
+    };
+    match f.qp_on(&cq, None, config) {
+        Err(refused) => assert!(refused.to_string().contains("service_level"), "{refused}"),
+        Ok(_) => panic!("service_level 16 was taken"),
+    }
 }
 
 /// A shared receive queue once destroyed takes no queue pair: the

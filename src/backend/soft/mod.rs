@@ -489,7 +489,7 @@ impl SoftDevice {
                 "the completion or shared receive queue belongs to another soft device",
             ));
         }
-        if let Some(why) = config.ack_timeout_refusal() {
+        if let Some(why) = config.refusal() {
             return Err(Error::Soft(why));
         }
         let max_recv_wr = if srq.is_some() { 0 } else { config.max_recv_wr };

@@ -88,7 +88,7 @@ impl VerbsQp {
                 )),
             });
         }
-        if let Some(why) = config.ack_timeout_refusal() {
+        if let Some(why) = config.refusal() {
             return Err(Error::Verbs {
                 verb: "ibv_create_qp",
                 source: std::io::Error::other(why),
@@ -275,7 +275,7 @@ impl VerbsQp {
         };
         attr.min_rnr_timer = MIN_RNR_TIMER;
         attr.ah_attr.dlid = remote.lid;
-        attr.ah_attr.sl = 0;
+        attr.ah_attr.sl = self.config.service_level;
         attr.ah_attr.src_path_bits = 0;
         attr.ah_attr.port_num = dev.port;
         if remote.gid.iter().any(|&b| b != 0) {
@@ -283,6 +283,7 @@ impl VerbsQp {
             attr.ah_attr.grh.dgid.raw = remote.gid;
             attr.ah_attr.grh.sgid_index = dev.gid_index;
             attr.ah_attr.grh.hop_limit = 64;
+            attr.ah_attr.grh.traffic_class = self.config.traffic_class;
         }
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
             | ibv_qp_attr_mask::IBV_QP_AV
@@ -358,6 +359,7 @@ impl VerbsQp {
         // SAFETY: as above.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
             | ibv_qp_attr_mask::IBV_QP_PATH_MTU
             | ibv_qp_attr_mask::IBV_QP_TIMEOUT
             | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
@@ -383,6 +385,8 @@ impl VerbsQp {
             min_rnr_timer: attr.min_rnr_timer,
             max_rd_atomic: attr.max_rd_atomic,
             max_dest_rd_atomic: attr.max_dest_rd_atomic,
+            traffic_class: attr.ah_attr.grh.traffic_class,
+            service_level: attr.ah_attr.sl,
         })
     }
 
@@ -408,6 +412,7 @@ impl VerbsQp {
 /// let attrs = QpAttributes {
 ///     path_mtu: 1024, ack_timeout: 16, retry_cnt: 7, rnr_retry: 6,
 ///     min_rnr_timer: 12, max_rd_atomic: 16, max_dest_rd_atomic: 16,
+///     traffic_class: 0, service_level: 0,
 /// };
 /// // 4.096 µs × 2^16: about 268 ms without an ACK before a retry.
 /// assert_eq!(attrs.ack_timeout, 16);
@@ -428,6 +433,10 @@ pub struct QpAttributes {
     pub max_rd_atomic: u8,
     /// READs and atomics this side answers at once as responder.
     pub max_dest_rd_atomic: u8,
+    /// The traffic class of its packets (the GRH's; 0 without one).
+    pub traffic_class: u8,
+    /// The service level of its packets.
+    pub service_level: u8,
 }
 
 /// The RNR NAK timer our queue pairs ask senders to wait before trying a
