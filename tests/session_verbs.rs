@@ -108,9 +108,9 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
     }
 }
 
-/// `listen` waits for one session: a connection that fails its handshake
-/// first (a port probe that connects and closes) is dropped, not returned
-/// as the listen's error.
+/// `listen` waits for one session: connections that fail their handshake
+/// first (a port probe that connects and closes, another that sends a
+/// line of text) are dropped, not returned as the listen's error.
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn listen_outlasts_a_port_probe() {
@@ -136,6 +136,10 @@ fn listen_outlasts_a_port_probe() {
     };
     drop(probe);
     std::thread::sleep(Duration::from_millis(200));
+    let mut talker = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(&mut talker, b"GET / HTTP/1.1\r\nHost: rdma-ring\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(talker);
     let client = SessionBuilder::default()
         .device(&name)
         .connect(("127.0.0.1", port))

@@ -117,7 +117,9 @@ pub struct QpConfig {
     /// header's DSCP and ECN bits, so `dscp << 2`), for fabrics that give
     /// RDMA a lossless class of its own (PFC, ECN). 0 by default. Over the
     /// TCP handshake it is this side's; over rdma_cm, a nonzero value
-    /// overrides rdma_cm's (its `tos`) for the data path.
+    /// overrides rdma_cm's (its `tos`) for the data path. Only packets
+    /// with a global route header carry one: always on RoCE, not on
+    /// InfiniBand within one subnet, where it is dropped.
     pub traffic_class: u8,
     /// The service level, 0 to 15, of the queue pair's packets
     /// (InfiniBand: the virtual lane; RoCE: the priority some devices map

@@ -113,8 +113,9 @@ impl Completion {
     /// The queue pair the operation ran on: for a receive of a shared
     /// receive queue, the queue pair that consumed it (`None` if it had
     /// been detached, or it was flushed unconsumed, or flushed naming a
-    /// queue pair the ring knows no error of: a late flush of a detached
-    /// queue pair whose number the device gave again).
+    /// queue pair that took over the number of one detached from the
+    /// queue, while the ring knows no error of it: maybe a late flush of
+    /// the detached one).
     pub fn qp(&self) -> Option<QpHandle> {
         self.qp
     }
@@ -463,17 +464,14 @@ impl<Q: QueuePair> Ring<Q> {
         match consumer.and_then(|h| self.qps.get_mut(h.key)) {
             Some(slot) if slot.srq == Some(srq) => {
                 slot.stats.cqes += 1;
-                if raw.status == WcStatus::WrFlushErr {
-                    // A queue pair the device moved to error says so by
-                    // its own completions and events. A flush naming one
-                    // the ring knows no error of may be a late one of a
-                    // detached queue pair whose number this one took over:
-                    // it names neither (an error recorded here would stay
-                    // for good, and its owner may end a healthy
-                    // connection).
-                    if slot.error.is_none() {
-                        consumer = None;
-                    }
+                if raw.status == WcStatus::WrFlushErr && slot.reused_number && slot.error.is_none()
+                {
+                    // Maybe a late flush of a detached queue pair whose
+                    // number this one took over: it names neither (an
+                    // error recorded here would stay for good, and the
+                    // owner may end a healthy connection). Were this one
+                    // in error, its own completions and events say so.
+                    consumer = None;
                 } else if !raw.status.is_success() {
                     slot.record_error(raw.status);
                 }

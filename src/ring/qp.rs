@@ -85,6 +85,9 @@ pub(super) struct QpSlot<Q> {
     pub(super) outstanding_recv: usize,
     pub(super) since_signal: usize,
     pub(super) error: Option<WcStatus>,
+    /// Its number was a queue pair's detached from the same shared receive
+    /// queue, whose late flushes may still come naming it.
+    pub(super) reused_number: bool,
     /// The first send of a post the backend could not account for (it
     /// reported every work request taken, not knowing which were): from
     /// it on, a send released without a CQE of its own may never have
@@ -290,6 +293,7 @@ impl<Q: QueuePair> Ring<Q> {
             unposted_done: 0,
             dirty: false,
             last_wqe: false,
+            reused_number: false,
             stats: QpStats::default(),
         };
         self.reserve_slots(slot.slab_share());
@@ -299,7 +303,8 @@ impl<Q: QueuePair> Ring<Q> {
         let key = self.qps.insert(slot).expect("grown above");
         self.by_qpn.insert(caps.qp_num, key);
         if let Some(slot) = srq.and_then(|srq| self.srqs.get_mut(srq)) {
-            slot.join(caps.qp_num);
+            let reused = slot.join(caps.qp_num);
+            self.qps.get_mut(key).expect("inserted").reused_number = reused;
         }
         self.cqe_reserved += reserve;
         let handle = QpHandle { ring: self.id, key };

@@ -52,9 +52,9 @@ pub(super) struct SrqSlot<S> {
     pub(super) refill: Option<SrqRefill>,
     pub(super) doorbells: u64,
     /// Numbers of queue pairs on it that are not attached: detached from
-    /// it, or announced before attaching (the latest [`FORMER_KEPT`]). A
-    /// receive one of them took may be reported.
-    former: VecDeque<u32>,
+    /// it (`true`), or announced before attaching (the latest
+    /// [`FORMER_KEPT`]). A receive one of them took may be reported.
+    former: VecDeque<(u32, bool)>,
 }
 
 /// Detached queue pairs' numbers a shared receive queue remembers.
@@ -66,35 +66,47 @@ impl<S> SrqSlot<S> {
     }
 
     /// Queue pair `qpn` takes its receives from this queue: its number
-    /// names it now, not a former holder of the number.
-    pub(super) fn join(&mut self, qpn: u32) {
-        self.former.retain(|&n| n != qpn);
+    /// names it now, not a former holder of the number. Returns whether
+    /// a queue pair detached from this queue had the number (whose late
+    /// flushes may still come, naming it).
+    pub(super) fn join(&mut self, qpn: u32) -> bool {
+        let reused = self
+            .former
+            .iter()
+            .any(|&(n, detached)| n == qpn && detached);
+        self.former.retain(|&(n, _)| n != qpn);
+        reused
     }
 
-    /// Queue pair `qpn` takes receives from this queue without being
-    /// attached: detached from it, or announced.
+    /// Queue pair `qpn`, detached, may still have taken receives of this
+    /// queue.
     pub(super) fn leave(&mut self, qpn: u32) {
-        if self.former.len() == FORMER_KEPT {
-            self.former.pop_front();
-        }
-        self.former.push_back(qpn);
+        self.remember(qpn, true);
     }
 
     /// Queue pair `qpn` will take receives from this queue before it is
-    /// attached (remembered once, however often announced).
+    /// attached (remembered once, however often announced, and as a
+    /// former holder's number if it was one).
     pub(super) fn announce(&mut self, qpn: u32) {
-        self.join(qpn);
-        self.leave(qpn);
+        let reused = self.join(qpn);
+        self.remember(qpn, reused);
+    }
+
+    fn remember(&mut self, qpn: u32, detached: bool) {
+        if self.former.len() == FORMER_KEPT {
+            self.former.pop_front();
+        }
+        self.former.push_back((qpn, detached));
     }
 
     /// Whether queue pair `qpn` is on this queue without being attached.
     pub(super) fn had(&self, qpn: u32) -> bool {
-        self.former.contains(&qpn)
+        self.former.iter().any(|&(n, _)| n == qpn)
     }
 
     /// Queue pair `qpn`, detached, takes no more receives from this queue.
     fn forget(&mut self, qpn: u32) {
-        self.former.retain(|&n| n != qpn);
+        self.former.retain(|&(n, _)| n != qpn);
     }
 }
 

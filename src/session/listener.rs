@@ -128,8 +128,9 @@ impl SessionBuilder {
     /// `listen`. A connection whose peer fails the handshake (a port
     /// probe, a peer that sends garbage, goes silent or leaves) is dropped,
     /// and it waits on for one that succeeds; a failure of our own (the
-    /// listener's, or the device refusing a queue pair) is returned. For
-    /// many peers, [`bind`](Self::bind).
+    /// listener's, or the device refusing a queue pair, or refusing to
+    /// connect ours to the endpoint the peer sent) is returned. For many
+    /// peers, [`bind`](Self::bind).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
         let listener = self.bind(addr)?;
         loop {
@@ -326,7 +327,9 @@ fn peer_failed(e: &SessionError) -> bool {
         SessionError::Protocol(_)
             | SessionError::Disconnected(_)
             | SessionError::Timeout(_)
-            | SessionError::Device(Error::Handshake { .. } | Error::HandshakeTimeout { .. })
+            | SessionError::Device(
+                Error::Handshake { .. } | Error::HandshakeTimeout { .. } | Error::Malformed { .. }
+            )
     )
 }
 
