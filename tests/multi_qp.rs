@@ -397,6 +397,30 @@ fn a_late_flush_of_a_reused_number_fails_no_queue_pair() {
     s.ring.submit().unwrap();
 }
 
+/// A queue pair whose detach heard the device say it took its last
+/// receive leaves no late flushes behind: one that takes over its number
+/// is failed by a flush naming it, as any other.
+#[test]
+fn a_number_reused_after_the_last_receive_is_not_suspected() {
+    let mut s = RewritingSrq::new();
+    s.ring.watch_events(s.dev.async_events().unwrap());
+    let (qp, _peer) = s.qp();
+    let old_num = qp.qpn();
+    let a = s.ring.attach(OnRewriting::new(qp)).unwrap();
+    assert!(s.ring.detach(a).unwrap().drained);
+    assert!(
+        std::iter::from_fn(|| s.ring.next_event())
+            .any(|e| e == AsyncEvent::LastWqeReached { qp_num: old_num }),
+        "the detach heard the last receive"
+    );
+    let (qp, peer) = s.qp();
+    *s.renumber.lock().unwrap() = Some((qp.qpn(), old_num));
+    let b = s.ring.attach(OnRewriting::renumbered(qp, old_num)).unwrap();
+    assert_eq!(s.flushed_receive(peer).qp(), Some(b));
+    let refused = s.send_on(b).unwrap_err();
+    assert!(refused.contains("QpInError(WrFlushErr)"), "{refused}");
+}
+
 /// One queue pair's full send queue does not stop another's pushes; the
 /// shared completion queue's budget covers them all.
 #[test]

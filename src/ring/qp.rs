@@ -390,8 +390,14 @@ impl<Q: QueuePair> Ring<Q> {
         let slot = self.qps.remove(key).expect("checked above");
         drained &= slot.outstanding() == 0 && slot.drain.is_none();
         self.by_qpn.remove(&slot.caps.qp_num);
+        // Once the device said it takes no more receives, and what it took
+        // was reaped above, no completion will name it: its number is not
+        // remembered, so a queue pair that takes it over is not suspected
+        // of another's late flushes.
         if let Some(srq) = slot.srq.and_then(|srq| self.srqs.get_mut(srq)) {
-            srq.leave(slot.caps.qp_num);
+            if !(drained && slot.last_wqe) {
+                srq.leave(slot.caps.qp_num);
+            }
         }
         self.cqe_reserved -= usize::from(slot.marker_reserved);
         self.dirty.retain(|q| *q != QueueRef::Qp(key));
