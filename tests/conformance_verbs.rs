@@ -651,6 +651,168 @@ fn rdma_cm_in_steps_posts_receives_before_the_peer_can_send() {
     assert_eq!(rnr_naks(&name), before, "a message met no receive");
 }
 
+/// Makes `slave` the active port of bond0 (on the Soft-RoCE VM: two dummy
+/// ports of their own MAC addresses, the bond following the active one's).
+fn bond_active(slave: &str) {
+    let status = std::process::Command::new("ip")
+        .args([
+            "link",
+            "set",
+            "bond0",
+            "type",
+            "bond",
+            "active_slave",
+            slave,
+        ])
+        .status()
+        .expect("running ip");
+    assert!(status.success(), "bond0: active_slave {slave}");
+}
+
+/// Puts bond0's first port back in charge when dropped.
+struct BondRestored;
+
+impl Drop for BondRestored {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args([
+                "link",
+                "set",
+                "bond0",
+                "type",
+                "bond",
+                "active_slave",
+                "dummy1",
+            ])
+            .status();
+    }
+}
+
+/// A listener bound to a wildcard address has no one device to open, and
+/// the layers that serve on the listener's device refuse one, saying why.
+#[test]
+#[ignore = "needs rdma_cm devices: scripts/test runs it in the Soft-RoCE VM"]
+fn a_wildcard_cm_listener_opens_no_device_and_servers_refuse_it() {
+    use rdma_ring::connect::cm;
+    use rdma_ring::Error;
+
+    let wildcard = |port: u16| std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let says_wildcard =
+        |e: &Error| matches!(e, Error::Incompatible(why) if why.contains("wildcard address"));
+    let listener = cm::CmListener::bind(wildcard(7478)).unwrap();
+    let err = listener.open_device().unwrap_err();
+    assert!(says_wildcard(&err), "{err:?}");
+    drop(listener);
+    let err = rdma_ring::rpc::RpcServer::bind_cm(
+        wildcard(7478),
+        rdma_ring::rpc::Service::handler(
+            |_: &rdma_ring::rpc::Caller, _: &[u8], _: &mut Vec<u8>| Ok(()),
+        ),
+        rdma_ring::rpc::RpcConfig::default(),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(says_wildcard(&err), "{err:?}");
+    let err = rdma_ring::session::SessionBuilder::default()
+        .bind_cm(wildcard(7478))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(&err, rdma_ring::session::SessionError::Device(e) if says_wildcard(e)),
+        "{err:?}"
+    );
+}
+
+/// Whether `err` is a handshake's failure that says the path went stale.
+fn says_stale_path(err: &rdma_ring::Error) -> bool {
+    matches!(err, rdma_ring::Error::Handshake { reason, .. }
+        if reason.contains("changed its hardware address"))
+}
+
+/// Bonding failovers (each changes the bond's hardware address: rdma_cm
+/// says `ADDR_CHANGE` to every id on it, and the kernel renews the port's
+/// GIDs). A handshake whose path was taken before one fails at once on
+/// either side, saying why; the listener goes on, and a new attempt
+/// connects over the new port and carries messages.
+#[test]
+#[ignore = "needs rxe2 on a bond: scripts/test runs it in the Soft-RoCE VM"]
+fn a_failover_fails_a_stale_handshake_clearly_and_the_next_connects() {
+    use rdma_ring::buf::RegisteredBuf;
+    use rdma_ring::connect::cm;
+    use rdma_ring::op::{Recv, Send};
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let addr: std::net::SocketAddr = "10.99.1.1:7477".parse().unwrap();
+    let timeout = Duration::from_secs(30);
+    let _restore = BondRestored;
+    let listener = cm::CmListener::bind(addr)
+        .unwrap_or_else(|e| panic!("NO BONDED RDMA DEVICE at {addr} (rxe2 on bond0): {e}"));
+    assert_eq!(listener.device_name().as_deref(), Some("rxe2"));
+    let server = std::thread::spawn(move || {
+        let dev = listener.open_device().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        // The first request is answered after a failover.
+        let request = listener.request(timeout).unwrap();
+        bond_active("dummy2");
+        std::thread::sleep(Duration::from_millis(500));
+        let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+        let stale = qp.accept(b"", timeout).unwrap_err();
+        drop(qp);
+        // Should a later stale attempt's request get here, its handshake
+        // fails and the next request is taken.
+        loop {
+            let request = listener
+                .request(timeout)
+                .expect("the listener outlives the failovers");
+            let mut ring = Ring::new(
+                request.create_qp(&dev, &pd, QpConfig::default()).unwrap(),
+                RingConfig::default(),
+            );
+            ring.submission()
+                .push(Recv::new(RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap()))
+                .unwrap();
+            ring.submit().unwrap();
+            if ring.qp().accept(b"", timeout).is_err() {
+                continue;
+            }
+            match ring.completion().wait(1) {
+                Ok(got) if got[0].status().is_success() => return (stale, got[0].buf()[0]),
+                _ => continue,
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let connect = |route: cm::CmRoute| {
+        let dev = route.open_device().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let qp = route.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+        qp.connect(b"", timeout).map(|()| (qp, pd))
+    };
+    // The server fails over while this attempt waits for its reply: it
+    // hears of it too, or of the server's refusal, whichever comes first.
+    let first = cm::resolve(addr, timeout).unwrap();
+    assert!(connect(first).is_err());
+    // This attempt's path is resolved, then the bond fails back.
+    let stale = cm::resolve(addr, timeout).unwrap();
+    bond_active("dummy1");
+    std::thread::sleep(Duration::from_millis(500));
+    let err = connect(stale).map(|_| ()).unwrap_err();
+    assert!(says_stale_path(&err), "{err:?}");
+
+    let route = cm::resolve(addr, timeout).unwrap();
+    let (qp, pd) = connect(route).expect("connecting after the failovers");
+    let mut ring = Ring::new(qp, RingConfig::default());
+    ring.submission()
+        .push(Send::new(RegisteredBuf::new(&pd, vec![7u8; 16]).unwrap()))
+        .unwrap();
+    ring.submit().unwrap();
+    let sent = ring.completion().wait(1).unwrap();
+    assert!(sent[0].status().is_success(), "{:?}", sent[0].status());
+    let (stale_accept, got) = server.join().unwrap();
+    assert!(says_stale_path(&stale_accept), "{stale_accept:?}");
+    assert_eq!(got, 7);
+}
+
 /// Brings an interface back up when dropped, whatever the test did.
 struct LinkUp(&'static str);
 

@@ -12,6 +12,13 @@
 //! the address of the interface `rxe` runs on; loopback does not route),
 //! and the [`VerbsDevice`] passed in must be that device.
 //!
+//! A bonding failover that changes the bond's hardware address makes the
+//! kernel renew the port's GIDs: a handshake under way then holds a stale
+//! path, and fails at once with an [`Error::Handshake`] that says so (a
+//! listener goes on past it); a new attempt resolves afresh. A listener
+//! hears of the change and goes on, and a ring does not take it for its
+//! peer's departure.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use rdma_ring::backend::verbs::VerbsDevice;
@@ -51,12 +58,30 @@ fn cm_failure(step: &'static str, reason: String) -> Error {
     Error::Handshake { step, reason }
 }
 
+/// A handshake's step that failed because the network under it changed.
+fn stale_path(step: &'static str) -> Error {
+    cm_failure(
+        step,
+        "the network device under the connection changed its hardware address \
+         (a bonding failover?), and the path taken is stale: connect again"
+            .into(),
+    )
+}
+
 /// An event other than the one `step` waits for. rdma_cm reports its own
 /// timeouts as events too (an address, route or connection that found no
 /// answer in time, with status `-ETIMEDOUT`, or a peer unreachable): those
 /// are [`Error::HandshakeTimeout`], as a silent peer is on the TCP path,
 /// not a refusal.
+///
+/// A handshake told that the network device under it changed its hardware
+/// address (`ADDR_CHANGE`: a bonding failover, say) fails too, at once:
+/// the kernel renews the port's GIDs then, and the path and GID the
+/// handshake took before are stale. A new attempt resolves afresh.
 fn unexpected(step: &'static str, kind: ev::Type, status: i32) -> Error {
+    if kind == ev::RDMA_CM_EVENT_ADDR_CHANGE {
+        return stale_path(step);
+    }
     let reason = format!("got {} (status {status})", event_name(kind));
     if status == -libc::ETIMEDOUT || kind == ev::RDMA_CM_EVENT_UNREACHABLE {
         Error::HandshakeTimeout { step, reason }
@@ -151,11 +176,10 @@ impl CmId {
         unsafe { (*self.id).port_num }
     }
 
-    /// The device and port rdma_cm bound this id to, opened.
-    fn open_device(&self) -> Result<VerbsDevice, Error> {
-        let name = self.device_name().ok_or(Error::Incompatible(
-            "rdma_cm bound no device (a wildcard address)",
-        ))?;
+    /// The device and port rdma_cm bound this id to, opened; if it bound
+    /// none, [`Error::Incompatible`] with `unbound`.
+    fn open_device(&self, unbound: &'static str) -> Result<VerbsDevice, Error> {
+        let name = self.device_name().ok_or(Error::Incompatible(unbound))?;
         let options = DeviceOptions {
             port: self.port(),
             ..DeviceOptions::default()
@@ -273,6 +297,30 @@ impl CmId {
         // SAFETY: acknowledged exactly once.
         unsafe { rdma_sys::rdma_ack_cm_event(raw) };
         Ok(Some(event))
+    }
+
+    /// `err`, the failure of a handshake's step, unless the step failed
+    /// on a stale path: rdma_cm said that the network device under this
+    /// id changed its address, or the device no longer has the GID the
+    /// path named (`ENODATA`: the kernel renews a port's GIDs when its
+    /// address changes; a request's id hears no `ADDR_CHANGE`). The error
+    /// says so then, and is a failed handshake, which a listener goes on
+    /// past. The event looked at is taken whatever it is: the handshake
+    /// fails either way.
+    fn or_stale_path(&self, step: &'static str, err: Error) -> Error {
+        let address_changed = matches!(
+            self.try_event(),
+            Ok(Some(event)) if event.kind == ev::RDMA_CM_EVENT_ADDR_CHANGE
+        );
+        let gid_gone = matches!(
+            &err,
+            Error::Verbs { source, .. } if source.raw_os_error() == Some(libc::ENODATA)
+        );
+        if address_changed || gid_gone {
+            stale_path(step)
+        } else {
+            err
+        }
     }
 
     fn expect(
@@ -484,30 +532,12 @@ fn ready_qp(
     depths: Option<Depths>,
     config: &QpConfig,
 ) -> Result<(), Error> {
-    // SAFETY: a plain C struct, for which all-zero is valid.
-    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    attr.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_INIT;
-    let mut mask = 0;
-    // SAFETY: the id is connected or connecting; both are valid out-pointers.
-    if unsafe { rdma_sys::rdma_init_qp_attr(id.id, &mut attr, &mut mask) } != 0 {
-        return Err(cm_error("rdma_init_qp_attr(INIT)"));
-    }
-    // INIT to INIT: rdma_cm's access flags are not taken, the queue pair
-    // keeps allowing every remote operation (memory registrations decide).
-    let mask = (rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE
-        | rdma_sys::ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
-        | rdma_sys::ibv_qp_attr_mask::IBV_QP_PORT)
-        .0 as i32;
-    qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm's INIT attributes)")?;
+    use rdma_sys::ibv_qp_attr_mask as m;
+    use rdma_sys::ibv_qp_state::{IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
     for (state, verb) in [
-        (
-            rdma_sys::ibv_qp_state::IBV_QPS_RTR,
-            "rdma_init_qp_attr(RTR)",
-        ),
-        (
-            rdma_sys::ibv_qp_state::IBV_QPS_RTS,
-            "rdma_init_qp_attr(RTS)",
-        ),
+        (IBV_QPS_INIT, "rdma_init_qp_attr(INIT)"),
+        (IBV_QPS_RTR, "rdma_init_qp_attr(RTR)"),
+        (IBV_QPS_RTS, "rdma_init_qp_attr(RTS)"),
     ] {
         // SAFETY: a plain C struct, for which all-zero is valid.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -517,16 +547,17 @@ fn ready_qp(
         if unsafe { rdma_sys::rdma_init_qp_attr(id.id, &mut attr, &mut mask) } != 0 {
             return Err(cm_error(verb));
         }
-        if let Some((responder, initiator)) = depths {
-            if state == rdma_sys::ibv_qp_state::IBV_QPS_RTR {
+        if state == IBV_QPS_INIT {
+            // INIT to INIT takes rdma_cm's P_Key index and port, not its
+            // access flags: the queue pair keeps allowing every remote
+            // operation (memory registrations decide).
+            mask = (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT).0 as i32;
+        } else if state == IBV_QPS_RTR {
+            if let Some((responder, _)) = depths {
                 attr.max_dest_rd_atomic = responder;
-            } else {
-                attr.max_rd_atomic = initiator;
             }
-        }
-        if state == rdma_sys::ibv_qp_state::IBV_QPS_RTR {
             attr.min_rnr_timer = crate::backend::verbs::MIN_RNR_TIMER;
-            mask |= rdma_sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32;
+            mask |= m::IBV_QP_MIN_RNR_TIMER.0 as i32;
             // rdma_init_qp_attr's RTR attributes include the path (AV).
             if config.traffic_class != 0 {
                 attr.ah_attr.grh.traffic_class = config.traffic_class;
@@ -535,16 +566,16 @@ fn ready_qp(
                 attr.ah_attr.sl = config.service_level;
             }
         } else {
+            if let Some((_, initiator)) = depths {
+                attr.max_rd_atomic = initiator;
+            }
             attr.timeout = config.ack_timeout;
             // The connection's messages carry the retry counts each side
             // asked for to the *other* side's queue pair: ours are set
             // here, as the config says.
             attr.retry_cnt = config.retry_cnt.min(7);
             attr.rnr_retry = config.rnr_retry.min(7);
-            mask |= (rdma_sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT
-                | rdma_sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT
-                | rdma_sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY)
-                .0 as i32;
+            mask |= (m::IBV_QP_TIMEOUT | m::IBV_QP_RETRY_CNT | m::IBV_QP_RNR_RETRY).0 as i32;
         }
         qp.modify_raw(&mut attr, mask, "ibv_modify_qp (rdma_cm attributes)")?;
     }
@@ -717,7 +748,7 @@ impl CmRoute {
     /// assert_eq!(Some(dev.name().to_string()), route.device_name());
     /// ```
     pub fn open_device(&self) -> Result<VerbsDevice, Error> {
-        self.id.open_device()
+        self.id.open_device("the route names no RDMA device")
     }
 
     /// A queue pair for this connection, in INIT, with a completion queue
@@ -868,7 +899,9 @@ impl CmListener {
     /// let dev = listener.open_device().unwrap();
     /// ```
     pub fn open_device(&self) -> Result<VerbsDevice, Error> {
-        self.id.open_device()
+        self.id.open_device(
+            "the listener is bound to a wildcard address, not to one RDMA device's interface",
+        )
     }
 
     /// Whether rdma_cm said the listener's device was removed: it hears
@@ -1084,7 +1117,7 @@ impl CmRequest {
             .ok_or(Error::Incompatible(
                 "the request was handed to a queue pair",
             ))?
-            .open_device()
+            .open_device("the connection request names no RDMA device")
     }
 
     /// The requester's address, if it is an IP address.
@@ -1323,7 +1356,8 @@ impl CmQp {
         // SAFETY: the route is resolved; `param` and its private data live
         // across the call.
         if unsafe { rdma_sys::rdma_connect(self.id.id, &mut param) } != 0 {
-            return Err(cm_error("rdma_connect"));
+            let err = cm_error("rdma_connect");
+            return Err(self.id.or_stale_path("connecting", err));
         }
         let event = self.id.next_event("connecting", timeout)?;
         match event.kind {
@@ -1339,7 +1373,8 @@ impl CmQp {
             }
             other => return Err(unexpected("connecting", other, event.status)),
         }
-        ready_qp(&self.id, &self.qp, None, &self.config)?;
+        ready_qp(&self.id, &self.qp, None, &self.config)
+            .map_err(|e| self.id.or_stale_path("connecting", e))?;
         if event.kind == ev::RDMA_CM_EVENT_CONNECT_RESPONSE {
             // SAFETY: the connect response arrived and the QP is in RTS.
             if unsafe { rdma_sys::rdma_establish(self.id.id) } != 0 {
@@ -1398,13 +1433,15 @@ impl CmQp {
                 "the request was answered already".into(),
             ));
         }
-        ready_qp(&self.id, &self.qp, Some(depths), &self.config)?;
+        ready_qp(&self.id, &self.qp, Some(depths), &self.config)
+            .map_err(|e| self.id.or_stale_path("accepting", e))?;
         let mut param = conn_param(&self.qp, depths, &self.config, private_data);
         self.confirming.set(true);
         // SAFETY: the request is pending; `param` lives across the call.
         if unsafe { rdma_sys::rdma_accept(self.id.id, &mut param) } != 0 {
             self.confirming.set(false);
-            return Err(cm_error("rdma_accept"));
+            let err = cm_error("rdma_accept");
+            return Err(self.id.or_stale_path("accepting", err));
         }
         Ok(())
     }

@@ -180,11 +180,6 @@ impl RpcServer<CmQp> {
     /// device; requests arriving on another are rejected).
     pub fn bind_cm(addr: SocketAddr, service: Service, config: RpcConfig) -> Result<Self, Error> {
         let listener = CmListener::bind(addr)?;
-        if listener.device_name().is_none() {
-            return Err(Error::Incompatible(
-                "bind_cm needs the address of one RDMA device's interface, not a wildcard",
-            ));
-        }
         let dev = listener.open_device()?;
         let listener = HandshakeListener::new(listener, config.connect_timeout);
         let mut server = start_on::<CmQp>(&dev, service, config)?;
@@ -264,9 +259,6 @@ impl RpcClient<CmQp> {
     /// rdma_cm, on the device the route leads through.
     pub fn connect_cm(addr: SocketAddr, config: RpcConfig) -> Result<Self, RpcError> {
         let route = cm::resolve(addr, config.connect_timeout).map_err(connect_failed)?;
-        if route.device_name().is_none() {
-            return Err(RpcError::Connect("the route names no RDMA device".into()));
-        }
         let dev = route.open_device().map_err(connect_failed)?;
         let pd = dev.alloc_pd().map_err(connect_failed)?;
         let qp = route

@@ -158,9 +158,6 @@ impl SessionBuilder {
     pub fn connect_cm(&self, addr: SocketAddr) -> Result<Session<CmQp>, SessionError> {
         let timeout = self.config.connect_timeout;
         let route = cm::resolve(addr, timeout)?;
-        if route.device_name().is_none() {
-            return Err(Error::Incompatible("rdma_cm resolved no device").into());
-        }
         let dev = route.open_device()?;
         let host = start_host::<CmQp>(&dev, self.config)?;
         let fabric = verbs_fabric(&host);
@@ -189,12 +186,6 @@ impl SessionBuilder {
     /// interface, for many peers on one host.
     pub fn bind_cm(&self, addr: SocketAddr) -> Result<SessionListener<CmQp>, SessionError> {
         let listener = CmListener::bind(addr)?;
-        if listener.device_name().is_none() {
-            return Err(Error::Incompatible(
-                "bind_cm needs the address of one RDMA device's interface, not a wildcard",
-            )
-            .into());
-        }
         let dev = listener.open_device()?;
         Ok(SessionListener {
             host: start_host::<CmQp>(&dev, self.config)?,

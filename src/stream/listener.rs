@@ -277,12 +277,6 @@ impl RdmaStream<CmQp> {
     pub fn connect_cm(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaStream<CmQp>> {
         config.check().map_err(to_io)?;
         let route = cm::resolve(addr, config.connect_timeout).map_err(to_io)?;
-        if route.device_name().is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "the route names no RDMA device",
-            ));
-        }
         let dev = route.open_device().map_err(to_io)?;
         let pd = dev.alloc_pd().map_err(to_io)?;
         let qp = route
