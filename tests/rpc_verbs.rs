@@ -144,8 +144,11 @@ fn stalling_peers_hold_up_no_client_and_a_pacing_one_is_not_admitted() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(server.stats().handshakes_failed, 4, "{:?}", server.stats());
+    // Failed handshakes stop no listener.
+    assert!(server.accepting());
     drop((client, pacing));
     server.shutdown().unwrap();
+    assert!(!server.accepting());
     drop(silent);
 }
 

@@ -30,6 +30,17 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
     let addr: std::net::SocketAddr = "10.99.0.1:7474".parse().unwrap();
     let timeout = Duration::from_secs(20);
     let listener = cm::CmListener::bind(addr).unwrap();
+    // An RPC server listening on the same device stops accepting, and
+    // says so.
+    let rpc = rdma_ring::rpc::RpcServer::bind_cm(
+        "10.99.0.1:7475".parse().unwrap(),
+        rdma_ring::rpc::Service::handler(
+            |_: &rdma_ring::rpc::Caller, _: &[u8], _: &mut Vec<u8>| Ok(()),
+        ),
+        rdma_ring::rpc::RpcConfig::default(),
+    )
+    .unwrap();
+    assert!(rpc.accepting());
     let (server_dev, server_pd) = (dev.clone(), pd.clone());
     let server = std::thread::spawn(move || {
         listener
@@ -94,6 +105,15 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
         "waited {:?} for {again}",
         started.elapsed()
     );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rpc.accepting() {
+        assert!(
+            Instant::now() < deadline,
+            "the RPC server still accepts on a removed device"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let leaked = rdma_ring::leak::leaked().buffers;
     let started = Instant::now();

@@ -381,6 +381,34 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
         self.shared.lock().failure
     }
 
+    /// Whether new clients can connect through the server's listener:
+    /// false for a server made without one, once [`shutdown`](Self::shutdown)
+    /// began, and once the listener's device went away (over rdma_cm,
+    /// rdma_cm said it was removed: the listener hears no more requests,
+    /// and the server serves on the clients it has).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::rpc::{RpcConfig, RpcServer, Service, Caller, HandlerError};
+    /// # fn echo(_: &Caller, req: &[u8], resp: &mut Vec<u8>) -> Result<(), HandlerError> {
+    /// #     resp.extend_from_slice(req);
+    /// #     Ok(())
+    /// # }
+    /// let dev = SoftDevice::new();
+    /// // In-process clients connect through the server itself, not a listener.
+    /// let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    /// assert!(!server.accepting());
+    /// ```
+    pub fn accepting(&self) -> bool {
+        !self.shared.stopping()
+            && self
+                .acceptor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|thread| !thread.is_finished())
+    }
+
     /// The address it listens on, for servers made by a listener.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
