@@ -168,6 +168,45 @@ proptest! {
     }
 }
 
+/// A non-blocking writer that ends writing while the peer's buffers are
+/// full is told it did (not `WouldBlock`, which would say it did not);
+/// what it wrote, then the end of stream, goes out as the reader makes
+/// room.
+#[test]
+fn a_non_blocking_shutdown_ends_writing_at_once_and_loses_nothing() {
+    let dev = SoftDevice::new();
+    let (mut a, mut b, _, _) = pair_with_controls(&dev, small());
+    a.set_nonblocking(true);
+    let data = pattern(64 * 64, 5);
+    let mut written = 0;
+    while let Ok(n) = a.write(&data[written..]) {
+        written += n;
+        assert!(written < data.len(), "nothing held the writer back");
+    }
+    a.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(a.write(b"more").unwrap_err().kind(), ErrorKind::BrokenPipe);
+    b.set_nonblocking(true);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 50];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match b.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        // The writer's owner calls it now and then, as a socket's does.
+        match a.flush() {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "the end of stream never came");
+    }
+    assert!(got == data[..written], "the bytes differ");
+}
+
 #[test]
 fn a_slow_reader_holds_the_writer_back_and_loses_nothing() {
     let dev = SoftDevice::new();

@@ -385,6 +385,8 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// other for ever).
     /// The rest of what was written, then the end of stream, goes out as
     /// later reads make room, or in the drop's linger, as TCP's would.
+    /// A non-blocking stream never waits here: writing ends at once, and
+    /// the rest goes out so as later calls (a read, a flush) make room.
     pub fn shutdown(&mut self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             self.core_mut().conn.shutdown_read();
@@ -404,7 +406,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
                 if core.conn.fin_sent() {
                     break;
                 }
-                if core.conn.readable() > 0 {
+                // Non-blocking, it is done once recorded: writing has ended
+                // either way, so `WouldBlock` would say what is not so.
+                if core.conn.readable() > 0 || self.nonblocking {
                     break;
                 }
                 self.wait(
