@@ -652,21 +652,18 @@ fn rdma_cm_in_steps_posts_receives_before_the_peer_can_send() {
 }
 
 /// Makes `slave` the active port of bond0 (on the Soft-RoCE VM: two dummy
-/// ports of their own MAC addresses, the bond following the active one's).
-fn bond_active(slave: &str) {
-    let status = std::process::Command::new("ip")
-        .args([
-            "link",
-            "set",
-            "bond0",
-            "type",
-            "bond",
-            "active_slave",
-            slave,
-        ])
+/// ports of their own MAC addresses, the bond following the active one's);
+/// whether `ip` did.
+fn set_bond_active(slave: &str) -> bool {
+    std::process::Command::new("ip")
+        .args(["link", "set", "bond0", "type", "bond", "active_slave"])
+        .arg(slave)
         .status()
-        .expect("running ip");
-    assert!(status.success(), "bond0: active_slave {slave}");
+        .is_ok_and(|status| status.success())
+}
+
+fn bond_active(slave: &str) {
+    assert!(set_bond_active(slave), "bond0: active_slave {slave}");
 }
 
 /// Puts bond0's first port back in charge when dropped.
@@ -674,17 +671,7 @@ struct BondRestored;
 
 impl Drop for BondRestored {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args([
-                "link",
-                "set",
-                "bond0",
-                "type",
-                "bond",
-                "active_slave",
-                "dummy1",
-            ])
-            .status();
+        set_bond_active("dummy1");
     }
 }
 
