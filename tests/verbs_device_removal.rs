@@ -41,6 +41,17 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
     )
     .unwrap();
     assert!(rpc.accepting());
+    // So do a session listener and a stream listener: each tells its end
+    // from a peer's failure.
+    let sessions = rdma_ring::session::SessionBuilder::default()
+        .bind_cm("10.99.0.1:7476".parse().unwrap())
+        .unwrap();
+    let streams = rdma_ring::stream::RdmaCmListener::bind(
+        "10.99.0.1:7479".parse().unwrap(),
+        rdma_ring::stream::StreamConfig::default(),
+    )
+    .unwrap();
+    assert!(!sessions.ended() && !streams.ended());
     let (server_dev, server_pd) = (dev.clone(), pd.clone());
     let server = std::thread::spawn(move || {
         listener
@@ -114,6 +125,19 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+
+    let started = Instant::now();
+    let err = sessions
+        .accept()
+        .expect_err("a session on a removed device");
+    assert!(sessions.ended(), "{err}");
+    let err = streams.accept().expect_err("a stream on a removed device");
+    assert!(streams.ended(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the listeners took {:?} to end",
+        started.elapsed()
+    );
 
     let leaked = rdma_ring::leak::leaked().buffers;
     let started = Instant::now();

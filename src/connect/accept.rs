@@ -1,14 +1,17 @@
 //! Accepting handshakes side by side, over TCP or rdma_cm.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cm::{CmListener, CmRequest};
+use crate::deadline::Deadline;
 use crate::error::Error;
 
 /// Handshakes in progress at most: beyond, connections wait in the
@@ -24,8 +27,12 @@ const MAX_HANDSHAKES_PER_ORIGIN: usize = 8;
 /// the most waiting, or the new one if that is its own address; one that
 /// waited longer than the connect timeout is dropped ([`drop_stale`]).
 const MAX_WAITING: usize = 256;
-/// How often a waiting accept looks for new connections.
-const ACCEPT_TICK: Duration = Duration::from_millis(20);
+/// The longest an idle accept sleeps before it asks its `stop` again.
+/// It wakes at once for a new connection, a finished handshake or an
+/// [`AcceptWaker`]; a stop that nothing wakes for is seen within this.
+const ACCEPT_TICK: Duration = Duration::from_secs(1);
+/// How often an accept looks when it cannot wait on descriptors.
+const FALLBACK_TICK: Duration = Duration::from_millis(20);
 
 /// Where connection attempts come from.
 pub(crate) trait Incoming {
@@ -47,6 +54,10 @@ pub(crate) trait Incoming {
     fn ended(&self) -> bool {
         false
     }
+
+    /// A descriptor that is readable when an attempt (or anything else
+    /// `try_next` takes) may be waiting.
+    fn readiness(&self) -> RawFd;
 }
 
 impl Incoming for TcpListener {
@@ -77,6 +88,10 @@ impl Incoming for TcpListener {
 
     fn origin((_, peer): &(TcpStream, SocketAddr)) -> Option<IpAddr> {
         Some(peer.ip())
+    }
+
+    fn readiness(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -122,6 +137,55 @@ impl Incoming for CmListener {
     fn ended(&self) -> bool {
         self.removed()
     }
+
+    fn readiness(&self) -> RawFd {
+        self.event_fd()
+    }
+}
+
+/// Wakes an idle accept of a [`HandshakeListener`]: a handshake that
+/// finished, or whoever changed what its `stop` says.
+#[derive(Clone)]
+pub(crate) struct AcceptWaker(Arc<UnixStream>);
+
+impl AcceptWaker {
+    pub(crate) fn wake(&self) {
+        // Non-blocking: a full socket already holds a wake-up.
+        let _ = (&*self.0).write(&[1]);
+    }
+}
+
+/// Wakes the accept when dropped.
+struct WakeOnDrop(AcceptWaker);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.wake();
+    }
+}
+
+/// Waits up to `up_to` for one of `fds` to be readable (or for a signal);
+/// takes nothing.
+fn wait_readable(fds: &[RawFd], up_to: Duration) -> io::Result<()> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = up_to.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `polled` is a valid array of `polled.len()` pollfds for the
+    // call. A descriptor closed meanwhile only ends the wait (POLLNVAL):
+    // poll reads nothing through it.
+    if unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, ms) } < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    Ok(())
 }
 
 /// A listener whose handshakes run on threads of their own, so a peer
@@ -139,6 +203,12 @@ pub(crate) struct HandshakeListener<S: Incoming, T> {
     waiting: Mutex<VecDeque<Parked<S::Attempt>>>,
     /// How long an attempt may wait so (see [`drop_stale`]).
     patience: Duration,
+    /// Readable once a handshake finished or an [`AcceptWaker`] woke us.
+    woken: UnixStream,
+    waker: AcceptWaker,
+    /// Idle waits so far, for tests.
+    #[cfg(test)]
+    idle_waits: AtomicUsize,
 }
 
 /// An attempt waiting for its address's turn.
@@ -286,7 +356,7 @@ impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
     /// address's turn up to `patience` (see [`HandshakeListener::new`]).
     pub(crate) fn tcp(tcp: TcpListener, patience: Duration) -> io::Result<Self> {
         tcp.set_nonblocking(true)?;
-        Ok(HandshakeListener::new(tcp, patience))
+        HandshakeListener::new(tcp, patience)
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -294,13 +364,27 @@ impl<T: Send + 'static> HandshakeListener<TcpListener, T> {
     }
 }
 
+impl<T: Send + 'static> HandshakeListener<CmListener, T> {
+    /// Over rdma_cm's `listener`; an attempt waits for its address's turn
+    /// up to `patience` (see [`HandshakeListener::new`]).
+    pub(crate) fn cm(listener: CmListener, patience: Duration) -> Result<Self, Error> {
+        HandshakeListener::new(listener, patience).map_err(|source| Error::Verbs {
+            verb: "socketpair (an accept's wake-up)",
+            source,
+        })
+    }
+}
+
 impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     /// Over `source`, whose `try_next` must not block. An attempt that
     /// waits for its address's turn longer than `patience` (the connect
     /// timeout: its peer has given up by then) is dropped unhandshaken.
-    pub(crate) fn new(source: S, patience: Duration) -> Self {
+    pub(crate) fn new(source: S, patience: Duration) -> io::Result<Self> {
         let (finish, finished) = mpsc::channel();
-        HandshakeListener {
+        let (woken, waker) = UnixStream::pair()?;
+        woken.set_nonblocking(true)?;
+        waker.set_nonblocking(true)?;
+        Ok(HandshakeListener {
             source,
             finished: Mutex::new(finished),
             finish,
@@ -308,7 +392,16 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             origins: OriginSlots::default(),
             waiting: Mutex::new(VecDeque::new()),
             patience,
-        }
+            woken,
+            waker: AcceptWaker(Arc::new(waker)),
+            #[cfg(test)]
+            idle_waits: AtomicUsize::new(0),
+        })
+    }
+
+    /// Wakes an idle accept, for one that changed what its `stop` says.
+    pub(crate) fn waker(&self) -> AcceptWaker {
+        self.waker.clone()
     }
 
     /// Whether the source will give no more attempts (see
@@ -327,19 +420,22 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
         F: Fn(S::Attempt) -> T + Clone + Send + 'static,
     {
         loop {
-            if let Some(done) = self.accept_until(handshake.clone(), || false)? {
+            if let Some(done) = self.accept_until(handshake.clone(), || false, None)? {
                 return Ok(done);
             }
         }
     }
 
     /// Like [`accept`](Self::accept), giving up with `None` once `stop`
-    /// says so (asked every [`ACCEPT_TICK`]); handshakes in progress go
-    /// on, and what they return is handed out by later calls.
+    /// says so (asked at `deadline`, whenever something wakes the accept,
+    /// and every [`ACCEPT_TICK`]: wake it with [`waker`](Self::waker)
+    /// when what `stop` says changes); handshakes in progress go on, and
+    /// what they return is handed out by later calls.
     pub(crate) fn accept_until<F>(
         &self,
         handshake: F,
         stop: impl Fn() -> bool,
+        deadline: Option<Deadline>,
     ) -> Result<Option<T>, S::Error>
     where
         F: Fn(S::Attempt) -> T + Clone + Send + 'static,
@@ -354,19 +450,42 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             if stop() {
                 return Ok(None);
             }
-            // Beyond the slots, attempts wait in the source's backlog.
+            // Beyond the slots, attempts wait in the source's backlog:
+            // the source is watched only while a slot is free.
+            let mut watched = vec![self.woken.as_raw_fd()];
             if let Some(slot) = self.slots.take() {
                 if let Some((attempt, origin)) = self.next_attempt()? {
                     self.start(attempt, handshake.clone(), (slot, origin));
                     continue;
                 }
+                watched.push(self.source.readiness());
             }
-            match finished.recv_timeout(ACCEPT_TICK) {
-                Ok(done) => return Ok(Some(done)),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => unreachable!("the listener holds a sender"),
-            }
+            self.idle_wait(&watched, deadline);
         }
+    }
+
+    /// Sleeps until one of `watched` is readable, up to the first of
+    /// `deadline`, [`ACCEPT_TICK`] and the moment the oldest parked
+    /// attempt goes stale; then takes the wake-ups that came.
+    fn idle_wait(&self, watched: &[RawFd], deadline: Option<Deadline>) {
+        #[cfg(test)]
+        self.idle_waits.fetch_add(1, Ordering::Relaxed);
+        let mut up_to = ACCEPT_TICK;
+        if let Some(deadline) = deadline {
+            up_to = up_to.min(deadline.remaining());
+        }
+        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(oldest) = waiting.front() {
+            up_to = up_to.min(self.patience.saturating_sub(oldest.since.elapsed()));
+        }
+        drop(waiting);
+        if wait_readable(watched, up_to).is_err() {
+            // poll itself failed (out of memory, say): pace the looks
+            // instead, as a plain tick would.
+            std::thread::sleep(FALLBACK_TICK.min(up_to));
+        }
+        let mut taken = [0u8; 64];
+        while matches!((&self.woken).read(&mut taken), Ok(n) if n > 0) {}
     }
 
     /// The next attempt whose address has a handshake slot free, with
@@ -407,9 +526,13 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
         F: FnOnce(S::Attempt) -> T + Send + 'static,
     {
         let finish = self.finish.clone();
+        let wake = WakeOnDrop(self.waker.clone());
         let _ = std::thread::Builder::new()
             .name("rdma-ring-handshake".into())
             .spawn(move || {
+                // However the handshake ends (a panic included), its slot
+                // is free, then the accept is woken to use it.
+                let _wake = wake;
                 let _slot = slot;
                 // A listener dropped meanwhile drops what it would have
                 // handed out.
@@ -471,6 +594,38 @@ mod tests {
         assert_eq!(second.unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
+    /// An idle accept sleeps until something happens, not on a short
+    /// tick: it wakes for a new connection, and at once when a handshake
+    /// finishes.
+    #[test]
+    fn an_idle_accept_sleeps_until_a_connection_or_a_finished_handshake() {
+        let listener = listen();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            let mut socket = TcpStream::connect(addr).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            socket.write_all(b"hi").unwrap();
+            socket
+        });
+        let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
+            let mut word = [0u8; 2];
+            let said = socket.read_exact(&mut word).map(|()| word);
+            (said, Instant::now())
+        };
+        let (said, finished) = listener.accept(handshake).unwrap();
+        let woke_after = finished.elapsed();
+        assert_eq!(said.unwrap(), *b"hi");
+        let waits = listener.idle_waits.load(Ordering::Relaxed);
+        assert!(waits <= 4, "{waits} idle waits over about 0.9 s");
+        // Within the tick, the accept would only see the result at its end.
+        assert!(
+            woke_after < Duration::from_millis(350),
+            "the accept saw the finished handshake {woke_after:?} late"
+        );
+        drop(peer.join().unwrap());
+    }
+
     /// A new connection's own network error, which Linux hands to
     /// `accept`, fails that peer alone; the listener's own troubles (out
     /// of descriptors) are the listener's.
@@ -506,10 +661,14 @@ mod tests {
         for _ in 0..100 {
             let looked = std::cell::Cell::new(0);
             let stopped = listener
-                .accept_until(handshake, || {
-                    looked.set(looked.get() + 1);
-                    looked.get() > 1
-                })
+                .accept_until(
+                    handshake,
+                    || {
+                        looked.set(looked.get() + 1);
+                        looked.get() > 1
+                    },
+                    None,
+                )
                 .unwrap();
             assert!(stopped.is_none(), "nothing has finished yet");
             if listener.slots.running() == 1 {
@@ -644,7 +803,7 @@ mod tests {
         while listener.waiting.lock().unwrap().len() < stale.len() {
             assert!(Instant::now() < settled, "the attempts never waited");
             let stop = std::cell::Cell::new(false);
-            let none = listener.accept_until(handshake.clone(), || stop.replace(true));
+            let none = listener.accept_until(handshake.clone(), || stop.replace(true), None);
             assert!(none.unwrap().is_none());
         }
         std::thread::sleep(patience + Duration::from_millis(200));

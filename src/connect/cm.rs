@@ -904,6 +904,12 @@ impl CmListener {
         )
     }
 
+    /// The event channel's descriptor: readable when a request (or
+    /// another event) waits.
+    pub(crate) fn event_fd(&self) -> std::os::fd::RawFd {
+        self.id.fd().0
+    }
+
     /// Whether rdma_cm said the listener's device was removed: it hears
     /// no more requests, and [`request`](Self::request) fails at once.
     ///

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::client::PendingClient;
-use super::server::{client_qp_config, server_cq_entries, server_qp_config, ServerShared};
+use super::server::{
+    client_qp_config, server_cq_entries, server_qp_config, Acceptor, ServerShared,
+};
 use super::{RpcClient, RpcConfig, RpcError, RpcServer, Service};
 use crate::backend::verbs::{VerbsDevice, VerbsPd, VerbsQp};
 use crate::backend::QueuePair;
@@ -95,20 +97,37 @@ impl RpcServer<VerbsQp> {
         let local = listener.local_addr().map_err(failed)?;
         let mut server = start_on::<VerbsQp>(dev, service, config)?;
         server.local_addr = Some(local);
-        let shared = Arc::clone(&server.shared);
-        let acceptor = std::thread::Builder::new()
-            .name("rdma-ring-rpc-accept".into())
-            .spawn(move || {
-                accept_all(&listener, &shared, |(socket, peer), shared| {
-                    if handshake_tcp(socket, peer, shared).is_err() {
-                        shared.handshake_failed();
-                    }
-                })
-            })
-            .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
-        *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
+        spawn_acceptor(&server, listener, |(socket, peer), shared| {
+            if handshake_tcp(socket, peer, shared).is_err() {
+                shared.handshake_failed();
+            }
+        })?;
         Ok(server)
     }
+}
+
+/// Starts the thread that runs [`accept_all`] for `server`, which wakes
+/// it when it stops.
+fn spawn_acceptor<S, Q>(
+    server: &RpcServer<Q>,
+    listener: HandshakeListener<S, ()>,
+    handshake: fn(S::Attempt, &ServerShared<Q>),
+) -> Result<(), Error>
+where
+    S: Incoming + Send + 'static,
+    Q: QueuePair + Send + 'static,
+{
+    let shared = Arc::clone(&server.shared);
+    let waker = listener.waker();
+    let thread = std::thread::Builder::new()
+        .name("rdma-ring-rpc-accept".into())
+        .spawn(move || accept_all(&listener, &shared, handshake))
+        .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
+    *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(Acceptor {
+        thread,
+        wake: Box::new(move || waker.wake()),
+    });
+    Ok(())
 }
 
 /// Takes connection attempts until the server stops; each handshake runs
@@ -127,6 +146,7 @@ fn accept_all<S: Incoming, Q: QueuePair + Send + 'static>(
         let accepted = listener.accept_until(
             move |attempt| handshake(attempt, &server),
             || shared.stopping(),
+            None,
         );
         if accepted.is_err() {
             // A listener whose device went away hears nothing more; the
@@ -181,15 +201,10 @@ impl RpcServer<CmQp> {
     pub fn bind_cm(addr: SocketAddr, service: Service, config: RpcConfig) -> Result<Self, Error> {
         let listener = CmListener::bind(addr)?;
         let dev = listener.open_device()?;
-        let listener = HandshakeListener::new(listener, config.connect_timeout);
+        let listener = HandshakeListener::cm(listener, config.connect_timeout)?;
         let mut server = start_on::<CmQp>(&dev, service, config)?;
         server.local_addr = Some(addr);
-        let shared = Arc::clone(&server.shared);
-        let acceptor = std::thread::Builder::new()
-            .name("rdma-ring-rpc-accept".into())
-            .spawn(move || accept_all(&listener, &shared, handshake_cm))
-            .map_err(|_| Error::Soft("could not spawn the accept thread"))?;
-        *server.acceptor.lock().unwrap_or_else(|p| p.into_inner()) = Some(acceptor);
+        spawn_acceptor(&server, listener, handshake_cm)?;
         Ok(server)
     }
 }

@@ -233,8 +233,15 @@ impl<Q: QueuePair> ServerShared<Q> {
 pub struct RpcServer<Q: QueuePair + std::marker::Send + 'static> {
     pub(super) shared: Arc<ServerShared<Q>>,
     poller: Mutex<Option<JoinHandle<()>>>,
-    pub(super) acceptor: Mutex<Option<JoinHandle<()>>>,
+    pub(super) acceptor: Mutex<Option<Acceptor>>,
     pub(super) local_addr: Option<SocketAddr>,
+}
+
+/// The thread that accepts clients for a server made by a listener.
+pub(super) struct Acceptor {
+    pub(super) thread: JoinHandle<()>,
+    /// Wakes the thread's idle wait, for it to see that the server stops.
+    pub(super) wake: Box<dyn Fn() + Send + Sync>,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> std::fmt::Debug for RpcServer<Q> {
@@ -406,7 +413,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
-                .is_some_and(|thread| !thread.is_finished())
+                .is_some_and(|acceptor| !acceptor.thread.is_finished())
     }
 
     /// The address it listens on, for servers made by a listener.
@@ -438,7 +445,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(acceptor) = acceptor {
-            let _ = acceptor.join();
+            (acceptor.wake)();
+            let _ = acceptor.thread.join();
         }
         let poller = self.poller.lock().unwrap_or_else(|p| p.into_inner()).take();
         match poller {

@@ -189,10 +189,10 @@ impl SessionBuilder {
         let dev = listener.open_device()?;
         Ok(SessionListener {
             host: start_host::<CmQp>(&dev, self.config)?,
-            kind: ListenerKind::Cm(HandshakeListener::new(
+            kind: ListenerKind::Cm(HandshakeListener::cm(
                 listener,
                 self.config.connect_timeout,
-            )),
+            )?),
         })
     }
 }
@@ -347,6 +347,30 @@ impl<Q: QueuePair + Send + 'static> SessionListener<Q> {
         match &self.kind {
             ListenerKind::Tcp(l) => l.local_addr().ok(),
             ListenerKind::Cm(_) => None,
+        }
+    }
+
+    /// Whether the listener hears no more peers, ever: over rdma_cm,
+    /// rdma_cm said its device was removed (a TCP listener never ends so).
+    /// After an error from an accept, this tells the listener's end (stop
+    /// accepting; the host's sessions go on) from one peer's failed
+    /// handshake (accept again).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::session::SessionBuilder;
+    /// let listener = SessionBuilder::default().bind_cm("10.99.0.1:7490".parse().unwrap()).unwrap();
+    /// while !listener.ended() {
+    ///     match listener.accept() {
+    ///         Ok(session) => drop(session), // serve it
+    ///         Err(e) => eprintln!("{e}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn ended(&self) -> bool {
+        match &self.kind {
+            ListenerKind::Tcp(_) => false,
+            ListenerKind::Cm(l) => l.ended(),
         }
     }
 }

@@ -178,10 +178,11 @@ impl RdmaCmListener {
     pub fn bind(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaCmListener> {
         config.check().map_err(to_io)?;
         Ok(RdmaCmListener {
-            cm: HandshakeListener::new(
+            cm: HandshakeListener::cm(
                 CmListener::bind(addr).map_err(to_io)?,
                 config.connect_timeout,
-            ),
+            )
+            .map_err(to_io)?,
             addr,
             device: Arc::default(),
             config,
@@ -191,6 +192,26 @@ impl RdmaCmListener {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Whether the listener hears no more requests, ever: rdma_cm said its
+    /// device was removed. After an error from an accept, this tells the
+    /// listener's end (stop accepting) from one peer's failed handshake
+    /// (accept again).
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use rdma_ring::stream::{RdmaCmListener, StreamConfig};
+    /// let listener = RdmaCmListener::bind("10.99.0.1:7481".parse().unwrap(), StreamConfig::default()).unwrap();
+    /// while !listener.ended() {
+    ///     match listener.accept() {
+    ///         Ok(stream) => drop(stream), // serve it
+    ///         Err(e) => eprintln!("{e}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn ended(&self) -> bool {
+        self.cm.ended()
     }
 
     /// Waits (up to `timeout`) for the next handshake to finish: a stream
@@ -208,7 +229,7 @@ impl RdmaCmListener {
         };
         match self
             .cm
-            .accept_until(handshake, || deadline.expired())
+            .accept_until(handshake, || deadline.expired(), Some(deadline))
             .map_err(to_io)?
         {
             Some(done) => done,

@@ -10,6 +10,14 @@
 //! `WouldBlock`), `ConnectionReset` when the peer dies, `InvalidData` when
 //! it breaks the protocol. Built on the ring's public API only.
 //!
+//! One manner differs: `flush` (and `poll_flush`) waits until what was
+//! written is with the device, which takes the peer's grants: bytes
+//! beyond its receive buffers wait for it to read. Two sides that each
+//! write more than that, then flush before they read, wait on each other
+//! (a blocking flush until its write timeout), where TCP's flush returns
+//! at once. Read first, or end writing with `shutdown` (`poll_close`),
+//! which returns at once when the peer's bytes wait unread.
+//!
 //! # Design
 //!
 //! Each side owns a ring with one queue pair and three pools of registered
