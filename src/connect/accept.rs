@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::cm::{CmListener, CmRequest};
+use super::readiness::wait_readable;
 use crate::deadline::Deadline;
 use crate::error::Error;
 
@@ -146,12 +147,22 @@ impl Incoming for CmListener {
 /// Wakes an idle accept of a [`HandshakeListener`]: a handshake that
 /// finished, or whoever changed what its `stop` says.
 #[derive(Clone)]
-pub(crate) struct AcceptWaker(Arc<UnixStream>);
+pub(crate) struct AcceptWaker(Arc<WakePair>);
+
+/// A connected pair of non-blocking sockets: a byte written to `wake`
+/// makes `woken` readable. A waker holds both ends, so the reading end
+/// outlives every writer: a wake-up after the listener is gone goes into
+/// the buffer, never to a closed peer (which would raise SIGPIPE where
+/// writes do not ask the kernel to spare the process).
+struct WakePair {
+    woken: UnixStream,
+    wake: UnixStream,
+}
 
 impl AcceptWaker {
     pub(crate) fn wake(&self) {
-        // Non-blocking: a full socket already holds a wake-up.
-        let _ = (&*self.0).write(&[1]);
+        // A full socket already holds a wake-up.
+        let _ = (&self.0.wake).write(&[1]);
     }
 }
 
@@ -162,30 +173,6 @@ impl Drop for WakeOnDrop {
     fn drop(&mut self) {
         self.0.wake();
     }
-}
-
-/// Waits up to `up_to` for one of `fds` to be readable (or for a signal);
-/// takes nothing.
-fn wait_readable(fds: &[RawFd], up_to: Duration) -> io::Result<()> {
-    let mut polled: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ms = up_to.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: `polled` is a valid array of `polled.len()` pollfds for the
-    // call. A descriptor closed meanwhile only ends the wait (POLLNVAL):
-    // poll reads nothing through it.
-    if unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, ms) } < 0 {
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-    Ok(())
 }
 
 /// A listener whose handshakes run on threads of their own, so a peer
@@ -204,7 +191,6 @@ pub(crate) struct HandshakeListener<S: Incoming, T> {
     /// How long an attempt may wait so (see [`drop_stale`]).
     patience: Duration,
     /// Readable once a handshake finished or an [`AcceptWaker`] woke us.
-    woken: UnixStream,
     waker: AcceptWaker,
     /// Idle waits so far, for tests.
     #[cfg(test)]
@@ -381,9 +367,9 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     /// timeout: its peer has given up by then) is dropped unhandshaken.
     pub(crate) fn new(source: S, patience: Duration) -> io::Result<Self> {
         let (finish, finished) = mpsc::channel();
-        let (woken, waker) = UnixStream::pair()?;
+        let (woken, wake) = UnixStream::pair()?;
         woken.set_nonblocking(true)?;
-        waker.set_nonblocking(true)?;
+        wake.set_nonblocking(true)?;
         Ok(HandshakeListener {
             source,
             finished: Mutex::new(finished),
@@ -392,8 +378,7 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             origins: OriginSlots::default(),
             waiting: Mutex::new(VecDeque::new()),
             patience,
-            woken,
-            waker: AcceptWaker(Arc::new(waker)),
+            waker: AcceptWaker(Arc::new(WakePair { woken, wake })),
             #[cfg(test)]
             idle_waits: AtomicUsize::new(0),
         })
@@ -452,7 +437,7 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             }
             // Beyond the slots, attempts wait in the source's backlog:
             // the source is watched only while a slot is free.
-            let mut watched = vec![self.woken.as_raw_fd()];
+            let mut watched = vec![self.waker.0.woken.as_raw_fd()];
             if let Some(slot) = self.slots.take() {
                 if let Some((attempt, origin)) = self.next_attempt()? {
                     self.start(attempt, handshake.clone(), (slot, origin));
@@ -466,7 +451,9 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
 
     /// Sleeps until one of `watched` is readable, up to the first of
     /// `deadline`, [`ACCEPT_TICK`] and the moment the oldest parked
-    /// attempt goes stale; then takes the wake-ups that came.
+    /// attempt goes stale (those stale already are dropped first, slots
+    /// free or not, so that one cannot cut every sleep to nothing); then
+    /// takes the wake-ups that came.
     fn idle_wait(&self, watched: &[RawFd], deadline: Option<Deadline>) {
         #[cfg(test)]
         self.idle_waits.fetch_add(1, Ordering::Relaxed);
@@ -474,7 +461,8 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
         if let Some(deadline) = deadline {
             up_to = up_to.min(deadline.remaining());
         }
-        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        drop_stale(&mut waiting, self.patience);
         if let Some(oldest) = waiting.front() {
             up_to = up_to.min(self.patience.saturating_sub(oldest.since.elapsed()));
         }
@@ -485,7 +473,7 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             std::thread::sleep(FALLBACK_TICK.min(up_to));
         }
         let mut taken = [0u8; 64];
-        while matches!((&self.woken).read(&mut taken), Ok(n) if n > 0) {}
+        while matches!((&self.waker.0.woken).read(&mut taken), Ok(n) if n > 0) {}
     }
 
     /// The next attempt whose address has a handshake slot free, with
@@ -604,26 +592,34 @@ mod tests {
         let peer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(600));
             let mut socket = TcpStream::connect(addr).unwrap();
+            let connected = Instant::now();
             std::thread::sleep(Duration::from_millis(300));
             socket.write_all(b"hi").unwrap();
-            socket
+            (socket, connected)
         });
         let handshake = |(mut socket, _peer): (TcpStream, SocketAddr)| {
+            let started = Instant::now();
             let mut word = [0u8; 2];
             let said = socket.read_exact(&mut word).map(|()| word);
-            (said, Instant::now())
+            (said, started, Instant::now())
         };
-        let (said, finished) = listener.accept(handshake).unwrap();
-        let woke_after = finished.elapsed();
+        let (said, started, finished) = listener.accept(handshake).unwrap();
+        let seen_after = finished.elapsed();
         assert_eq!(said.unwrap(), *b"hi");
+        let (_socket, connected) = peer.join().unwrap();
         let waits = listener.idle_waits.load(Ordering::Relaxed);
         assert!(waits <= 4, "{waits} idle waits over about 0.9 s");
-        // Within the tick, the accept would only see the result at its end.
+        // Within the tick, the accept would only take the connection, and
+        // see the handshake's result, at its end.
+        let taken_after = started.saturating_duration_since(connected);
         assert!(
-            woke_after < Duration::from_millis(350),
-            "the accept saw the finished handshake {woke_after:?} late"
+            taken_after < Duration::from_millis(250),
+            "the accept took the connection {taken_after:?} late"
         );
-        drop(peer.join().unwrap());
+        assert!(
+            seen_after < Duration::from_millis(250),
+            "the accept saw the finished handshake {seen_after:?} late"
+        );
     }
 
     /// A new connection's own network error, which Linux hands to

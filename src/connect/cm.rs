@@ -345,24 +345,10 @@ pub(crate) struct EventFd(std::os::fd::RawFd);
 /// Waits up to `up_to` for `fd` to have an event to take (or to be
 /// interrupted); takes nothing.
 fn wait_readable(fd: EventFd, up_to: Duration) -> Result<(), Error> {
-    let mut pfd = libc::pollfd {
-        fd: fd.0,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = up_to.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd, for the call. A descriptor closed meanwhile
-    // only ends the wait (POLLNVAL): poll reads nothing through it.
-    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::Verbs {
-                verb: "poll on the rdma_cm event channel",
-                source: err,
-            });
-        }
-    }
-    Ok(())
+    super::readiness::wait_readable(&[fd.0], up_to).map_err(|source| Error::Verbs {
+        verb: "poll on the rdma_cm event channel",
+        source,
+    })
 }
 
 /// How long an accept's wait for the peer's confirmation sleeps on the

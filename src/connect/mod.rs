@@ -15,6 +15,8 @@ pub(crate) mod accept;
 #[cfg(feature = "verbs")]
 pub mod cm;
 mod endpoint;
+#[cfg(feature = "verbs")]
+mod readiness;
 pub mod tcp;
 
 pub use endpoint::{Endpoint, ENDPOINT_WIRE_LEN};

@@ -14,6 +14,7 @@ use crate::connect::accept::HandshakeListener;
 use crate::connect::cm::{self, CmListener, CmQp, CmRequest};
 use crate::connect::tcp;
 use crate::deadline::Deadline;
+use crate::error::Error;
 
 /// The first RDMA device, for callers that name none.
 fn first_device() -> io::Result<VerbsDevice> {
@@ -298,7 +299,12 @@ impl RdmaStream<CmQp> {
     pub fn connect_cm(addr: SocketAddr, config: StreamConfig) -> io::Result<RdmaStream<CmQp>> {
         config.check().map_err(to_io)?;
         let route = cm::resolve(addr, config.connect_timeout).map_err(to_io)?;
-        let dev = route.open_device().map_err(to_io)?;
+        let dev = route.open_device().map_err(|e| match e {
+            // The route names no device: none to be found, as for a
+            // request that names none.
+            Error::Incompatible(_) => io::Error::new(io::ErrorKind::NotFound, e),
+            e => to_io(e),
+        })?;
         let pd = dev.alloc_pd().map_err(to_io)?;
         let qp = route
             .create_qp(&dev, &pd, config.qp_config())
