@@ -154,6 +154,46 @@ async fn lab_5_write_with_immediate() {
     assert!(region.iter().all(|&b| b == 0xab));
 }
 
+/// A host holds `max_sessions` sessions at most, each with room in the
+/// completion queue for its full queues: one more handshake is refused
+/// (and costs the other side nothing), and a session that ends makes room.
+#[tokio::test]
+async fn a_host_refuses_sessions_beyond_its_most_and_takes_one_when_one_ends() {
+    let dev = SoftDevice::new();
+    let config = SessionConfig {
+        max_sessions: 3,
+        ..SessionConfig::default()
+    };
+    let host = SessionHost::soft(&dev, config).unwrap();
+    let other = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+    let (a, b) = host.connect_soft(&host).unwrap();
+    let (c, c_peer) = host.connect_soft(&other).unwrap();
+    assert_eq!(host.sessions(), 3);
+    let err = host.connect_soft(&other).unwrap_err();
+    assert!(err.to_string().contains("most sessions, 3"), "{err}");
+    // Refused before either side took anything.
+    assert_eq!((host.sessions(), other.sessions()), (3, 1));
+    // The sessions it holds go on.
+    let mut msg = c.alloc_local_mr(bytes(8)).unwrap();
+    msg.fill(5);
+    within(c.send(msg.slice(..))).await.0.unwrap();
+    assert_eq!(*within(c_peer.receive()).await.unwrap(), [5u8; 8]);
+    drop((a, b));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while host.sessions() > 1 {
+        assert!(std::time::Instant::now() < deadline, "the pair never left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (d, _d_peer) = host.connect_soft(&other).unwrap();
+    assert!(d.failure().is_none());
+    assert!(SessionConfig {
+        max_sessions: 0,
+        ..SessionConfig::default()
+    }
+    .check()
+    .is_err());
+}
+
 /// Messages the device refuses to post (a NIC out of resources) come
 /// back with their error and take none of the peer's window: more of them
 /// than the window holds leave the session able to send.

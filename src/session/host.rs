@@ -52,6 +52,16 @@ pub(crate) struct HostShared<Q: QueuePair + Send + 'static> {
 pub(super) struct Sessions<Q: QueuePair + Send + 'static> {
     pub(super) live: HashMap<QpHandle, Arc<SessionShared<Q>>>,
     pub(super) preparing: HashMap<QpHandle, Vec<Completion>>,
+    /// Handshakes between their admission and their queue pair's
+    /// attachment (which takes the ring's lock, never taken with this).
+    pub(super) admitting: usize,
+}
+
+impl<Q: QueuePair + Send + 'static> Sessions<Q> {
+    /// Sessions the host holds, handshakes under way included.
+    fn held(&self) -> usize {
+        self.live.len() + self.preparing.len() + self.admitting
+    }
 }
 
 #[derive(Default)]
@@ -179,6 +189,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             sessions: Mutex::new(Sessions {
                 live: HashMap::new(),
                 preparing: HashMap::new(),
+                admitting: 0,
             }),
             events: Mutex::new(EventQueue::default()),
             abandoned: AtomicBool::new(false),
@@ -208,16 +219,36 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         self.shared.ring.with_ring(|ring| create(ring.cq()))
     }
 
-    /// Attaches `qp` and posts its receives.
+    /// Attaches `qp` and posts its receives, if the host has room for
+    /// one more session ([`SessionConfig::max_sessions`]).
     pub(super) fn prepare(&self, qp: Q) -> Result<Prepared, Error> {
-        let handle = self
+        {
+            let mut sessions = self.shared.sessions();
+            let most = most_sessions(&self.shared.config);
+            if sessions.held() >= most {
+                return Err(Error::Handshake {
+                    step: "admitting the session",
+                    reason: format!(
+                        "the host holds its most sessions, {most} (SessionConfig::max_sessions)"
+                    ),
+                });
+            }
+            sessions.admitting += 1;
+        }
+        let attached = self
             .shared
             .ring
             .attach(qp)
-            .map_err(|r| r.into_parts().0)?
-            .handle();
+            .map(|attached| attached.handle());
+        {
+            let mut sessions = self.shared.sessions();
+            sessions.admitting -= 1;
+            if let Ok(handle) = attached {
+                sessions.preparing.insert(handle, Vec::new());
+            }
+        }
+        let handle = attached.map_err(|r| r.into_parts().0)?;
         let prepared = Prepared { handle };
-        self.shared.sessions().preparing.insert(handle, Vec::new());
         let regions: Result<Vec<Region>, Error> = (0..self.shared.config.recv_depth)
             .map(|_| self.shared.recv_region())
             .collect();
@@ -440,11 +471,22 @@ impl SessionHost<SoftQp> {
     }
 }
 
-/// Completion queue entries of a host: generous, since sessions come and
-/// go; the ring refuses work beyond it rather than overflow it.
+/// Completion queue entries one session may take at most: a completion
+/// for each of its send queue's slots and each of its receives.
+fn session_cq_entries(config: &SessionConfig) -> u32 {
+    config.qp_config().max_send_wr + u32::from(config.recv_depth)
+}
+
+/// Completion queue entries of a host: room for `max_sessions` sessions'
+/// full queues, within what a completion queue holds.
 pub(super) fn host_cq_entries(config: &SessionConfig) -> u32 {
-    let per_session = config.qp_config().max_send_wr + u32::from(config.recv_depth);
-    (per_session * 16).clamp(1024, 65536)
+    (session_cq_entries(config) * config.max_sessions).clamp(1024, 65536)
+}
+
+/// Sessions a host admits at once: `max_sessions`, or fewer if their
+/// queues are too deep for the completion queue to hold that many.
+pub(super) fn most_sessions(config: &SessionConfig) -> usize {
+    (host_cq_entries(config) / session_cq_entries(config)).min(config.max_sessions) as usize
 }
 
 /// The device's asynchronous events as a host saw them: port changes,
@@ -509,5 +551,38 @@ impl EventQueue {
 
     fn wake(&mut self) {
         crate::wakers::wake_now_or_later(self.waiters.drain(..));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every session the host admits has room for its full queues in the
+    /// completion queue, whatever the configuration.
+    #[test]
+    fn the_sessions_a_host_admits_fit_its_completion_queue() {
+        for (max_send_wr, recv_depth, max_sessions) in [
+            (256, 32, 16),
+            (1, 4, 1),
+            (16384, 1024, 4096),
+            (4096, 64, 64),
+            (256, 32, 4096),
+        ] {
+            let config = SessionConfig {
+                max_send_wr,
+                recv_depth,
+                user_window: 1,
+                max_sessions,
+                ..SessionConfig::default()
+            };
+            config.check().unwrap();
+            let most = most_sessions(&config);
+            assert!(most >= 1, "{config:?}");
+            assert!(most <= max_sessions as usize);
+            let needed = most as u64 * u64::from(session_cq_entries(&config));
+            assert!(needed <= u64::from(host_cq_entries(&config)), "{config:?}");
+        }
+        assert_eq!(most_sessions(&SessionConfig::default()), 16);
     }
 }

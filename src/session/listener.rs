@@ -80,6 +80,13 @@ impl SessionBuilder {
         self
     }
 
+    /// Sessions a host (a listener's, say) holds at once; one more
+    /// handshake is refused (see [`SessionConfig::max_sessions`]).
+    pub fn max_sessions(mut self, sessions: u32) -> Self {
+        self.config.max_sessions = sessions;
+        self
+    }
+
     /// How long a peer may hold a region of ours.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;

@@ -209,6 +209,15 @@ pub struct SessionConfig {
     /// room, and the ring refuses one (`SendQueueFull`) only once the
     /// whole send queue is full.
     pub max_send_wr: u32,
+    /// Sessions a host holds at once, handshakes under way included
+    /// (1..=4096). The host's completion queue has room for each one's
+    /// full queues (its receives and its send queue), so no number of
+    /// sessions, idle or busy, starves another of completion queue room;
+    /// a handshake beyond is refused (where one session's queues are so
+    /// deep that the most the queue holds, 65536 entries, fits fewer, at
+    /// that many). Raise it for more peers: the completion queue grows
+    /// with it.
+    pub max_sessions: u32,
 }
 
 impl Default for SessionConfig {
@@ -226,6 +235,7 @@ impl Default for SessionConfig {
             arena_bytes: 8 << 20,
             memory_limit: 1 << 30,
             max_send_wr: 256,
+            max_sessions: 16,
         }
     }
 }
@@ -260,6 +270,9 @@ impl SessionConfig {
         }
         if self.max_send_wr == 0 || self.max_send_wr > 16384 {
             return bad("max_send_wr must be 1..=16384");
+        }
+        if !(1..=4096).contains(&self.max_sessions) {
+            return bad("max_sessions must be 1..=4096");
         }
         if self.arena_bytes == 0 || self.arena_bytes > self.memory_limit {
             return bad("arena_bytes must be 1..=memory_limit");
