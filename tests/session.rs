@@ -10,7 +10,7 @@ use rdma_ring::backend::{AsyncEvent, QpConfig};
 use rdma_ring::buf::{BaseBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::op::{Recv, Send};
 use rdma_ring::ring::{Ring, RingConfig};
-use rdma_ring::session::wire::{Control, Kind, RegionDescriptor, Trailer};
+use rdma_ring::session::wire::{Control, Kind, Message, RegionDescriptor, Trailer};
 use rdma_ring::session::{Hello, RefuseReason, Session, SessionConfig, SessionError, SessionHost};
 use tokio::time::timeout;
 
@@ -753,6 +753,44 @@ async fn returning_a_region_never_lent_is_refused() {
     peer.wire.send(Control::Return { id: 99 }.encode(0, 0));
     let why = protocol_failure(&peer.session).await;
     assert!(why.contains("never lent"), "{why}");
+}
+
+/// A peer that hands back a region whose descriptor it was never sent (it
+/// waits here for the peer's window) breaks the protocol: it cannot know
+/// of the region.
+#[tokio::test]
+async fn returning_a_region_not_yet_sent_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    // The peer processes nothing: its receives are the session's whole
+    // window, and lends beyond it wait.
+    for _ in 0..20 {
+        let region = peer.session.alloc_local_mr(bytes(64)).unwrap();
+        peer.session
+            .send_local_mr(region, RemoteAccess::READ)
+            .unwrap();
+    }
+    // What went out: the receives the window allows, each a lend.
+    let mut sent = Vec::new();
+    let settled = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < settled {
+        let mut done = Vec::new();
+        peer.wire.ring.completion().reap(&mut done).unwrap();
+        for message in done {
+            assert_eq!(message.kind(), rdma_ring::op::OpKind::Recv);
+            let len = message.byte_len() as usize;
+            let bytes = message.into_buf()[..len].to_vec();
+            match rdma_ring::session::wire::decode(&bytes) {
+                Ok((_, Message::Control(Control::Lend(region)))) => sent.push(region.id),
+                other => panic!("expected a lend, got {other:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let unsent = sent.iter().max().expect("lends went out") + 1;
+    assert!(unsent <= 20, "every lend went out: {sent:?}");
+    peer.wire.send(Control::Release { id: unsent }.encode(0, 0));
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("has not been sent"), "{why}");
 }
 
 #[tokio::test]

@@ -386,6 +386,13 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             }
             st.lent_to_us.push_back(Arrived::now(region));
         }
+        // The peer cannot hand back what it has not been told of yet: its
+        // descriptor still waits here for the peer's window.
+        Control::Return { id } | Control::Release { id } if descriptor_unsent(st, id) => {
+            return Err(format!(
+                "the peer returned region {id}, whose descriptor it has not been sent"
+            ))
+        }
         Control::Return { id } | Control::Release { id } => match st.lent.remove(&id) {
             Some(lent) => reclaim(st, lent, matches!(control, Control::Return { .. })),
             // Taken back at the end of its lease while coming back.
@@ -621,6 +628,16 @@ fn lease_ended(st: &SessionState, control: &Control) -> bool {
         .get(&id)
         .and_then(|l| l.deadline)
         .is_some_and(|deadline| Instant::now() >= deadline)
+}
+
+/// Whether region `id`'s descriptor (a lend, or the grant of a request)
+/// still waits in the outbox.
+fn descriptor_unsent(st: &SessionState, id: u64) -> bool {
+    st.outbox.iter().any(|c| match c {
+        Control::Lend(d) => d.id == id,
+        Control::AllocGrant { region, .. } => region.id == id,
+        _ => false,
+    })
 }
 
 /// Region `id`, taken back, must never reach the peer if its descriptor
