@@ -311,6 +311,50 @@ async fn requests_beyond_the_caps_are_refused_and_the_session_goes_on() {
     ));
 }
 
+/// Regions handed back and not yet taken by our user count against the
+/// peer's 4096 regions, whatever their bytes: a peer that asks for tiny
+/// regions and hands each back cannot pile up entries without bound.
+#[tokio::test]
+async fn regions_handed_back_and_not_taken_count_against_the_peer_s_regions() {
+    let (client, server) = pair(SessionConfig::default());
+    for _ in 0..4096 {
+        let region = within(client.request_remote_mr(bytes(1))).await.unwrap();
+        client.send_remote_mr(region).unwrap();
+    }
+    let refused = within(async {
+        loop {
+            match client.request_remote_mr(bytes(1)).await {
+                // Answered before the last hand-backs arrived: ask again.
+                Ok(region) => {
+                    client.send_remote_mr(region).unwrap();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => break e,
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(refused, SessionError::Refused(RefuseReason::Quota)),
+        "{refused}"
+    );
+    // Once our user takes one back, the peer may have one more.
+    let _taken = within(server.receive_local_mr()).await.unwrap();
+    let one_more = within(async {
+        loop {
+            match client.request_remote_mr(bytes(1)).await {
+                Err(SessionError::Refused(RefuseReason::Quota)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                other => break other,
+            }
+        }
+    })
+    .await;
+    assert!(one_more.is_ok(), "{one_more:?}");
+    assert!(client.failure().is_none());
+}
+
 /// The quota counts what a grant takes from the allocator, not the bytes
 /// asked for (a byte aligned to 4 KiB takes 4 KiB), and a region handed
 /// back counts until our user takes it: a peer that asks and hands back

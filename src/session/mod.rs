@@ -184,7 +184,8 @@ pub struct SessionConfig {
     /// to 4 KiB takes 4 KiB) and the grants it handed back that our user
     /// has not taken with [`Session::receive_local_mr`] yet. A peer holds
     /// at most 4096 regions at once, whatever their size (each is a
-    /// registration of its own).
+    /// registration of its own), counting those it handed back that our
+    /// user has not taken yet.
     pub max_remote_total: u64,
     /// Rights the peer may ask for.
     pub max_remote_rights: RemoteAccess,

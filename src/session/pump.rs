@@ -32,9 +32,11 @@ const WATCH_GRACE: Duration = Duration::from_millis(100);
 /// regions our user lends and has not had back, at most).
 pub(super) const MAX_PENDING_LENDS: usize = 1024;
 
-/// Regions lent to the peer at once, at most: each is a registration of
-/// its own, so a peer asking for many tiny regions is refused long before
-/// the device's table of them fills.
+/// Regions granted to the peer at once, at most, counting those it handed
+/// back that our user has not taken yet: each lent one is a registration
+/// of its own, so a peer asking for many tiny regions is refused long
+/// before the device's table of them fills, and one that asks and hands
+/// back in a loop cannot pile up entries for our user without bound.
 const MAX_LENT_REGIONS: usize = 4096;
 /// Our allocation requests open at once, at most (the peer would refuse
 /// grants beyond its `MAX_LENT_REGIONS` anyway): entries of requests
@@ -433,8 +435,10 @@ fn grant<Q: QueuePair + std::marker::Send + 'static>(
     // a page takes a page.
     let charge = crate::buf::footprint(layout).ok_or(RefuseReason::TooLarge)? as u64;
     let held = st.lent_bytes + st.returned_bytes;
-    // Each region is a registration of its own, a device resource too.
-    if held + charge > config.max_remote_total || st.lent.len() >= MAX_LENT_REGIONS {
+    // Grants handed back carry their charge; our user's own lends, back,
+    // carry none (and are bounded on our side).
+    let handed_back = st.returned.iter().filter(|(_, charge)| *charge > 0).count();
+    if held + charge > config.max_remote_total || st.lent.len() + handed_back >= MAX_LENT_REGIONS {
         return Err(RefuseReason::Quota);
     }
     // Zeroed: a freed region's old bytes must not reach the peer.
