@@ -117,6 +117,13 @@ pub(super) fn notifier_loop(
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Makes this thread's next notifier spawn fail, as a system out of
+    /// threads would.
+    pub(crate) static REFUSE_NEXT_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A running notifier thread, shared by the handles of one adapter.
 pub(super) struct NotifierThread {
     handle: Mutex<Option<JoinHandle<()>>>,
@@ -126,6 +133,13 @@ impl NotifierThread {
     /// Starts `run` on a thread of its own; the system may have no thread
     /// to give.
     pub(super) fn spawn(run: impl FnOnce() + Send + 'static) -> Result<Arc<Self>, Error> {
+        #[cfg(test)]
+        if REFUSE_NEXT_SPAWN.with(|refuse| refuse.replace(false)) {
+            return Err(Error::Verbs {
+                verb: "pthread_create (the notifier thread)",
+                source: std::io::Error::other("refused by a test"),
+            });
+        }
         let handle = std::thread::Builder::new()
             .name("rdma-ring-notifier".into())
             .spawn(run)

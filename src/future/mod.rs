@@ -253,6 +253,8 @@ mod stream;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+#[cfg(test)]
+pub(crate) use driver::REFUSE_NEXT_SPAWN;
 pub use driver::{CompletionFd, Driver};
 pub use fixed::{AsyncFixedRing, FixedDriver, FixedOpFuture, SrqReceive};
 pub use locked::LockedRing;

@@ -26,15 +26,34 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// [`Wakeup::Thread`] need a backend with a completion channel. If
     /// the notifier thread of [`Wakeup::Thread`] cannot start, the ring is
     /// closed (drained) and the error returned.
-    pub fn new(mut ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+    pub fn new(ring: Ring<Q>, wakeup: Wakeup) -> Result<Self, Error> {
+        // A ring handed back closes as it drops.
+        Self::new_or_back(ring, wakeup).map_err(|(e, _ring)| e)
+    }
+
+    /// [`new`](Self::new), handing the ring back with the error when it
+    /// cannot be shared (for a caller that has more to do with it first,
+    /// as a stream delivering what was written).
+    pub(crate) fn new_or_back(
+        mut ring: Ring<Q>,
+        wakeup: Wakeup,
+    ) -> Result<Self, (Error, Box<Ring<Q>>)> {
         let events = match wakeup {
             Wakeup::Busy => None,
-            Wakeup::Reactor | Wakeup::Thread => Some(ring.cq_channel().ok_or(Error::Soft(
-                "this completion queue has no completion channel; use Wakeup::Busy",
-            ))?),
+            Wakeup::Reactor | Wakeup::Thread => match ring.cq_channel() {
+                Some(events) => Some(events),
+                None => {
+                    let e = Error::Soft(
+                        "this completion queue has no completion channel; use Wakeup::Busy",
+                    );
+                    return Err((e, Box::new(ring)));
+                }
+            },
         };
         if let Some(events) = &events {
-            events.arm()?;
+            if let Err(e) = events.arm() {
+                return Err((e, Box::new(ring)));
+            }
         }
         let shared = Arc::new(Shared {
             ring: Mutex::new(ring),
@@ -46,7 +65,6 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
             deferred: AtomicUsize::new(0),
             unarmed: AtomicBool::new(false),
         });
-        // Without a thread, `shared` drops here, closing the ring.
         let notifier = (wakeup == Wakeup::Thread).then(|| {
             let shared = Arc::clone(&shared);
             NotifierThread::spawn(move || {
@@ -60,8 +78,18 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
                 )
             })
         });
-        let notifier = notifier.transpose()?;
-        Ok(AsyncRing { shared, notifier })
+        match notifier.transpose() {
+            Ok(notifier) => Ok(AsyncRing { shared, notifier }),
+            // The failed spawn dropped the thread's closure, and with it
+            // the only other handle on `shared`.
+            Err(e) => match Arc::try_unwrap(shared) {
+                Ok(shared) => {
+                    let ring = shared.ring.into_inner().unwrap_or_else(|p| p.into_inner());
+                    Err((e, Box::new(ring)))
+                }
+                Err(_) => unreachable!("the failed spawn kept no handle"),
+            },
+        }
     }
 
     /// The completion channel's descriptor, for your reactor

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_core::Stream;
 
-use super::blocking::to_io;
+use super::blocking::{to_io, StreamCore};
 use super::connection::{Connection, Failure, ReadOutcome};
 use super::RdmaStream;
 use crate::backend::{CompletionQueue, QueuePair};
@@ -107,12 +107,21 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
             events.arm().map_err(to_io)?;
         }
         let (core, linger) = stream.into_core();
-        let ring = AsyncRing::new(core.ring, wakeup).map_err(to_io)?;
+        let (ring, conn) = core.into_parts();
+        let ring = match AsyncRing::new_or_back(ring, wakeup) {
+            Ok(ring) => ring,
+            // No notifier thread to be had: the stream closes as a
+            // dropped one does.
+            Err((e, ring)) => {
+                StreamCore::from_parts(*ring, conn).linger(linger);
+                return Err(to_io(e));
+            }
+        };
         let completions = ring.completions();
         Ok(AsyncRdmaStream {
             ring,
             completions,
-            conn: core.conn,
+            conn,
             wakers: Arc::default(),
             linger,
         })
@@ -352,5 +361,48 @@ impl<Q: QueuePair + Send + 'static> std::fmt::Debug for AsyncRdmaStream<Q> {
         f.debug_struct("AsyncRdmaStream")
             .field("connection", &self.conn)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use crate::backend::soft::SoftDevice;
+    use crate::future::{Wakeup, REFUSE_NEXT_SPAWN};
+    use crate::stream::{RdmaStream, StreamConfig};
+
+    /// A conversion refused because no notifier thread could start closes
+    /// the stream as a dropped one does: what was written, held back by
+    /// the peer's full buffers, is delivered, then the end of stream.
+    #[test]
+    fn a_conversion_without_a_thread_delivers_what_was_written() {
+        let config = StreamConfig {
+            chunk_size: 64,
+            recv_buffers: 4,
+            send_buffers: 4,
+            ..StreamConfig::default()
+        };
+        let (mut a, mut b) = RdmaStream::soft_pair(&SoftDevice::new(), config).unwrap();
+        a.set_nonblocking(true);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let mut written = 0;
+        while let Ok(n) = a.write(&data[written..]) {
+            written += n;
+        }
+        assert!(written < data.len(), "nothing held the writer back");
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).map(|_| got)
+        });
+        REFUSE_NEXT_SPAWN.with(|refuse| refuse.set(true));
+        let err = a.into_async(Wakeup::Thread).unwrap_err();
+        assert!(err.to_string().contains("refused by a test"), "{err}");
+        let got = reader.join().unwrap().expect("the end of stream, in order");
+        assert!(
+            got == data[..written],
+            "got {} of {written} bytes",
+            got.len()
+        );
     }
 }

@@ -45,6 +45,20 @@ pub(super) struct StreamCore<Q: QueuePair> {
 }
 
 impl<Q: QueuePair> StreamCore<Q> {
+    /// Its ring and connection, apart.
+    pub(super) fn into_parts(self) -> (Ring<Q>, Connection) {
+        (self.ring, self.conn)
+    }
+
+    /// A ring and connection [`into_parts`](Self::into_parts) took apart.
+    pub(super) fn from_parts(ring: Ring<Q>, conn: Connection) -> Self {
+        StreamCore {
+            ring,
+            conn,
+            scratch: Vec::new(),
+        }
+    }
+
     /// Reaps completions (waiting up to a tick for one if `block`), applies
     /// them, and pushes and submits whatever may go now.
     fn turn(&mut self, block: bool) {
@@ -106,7 +120,7 @@ impl<Q: QueuePair> StreamCore<Q> {
     /// flush them. Nothing will read what arrives meanwhile: it is
     /// dropped, and its buffers granted back, so a peer blocked writing
     /// to us goes on to read what we send.
-    fn linger(&mut self, linger: Duration) {
+    pub(super) fn linger(&mut self, linger: Duration) {
         if !self.conn.established() {
             // No end of stream can go to a peer that never said hello.
             return;
@@ -444,9 +458,9 @@ impl<Q: QueuePair> RdmaStream<Q> {
     /// The same connection as an [`AsyncRdmaStream`](super::AsyncRdmaStream),
     /// woken as `wakeup` says. If that wake-up cannot be had (a completion
     /// queue without a channel, for [`Wakeup::Reactor`] or
-    /// [`Wakeup::Thread`]), the error comes back and the stream closes as
-    /// a dropped one does: what was written is delivered, then the end of
-    /// stream.
+    /// [`Wakeup::Thread`], or no thread to be had for the latter's
+    /// notifier), the error comes back and the stream closes as a dropped
+    /// one does: what was written is delivered, then the end of stream.
     pub fn into_async(self, wakeup: Wakeup) -> io::Result<super::AsyncRdmaStream<Q>>
     where
         Q: Send + 'static,
