@@ -245,6 +245,57 @@ fn clients_take_turns_at_reading_large_requests() {
     server.shutdown().unwrap();
 }
 
+/// A client's large requests that arrive together are read, and handled,
+/// in the order they were sent.
+#[test]
+fn a_client_s_large_requests_are_read_in_the_order_sent() {
+    use rdma_ring::backend::soft::Progress;
+    let dev = SoftDevice::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let seen = Arc::clone(&seen);
+        move |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+            seen.lock().unwrap().push(req[0]);
+            resp.extend_from_slice(req);
+            Ok(())
+        }
+    };
+    let server = RpcServer::soft(&dev, Service::handler(handler), RpcConfig::default()).unwrap();
+    let client = server.connect_soft().unwrap();
+    let before = server.stats().messages;
+    dev.set_progress(Progress::Manual);
+    let requests: Vec<Vec<u8>> = (1..=4).map(|i| pattern(60_000, i)).collect();
+    let calls: Vec<_> = requests.iter().map(|r| client.call_async(r)).collect();
+    dev.progress(); // the descriptors arrive together; the reads go out
+    wait_for("the requests to be seen", || {
+        server.stats().messages == before + 4
+    });
+    dev.set_progress(Progress::Auto);
+    dev.progress();
+    let got = futures::executor::block_on(futures::future::join_all(calls));
+    for (req, resp) in requests.iter().zip(got) {
+        assert!(&resp.unwrap() == req, "an echo differs");
+    }
+    assert_eq!(*seen.lock().unwrap(), [1, 2, 3, 4]);
+    server.shutdown().unwrap();
+}
+
+/// A release timeout of `Duration::MAX` means never: a shutdown does not
+/// overflow adding its graces to it.
+#[test]
+fn a_release_timeout_of_never_shuts_down() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        release_timeout: Duration::MAX,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
+    let client = server.connect_soft().unwrap();
+    assert_eq!(client.call(b"hi").unwrap(), b"hi");
+    drop(client);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn sixteen_clients_pipeline_calls_without_rnr() {
     let dev = SoftDevice::new();

@@ -56,6 +56,11 @@ impl std::error::Error for HandlerError {}
 /// [`RpcError::Panicked`](super::RpcError::Panicked) and the server
 /// serves on with the same handler.
 ///
+/// The poller holds the server's state while a handler runs, so a handler
+/// must not call its own server's methods (`stats`, `failure`,
+/// `connect_soft`, `shutdown`): they wait for that state, for ever. Send
+/// such work to another thread.
+///
 /// Closures of the right shape are handlers:
 ///
 /// ```
@@ -102,7 +107,8 @@ pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, HandlerErr
 /// between threads before it starts); a future woken from elsewhere (a timer, a
 /// channel) is polled within a millisecond. Many may be pending at once:
 /// responses go out in the order they finish. A panic in `call` or in the
-/// future is caught as for [`Handler`].
+/// future is caught as for [`Handler`]. Neither `call` nor the future may
+/// call its own server's methods, as for [`Handler`].
 ///
 /// ```
 /// use rdma_ring::rpc::{AsyncHandler, Caller, HandlerError, ResponseFuture};

@@ -509,11 +509,17 @@ fn poller_loop<Q: QueuePair>(shared: &ServerShared<Q>) {
                 state.core.abort_tasks();
                 continue;
             }
-            let give_up = waited_out
-                && (state.core.quiet() || waited > shared.config.release_timeout + ABORT_GRACE);
+            // Saturating: a release timeout of `Duration::MAX` means never.
+            let grace_past = |graces: u32| {
+                shared
+                    .config
+                    .release_timeout
+                    .saturating_add(ABORT_GRACE * graces)
+            };
+            let give_up = waited_out && (state.core.quiet() || waited > grace_past(1));
             // A client that goes on calling keeps every pass busy: past
             // a second grace the end comes all the same.
-            let overdue = waited > shared.config.release_timeout + 2 * ABORT_GRACE;
+            let overdue = waited > grace_past(2);
             if (state.core.connections() == 0 || give_up) && (!pass(shared, &mut state) || overdue)
             {
                 finish(shared, &mut state);

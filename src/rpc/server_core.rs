@@ -62,7 +62,7 @@ struct Conn {
     caller: Caller,
     outbox: VecDeque<Outgoing>,
     /// Rendezvous reads waiting for room in the send queue.
-    pending_reads: Vec<(u64, RegisteredBuf, RemoteSlice)>,
+    pending_reads: VecDeque<(u64, RegisteredBuf, RemoteSlice)>,
     /// Client messages received and not answered yet (pushed).
     unanswered: usize,
     /// Sends and reads pushed and not completed.
@@ -192,7 +192,7 @@ impl ServerCore {
                 qp_num,
             },
             outbox: VecDeque::new(),
-            pending_reads: Vec::new(),
+            pending_reads: VecDeque::new(),
             unanswered: 0,
             in_flight: 0,
             exposed: HashMap::new(),
@@ -604,7 +604,7 @@ impl ServerCore {
             .get_mut(&qp)
             .expect("a live connection")
             .pending_reads
-            .push((key, buf, remote));
+            .push_back((key, buf, remote));
     }
 
     fn on_read(&mut self, qp: QpHandle, c: Completion) {
@@ -726,6 +726,11 @@ impl ServerCore {
     pub(super) fn begin_shutdown(&mut self) {
         self.shutting_down = true;
         for conn in self.conns.values_mut() {
+            // A connection closing already (its client said goodbye, or it
+            // broke) is told nothing more.
+            if conn.closing.is_some() {
+                continue;
+            }
             if conn.heard {
                 queue_goodbye(conn);
             } else {
@@ -748,7 +753,7 @@ impl ServerCore {
                 continue;
             }
             let mut sq = ring.submission_on(qp);
-            while let Some((key, buf, remote)) = conn.pending_reads.pop() {
+            while let Some((key, buf, remote)) = conn.pending_reads.pop_front() {
                 match sq.push(Read::new(buf, remote).user_data(READ | key)) {
                     Ok(()) => {
                         conn.in_flight += 1;
@@ -757,7 +762,7 @@ impl ServerCore {
                     }
                     Err(refused) => {
                         let buf = refused.into_parts().1.into_buf();
-                        conn.pending_reads.push((key, buf, remote));
+                        conn.pending_reads.push_front((key, buf, remote));
                         break;
                     }
                 }
@@ -927,11 +932,12 @@ impl ServerCore {
                 conn.outbox.push_front(out);
             }
         }
-        // Pending reads are pushed from the end: the first refused goes
-        // last, to be pushed first again.
+        // Back in front, in the order they were pushed.
         for (qp, taken_back) in reads {
             let conn = self.conns.get_mut(&qp).expect("looked up above");
-            conn.pending_reads.extend(taken_back.into_iter().rev());
+            for read in taken_back.into_iter().rev() {
+                conn.pending_reads.push_front(read);
+            }
         }
     }
 
