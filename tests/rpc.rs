@@ -770,6 +770,46 @@ impl RawClient {
     }
 }
 
+/// Large responses clients leave unreleased are bounded over the whole
+/// server (`max_exposed`): past it, a call is answered `Busy`, and once
+/// one is released the next goes out.
+#[test]
+fn large_responses_left_unreleased_are_bounded_over_the_server() {
+    let dev = SoftDevice::new();
+    let config = RpcConfig {
+        max_exposed: 150_000,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
+    let mut raw = RawClient::new(&server);
+    let call = |raw: &mut RawClient, id: u64| {
+        let mut message = vec![0u8; 64];
+        let n = wire::encode_inline(&mut message, Kind::Request, id, b"big:100000");
+        raw.send(&message[..n]);
+        raw.receive().expect("an answer")
+    };
+    let kind = |answer: &[u8]| wire::Header::decode(answer).unwrap().kind;
+    // The first is exposed and never released; the second would go past.
+    assert_eq!(kind(&call(&mut raw, 1)), Kind::ResponseRendezvous);
+    match Message::decode(&call(&mut raw, 2)) {
+        Ok(Message::Error { id: 2, code, text }) => {
+            assert_eq!(code, wire::ErrorCode::Busy);
+            assert!(text.contains("max_exposed"), "{text}");
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // A client that reads and releases its responses is served once the
+    // first one is released.
+    let mut message = vec![0u8; 64];
+    let n = wire::encode_with_aux(&mut message, Kind::Release, 3, 1, b"");
+    raw.send(&message[..n]);
+    assert_eq!(
+        wire::Header::decode(&raw.receive().unwrap()).unwrap().kind,
+        Kind::Released
+    );
+    assert_eq!(kind(&call(&mut raw, 4)), Kind::ResponseRendezvous);
+}
+
 fn protocol_error(bytes: &[u8]) -> String {
     match Message::decode(bytes) {
         Ok(Message::Error { id: 0, text, .. }) => text.to_string(),

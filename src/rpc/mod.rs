@@ -122,6 +122,15 @@ pub struct RpcConfig {
     /// could make the server register a window of `max_message`-sized
     /// requests.
     pub max_reading: u64,
+    /// Bytes of large responses (those that go by rendezvous) the server
+    /// keeps exposed for their clients to read, over all clients (server
+    /// side): memory registered for each until its client releases it or
+    /// `release_timeout` ends. A response that would go past it is
+    /// answered [`RpcError::Busy`] (one alone always goes). Each client
+    /// holds two windows of them at most besides; without this bound,
+    /// every client could make the server keep that many
+    /// `max_message`-sized responses registered.
+    pub max_exposed: u64,
     /// Connections open at once (server side), closing ones included:
     /// the shared receive queue holds `max_clients` × `window` buffers;
     /// later clients are refused with [`RpcError::Busy`].
@@ -150,6 +159,7 @@ impl Default for RpcConfig {
             buffer_size: 4096 + wire::HEADER_LEN as u32,
             max_message: 64 << 20,
             max_reading: 256 << 20,
+            max_exposed: 1 << 30,
             max_clients: 64,
             release_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),

@@ -481,6 +481,10 @@ impl ServerCore {
                 let why = "too many large responses not released yet";
                 self.answer_error(qp, id, ErrorCode::Busy, why)
             }
+            Ok(Ok(())) if self.past_max_exposed(response.len()) => {
+                let why = "the server holds max_exposed bytes of large responses not released yet";
+                self.answer_error(qp, id, ErrorCode::Busy, why)
+            }
             Ok(Ok(())) => {
                 let memory = std::mem::take(response);
                 match ExposedBuf::new(&*self.pd, memory, RemoteAccess::READ) {
@@ -514,6 +518,20 @@ impl ServerCore {
     /// Large responses of `qp` its client has not released.
     fn unreleased(&self, qp: QpHandle) -> usize {
         self.conns.get(&qp).map_or(0, |c| c.exposed.len())
+    }
+
+    /// Whether exposing `len` more bytes of a large response would go past
+    /// `max_exposed` (one alone always goes). Summed when asked: a large
+    /// response costs a registration anyway, and there are at most two
+    /// windows of them per client.
+    fn past_max_exposed(&self, len: usize) -> bool {
+        let held: u64 = self
+            .conns
+            .values()
+            .flat_map(|c| c.exposed.values())
+            .map(|(exposed, _)| exposed.len() as u64)
+            .sum();
+        held > 0 && held + len as u64 > self.config.max_exposed
     }
 
     fn answer_error(&mut self, qp: QpHandle, id: u64, code: ErrorCode, text: &str) {
