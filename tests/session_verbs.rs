@@ -80,10 +80,16 @@ fn many_peers_share_one_host_over_the_tcp_handshake() {
     let name = device_name();
     drop(device()); // fails loudly without one
     let port = free_port();
+    // More sessions than the device's completion queue holds the queues
+    // of: the host takes the largest queue the device makes, and admits
+    // as many sessions as fit it.
     let listener = SessionBuilder::default()
         .device(&name)
+        .max_sessions(4096)
         .bind(("127.0.0.1", port))
         .unwrap();
+    let most = listener.host().max_sessions();
+    assert!((3..4096).contains(&most), "{most}");
     let clients: Vec<_> = (0..3u8)
         .map(|i| {
             let name = name.clone();

@@ -126,7 +126,8 @@ pub struct RpcConfig {
     /// keeps exposed for their clients to read, over all clients (server
     /// side): memory registered for each until its client releases it or
     /// `release_timeout` ends. A response that would go past it is
-    /// answered [`RpcError::Busy`] (one alone always goes). Each client
+    /// dropped, and its call answered [`RpcError::Busy`] (one alone always
+    /// goes); one client may take all of it. Each client
     /// holds two windows of them at most besides; without this bound,
     /// every client could make the server keep that many
     /// `max_message`-sized responses registered.
@@ -254,7 +255,10 @@ pub enum RpcError {
     ReadFailed(String),
     /// The server is shutting down and took no new call.
     ShuttingDown,
-    /// The server had no room for this call now.
+    /// The server had no room for this call now: for a connection (the
+    /// server is full), or for a large response (too many of them, or too
+    /// many bytes, not released yet). The handler ran for the latter, and
+    /// its response was dropped: retry only a call that may run twice.
     Busy(String),
     /// No answer within the call timeout; a late answer is dropped.
     Timeout(Duration),

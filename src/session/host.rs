@@ -15,7 +15,7 @@ use super::state::{SessionShared, SessionState};
 use super::wire::{Hello, MAX_CONTROL_BODY, TRAILER_LEN};
 use super::{Session, SessionConfig, SessionError};
 use crate::backend::soft::{SoftDevice, SoftQp};
-use crate::backend::{AsyncEvent, ProtectionDomain, QueuePair};
+use crate::backend::{AsyncEvent, CompletionQueue, ProtectionDomain, QueuePair};
 use crate::buf::{Region, RegionAllocator};
 use crate::future::{AsyncRing, Wakeup};
 use crate::op::Recv;
@@ -37,6 +37,8 @@ pub(crate) struct HostShared<Q: QueuePair + Send + 'static> {
     pub(super) regions: RegionAllocator,
     pub(super) pd: Arc<dyn ProtectionDomain>,
     pub(super) config: SessionConfig,
+    /// Sessions admitted at once: see [`SessionHost::max_sessions`].
+    pub(super) most_sessions: usize,
     pub(super) sessions: Mutex<Sessions<Q>>,
     pub(super) events: Mutex<EventQueue>,
     /// Every [`SessionHost`] handle is gone: the pump ends with the last
@@ -176,6 +178,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         fabric: Box<dyn std::any::Any + Send + Sync>,
     ) -> Result<Self, Error> {
         config.check()?;
+        let most_sessions = most_sessions(&config, cq.entries());
         let regions =
             RegionAllocator::with_limit(Arc::clone(&pd), config.arena_bytes, config.memory_limit)?;
         let mut ring = Ring::with_cq(cq, RingConfig::default());
@@ -186,6 +189,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             regions,
             pd,
             config,
+            most_sessions,
             sessions: Mutex::new(Sessions {
                 live: HashMap::new(),
                 preparing: HashMap::new(),
@@ -224,7 +228,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
     pub(super) fn prepare(&self, qp: Q) -> Result<Prepared, Error> {
         {
             let mut sessions = self.shared.sessions();
-            let most = most_sessions(&self.shared.config);
+            let most = self.shared.most_sessions;
             if sessions.held() >= most {
                 return Err(Error::Handshake {
                     step: "admitting the session",
@@ -347,6 +351,20 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         }
         self.shared.nudge();
         Session::new(shared, self.clone())
+    }
+
+    /// Sessions this host admits at once: [`SessionConfig::max_sessions`],
+    /// or fewer where its device's completion queue cannot hold that many
+    /// sessions' queues.
+    ///
+    /// ```
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::session::{SessionConfig, SessionHost};
+    /// let host = SessionHost::soft(&SoftDevice::new(), SessionConfig::default()).unwrap();
+    /// assert_eq!(host.max_sessions(), 64);
+    /// ```
+    pub fn max_sessions(&self) -> usize {
+        self.shared.most_sessions
     }
 
     /// Sessions open on this host.
@@ -477,16 +495,19 @@ fn session_cq_entries(config: &SessionConfig) -> u32 {
     config.qp_config().max_send_wr + u32::from(config.recv_depth)
 }
 
-/// Completion queue entries of a host: room for `max_sessions` sessions'
-/// full queues, within what a completion queue holds.
+/// Completion queue entries a host asks for: room for `max_sessions`
+/// sessions' full queues, within what a completion queue holds (a device
+/// may hold fewer: see [`most_sessions`]).
 pub(super) fn host_cq_entries(config: &SessionConfig) -> u32 {
     (session_cq_entries(config) * config.max_sessions).clamp(1024, 65536)
 }
 
-/// Sessions a host admits at once: `max_sessions`, or fewer if their
-/// queues are too deep for the completion queue to hold that many.
-pub(super) fn most_sessions(config: &SessionConfig) -> usize {
-    (host_cq_entries(config) / session_cq_entries(config)).min(config.max_sessions) as usize
+/// Sessions a host whose completion queue has `cq_entries` admits at
+/// once: `max_sessions`, or fewer if that many sessions' queues do not
+/// fit (at least one: a session's queues always fit 65536 entries, and a
+/// device holding fewer is asked for no more than it holds).
+pub(super) fn most_sessions(config: &SessionConfig, cq_entries: u32) -> usize {
+    (cq_entries / session_cq_entries(config)).clamp(1, config.max_sessions) as usize
 }
 
 /// The device's asynchronous events as a host saw them: port changes,
@@ -577,12 +598,19 @@ mod tests {
                 ..SessionConfig::default()
             };
             config.check().unwrap();
-            let most = most_sessions(&config);
-            assert!(most >= 1, "{config:?}");
-            assert!(most <= max_sessions as usize);
-            let needed = most as u64 * u64::from(session_cq_entries(&config));
-            assert!(needed <= u64::from(host_cq_entries(&config)), "{config:?}");
+            // As asked, and on a device that holds fewer entries.
+            for entries in [
+                host_cq_entries(&config),
+                host_cq_entries(&config).min(32767),
+            ] {
+                let most = most_sessions(&config, entries);
+                assert!(most >= 1, "{config:?}");
+                assert!(most <= max_sessions as usize);
+                let needed = most as u64 * u64::from(session_cq_entries(&config));
+                assert!(needed <= u64::from(entries), "{config:?} in {entries}");
+            }
         }
-        assert_eq!(most_sessions(&SessionConfig::default()), 16);
+        let config = SessionConfig::default();
+        assert_eq!(most_sessions(&config, host_cq_entries(&config)), 64);
     }
 }

@@ -210,7 +210,7 @@ where
 {
     config.check()?;
     let pd = dev.alloc_pd()?;
-    let cq = dev.create_cq(host_cq_entries(&config))?;
+    let cq = dev.create_cq(host_cq_entries(&config).min(dev.limits().max_cqe))?;
     let events = dev.async_events().ok();
     let fabric = VerbsFabric {
         dev: dev.clone(),

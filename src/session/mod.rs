@@ -215,9 +215,10 @@ pub struct SessionConfig {
     /// full queues (its receives and its send queue), so no number of
     /// sessions, idle or busy, starves another of completion queue room;
     /// a handshake beyond is refused (where one session's queues are so
-    /// deep that the most the queue holds, 65536 entries, fits fewer, at
-    /// that many). Raise it for more peers: the completion queue grows
-    /// with it.
+    /// deep that the most the device's queue holds, at most 65536 entries,
+    /// fits fewer, at that many: [`SessionHost::max_sessions`] says). The
+    /// completion queue grows with it: about 322 entries per session by
+    /// default.
     pub max_sessions: u32,
 }
 
@@ -236,7 +237,7 @@ impl Default for SessionConfig {
             arena_bytes: 8 << 20,
             memory_limit: 1 << 30,
             max_send_wr: 256,
-            max_sessions: 16,
+            max_sessions: 64,
         }
     }
 }
