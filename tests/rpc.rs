@@ -747,6 +747,15 @@ impl RawClient {
         self.ring.submit().unwrap();
     }
 
+    /// Sends request `id` with `body` inline, and returns the next message
+    /// received (its answer).
+    fn call(&mut self, id: u64, body: &[u8]) -> Vec<u8> {
+        let mut message = vec![0u8; wire::HEADER_LEN + body.len()];
+        let n = wire::encode_inline(&mut message, Kind::Request, id, body);
+        self.send(&message[..n]);
+        self.receive().expect("an answer")
+    }
+
     /// The next message received, or `None` if the connection failed.
     fn receive(&mut self) -> Option<Vec<u8>> {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -782,16 +791,10 @@ fn large_responses_left_unreleased_are_bounded_over_the_server() {
     };
     let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
     let mut raw = RawClient::new(&server);
-    let call = |raw: &mut RawClient, id: u64| {
-        let mut message = vec![0u8; 64];
-        let n = wire::encode_inline(&mut message, Kind::Request, id, b"big:100000");
-        raw.send(&message[..n]);
-        raw.receive().expect("an answer")
-    };
     let kind = |answer: &[u8]| wire::Header::decode(answer).unwrap().kind;
     // The first is exposed and never released; the second would go past.
-    assert_eq!(kind(&call(&mut raw, 1)), Kind::ResponseRendezvous);
-    match Message::decode(&call(&mut raw, 2)) {
+    assert_eq!(kind(&raw.call(1, b"big:100000")), Kind::ResponseRendezvous);
+    match Message::decode(&raw.call(2, b"big:100000")) {
         Ok(Message::Error { id: 2, code, text }) => {
             assert_eq!(code, wire::ErrorCode::Busy);
             assert!(text.contains("max_exposed"), "{text}");
@@ -807,7 +810,7 @@ fn large_responses_left_unreleased_are_bounded_over_the_server() {
         wire::Header::decode(&raw.receive().unwrap()).unwrap().kind,
         Kind::Released
     );
-    assert_eq!(kind(&call(&mut raw, 4)), Kind::ResponseRendezvous);
+    assert_eq!(kind(&raw.call(4, b"big:100000")), Kind::ResponseRendezvous);
 }
 
 fn protocol_error(bytes: &[u8]) -> String {
@@ -1005,10 +1008,7 @@ fn unreleased_large_responses_expire() {
     };
     let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
     let mut raw = RawClient::new(&server);
-    let mut buf = vec![0u8; 64];
-    let n = wire::encode_inline(&mut buf, Kind::Request, 1, b"big:100000");
-    raw.send(&buf[..n]);
-    match Message::decode(&raw.receive().unwrap()) {
+    match Message::decode(&raw.call(1, b"big:100000")) {
         Ok(Message::ResponseRendezvous { id: 1, remote }) => assert_eq!(remote.len(), 100_000),
         other => panic!("expected a rendezvous response, got {other:?}"),
     }
@@ -1312,13 +1312,10 @@ fn a_client_hoarding_large_responses_is_refused_more() {
     };
     let server = RpcServer::soft(&dev, Service::handler(scripted), config).unwrap();
     let mut raw = RawClient::new(&server);
-    let mut buf = vec![0u8; 64];
     // One at a time (within the window), never released: the server
     // keeps at most twice the window of them.
     for id in 1..=9u64 {
-        let n = wire::encode_inline(&mut buf, Kind::Request, id, b"big:10000");
-        raw.send(&buf[..n]);
-        let answer = raw.receive().unwrap();
+        let answer = raw.call(id, b"big:10000");
         match Message::decode(&answer).unwrap() {
             Message::ResponseRendezvous { id: got, .. } if id <= 8 => assert_eq!(got, id),
             Message::Error { id: 9, code, text } => {
