@@ -279,20 +279,43 @@ fn send_buffers_filled_in_place_keep_their_place_among_writes() {
             a.send(buf, len).unwrap();
         }
         // A buffer dropped unsent goes back to the pool; an oversized send
-        // is refused.
+        // is refused and hands the buffer back, bytes and all, to be sent
+        // with a length that fits.
         drop(a.send_buffer().unwrap());
-        let buf = a.send_buffer().unwrap();
-        assert_eq!(a.send(buf, 65).unwrap_err().kind(), ErrorKind::InvalidInput);
+        let mut buf = a.send_buffer().unwrap();
+        buf[..64].fill(0xa5);
+        let refused = a.send(buf, 65).unwrap_err();
+        assert_eq!(refused.error().kind(), ErrorKind::InvalidInput);
+        let buf = refused.into_buffer();
+        assert!(buf[..64].iter().all(|&b| b == 0xa5), "the bytes were lost");
+        a.send(buf, 64).unwrap();
+        expected.extend_from_slice(&[0xa5; 64]);
+        // After the shutdown a send is refused, and still hands back the
+        // buffer taken before it.
+        let mut late = a.send_buffer().unwrap();
+        late[0] = 7;
         a.shutdown(Shutdown::Write).unwrap();
+        let (error, late) = a.send(late, 1).unwrap_err().into_parts();
+        assert_eq!(error.kind(), ErrorKind::BrokenPipe);
+        assert_eq!(late[0], 7);
         (a, expected)
     });
-    // Another stream's buffer is refused, handed to the wrong stream.
+    // Another stream's buffer is refused, handed to the wrong stream, and
+    // comes back to go out on its own.
     let (mut c, mut d) = RdmaStream::soft_pair(&dev, small()).unwrap();
-    let foreign = d.send_buffer().unwrap();
-    assert_eq!(
-        c.send(foreign, 1).unwrap_err().kind(),
-        ErrorKind::InvalidInput
-    );
+    let mut foreign = d.send_buffer().unwrap();
+    foreign[0] = 42;
+    let refused = c.send(foreign, 1).unwrap_err();
+    assert_eq!(refused.error().kind(), ErrorKind::InvalidInput);
+    let as_io: std::io::Error = refused.into();
+    assert!(as_io.to_string().contains("another stream"), "{as_io}");
+    let mut foreign = d.send_buffer().unwrap();
+    foreign[0] = 43;
+    let refused = c.send(foreign, 1).unwrap_err();
+    d.send(refused.into_buffer(), 1).unwrap();
+    let mut one = [0u8; 1];
+    c.read_exact(&mut one).unwrap();
+    assert_eq!(one, [43]);
     let mut got = Vec::new();
     b.read_to_end(&mut got).unwrap();
     let (_a, expected) = writer.join().unwrap();

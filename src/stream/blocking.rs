@@ -4,7 +4,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::connection::{Connection, Failure, ReadOutcome, SendBuffer};
+use super::connection::{Connection, Failure, ReadOutcome, SendBuffer, SendError};
 use super::StreamConfig;
 use crate::backend::soft::{SoftDevice, SoftQp};
 use crate::backend::{CompletionQueue, ProtectionDomain, QueuePair};
@@ -350,7 +350,13 @@ impl<Q: QueuePair> RdmaStream<Q> {
 
     /// Sends the first `len` bytes of `buf` as the next message, after
     /// everything written before.
-    pub fn send(&mut self, buf: SendBuffer, len: usize) -> io::Result<()> {
+    ///
+    /// A refusal hands the buffer back inside the [`SendError`], with the
+    /// bytes filled into it: when `len` exceeds the buffer
+    /// (`InvalidInput`), when the buffer is another stream's
+    /// (`InvalidInput`), when writing was shut down (`BrokenPipe`), or when
+    /// the connection failed (its error).
+    pub fn send(&mut self, buf: SendBuffer, len: usize) -> Result<(), SendError> {
         let core = self.core_mut();
         core.conn.queue_send_buffer(buf, len)?;
         core.push_now();

@@ -92,6 +92,77 @@ impl std::fmt::Debug for SendBuffer {
     }
 }
 
+/// A send buffer that [`RdmaStream::send`](super::RdmaStream::send)
+/// refused, handed back with the reason, so the bytes filled into it are
+/// not lost: send it again (to its own stream, or with a length that
+/// fits), copy its bytes out, or drop it (it goes back to its pool).
+///
+/// Converts into the [`io::Error`] it carries, so `?` works in a function
+/// that returns `io::Result`.
+///
+/// ```
+/// # use rdma_ring::backend::soft::SoftDevice;
+/// # use rdma_ring::stream::{RdmaStream, StreamConfig};
+/// # let dev = SoftDevice::new();
+/// # let (mut a, _b) = RdmaStream::soft_pair(&dev, StreamConfig::default()).unwrap();
+/// let mut buf = a.send_buffer().unwrap();
+/// let fits = buf.len();
+/// buf[..3].copy_from_slice(b"abc");
+/// let refused = a.send(buf, fits + 1).unwrap_err();
+/// assert_eq!(refused.error().kind(), std::io::ErrorKind::InvalidInput);
+/// let buf = refused.into_buffer();
+/// assert_eq!(&buf[..3], b"abc"); // nothing lost: send what fits
+/// a.send(buf, 3).unwrap();
+/// ```
+pub struct SendError {
+    error: io::Error,
+    buf: SendBuffer,
+}
+
+impl SendError {
+    /// Why the buffer was refused.
+    pub fn error(&self) -> &io::Error {
+        &self.error
+    }
+
+    /// The refused buffer, with the bytes filled into it.
+    pub fn into_buffer(self) -> SendBuffer {
+        self.buf
+    }
+
+    /// Both the reason and the buffer.
+    pub fn into_parts(self) -> (io::Error, SendBuffer) {
+        (self.error, self.buf)
+    }
+}
+
+impl std::fmt::Debug for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendError")
+            .field("error", &self.error)
+            .field("buf", &self.buf)
+            .finish()
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "send buffer refused: {}", self.error)
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<SendError> for io::Error {
+    fn from(refused: SendError) -> io::Error {
+        refused.error
+    }
+}
+
 /// What a read found.
 pub(crate) enum ReadOutcome {
     /// This many bytes were copied (at least one).
@@ -416,19 +487,23 @@ impl Connection {
         &mut self,
         buf: SendBuffer,
         len: usize,
-    ) -> Result<(), io::Error> {
-        self.check_writable()?;
+    ) -> Result<(), SendError> {
+        if let Err(error) = self.check_writable() {
+            return Err(SendError { error, buf });
+        }
         if buf.owner != self.id {
-            return Err(io::Error::new(
+            let error = io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "this send buffer belongs to another stream",
-            ));
+            );
+            return Err(SendError { error, buf });
         }
         if len > buf.limit {
-            return Err(io::Error::new(
+            let error = io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{len} bytes do not fit a send buffer of {}", buf.limit),
-            ));
+            );
+            return Err(SendError { error, buf });
         }
         if len > 0 {
             if let Some(partial) = self.staging.take_if(|(_, n)| *n > 0) {

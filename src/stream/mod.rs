@@ -73,7 +73,7 @@ use std::time::Duration;
 
 pub use async_stream::AsyncRdmaStream;
 pub use blocking::{PendingStream, RdmaStream};
-pub use connection::SendBuffer;
+pub use connection::{SendBuffer, SendError};
 #[cfg(feature = "verbs")]
 pub use listener::{RdmaCmListener, RdmaListener};
 
