@@ -170,7 +170,30 @@ async fn a_host_refuses_sessions_beyond_its_most_and_takes_one_when_one_ends() {
     let (c, c_peer) = host.connect_soft(&other).unwrap();
     assert_eq!(host.sessions(), 3);
     let err = host.connect_soft(&other).unwrap_err();
-    assert!(err.to_string().contains("most sessions, 3"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SessionError::HostFull {
+                most: 3,
+                peer: false
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err
+        .to_string()
+        .contains("this host holds its most sessions, 3"));
+    let err = other.connect_soft(&host).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SessionError::HostFull {
+                most: 3,
+                peer: true
+            }
+        ),
+        "{err:?}"
+    );
     // Refused before either side took anything.
     assert_eq!((host.sessions(), other.sessions()), (3, 1));
     // The sessions it holds go on.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use rdma_ring::backend::QueuePair;
 use rdma_ring::buf::{BaseBuf, RemoteAccess};
-use rdma_ring::session::{Session, SessionBuilder, SessionError};
+use rdma_ring::session::{Session, SessionBuilder, SessionError, SessionHost};
 
 /// Set in a child process: the address it connects to.
 const CHILD_ENV: &str = "RDMA_RING_SESSION_CHILD";
@@ -237,19 +237,21 @@ fn a_peer_pacing_its_handshake_steps_times_out_once() {
     peer.join().unwrap();
 }
 
-/// A peer that sends its endpoint and then only part of its hello times
-/// out like any silent peer: a timeout, naming the step, not a bare
-/// connect failure.
+/// A peer that sends only part of its hello times out like any silent
+/// peer: a timeout, naming the step, not a bare connect failure.
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_peer_silent_in_the_hellos_times_out() {
+    use std::io::{Read, Write};
     let (listener, port, _) = loopback_listener(Duration::from_secs(2));
-    // No hello of its own: it answers the listener's with one byte.
-    let peer = rxe::pacing_peer(
-        ([127, 0, 0, 1], port).into(),
-        (Duration::ZERO, Duration::ZERO),
-        None,
-    );
+    // It answers the listener's hello with one byte, then waits.
+    let peer = std::thread::spawn(move || {
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut theirs = [0u8; rdma_ring::session::wire::HELLO_LEN];
+        socket.read_exact(&mut theirs).unwrap();
+        socket.write_all(&theirs[..1]).unwrap();
+        let _ = socket.read(&mut theirs); // until the listener gives up
+    });
     let err = listener.accept().expect_err("the silent peer's handshake");
     assert!(
         matches!(
@@ -264,6 +266,106 @@ fn a_peer_silent_in_the_hellos_times_out() {
         std::io::ErrorKind::TimedOut
     );
     peer.join().unwrap();
+}
+
+/// One round against a listener whose host holds one session at most:
+/// the first peer gets in; the second hears that the host is full, and
+/// the listener's accept says so too; the first session goes on; once it
+/// ends, a third peer gets in.
+fn a_full_host_round<Q: QueuePair + Send + 'static>(
+    host: &SessionHost<Q>,
+    accept: impl Fn() -> Result<Session<Q>, SessionError>,
+    connect: impl Fn() -> Result<Session<Q>, SessionError> + Clone + Send + 'static,
+) {
+    assert_eq!(host.max_sessions(), 1);
+    let first = std::thread::spawn(connect.clone());
+    let first_server = accept().unwrap();
+    let first = first.join().unwrap().unwrap();
+    let second = std::thread::spawn(connect.clone());
+    let refused = accept().expect_err("the host is full");
+    assert!(
+        matches!(
+            refused,
+            SessionError::HostFull {
+                most: 1,
+                peer: false
+            }
+        ),
+        "{refused:?}"
+    );
+    let err = second.join().unwrap().expect_err("the peer's host is full");
+    assert!(
+        matches!(
+            err,
+            SessionError::HostFull {
+                most: 1,
+                peer: true
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err
+        .to_string()
+        .contains("the peer's host holds its most sessions, 1"));
+    assert_eq!(
+        std::io::Error::from(err).kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+    futures::executor::block_on(futures::future::join(
+        client_steps(&first, 3),
+        server_steps(&first_server),
+    ));
+    drop((first, first_server));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while host.sessions() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session never left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let third = std::thread::spawn(connect);
+    let third_server = accept().unwrap();
+    let third = third.join().unwrap().unwrap();
+    futures::executor::block_on(futures::future::join(
+        client_steps(&third, 4),
+        server_steps(&third_server),
+    ));
+}
+
+/// A host that holds its most sessions tells a peer so in place of its
+/// hello (TCP handshake) and in its rejection (rdma_cm): the peer's error
+/// says the host is full, not that the connection closed.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn a_full_host_says_so_over_tcp_and_rdma_cm() {
+    let name = device_name();
+    drop(device()); // fails loudly without one
+    let port = free_port();
+    let listener = SessionBuilder::default()
+        .device(&name)
+        .max_sessions(1)
+        .bind(("127.0.0.1", port))
+        .unwrap();
+    a_full_host_round(
+        listener.host(),
+        || listener.accept(),
+        move || {
+            SessionBuilder::default()
+                .device(&name)
+                .connect(("127.0.0.1", port))
+        },
+    );
+    let addr: std::net::SocketAddr = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
+    let listener = SessionBuilder::default()
+        .max_sessions(1)
+        .bind_cm(addr)
+        .unwrap();
+    a_full_host_round(
+        listener.host(),
+        || listener.accept(),
+        move || SessionBuilder::default().connect_cm(addr),
+    );
 }
 
 #[test]

@@ -5,11 +5,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rdma_ring::session::wire::{decode, Hello, Kind, Message, Trailer};
+use rdma_ring::session::wire::{decode, Greeting, Hello, Kind, Message, Trailer};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(hello) = Hello::decode(data) {
         assert_eq!(&hello.encode()[..], data, "{hello:?} has another encoding");
+    }
+    if let Ok(greeting) = Greeting::decode(data) {
+        assert_eq!(&greeting.encode()[..], data, "{greeting:?} has another encoding");
     }
     let Ok((trailer, message)) = decode(data) else {
         return;

@@ -1229,6 +1229,37 @@ impl CmRequest {
     pub fn reject(self) {
         drop(self);
     }
+
+    /// Rejects the request with `private_data`, which the requester's
+    /// failed [`CmQp::connect`] leaves in its
+    /// [`peer_private_data`](CmQp::peer_private_data): to say why. More
+    /// than [`MAX_PRIVATE_DATA`] bytes is an error, and the request is
+    /// rejected without them.
+    ///
+    /// ```no_run
+    /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
+    /// use std::time::Duration;
+    /// use rdma_ring::connect::cm::CmListener;
+    /// let listener = CmListener::bind("10.99.0.1:7472".parse().unwrap()).unwrap();
+    /// let request = listener.request(Duration::from_secs(60)).unwrap();
+    /// request.reject_with(b"busy").unwrap();
+    /// ```
+    pub fn reject_with(mut self, private_data: &[u8]) -> Result<(), Error> {
+        check_private(private_data)?;
+        if let Some(id) = self.id.take() {
+            // SAFETY: a pending request may be rejected once (the id is
+            // taken, so the drop does not reject it again); the private
+            // data lives across the call, and its length fits a u8.
+            unsafe {
+                rdma_sys::rdma_reject(
+                    id.id,
+                    private_data.as_ptr().cast(),
+                    private_data.len() as u8,
+                )
+            };
+        }
+        Ok(())
+    }
 }
 
 impl Drop for CmRequest {
@@ -1355,13 +1386,16 @@ impl CmQp {
         match event.kind {
             ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
             ev::RDMA_CM_EVENT_REJECTED => {
-                return Err(cm_failure(
+                let failure = cm_failure(
                     "connecting",
                     format!(
                         "the peer rejected the connection (status {}, private data {:?})",
                         event.status, event.private
                     ),
-                ))
+                );
+                // For the caller to read why (see `CmRequest::reject_with`).
+                let _ = self.peer_private_data.set(event.private);
+                return Err(failure);
             }
             other => return Err(unexpected("connecting", other, event.status)),
         }
@@ -1461,10 +1495,12 @@ impl CmQp {
         self.id.fd()
     }
 
-    /// The private data the peer sent with its request or reply. rdma_cm
-    /// delivers it padded with zeros to the transport's fixed size (56
-    /// bytes in a request, 196 in a reply on InfiniBand and RoCE), so frame
-    /// what you send (a length prefix, or a fixed-size record).
+    /// The private data the peer sent with its request or reply, or, after
+    /// a [`connect`](Self::connect) the peer rejected, with its rejection
+    /// (see [`CmRequest::reject_with`]). rdma_cm delivers it padded with
+    /// zeros to the transport's fixed size (56 bytes in a request, 196 in a
+    /// reply, 148 in a rejection on InfiniBand and RoCE), so frame what
+    /// you send (a length prefix, or a fixed-size record).
     ///
     /// ```no_run
     /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.

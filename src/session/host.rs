@@ -54,8 +54,9 @@ pub(crate) struct HostShared<Q: QueuePair + Send + 'static> {
 pub(super) struct Sessions<Q: QueuePair + Send + 'static> {
     pub(super) live: HashMap<QpHandle, Arc<SessionShared<Q>>>,
     pub(super) preparing: HashMap<QpHandle, Vec<Completion>>,
-    /// Handshakes between their admission and their queue pair's
-    /// attachment (which takes the ring's lock, never taken with this).
+    /// Handshakes holding a [`Reservation`]: from their start to their
+    /// queue pair's attachment (which takes the ring's lock, never taken
+    /// with this).
     pub(super) admitting: usize,
 }
 
@@ -223,22 +224,28 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
         self.shared.ring.with_ring(|ring| create(ring.cq()))
     }
 
-    /// Attaches `qp` and posts its receives, if the host has room for
-    /// one more session ([`SessionConfig::max_sessions`]).
-    pub(super) fn prepare(&self, qp: Q) -> Result<Prepared, Error> {
-        {
-            let mut sessions = self.shared.sessions();
-            let most = self.shared.most_sessions;
-            if sessions.held() >= most {
-                return Err(Error::Handshake {
-                    step: "admitting the session",
-                    reason: format!(
-                        "the host holds its most sessions, {most} (SessionConfig::max_sessions)"
-                    ),
-                });
-            }
-            sessions.admitting += 1;
+    /// Room for one more session ([`SessionConfig::max_sessions`]), held
+    /// by a handshake from its start, before it takes anything of the
+    /// device's or tells the peer its hello.
+    pub(super) fn reserve(&self) -> Result<Reservation<'_, Q>, SessionError> {
+        let mut sessions = self.shared.sessions();
+        if sessions.held() >= self.shared.most_sessions {
+            return Err(SessionError::HostFull {
+                most: self.shared.most_sessions,
+                peer: false,
+            });
         }
+        sessions.admitting += 1;
+        Ok(Reservation { host: self })
+    }
+
+    /// Attaches `qp` and posts its receives, in the room `reservation`
+    /// holds.
+    pub(super) fn prepare(
+        &self,
+        reservation: Reservation<'_, Q>,
+        qp: Q,
+    ) -> Result<Prepared, Error> {
         let attached = self
             .shared
             .ring
@@ -246,7 +253,10 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             .map(|attached| attached.handle());
         {
             let mut sessions = self.shared.sessions();
-            sessions.admitting -= 1;
+            // The room passes to the prepared queue pair under the same
+            // hold of the lock, so no other handshake sees it counted
+            // twice, or not at all.
+            reservation.settle(&mut sessions);
             if let Ok(handle) = attached {
                 sessions.preparing.insert(handle, Vec::new());
             }
@@ -426,10 +436,11 @@ impl SessionHost<SoftQp> {
     ) -> Result<(Session<SoftQp>, SoftQp, Arc<crate::backend::soft::SoftPd>), SessionError> {
         let fabric = self.soft_fabric();
         let pd = Arc::new(fabric.dev.alloc_pd());
+        let reservation = self.reserve()?;
         let raw = fabric.dev.create_qp(&pd, config)?;
         let ours = self.create_soft_qp()?;
         fabric.dev.connect(&ours, &raw)?;
-        let prepared = self.prepare(ours)?;
+        let prepared = self.prepare(reservation, ours)?;
         Ok((self.admit(prepared, hello, None), raw, pd))
     }
 
@@ -459,12 +470,17 @@ impl SessionHost<SoftQp> {
         other: &SessionHost<SoftQp>,
         (watch_a, watch_b): (Option<TcpStream>, Option<TcpStream>),
     ) -> Result<(Session<SoftQp>, Session<SoftQp>), SessionError> {
+        let ra = self.reserve()?;
+        let rb = other.reserve().map_err(|e| match e {
+            SessionError::HostFull { most, .. } => SessionError::HostFull { most, peer: true },
+            e => e,
+        })?;
         // Connected before either is attached: nobody can send before
         // both sessions exist, and the ring's lock is not needed twice.
         let (qa, qb) = (self.create_soft_qp()?, other.create_soft_qp()?);
         self.soft_fabric().dev.connect(&qa, &qb)?;
-        let a = self.prepare(qa)?;
-        let b = match other.prepare(qb) {
+        let a = self.prepare(ra, qa)?;
+        let b = match other.prepare(rb, qb) {
             Ok(b) => b,
             Err(e) => {
                 self.abandon(a);
@@ -493,6 +509,26 @@ impl SessionHost<SoftQp> {
 /// for each of its send queue's slots and each of its receives.
 fn session_cq_entries(config: &SessionConfig) -> u32 {
     config.qp_config().max_send_wr + u32::from(config.recv_depth)
+}
+
+/// Room for one session on a host, from a handshake's start until its
+/// queue pair is attached; dropped, the room is free again.
+pub(super) struct Reservation<'a, Q: QueuePair + Send + 'static> {
+    host: &'a SessionHost<Q>,
+}
+
+impl<Q: QueuePair + Send + 'static> Reservation<'_, Q> {
+    /// Gives up the room to what `sessions` counts in its place.
+    fn settle(self, sessions: &mut Sessions<Q>) {
+        sessions.admitting -= 1;
+        std::mem::forget(self);
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for Reservation<'_, Q> {
+    fn drop(&mut self) {
+        self.host.shared.sessions().admitting -= 1;
+    }
 }
 
 /// Completion queue entries a host asks for: room for `max_sessions`

@@ -7,8 +7,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::host::host_cq_entries;
-use super::wire::{Hello, HELLO_LEN};
+use super::host::{host_cq_entries, Reservation};
+use super::wire::{Greeting, Hello, HELLO_LEN};
 use super::{Session, SessionConfig, SessionError, SessionHost};
 use crate::backend::verbs::{DeviceOptions, VerbsDevice, VerbsPd, VerbsQp};
 use crate::backend::QueuePair;
@@ -167,19 +167,26 @@ impl SessionBuilder {
         let route = cm::resolve(addr, timeout)?;
         let dev = route.open_device()?;
         let host = start_host::<CmQp>(&dev, self.config)?;
+        let reservation = host.reserve()?;
         let fabric = verbs_fabric(&host);
         let config = self.config.qp_config();
         let qp =
             host.create_qp(|cq| route.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config))?;
-        let prepared = host.prepare(qp)?;
+        let prepared = host.prepare(reservation, qp)?;
         let hello = self.config.hello().encode();
-        let connected = host
-            .with_qp(&prepared, |qp| {
-                qp.connect(&hello, timeout)
-                    .map(|()| qp.peer_private_data().to_vec())
-            })
-            .map_err(SessionError::from)
-            .and_then(|private| hello_in_private_data(&private));
+        let connected = host.with_qp(&prepared, |qp| {
+            qp.connect(&hello, timeout)
+                .map_err(|e| match greeting_in_private_data(qp.peer_private_data()) {
+                    // A full host rejects with its greeting: say so.
+                    Ok(Greeting::HostFull { most }) => SessionError::HostFull {
+                        most: most as usize,
+                        peer: true,
+                    },
+                    _ => e.into(),
+                })
+                .map(|()| qp.peer_private_data().to_vec())
+        });
+        let connected = connected.and_then(|private| hello_in_private_data(&private));
         match connected {
             Ok(peer) => Ok(host.admit(prepared, peer, None)),
             Err(e) => {
@@ -236,14 +243,25 @@ fn verbs_fabric<Q: QueuePair + Send + 'static>(host: &SessionHost<Q>) -> &VerbsF
         .expect("a verbs host")
 }
 
-/// The peer's hello from rdma_cm private data, which the transport may pad
-/// with zeros.
-fn hello_in_private_data(private: &[u8]) -> Result<Hello, SessionError> {
+/// The peer's greeting from rdma_cm private data, which the transport
+/// may pad with zeros.
+fn greeting_in_private_data(private: &[u8]) -> Result<Greeting, SessionError> {
     let bad = |why: String| SessionError::Protocol(format!("the peer's hello: {why}"));
     if private.len() < HELLO_LEN || private[HELLO_LEN..].iter().any(|&b| b != 0) {
         return Err(bad(format!("{} bytes of private data", private.len())));
     }
-    Hello::decode(&private[..HELLO_LEN]).map_err(|e| bad(e.to_string()))
+    Greeting::decode(&private[..HELLO_LEN]).map_err(|e| bad(e.to_string()))
+}
+
+/// The peer's hello from rdma_cm private data: in a request or an
+/// acceptance, nothing else will do.
+fn hello_in_private_data(private: &[u8]) -> Result<Hello, SessionError> {
+    match greeting_in_private_data(private)? {
+        Greeting::Hello(hello) => Ok(hello),
+        Greeting::HostFull { .. } => Err(SessionError::Protocol(
+            "the peer's hello: a full host's greeting where a hello belongs".into(),
+        )),
+    }
 }
 
 impl SessionHost<VerbsQp> {
@@ -255,32 +273,58 @@ impl SessionHost<VerbsQp> {
     /// Connects a new session on this host to the session listening at
     /// `addr` (TCP handshake).
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
+        let reservation = self.reserve()?;
         let stream = tcp::dial(addr, self.config().connect_timeout)?;
-        self.handshake(stream)
+        self.handshake(stream, Ok(reservation))
     }
 
-    /// The session protocol over an open TCP stream: endpoints, hellos,
-    /// connect, receives posted, ready. The stream stays open for the session's life: its
-    /// end tells either side that the other's process is gone.
-    fn handshake(&self, mut stream: TcpStream) -> Result<Session<VerbsQp>, SessionError> {
+    /// The session protocol over an open TCP stream: greetings (our hello,
+    /// or that this host is full, as `reservation` says), endpoints,
+    /// connect, receives posted, ready. The stream stays open for the
+    /// session's life: its end tells either side that the other's process
+    /// is gone.
+    fn handshake(
+        &self,
+        mut stream: TcpStream,
+        reservation: Result<Reservation<'_, VerbsQp>, SessionError>,
+    ) -> Result<Session<VerbsQp>, SessionError> {
         let config = *self.config();
         // One deadline for every step: a peer that answers each just in
         // time cannot hold an accept's handshake for a timeout per step.
         let deadline = Deadline::after(config.connect_timeout);
+        // Greetings come first, so that a full host, or a peer that sends
+        // garbage, costs the other side no queue pair.
+        let ours = match &reservation {
+            Ok(_) => Greeting::Hello(config.hello()),
+            Err(_) => Greeting::HostFull {
+                most: self.max_sessions() as u32,
+            },
+        };
+        let theirs = greet(&mut stream, ours, deadline);
+        let reservation = reservation?;
+        let peer = match theirs? {
+            Greeting::Hello(peer) => peer,
+            Greeting::HostFull { most } => {
+                return Err(SessionError::HostFull {
+                    most: most as usize,
+                    peer: true,
+                })
+            }
+        };
         let fabric = verbs_fabric(self);
         let qp = self.create_qp(|cq| {
             fabric
                 .dev
                 .create_qp_on(&fabric.pd, cq, None, config.qp_config())
         })?;
-        let (remote, peer) = exchange(&mut stream, &qp.endpoint(), config.hello(), deadline)?;
+        let remote = tcp::exchange_by(&mut stream, &qp.endpoint(), deadline)?;
         // Connected before it joins the host's ring, out of the ring's
         // lock: moving to RTR may wait on the kernel (resolving the address
         // of the GID the peer named), and the host's other sessions go on
         // meanwhile. Its receives are posted before the ready byte goes,
         // and the peer sends nothing before that byte.
         qp.connect(&remote)?;
-        let prepared = self.prepare(qp)?;
+        let prepared = self.prepare(reservation, qp)?;
         match tcp::ready_by(&mut stream, deadline) {
             Ok(()) => Ok(self.admit(prepared, peer, Some(stream))),
             Err(e) => {
@@ -291,18 +335,15 @@ impl SessionHost<VerbsQp> {
     }
 }
 
-/// Endpoints, then hellos: the peer's of each.
-fn exchange(
+/// Greetings: ours out, the peer's in.
+fn greet(
     stream: &mut TcpStream,
-    endpoint: &crate::connect::Endpoint,
-    hello: Hello,
+    ours: Greeting,
     deadline: Deadline,
-) -> Result<(crate::connect::Endpoint, Hello), SessionError> {
-    let remote = tcp::exchange_by(stream, endpoint, deadline)?;
-    // The socket's write timeout, set before the endpoint exchange, may
-    // outlast the deadline: the hello's 12 bytes fit in any socket buffer.
+) -> Result<Greeting, SessionError> {
+    // A fresh socket's 12 bytes fit its buffer: the write does not wait.
     stream
-        .write_all(&hello.encode())
+        .write_all(&ours.encode())
         .map_err(|e| tcp::io_error("sending the session hello", e, 0, HELLO_LEN))?;
     let mut bytes = [0u8; HELLO_LEN];
     // Its error says whether the peer went silent (`HandshakeTimeout`) or
@@ -313,9 +354,7 @@ fn exchange(
         deadline,
         "reading the peer's session hello",
     )?;
-    let peer = Hello::decode(&bytes)
-        .map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))?;
-    Ok((remote, peer))
+    Greeting::decode(&bytes).map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))
 }
 
 /// Whether a handshake failed through its peer's doing, not ours.
@@ -412,7 +451,7 @@ impl SessionListener<VerbsQp> {
         };
         let host = self.host.clone();
         listener
-            .accept(move |(stream, _)| host.handshake(stream))
+            .accept(move |(stream, _)| host.handshake(stream, host.reserve()))
             .map_err(|e| SessionError::Connect(e.to_string()))
     }
 }
@@ -445,11 +484,22 @@ impl SessionListener<CmQp> {
 fn accept_cm(host: &SessionHost<CmQp>, request: CmRequest) -> Result<Session<CmQp>, SessionError> {
     let config = *host.config();
     let peer = hello_in_private_data(request.private_data())?; // dropping rejects
+    let reservation = match host.reserve() {
+        Ok(reservation) => reservation,
+        Err(e) => {
+            let full = Greeting::HostFull {
+                most: host.max_sessions() as u32,
+            };
+            // Twelve bytes: private data has room.
+            let _ = request.reject_with(&full.encode());
+            return Err(e);
+        }
+    };
     let fabric = verbs_fabric(host);
     let qp = host.create_qp(|cq| {
         request.create_qp_on(&fabric.dev, &fabric.pd, cq, None, config.qp_config())
     })?;
-    let prepared = host.prepare(qp)?;
+    let prepared = host.prepare(reservation, qp)?;
     let hello = config.hello().encode();
     // The host's ring is locked to answer and for each look at the
     // channel, not while the peer takes its time to confirm: the other

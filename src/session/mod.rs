@@ -150,7 +150,7 @@ pub use host::{SessionEvents, SessionHost};
 #[cfg(feature = "verbs")]
 pub use listener::{SessionBuilder, SessionListener};
 pub use remote_region::RemoteRegion;
-pub use wire::{Hello, RefuseReason};
+pub use wire::{Greeting, Hello, RefuseReason};
 
 use crate::buf::RemoteAccess;
 use crate::Error;
@@ -214,7 +214,9 @@ pub struct SessionConfig {
     /// (1..=4096). The host's completion queue has room for each one's
     /// full queues (its receives and its send queue), so no number of
     /// sessions, idle or busy, starves another of completion queue room;
-    /// a handshake beyond is refused (where one session's queues are so
+    /// a handshake beyond is refused with [`SessionError::HostFull`], on
+    /// both sides: a full host tells its peer so in place of its hello
+    /// (where one session's queues are so
     /// deep that the most the device's queue holds, at most 65536 entries,
     /// fits fewer, at that many: [`SessionHost::max_sessions`] says). The
     /// completion queue grows with it: about 322 entries per session by
@@ -383,6 +385,21 @@ pub enum SessionError {
     /// Connecting failed.
     #[error("connecting failed: {0}")]
     Connect(String),
+    /// A host holds its most sessions already
+    /// ([`SessionConfig::max_sessions`], handshakes under way included):
+    /// this side's (`peer: false`: nothing was sent), or the peer's, which
+    /// said so in place of its hello (`peer: true`). Connect again once a
+    /// session there has ended.
+    #[error(
+        "{} host holds its most sessions, {most} (SessionConfig::max_sessions): connect again once one ends",
+        if *peer { "the peer's" } else { "this" }
+    )]
+    HostFull {
+        /// The sessions that host holds at most.
+        most: usize,
+        /// Whether it is the peer's host.
+        peer: bool,
+    },
 }
 
 impl SessionError {
@@ -403,6 +420,10 @@ impl SessionError {
             SessionError::TooManyLent { max } => SessionError::TooManyLent { max: *max },
             SessionError::TooManyRequests { max } => SessionError::TooManyRequests { max: *max },
             SessionError::Connect(s) => SessionError::Connect(s.clone()),
+            SessionError::HostFull { most, peer } => SessionError::HostFull {
+                most: *most,
+                peer: *peer,
+            },
         }
     }
 }
@@ -415,9 +436,9 @@ impl From<SessionError> for std::io::Error {
                 ErrorKind::TimedOut
             }
             SessionError::Closed(_) | SessionError::Disconnected(_) => ErrorKind::ConnectionReset,
-            SessionError::Connect(_) | SessionError::Device(Error::Handshake { .. }) => {
-                ErrorKind::ConnectionRefused
-            }
+            SessionError::Connect(_)
+            | SessionError::HostFull { .. }
+            | SessionError::Device(Error::Handshake { .. }) => ErrorKind::ConnectionRefused,
             SessionError::Protocol(_) => ErrorKind::InvalidData,
             SessionError::TooLarge { .. } | SessionError::WrongSession => ErrorKind::InvalidInput,
             _ => ErrorKind::Other,

@@ -46,8 +46,10 @@ const MAGIC: [u8; 2] = *b"SN";
 const VERSION: u8 = 2;
 /// The hello's own version: 3 since both sides count flow control with
 /// the smaller of their depths, so a side counting by the older rules is
-/// refused at connect rather than left to stall.
-const HELLO_VERSION: u8 = 3;
+/// refused at connect rather than left to stall; 4 since the TCP
+/// handshake exchanges hellos before endpoints, and a full host answers
+/// with [`Greeting::HostFull`].
+const HELLO_VERSION: u8 = 4;
 
 /// What a message is.
 ///
@@ -511,7 +513,7 @@ pub const HELLO_LEN: usize = 12;
 
 /// What each side tells the other while connecting (over the TCP
 /// handshake, in rdma_cm's private data, or directly on the soft device):
-/// magic `SH`, version 3, a zero byte, then `recv_depth` u16,
+/// magic `SH`, version 4, a zero byte, then `recv_depth` u16,
 /// `user_window` u16 and `max_message` u32, little endian.
 ///
 /// ```
@@ -539,7 +541,7 @@ impl Hello {
     /// use rdma_ring::session::wire::{Hello, HELLO_LEN};
     /// let bytes = Hello { recv_depth: 32, user_window: 16, max_message: 4096 }.encode();
     /// assert_eq!(bytes.len(), HELLO_LEN);
-    /// assert_eq!(&bytes[..4], b"SH\x03\x00");
+    /// assert_eq!(&bytes[..4], b"SH\x04\x00");
     /// assert_eq!(bytes[4..6], 32u16.to_le_bytes());
     /// ```
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -586,6 +588,83 @@ impl Hello {
     }
 }
 
+/// What a side says first while connecting: its [`Hello`], or, from a
+/// host that holds its most sessions already, that it is full. A full
+/// host's greeting is the hello's magic and version, byte 3 one, four
+/// zero bytes, then the host's most sessions as a u32, little endian.
+///
+/// ```
+/// use rdma_ring::session::wire::{Greeting, Hello};
+/// let full = Greeting::HostFull { most: 64 };
+/// assert_eq!(Greeting::decode(&full.encode()).unwrap(), full);
+/// let hello = Hello { recv_depth: 32, user_window: 16, max_message: 4096 };
+/// assert_eq!(Greeting::Hello(hello).encode(), hello.encode());
+/// assert_eq!(Greeting::decode(&hello.encode()).unwrap(), Greeting::Hello(hello));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Greeting {
+    /// A host with room for the session.
+    Hello(Hello),
+    /// A host that holds its most sessions
+    /// ([`SessionConfig::max_sessions`](super::SessionConfig::max_sessions)),
+    /// handshakes under way included.
+    HostFull {
+        /// The sessions it holds at most.
+        most: u32,
+    },
+}
+
+impl Greeting {
+    /// The 12 bytes.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::Greeting;
+    /// let bytes = Greeting::HostFull { most: 64 }.encode();
+    /// assert_eq!(&bytes[..4], b"SH\x04\x01");
+    /// assert_eq!(bytes[8..], 64u32.to_le_bytes());
+    /// ```
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        match self {
+            Greeting::Hello(hello) => hello.encode(),
+            Greeting::HostFull { most } => {
+                let mut out = [0u8; HELLO_LEN];
+                out[0..2].copy_from_slice(b"SH");
+                out[2] = HELLO_VERSION;
+                out[3] = HOST_FULL;
+                out[8..12].copy_from_slice(&most.to_le_bytes());
+                out
+            }
+        }
+    }
+
+    /// Decodes as strictly as [`Hello::decode`]: a full host's greeting
+    /// has its four zero bytes, and says it holds at least one session.
+    /// Never panics.
+    ///
+    /// ```
+    /// use rdma_ring::session::wire::Greeting;
+    /// let mut bytes = Greeting::HostFull { most: 64 }.encode();
+    /// bytes[5] = 1;
+    /// assert!(Greeting::decode(&bytes).is_err());
+    /// ```
+    pub fn decode(bytes: &[u8]) -> Result<Greeting, WireError> {
+        let b = exact::<HELLO_LEN>(bytes, "greeting")?;
+        if b[0..2] != *b"SH" || b[2] != HELLO_VERSION || b[3] != HOST_FULL {
+            return Hello::decode(b).map(Greeting::Hello);
+        }
+        let most = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        if b[4..8] != [0; 4] || most == 0 {
+            return Err(WireError(format!(
+                "a full host's greeting out of range: {b:02x?}"
+            )));
+        }
+        Ok(Greeting::HostFull { most })
+    }
+}
+
+/// Byte 3 of a full host's greeting.
+const HOST_FULL: u8 = 1;
+
 /// A message that breaks the format, and how.
 ///
 /// ```
@@ -628,19 +707,27 @@ mod tests {
         }
     }
 
-    /// A peer counting flow control by the older rules (each side by its
-    /// own depth) is told apart at connect.
+    /// A peer of an older version (counting flow control by the older
+    /// rules, or sending its endpoint before its hello) is told apart at
+    /// connect, as a greeting too.
     #[test]
-    fn a_hello_of_the_older_version_is_refused_by_name() {
-        let mut bytes = Hello {
-            recv_depth: 32,
-            user_window: 16,
-            max_message: 4096,
+    fn a_hello_of_an_older_version_is_refused_by_name() {
+        for version in [2, 3] {
+            let mut bytes = Hello {
+                recv_depth: 32,
+                user_window: 16,
+                max_message: 4096,
+            }
+            .encode();
+            bytes[2] = version;
+            let err = Hello::decode(&bytes).unwrap_err();
+            assert!(err.0.contains("not a version 4 session hello"), "{err}");
+            let err = Greeting::decode(&bytes).unwrap_err();
+            assert!(err.0.contains("not a version 4 session hello"), "{err}");
         }
-        .encode();
-        bytes[2] = 2;
-        let err = Hello::decode(&bytes).unwrap_err();
-        assert!(err.0.contains("not a version 3 session hello"), "{err}");
+        // A full host's greeting is no hello.
+        assert!(Hello::decode(&Greeting::HostFull { most: 1 }.encode()).is_err());
+        assert!(Greeting::decode(&Greeting::HostFull { most: 0 }.encode()).is_err());
     }
 
     #[test]

@@ -48,8 +48,8 @@ pub fn free_port() -> u16 {
 /// with the listener at `addr` (its endpoint) and `pauses.1` over the
 /// second (its ready byte): each in time for a timeout per step longer
 /// than either, the two together not for one of less than their sum.
-/// `hello` is sent right after the endpoint, for protocols that exchange
-/// one there. Its queue pair lives on [`device`]; the thread hands back
+/// `hello` is exchanged first, before the endpoints, for protocols that
+/// greet first (sessions). Its queue pair lives on [`device`]; the thread hands back
 /// the socket and the queue pair, so that the listener cannot learn of
 /// its end before the test drops them.
 #[allow(dead_code)]
@@ -67,15 +67,15 @@ pub fn pacing_peer(
             .create_qp(&pd, rdma_ring::backend::QpConfig::default())
             .unwrap();
         let mut socket = std::net::TcpStream::connect(addr).unwrap();
-        let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
-        socket.read_exact(&mut theirs).unwrap();
-        std::thread::sleep(pauses.0);
-        socket.write_all(&qp.endpoint().encode()).unwrap();
         if let Some(hello) = hello {
             let mut their_hello = vec![0u8; hello.len()];
             socket.read_exact(&mut their_hello).unwrap();
             socket.write_all(&hello).unwrap();
         }
+        let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
+        socket.read_exact(&mut theirs).unwrap();
+        std::thread::sleep(pauses.0);
+        socket.write_all(&qp.endpoint().encode()).unwrap();
         let mut ready = [0u8; 1];
         // The listener's ready byte: it sends it, then waits for ours.
         if socket.read_exact(&mut ready).is_ok() {
