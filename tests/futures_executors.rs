@@ -361,6 +361,46 @@ fn a_pushed_operation_dropped_before_its_submit_goes_out_at_the_drop() {
     assert_eq!(ring.with_ring(|r| r.in_flight()), 0);
 }
 
+/// A pushed operation awaited before any submit goes out at its first
+/// poll, with everything pushed before it, in one doorbell: it does not
+/// wait for a submit that never comes.
+#[test]
+fn a_pushed_operation_awaited_before_a_submit_goes_out_at_its_poll() {
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::Write;
+    use rdma_ring::ring::{Ring, RingConfig};
+
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let rights = RemoteAccess::WRITE | RemoteAccess::READ;
+    let target = ExposedBuf::new(&pd, vec![0u8; 16], rights).unwrap();
+    for wakeup in [Wakeup::Busy, Wakeup::Thread] {
+        let (qp, _peer) = dev
+            .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+            .unwrap();
+        let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), wakeup).unwrap();
+        let first = ring.push(Write::new(
+            RegisteredBuf::new(&pd, vec![1u8; 8]).unwrap(),
+            target.remote().slice(0..8).unwrap(),
+        ));
+        let second = ring.push(Write::new(
+            RegisteredBuf::new(&pd, vec![2u8; 8]).unwrap(),
+            target.remote().slice(8..16).unwrap(),
+        ));
+        let (written, _) = futures::executor::block_on(second);
+        assert_eq!(written.unwrap(), 8);
+        assert_eq!(ring.with_ring(|r| r.stats().doorbells), 1, "one for both");
+        let (written, _) = futures::executor::block_on(first);
+        assert_eq!(written.unwrap(), 8);
+        assert_eq!(ring.with_ring(|r| r.stats().doorbells), 1);
+        let into = RegisteredBuf::new(&pd, vec![0u8; 16]).unwrap();
+        let (read, got) = futures::executor::block_on(ring.read(into, target.remote()));
+        assert_eq!(read.unwrap(), 16);
+        assert_eq!(got[..8], [1u8; 8]);
+        assert_eq!(got[8..], [2u8; 8]);
+    }
+}
+
 /// An awaited receive an RDMA WRITE with immediate used up says 0 bytes
 /// arrived in its buffer (so `&buf[..len]` stays inside what arrived, as
 /// the sync ring's `result` does) and how many the WRITE wrote elsewhere.

@@ -931,9 +931,11 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// back whole, as [`FixedRing::push`] refuses (or once the ring is
     /// closed). The operation is posted, with everything else pushed, by
     /// the next [`submit`](Self::submit), [`drive`](Self::drive), or poll of
-    /// any pending future of the ring — at the latest when its own future
-    /// is first polled (second, with
-    /// [`coalesce_doorbells`](Self::coalesce_doorbells)), or dropped. So
+    /// any pending future of the ring (with
+    /// [`coalesce_doorbells`](Self::coalesce_doorbells), a future's first
+    /// poll leaves it to the next) — at the latest
+    /// when its own future is first polled (second, with coalescing), or
+    /// dropped. So
     /// await it, or submit, before waiting on anything that needs it to
     /// have run: in `let w = ring.push(..)?; answer.await; w.await`, where
     /// `answer` is the peer's reply to `w`'s message, nothing posts it.

@@ -26,7 +26,11 @@
 //! is released when its completion is reaped, never while the device may
 //! still use it. Dropping the last [`AsyncRing`] handle closes the ring:
 //! the queue pair moves to error, and futures still pending resolve with
-//! a flush error (and their buffers) instead of hanging.
+//! a flush error (and their buffers) instead of hanging — those whose
+//! operations the device flushes within the ring's `drain_timeout`. An
+//! operation it does not return by then is leaked (never freed under the
+//! NIC), and its future stays pending; so does a detach's
+//! ([`AsyncQp::detach`]).
 //!
 //! A ring whose completion queue or device failed
 //! ([`Ring::failure`](crate::ring::Ring::failure), through

@@ -284,9 +284,12 @@ impl<Q: QueuePair, B: IoBuf, O: OpOutput> Future for OpFuture<Q, B, O> {
                     // Only a future whose own operation still waits for its
                     // doorbell rings it (for every operation waiting): one
                     // whose operation is out leaves the operations pushed in
-                    // this round of the executor to their own futures.
+                    // this round of the executor to their own futures. A
+                    // pushed one awaited before any submit is among them:
+                    // left for a submit, it would wait for ever.
                     if ring.awaits_doorbell(key) {
-                        this.shared.submit_deferred(ring);
+                        // What the device refuses goes to its futures.
+                        let _ = this.shared.submit_pushed(ring);
                     }
                     // Unknown CQEs are counted in the ring's stats; they
                     // cannot belong to this operation.

@@ -75,7 +75,9 @@ impl<Q: QueuePair> AsyncQp<Q> {
 
     /// Detaches the queue pair (see [`Ring::detach`](crate::ring::Ring::detach)):
     /// its pending futures resolve flushed; the drain runs with the ring
-    /// locked.
+    /// locked. If the device does not flush an operation within the
+    /// ring's `drain_timeout` (`drained` is false), the operation is
+    /// leaked, never freed under the NIC, and its future stays pending.
     pub fn detach(self) -> Result<Detached<Q>, Error> {
         self.shared.with(|ring| ring.detach(self.qp))
     }

@@ -167,9 +167,29 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
 
     /// Pushes `op` to the default queue pair without submitting: push
     /// several, then [`submit`] them with one doorbell, then await them.
-    /// A future dropped before the submit posts what was pushed, its own
-    /// operation included: nothing pushed waits for a later, unrelated
-    /// submit.
+    /// A future awaited, or dropped, before the submit posts what was
+    /// pushed, its own operation included, with one doorbell: nothing
+    /// pushed waits for a later, unrelated submit.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    /// # use rdma_ring::future::{AsyncRing, Wakeup};
+    /// # use rdma_ring::op::Write;
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// # let dev = SoftDevice::new();
+    /// # let pd = dev.alloc_pd();
+    /// # let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// # let target = ExposedBuf::new(&pd, vec![0u8; 2], RemoteAccess::WRITE).unwrap();
+    /// let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    /// let (x, y) = (target.remote().slice(0..1).unwrap(), target.remote().slice(1..2).unwrap());
+    /// let a = ring.push(Write::new(RegisteredBuf::new(&pd, b"a".to_vec()).unwrap(), x));
+    /// let b = ring.push(Write::new(RegisteredBuf::new(&pd, b"b".to_vec()).unwrap(), y));
+    /// ring.submit().unwrap(); // one doorbell for both
+    /// let ((wrote_a, _), (wrote_b, _)) = futures::executor::block_on(futures::future::join(a, b));
+    /// assert_eq!((wrote_a.unwrap(), wrote_b.unwrap()), (1, 1));
+    /// assert_eq!(ring.with_ring(|r| r.stats().doorbells), 1);
+    /// ```
     ///
     /// [`submit`]: Self::submit
     pub fn push<T: Operation>(&self, op: T) -> OpFuture<Q, T::Buf> {
