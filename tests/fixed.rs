@@ -946,3 +946,50 @@ fn a_stale_completion_of_a_detached_queue_pair_releases_nothing_of_its_successor
     assert_eq!((done.user_data(), done.status()), (2, WcStatus::Success));
     ring.put_buf(done.into_buf()).unwrap();
 }
+
+/// A drain that runs out of time still takes everything the device gave
+/// back by then, more than one poll batch of it: with no time at all, a
+/// soft queue pair flushes its 40 receives at once, and a detach, or a
+/// close, takes them all (nothing leaked, no timeout).
+#[test]
+fn a_drain_out_of_time_takes_every_completion_already_queued() {
+    for close in [false, true] {
+        let dev = SoftDevice::new();
+        let pd = dev.alloc_pd();
+        let (mut a, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+        let cq = a.take_cq().unwrap();
+        let config = FixedRingConfig {
+            drain_timeout: std::time::Duration::ZERO,
+            ..FixedRingConfig::default()
+        };
+        let mut ring = FixedRing::new(cq, FixedBufs::new(&pd, 64, 64).unwrap(), config);
+        let qp = ring.attach(a).unwrap_or_else(|_| panic!("attach"));
+        for _ in 0..40 {
+            let slot = ring.take_buf().unwrap();
+            ring.push(qp, RecvFixed::new(slot)).unwrap();
+        }
+        ring.submit().unwrap();
+        if close {
+            // Not drained, it would leak the slots' memory and say so.
+            ring.close().expect("everything came back");
+        } else {
+            ring.detach(qp).expect("everything came back");
+            let back = ring.wait(40).unwrap();
+            assert_eq!(back.len(), 40);
+            assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+        }
+    }
+}
+
+/// A wait for more completions than can ever come fails, whatever it
+/// asks for, rather than asking the allocator for room first.
+#[test]
+fn a_wait_for_more_than_can_come_fails_without_allocating_it() {
+    let mut s = setup(QpConfig::default(), 4);
+    for min in [1, 1 << 40, usize::MAX] {
+        assert!(
+            matches!(s.ring.wait(min), Err(Error::WaitUnsatisfiable { .. })),
+            "{min}"
+        );
+    }
+}

@@ -1318,3 +1318,32 @@ fn a_failed_ring_hands_back_what_was_pushed_before_instead_of_posting_it() {
     // The receive the device holds stays the ring's.
     assert_eq!(p.a.in_flight(), 1);
 }
+
+/// A detach whose drain runs out of time still takes everything the
+/// device gave back by then, more than one poll batch of it: with no time
+/// at all, a soft queue pair flushes its 40 receives at once, and they all
+/// come back flushed, none leaked.
+#[test]
+fn a_detach_out_of_time_takes_every_completion_already_queued() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let config = RingConfig {
+        drain_timeout: std::time::Duration::ZERO,
+        poll_batch: 32,
+        ..RingConfig::default()
+    };
+    let mut ring = Ring::new(qp, config);
+    let handle = ring.default_qp().unwrap();
+    for _ in 0..40 {
+        let buf = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+        ring.submission().push(Recv::new(buf)).unwrap();
+    }
+    ring.submit().unwrap();
+    let detached = ring.detach(handle).unwrap();
+    assert!(detached.drained, "everything came back");
+    let back = ring.completion().wait(40).unwrap();
+    assert_eq!(back.len(), 40);
+    assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
+    assert_eq!(ring.stats().unknown_cqes, 0);
+}

@@ -175,7 +175,10 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// assert!(ring.wait(1).unwrap()[0].status().is_success());
     /// ```
     pub fn wait(&mut self, min: usize) -> Result<Vec<FixedCompletion>, Error> {
-        let mut out = Vec::with_capacity(min);
+        // No more than can come: a `min` beyond that fails below, and must
+        // not first ask the allocator for room it cannot give.
+        let can_come = self.ready.len() + self.posted_outstanding() + self.parked_len();
+        let mut out = Vec::with_capacity(min.min(can_come));
         let deadline = Deadline::after(self.config.wait_timeout);
         loop {
             if let Err(error) = self.reap(&mut out) {

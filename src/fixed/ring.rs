@@ -772,9 +772,13 @@ impl<Q: QueuePair> FixedRing<Q> {
             };
             while busy(self) {
                 self.poll_into_ready(1)?;
-                // What that poll brought in counts, even at the deadline.
-                if deadline.expired() && busy(self) {
-                    return Err(Error::Timeout(self.config.drain_timeout));
+                if deadline.expired() {
+                    // What the device gave back by the deadline counts, all
+                    // of it, not only the one batch polled above.
+                    self.reap_queued_into_ready()?;
+                    if busy(self) {
+                        return Err(Error::Timeout(self.config.drain_timeout));
+                    }
                 }
                 std::thread::yield_now();
             }
@@ -1400,7 +1404,18 @@ impl<Q: QueuePair> FixedRing<Q> {
         }
         let deadline = Deadline::after(self.config.drain_timeout);
         while self.qps.iter().flatten().any(AttachedQp::busy) {
-            if self.reap_device(out).is_err() || deadline.expired() {
+            if self.reap_device(out).is_err() {
+                break;
+            }
+            if deadline.expired() {
+                // What the device gave back by the deadline counts, all of
+                // it: the slots' memory is leaked for work it kept.
+                for _ in 0..self.cq_entries / POLL_BATCH + 1 {
+                    if !matches!(self.reap_device(out), Ok(POLL_BATCH)) {
+                        break;
+                    }
+                }
+                self.hand_parked(out);
                 break;
             }
             self.hand_parked(out);

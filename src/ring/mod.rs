@@ -41,7 +41,10 @@
 //!   its depth; for the shared completion queue, the work of all its queue
 //!   pairs never exceeds what it can hold, even if every work request is
 //!   flushed with its own CQE. One send slot per queue pair and one CQE
-//!   per queue pair are kept for the teardown marker.
+//!   per queue pair are kept for the teardown marker, where there is room
+//!   for them at attach (a send queue of two or more, two CQEs or more to
+//!   spare); without one, every send of that queue pair asks for a CQE,
+//!   so a drain still sees each come back.
 //! * **Errors**, per queue pair: after an error completion (or a fatal
 //!   async event) the queue pair is in error; the ring refuses new work for
 //!   it ([`Error::QpInError`]) and every outstanding operation of it comes

@@ -435,8 +435,11 @@ impl<Q: QueuePair> Ring<Q> {
             }
             // Unknown wr_ids are counted in stats; the drain goes on.
             let _ = self.reap_device();
-            // What that reap brought in counts, even at the deadline.
             if deadline.expired() || self.cq_lost {
+                // What the device gave back by the deadline counts, all of
+                // it: not only the one batch polled above, or what waits
+                // in the queue would be taken for work the device kept.
+                self.reap_queued();
                 return drained(self);
             }
             std::thread::yield_now();

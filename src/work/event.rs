@@ -107,8 +107,11 @@ impl AsyncEvent {
     /// Whether the event means something is in error for good: a queue
     /// pair, a shared receive queue, a completion queue (and with it every
     /// queue pair that completes there: completions were lost) or the
-    /// whole device. The rings act on these themselves when handed them
-    /// (`apply_event`); this is for code that watches events beside them.
+    /// whole device. The rings act on those of a queue pair, a completion
+    /// queue or the device themselves when handed them (`apply_event`);
+    /// a failed shared receive queue changes nothing there, its queue
+    /// pairs being failed by their own events. This is for code that
+    /// watches events beside the rings.
     ///
     /// ```
     /// use rdma_ring::backend::{AsyncEvent, CqId};
