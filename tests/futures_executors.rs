@@ -374,6 +374,14 @@ fn a_pushed_operation_awaited_before_a_submit_goes_out_at_its_poll() {
     let pd = dev.alloc_pd();
     let rights = RemoteAccess::WRITE | RemoteAccess::READ;
     let target = ExposedBuf::new(&pd, vec![0u8; 16], rights).unwrap();
+    // Without the fix the awaits hang: a watchdog says so.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+            eprintln!("a pushed operation awaited before a submit never went out");
+            std::process::abort();
+        }
+    });
     for wakeup in [Wakeup::Busy, Wakeup::Thread] {
         let (qp, _peer) = dev
             .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
@@ -399,6 +407,8 @@ fn a_pushed_operation_awaited_before_a_submit_goes_out_at_its_poll() {
         assert_eq!(got[..8], [1u8; 8]);
         assert_eq!(got[8..], [2u8; 8]);
     }
+    done.send(()).unwrap();
+    watchdog.join().unwrap();
 }
 
 /// An awaited receive an RDMA WRITE with immediate used up says 0 bytes

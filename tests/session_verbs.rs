@@ -181,13 +181,20 @@ fn loopback_listener(
 
 /// A peer that connects over TCP and says nothing holds up no peer
 /// behind it: the listener hands out the session that finishes its
-/// handshake first, then the silent one's error.
+/// handshake first, then the silent one's error. Nor does it hold the
+/// host's room: a host of one session takes the speaking peer.
 #[test]
 #[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
 fn a_silent_peer_does_not_hold_up_the_listener() {
     let name = device_name();
     drop(device()); // fails loudly without one
-    let (listener, port, _) = loopback_listener(Duration::from_secs(5));
+    let port = free_port();
+    let listener = SessionBuilder::default()
+        .device(&name)
+        .max_sessions(1)
+        .timeouts(Duration::from_secs(5), Duration::from_secs(10))
+        .bind(("127.0.0.1", port))
+        .unwrap();
     let silent = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let client = std::thread::spawn(move || {
@@ -244,13 +251,13 @@ fn a_peer_pacing_its_handshake_steps_times_out_once() {
 fn a_peer_silent_in_the_hellos_times_out() {
     use std::io::{Read, Write};
     let (listener, port, _) = loopback_listener(Duration::from_secs(2));
-    // It answers the listener's hello with one byte, then waits.
+    // It sends one byte of a hello, then waits.
     let peer = std::thread::spawn(move || {
         let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let mut theirs = [0u8; rdma_ring::session::wire::HELLO_LEN];
-        socket.read_exact(&mut theirs).unwrap();
-        socket.write_all(&theirs[..1]).unwrap();
-        let _ = socket.read(&mut theirs); // until the listener gives up
+        socket.write_all(b"S").unwrap();
+        let mut theirs = [0u8; 1];
+        // Until the listener gives up: it never answers a partial hello.
+        assert_eq!(socket.read(&mut theirs).unwrap_or(0), 0);
     });
     let err = listener.accept().expect_err("the silent peer's handshake");
     assert!(
@@ -347,15 +354,52 @@ fn a_full_host_says_so_over_tcp_and_rdma_cm() {
         .max_sessions(1)
         .bind(("127.0.0.1", port))
         .unwrap();
-    a_full_host_round(
-        listener.host(),
-        || listener.accept(),
+    let connect = {
+        let name = name.clone();
         move || {
             SessionBuilder::default()
                 .device(&name)
                 .connect(("127.0.0.1", port))
-        },
-    );
+        }
+    };
+    a_full_host_round(listener.host(), || listener.accept(), connect.clone());
+    // A handshake that fails after it took the room (its peer greets,
+    // then leaves) gives the room back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while listener.host().sessions() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session never left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let config = *listener.host().config();
+    let leaving = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let hello = rdma_ring::session::Hello {
+            recv_depth: config.recv_depth,
+            user_window: config.user_window,
+            max_message: config.max_message,
+        };
+        let mut raw = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        raw.write_all(&hello.encode()).unwrap();
+        let mut theirs = [0u8; rdma_ring::session::wire::HELLO_LEN];
+        raw.read_exact(&mut theirs).unwrap();
+        rdma_ring::session::Greeting::decode(&theirs)
+    });
+    // Handshakes move while the listener accepts.
+    assert!(listener.accept().is_err(), "the peer left mid-handshake");
+    assert!(matches!(
+        leaving.join().unwrap(),
+        Ok(rdma_ring::session::Greeting::Hello(_))
+    ));
+    let client = std::thread::spawn(connect);
+    let server = listener.accept().expect("the room came back");
+    let client = client.join().unwrap().unwrap();
+    futures::executor::block_on(futures::future::join(
+        client_steps(&client, 5),
+        server_steps(&server),
+    ));
     let addr: std::net::SocketAddr = format!("{CM_ADDR}:{}", free_port()).parse().unwrap();
     let listener = SessionBuilder::default()
         .max_sessions(1)

@@ -1234,7 +1234,8 @@ impl CmRequest {
     /// failed [`CmQp::connect`] leaves in its
     /// [`peer_private_data`](CmQp::peer_private_data): to say why. More
     /// than [`MAX_PRIVATE_DATA`] bytes is an error, and the request is
-    /// rejected without them.
+    /// rejected without them; so is a rejection rdma_cm refuses (a
+    /// request its peer gave up on, say).
     ///
     /// ```no_run
     /// // Needs an RDMA device and rdma_cm, so it is compiled but not run here.
@@ -1246,17 +1247,21 @@ impl CmRequest {
     /// ```
     pub fn reject_with(mut self, private_data: &[u8]) -> Result<(), Error> {
         check_private(private_data)?;
-        if let Some(id) = self.id.take() {
-            // SAFETY: a pending request may be rejected once (the id is
-            // taken, so the drop does not reject it again); the private
-            // data lives across the call, and its length fits a u8.
-            unsafe {
-                rdma_sys::rdma_reject(
-                    id.id,
-                    private_data.as_ptr().cast(),
-                    private_data.len() as u8,
-                )
-            };
+        let Some(id) = self.id.take() else {
+            return Ok(());
+        };
+        // SAFETY: a pending request may be rejected once (the id is
+        // taken, so the drop does not reject it again); the private data
+        // lives across the call, and its length fits a u8.
+        let rejected = unsafe {
+            rdma_sys::rdma_reject(
+                id.id,
+                private_data.as_ptr().cast(),
+                private_data.len() as u8,
+            )
+        };
+        if rejected != 0 {
+            return Err(cm_error("rdma_reject"));
         }
         Ok(())
     }

@@ -274,35 +274,50 @@ impl SessionHost<VerbsQp> {
     /// `addr` (TCP handshake).
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
         let reservation = self.reserve()?;
-        let stream = tcp::dial(addr, self.config().connect_timeout)?;
-        self.handshake(stream, Ok(reservation))
+        // One deadline for the dial and the handshake: the room reserved
+        // is held no longer than the connect timeout.
+        let deadline = Deadline::after(self.config().connect_timeout);
+        let stream = tcp::dial(addr, deadline.remaining())?;
+        self.handshake(stream, Some(reservation), deadline)
     }
 
-    /// The session protocol over an open TCP stream: greetings (our hello,
-    /// or that this host is full, as `reservation` says), endpoints,
-    /// connect, receives posted, ready. The stream stays open for the
-    /// session's life: its end tells either side that the other's process
-    /// is gone.
+    /// The session protocol over an open TCP stream: greetings, endpoints,
+    /// connect, receives posted, ready. The connecting side holds its
+    /// `reservation` and greets first; the accepting side (`None`) takes
+    /// its room once the peer has greeted it, and answers with its hello,
+    /// or that the host is full. Every step is done by `deadline`: a peer
+    /// that answers each just in time cannot hold an accept's handshake
+    /// for a timeout per step. The stream stays open for the session's
+    /// life: its end tells either side that the other's process is gone.
     fn handshake(
         &self,
         mut stream: TcpStream,
-        reservation: Result<Reservation<'_, VerbsQp>, SessionError>,
+        reservation: Option<Reservation<'_, VerbsQp>>,
+        deadline: Deadline,
     ) -> Result<Session<VerbsQp>, SessionError> {
         let config = *self.config();
-        // One deadline for every step: a peer that answers each just in
-        // time cannot hold an accept's handshake for a timeout per step.
-        let deadline = Deadline::after(config.connect_timeout);
         // Greetings come first, so that a full host, or a peer that sends
-        // garbage, costs the other side no queue pair.
-        let ours = match &reservation {
-            Ok(_) => Greeting::Hello(config.hello()),
-            Err(_) => Greeting::HostFull {
-                most: self.max_sessions() as u32,
-            },
+        // garbage, costs the other side no queue pair; and a peer that
+        // connects and says nothing holds none of the host's room.
+        let (reservation, theirs) = match reservation {
+            Some(reservation) => {
+                send_greeting(&mut stream, Greeting::Hello(config.hello()))?;
+                (reservation, read_greeting(&mut stream, deadline)?)
+            }
+            None => {
+                let theirs = read_greeting(&mut stream, deadline)?;
+                let reservation = self.reserve();
+                let ours = match &reservation {
+                    Ok(_) => Greeting::Hello(config.hello()),
+                    Err(_) => Greeting::HostFull {
+                        most: self.max_sessions() as u32,
+                    },
+                };
+                let sent = send_greeting(&mut stream, ours);
+                (reservation?, sent.map(|()| theirs)?)
+            }
         };
-        let theirs = greet(&mut stream, ours, deadline);
-        let reservation = reservation?;
-        let peer = match theirs? {
+        let peer = match theirs {
             Greeting::Hello(peer) => peer,
             Greeting::HostFull { most } => {
                 return Err(SessionError::HostFull {
@@ -335,19 +350,18 @@ impl SessionHost<VerbsQp> {
     }
 }
 
-/// Greetings: ours out, the peer's in.
-fn greet(
-    stream: &mut TcpStream,
-    ours: Greeting,
-    deadline: Deadline,
-) -> Result<Greeting, SessionError> {
-    // A fresh socket's 12 bytes fit its buffer: the write does not wait.
+/// Sends our greeting. A fresh socket's 12 bytes fit its buffer: the
+/// write does not wait.
+fn send_greeting(stream: &mut TcpStream, ours: Greeting) -> Result<(), SessionError> {
     stream
         .write_all(&ours.encode())
-        .map_err(|e| tcp::io_error("sending the session hello", e, 0, HELLO_LEN))?;
+        .map_err(|e| tcp::io_error("sending the session hello", e, 0, HELLO_LEN).into())
+}
+
+/// Reads the peer's greeting by `deadline`. Its error says whether the
+/// peer went silent (`HandshakeTimeout`) or went away.
+fn read_greeting(stream: &mut TcpStream, deadline: Deadline) -> Result<Greeting, SessionError> {
     let mut bytes = [0u8; HELLO_LEN];
-    // Its error says whether the peer went silent (`HandshakeTimeout`) or
-    // went away.
     tcp::read_exact(
         stream,
         &mut bytes,
@@ -357,13 +371,15 @@ fn greet(
     Greeting::decode(&bytes).map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))
 }
 
-/// Whether a handshake failed through its peer's doing, not ours.
+/// Whether a handshake failed through its peer's doing, or for want of
+/// room while other handshakes held it, not through a fault of ours.
 fn peer_failed(e: &SessionError) -> bool {
     matches!(
         e,
         SessionError::Protocol(_)
             | SessionError::Disconnected(_)
             | SessionError::Timeout(_)
+            | SessionError::HostFull { .. }
             | SessionError::Device(
                 Error::Handshake { .. } | Error::HandshakeTimeout { .. } | Error::Malformed { .. }
             )
@@ -451,7 +467,10 @@ impl SessionListener<VerbsQp> {
         };
         let host = self.host.clone();
         listener
-            .accept(move |(stream, _)| host.handshake(stream, host.reserve()))
+            .accept(move |(stream, _)| {
+                let deadline = Deadline::after(host.config().connect_timeout);
+                host.handshake(stream, None, deadline)
+            })
             .map_err(|e| SessionError::Connect(e.to_string()))
     }
 }

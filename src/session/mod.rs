@@ -215,8 +215,11 @@ pub struct SessionConfig {
     /// full queues (its receives and its send queue), so no number of
     /// sessions, idle or busy, starves another of completion queue room;
     /// a handshake beyond is refused with [`SessionError::HostFull`], on
-    /// both sides: a full host tells its peer so in place of its hello
-    /// (where one session's queues are so
+    /// both sides: a full host tells its peer so in place of its hello.
+    /// A connecting handshake holds its room from before it dials; an
+    /// accepted one from the peer's hello (a peer that connects and says
+    /// nothing holds none), each until it ends, within the connect
+    /// timeout (where one session's queues are so
     /// deep that the most the device's queue holds, at most 65536 entries,
     /// fits fewer, at that many: [`SessionHost::max_sessions`] says). The
     /// completion queue grows with it: about 322 entries per session by
@@ -387,9 +390,9 @@ pub enum SessionError {
     Connect(String),
     /// A host holds its most sessions already
     /// ([`SessionConfig::max_sessions`], handshakes under way included):
-    /// this side's (`peer: false`: nothing was sent), or the peer's, which
-    /// said so in place of its hello (`peer: true`). Connect again once a
-    /// session there has ended.
+    /// this side's (`peer: false`; connecting, nothing was sent; accepting,
+    /// the peer was told so), or the peer's, which said so in place of its
+    /// hello (`peer: true`). Connect again once a session there has ended.
     #[error(
         "{} host holds its most sessions, {most} (SessionConfig::max_sessions): connect again once one ends",
         if *peer { "the peer's" } else { "this" }

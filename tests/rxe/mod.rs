@@ -48,8 +48,8 @@ pub fn free_port() -> u16 {
 /// with the listener at `addr` (its endpoint) and `pauses.1` over the
 /// second (its ready byte): each in time for a timeout per step longer
 /// than either, the two together not for one of less than their sum.
-/// `hello` is exchanged first, before the endpoints, for protocols that
-/// greet first (sessions). Its queue pair lives on [`device`]; the thread hands back
+/// `hello` is sent first, and the listener's read, before the endpoints,
+/// for protocols where the connecting side greets first (sessions). Its queue pair lives on [`device`]; the thread hands back
 /// the socket and the queue pair, so that the listener cannot learn of
 /// its end before the test drops them.
 #[allow(dead_code)]
@@ -68,9 +68,9 @@ pub fn pacing_peer(
             .unwrap();
         let mut socket = std::net::TcpStream::connect(addr).unwrap();
         if let Some(hello) = hello {
+            socket.write_all(&hello).unwrap();
             let mut their_hello = vec![0u8; hello.len()];
             socket.read_exact(&mut their_hello).unwrap();
-            socket.write_all(&hello).unwrap();
         }
         let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
         socket.read_exact(&mut theirs).unwrap();
