@@ -186,8 +186,10 @@ impl RegionAllocator {
         if layout.size() == 0 {
             return Err(Error::EmptyBuffer);
         }
-        // A scatter/gather element's length is 32 bits.
-        if u32::try_from(layout.size()).is_err() {
+        // No operation carries more (a scatter/gather element's length is
+        // 32 bits, a message's at most 2^31 bytes): a larger region could
+        // be allocated, and used by no operation whole.
+        if layout.size() > crate::op::MAX_MESSAGE_LEN {
             return Err(Error::TooLong {
                 len: layout.size(),
                 max: crate::op::MAX_MESSAGE_LEN,
@@ -538,6 +540,12 @@ mod tests {
         assert!(matches!(
             regions.alloc(Layout::from_size_align(1 << 40, 8).unwrap()),
             Err(Error::TooLong { .. })
+        ));
+        // Past the largest message, though a scatter/gather element's
+        // 32 bits would hold it: no operation could use it whole.
+        assert!(matches!(
+            regions.alloc(Layout::from_size_align((1 << 31) + 1, 8).unwrap()),
+            Err(Error::TooLong { max, .. }) if max == crate::op::MAX_MESSAGE_LEN
         ));
         assert!(
             RegionAllocator::new(Arc::new(SoftDevice::new().alloc_pd()), usize::MAX - 10).is_err()

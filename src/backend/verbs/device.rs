@@ -334,8 +334,10 @@ impl VerbsDevice {
     }
 
     /// A new RC queue pair in INIT (receives may be posted), with a
-    /// completion queue of its own (`config.completion_entries()` deep),
-    /// which [`Ring::new`](crate::ring::Ring::new) takes.
+    /// completion queue of its own (`config.completion_entries()` deep, or
+    /// the device's most, `max_cqe`, if that is fewer: the ring then keeps
+    /// no more work in flight than the queue holds), which
+    /// [`Ring::new`](crate::ring::Ring::new) takes.
     pub fn create_qp(&self, pd: &VerbsPd, config: QpConfig) -> Result<VerbsQp, Error> {
         let cq = self.create_cq(config.completion_entries().min(self.inner.limits.max_cqe))?;
         Ok(VerbsQp::new(pd, &cq, None, config)?.with_own_cq(cq))
