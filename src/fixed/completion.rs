@@ -203,8 +203,10 @@ impl FixedCompletion {
     /// is known, a handle that names nothing (as
     /// [`FixedRing::qp_error`](super::FixedRing::qp_error) reports): a
     /// receive handed back unconsumed when its queue was removed, closed,
-    /// refused or never posted, or one whose queue pair was detached
-    /// before its completion was reaped.
+    /// refused or never posted, one whose queue pair was detached before
+    /// its completion was reaped, or a flush naming the number of a queue
+    /// pair detached from its queue, which a queue pair attached since took
+    /// over (the flush may be a late one of the detached queue pair's).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair};

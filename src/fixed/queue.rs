@@ -157,6 +157,9 @@ pub(super) struct AttachedQp<Q> {
     pub(super) handle: super::FixedQp,
     /// The slot of the shared receive queue its receives come from.
     pub(super) srq: Option<u32>,
+    /// A queue pair detached from that queue had its number: a flush
+    /// naming it may be a late one of that queue pair's.
+    pub(super) reused_number: bool,
     pub(super) limits: Limits,
     /// Sends the ring lets be outstanding: the send queue's depth less the
     /// drain marker's place.

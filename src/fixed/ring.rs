@@ -292,9 +292,10 @@ impl<Q: QueuePair> FixedRing<Q> {
             len: 0,
             kind: OpKind::Send,
         };
+        let mut reused_number = false;
         if let Some(srq) = srq {
             self.consumers.insert(caps.qp_num, index as u32);
-            self.srqs[srq as usize]
+            reused_number = self.srqs[srq as usize]
                 .as_mut()
                 .expect("found by attach_place")
                 .join(caps.qp_num);
@@ -303,6 +304,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             qpn: caps.qp_num,
             handle,
             srq,
+            reused_number,
             limits: Limits::send(&caps).within_slots(self.bufs.slot_len()),
             send_depth: u64::from(send_depth),
             recv_depth: u64::from(caps.max_recv_wr),

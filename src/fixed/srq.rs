@@ -71,11 +71,12 @@ pub(super) struct AttachedSrq<S> {
     sges: Vec<Sge>,
     /// How many attached queue pairs take its receives.
     pub(super) attached: usize,
-    /// Numbers of queue pairs detached from it, or announced on it and not
-    /// attached yet ([`FixedRing::expect_on_srq`]), whose receives may be
-    /// reported (the latest [`FORMER_KEPT`]), until the device says they
-    /// took their last, one is attached, or the queue is removed.
-    former: VecDeque<u32>,
+    /// Numbers of queue pairs detached from it (`true`), or announced on
+    /// it and not attached yet ([`FixedRing::expect_on_srq`]), whose
+    /// receives may be reported (the latest [`FORMER_KEPT`]), until the
+    /// device says they took their last, one is attached, or the queue is
+    /// removed.
+    former: VecDeque<(u32, bool)>,
     /// How the ring keeps it topped up from its free slots, if it does.
     pub(super) refill: Option<ActiveRefill>,
 }
@@ -84,33 +85,45 @@ pub(super) struct AttachedSrq<S> {
 const FORMER_KEPT: usize = 1024;
 
 impl<S> AttachedSrq<S> {
-    pub(super) fn join(&mut self, qpn: u32) {
+    /// Queue pair `qpn` is attached: its number now names it. Returns
+    /// whether a queue pair detached from this queue had the number
+    /// (whose late flushes may still come, naming it).
+    pub(super) fn join(&mut self, qpn: u32) -> bool {
         self.attached += 1;
-        // Its number now names it: what a former holder of the number
-        // left can no longer be told apart.
-        self.former.retain(|&n| n != qpn);
+        let reused = self
+            .former
+            .iter()
+            .any(|&(n, detached)| n == qpn && detached);
+        self.former.retain(|&(n, _)| n != qpn);
+        reused
     }
 
     pub(super) fn leave(&mut self, qpn: u32) {
         self.attached -= 1;
-        self.remember(qpn);
+        self.remember(qpn, true);
     }
 
-    /// Remembers `qpn` as a queue pair on this queue, not attached, whose
-    /// receives may be reported.
-    fn remember(&mut self, qpn: u32) {
-        if self.former.contains(&qpn) {
+    /// Remembers `qpn` as a queue pair on this queue, not attached
+    /// (`detached`, or announced), whose receives may be reported.
+    fn remember(&mut self, qpn: u32, detached: bool) {
+        if let Some(known) = self.former.iter_mut().find(|(n, _)| *n == qpn) {
+            known.1 |= detached;
             return;
         }
         if self.former.len() == FORMER_KEPT {
             self.former.pop_front();
         }
-        self.former.push_back(qpn);
+        self.former.push_back((qpn, detached));
+    }
+
+    /// Whether `qpn` is remembered.
+    fn had(&self, qpn: u32) -> bool {
+        self.former.iter().any(|&(n, _)| n == qpn)
     }
 
     /// Forgets a detached queue pair that will report nothing more.
     fn forget_former(&mut self, qpn: u32) {
-        self.former.retain(|&n| n != qpn);
+        self.former.retain(|&(n, _)| n != qpn);
     }
 
     /// Receives posted and not handed back.
@@ -266,16 +279,22 @@ pub(super) fn complete_srq<Q, S>(
         .find(cqe.qp_num)
         .and_then(|at| qps.get_mut(at)?.as_mut())
         .filter(|slot| slot.srq == Some(index as u32));
-    if qp.is_none() && !srq.former.contains(&cqe.qp_num) {
+    if qp.is_none() && !srq.had(cqe.qp_num) {
         return None;
     }
     let entry = srq.receives.take(bits)?;
     let handle = match qp {
+        // Maybe a late flush of a detached queue pair whose number this
+        // one took over: it names neither. Were this one in error, its
+        // own completions and events say so.
+        Some(slot)
+            if cqe.status == WcStatus::WrFlushErr && slot.reused_number && slot.error.is_none() =>
+        {
+            FixedQp::NONE
+        }
         Some(slot) => {
             // Not a flush: a queue pair the device moved to error says so
-            // by its own completions and events, and a flush may be a
-            // late one of a detached queue pair whose number this one
-            // took over.
+            // by its own completions and events.
             if !cqe.status.is_success() && cqe.status != WcStatus::WrFlushErr {
                 slot.error.get_or_insert(cqe.status);
             }
@@ -655,7 +674,7 @@ impl<Q: QueuePair> FixedRing<Q> {
         self.srqs[index]
             .as_mut()
             .expect("found above")
-            .remember(qp_num);
+            .remember(qp_num, false);
         Ok(())
     }
 
@@ -678,11 +697,7 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// from one of the ring's shared receive queues, took: reaps them (so
     /// they are not lost with it) and forgets it. Whether it was one.
     pub(super) fn last_receive_of_former(&mut self, qpn: u32) -> bool {
-        let known = self
-            .srqs
-            .iter()
-            .flatten()
-            .any(|slot| slot.former.contains(&qpn));
+        let known = self.srqs.iter().flatten().any(|slot| slot.had(qpn));
         if !known {
             return false;
         }
