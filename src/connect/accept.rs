@@ -412,10 +412,10 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
     }
 
     /// Like [`accept`](Self::accept), giving up with `None` once `stop`
-    /// says so (asked at `deadline`, whenever something wakes the accept,
-    /// and every [`ACCEPT_TICK`]: wake it with [`waker`](Self::waker)
-    /// when what `stop` says changes); handshakes in progress go on, and
-    /// what they return is handed out by later calls.
+    /// says so (asked whenever something wakes the accept, and every
+    /// [`ACCEPT_TICK`]: wake it with [`waker`](Self::waker) when what
+    /// `stop` says changes) or `deadline` passes; handshakes in progress
+    /// go on, and what they return is handed out by later calls.
     pub(crate) fn accept_until<F>(
         &self,
         handshake: F,
@@ -432,7 +432,7 @@ impl<S: Incoming, T: Send + 'static> HandshakeListener<S, T> {
             }
             // Asked before each attempt is taken: one taken after the stop
             // would be handshaken for nobody.
-            if stop() {
+            if stop() || deadline.is_some_and(|d| d.expired()) {
                 return Ok(None);
             }
             // Beyond the slots, attempts wait in the source's backlog:
@@ -674,6 +674,25 @@ mod tests {
         assert_eq!(listener.slots.running(), 1, "the peer's handshake goes on");
         peer.write_all(b"hi").unwrap();
         assert_eq!(listener.accept(handshake).unwrap().unwrap(), *b"hi");
+    }
+
+    /// An accept whose deadline passes gives up, whatever `stop` says,
+    /// and sleeps until then: it does not spin on a spent deadline.
+    #[test]
+    fn an_accept_gives_up_at_its_deadline() {
+        let listener = listen();
+        let handshake = |_: (TcpStream, SocketAddr)| ();
+        let started = std::time::Instant::now();
+        let deadline = Deadline::after(Duration::from_millis(200));
+        let gave_up = listener.accept_until(handshake, || false, Some(deadline));
+        assert!(gave_up.unwrap().is_none());
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+        assert!(
+            listener.idle_waits.load(Ordering::Relaxed) <= 4,
+            "{} idle waits",
+            listener.idle_waits.load(Ordering::Relaxed)
+        );
     }
 
     /// A socket connected to `addr` from `from` (any 127/8 address is this

@@ -219,7 +219,14 @@ impl CmId {
                 libc::AF_INET6 => {
                     let sin6 = &dst.dst_sin6;
                     let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                    Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+                    // With its scope, so that a link-local peer can be
+                    // reached again.
+                    Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                        ip,
+                        u16::from_be(sin6.sin6_port),
+                        u32::from_be(sin6.sin6_flowinfo),
+                        sin6.sin6_scope_id,
+                    )))
                 }
                 _ => None,
             }
@@ -303,7 +310,8 @@ impl CmId {
     /// on a stale path: rdma_cm said that the network device under this
     /// id changed its address, or the device no longer has the GID the
     /// path named (`ENODATA`: the kernel renews a port's GIDs when its
-    /// address changes; a request's id hears no `ADDR_CHANGE`). The error
+    /// address changes; a request's id may fail so before it hears
+    /// `ADDR_CHANGE`). The error
     /// says so then, and is a failed handshake, which a listener goes on
     /// past. The event looked at is taken whatever it is: the handshake
     /// fails either way.
@@ -1464,15 +1472,19 @@ impl CmQp {
                 "the request was answered already".into(),
             ));
         }
-        ready_qp(&self.id, &self.qp, Some(depths), &self.config)
-            .map_err(|e| self.id.or_stale_path("accepting", e))?;
+        // Failed before the answer went out, the request is still
+        // unanswered: dropped, it is rejected, not disconnected.
+        let unanswered = |err: Error| {
+            self.answered.store(false, Ordering::Release);
+            self.id.or_stale_path("accepting", err)
+        };
+        ready_qp(&self.id, &self.qp, Some(depths), &self.config).map_err(unanswered)?;
         let mut param = conn_param(&self.qp, depths, &self.config, private_data);
         self.confirming.set(true);
         // SAFETY: the request is pending; `param` lives across the call.
         if unsafe { rdma_sys::rdma_accept(self.id.id, &mut param) } != 0 {
             self.confirming.set(false);
-            let err = cm_error("rdma_accept");
-            return Err(self.id.or_stale_path("accepting", err));
+            return Err(unanswered(cm_error("rdma_accept")));
         }
         Ok(())
     }

@@ -271,7 +271,8 @@ pub(crate) fn connect_by(
 }
 
 /// Connects a new queue pair (with a completion queue of its own) to the
-/// peer listening at `addr`: TCP connect, then [`handshake`]. To post
+/// peer listening at `addr`: TCP connect, then [`handshake`], both within
+/// `timeout`. To post
 /// receives before the peer may send, or to put the queue pair on a shared
 /// completion queue, [`dial`] and [`handshake`] yourself.
 ///
@@ -295,9 +296,11 @@ pub fn connect_qp(
     config: crate::backend::QpConfig,
     timeout: Duration,
 ) -> Result<crate::backend::verbs::VerbsQp, Error> {
-    let mut stream = dial(addr, timeout)?;
+    // One deadline for the dial and the handshake.
+    let deadline = Deadline::after(timeout);
+    let mut stream = dial(addr, deadline.remaining())?;
     let qp = dev.create_qp(pd, config)?;
-    handshake(&mut stream, &qp, timeout)?;
+    handshake_by(&mut stream, &qp, deadline)?;
     Ok(qp)
 }
 
