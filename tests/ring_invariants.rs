@@ -1347,3 +1347,50 @@ fn a_detach_out_of_time_takes_every_completion_already_queued() {
     assert!(back.iter().all(|c| c.status() == WcStatus::WrFlushErr));
     assert_eq!(ring.stats().unknown_cqes, 0);
 }
+
+/// A queue pair whose receives the device refuses posts none of the sends
+/// pushed with them (a reply to one must not find its receive refused):
+/// both come back unposted, receives first, and go out when pushed
+/// again.
+#[test]
+fn refused_receives_hold_back_the_sends_pushed_with_them() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let control = qp.control();
+    let mut ring = Ring::new(qp, RingConfig::default());
+    let mut peer = Ring::new(peer, RingConfig::default());
+    let buf = |byte: u8| RegisteredBuf::new(&pd, vec![byte; 8]).unwrap();
+    peer.submission()
+        .push(Recv::new(buf(0)).user_data(9))
+        .unwrap();
+    peer.submit().unwrap();
+    control.refuse_recv_posts(1);
+    ring.submission()
+        .push(Recv::new(buf(0)).user_data(1))
+        .unwrap();
+    ring.submission()
+        .push(Send::new(buf(5)).user_data(2))
+        .unwrap();
+    let refused = ring.submit().unwrap_err();
+    assert_eq!(refused.posted, 0);
+    let back: Vec<u64> = refused.unposted.iter().map(|op| op.user_data).collect();
+    assert_eq!(back, [1, 2]);
+    assert_eq!(control.counters().send_posts, 0, "no send went");
+    assert_eq!(ring.in_flight(), 0);
+    drop(refused);
+    ring.submission()
+        .push(Recv::new(buf(0)).user_data(1))
+        .unwrap();
+    ring.submission()
+        .push(Send::new(buf(5)).user_data(2))
+        .unwrap();
+    assert_eq!(ring.submit().unwrap(), 2);
+    let done = ring.completion().wait(1).unwrap();
+    assert_eq!(
+        (done[0].user_data(), done[0].status()),
+        (2, WcStatus::Success)
+    );
+    let got = peer.completion().wait(1).unwrap();
+    assert_eq!(got[0].user_data(), 9);
+}

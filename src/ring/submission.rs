@@ -75,7 +75,9 @@ impl<Q: QueuePair> SubmissionQueue<'_, Q> {
     /// the ring: one linked list per queue with work, one doorbell each.
     /// Returns how many work requests were posted. If a device refuses part
     /// of a list, the operations from the refused one on come back in the
-    /// error (the other queues' posts go ahead).
+    /// error (the other queues' posts go ahead). A queue pair's receives
+    /// go before its sends, and its sends only if every receive went: a
+    /// reply to a send must not find its receive refused.
     pub fn submit(&mut self) -> Result<usize, SubmitError> {
         self.ring.submit_all()
     }
@@ -185,6 +187,13 @@ impl Posting {
         match &mut self.failure {
             Some((_, list)) => list.extend(unposted),
             None => self.failure = Some((error, unposted)),
+        }
+    }
+
+    /// Operations not posted because of a refusal already noted.
+    fn hold_back(&mut self, unposted: Vec<Unposted>) {
+        if let Some((_, list)) = &mut self.failure {
+            list.extend(unposted);
         }
     }
 
@@ -399,9 +408,19 @@ impl<Q: QueuePair> Ring<Q> {
         slot.dirty = false;
         let slot = if slot.pending_recv.is_empty() {
             slot
-        } else {
-            self.submit_recvs(qp, posting);
+        } else if self.submit_recvs(qp, posting) {
             self.qps.get_mut(qp).expect("a live queue pair")
+        } else {
+            // Receives first, and sends only if they all went: a request
+            // and the receive for its reply pushed in one submit must not
+            // let the reply find no receive. The sends come back unposted
+            // with the receives.
+            let held = self.hand_back_from(qp, 0, |slot| &mut slot.pending_send);
+            if let Some(slot) = self.qps.get_mut(qp) {
+                slot.send_sges.clear();
+            }
+            posting.hold_back(held);
+            return;
         };
         if !slot.pending_send.is_empty() {
             let last = slot.pending_send.last_mut().expect("not empty");
@@ -475,7 +494,8 @@ impl<Q: QueuePair> Ring<Q> {
     }
 
     /// Posts queue pair `qp`'s pending receives with one doorbell.
-    fn submit_recvs(&mut self, qp: Key, posting: &mut Posting) {
+    /// Returns whether the device took them all.
+    fn submit_recvs(&mut self, qp: Key, posting: &mut Posting) -> bool {
         let slot = self.qps.get_mut(qp).expect("a live queue pair");
         // SAFETY: each receive names exactly the bytes of the buffers the
         // slab holds until the receive's completion is reaped; on a failed
@@ -502,8 +522,10 @@ impl<Q: QueuePair> Ring<Q> {
         if let Err(PostError { error, .. }) = result {
             let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_recv);
             posting.refused(error, unposted);
+            false
         } else {
             slot.pending_recv.clear();
+            true
         }
     }
 

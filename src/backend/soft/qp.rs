@@ -118,6 +118,10 @@ unsafe impl QueuePair for SoftQp {
             .qp(qpn)
             .ok_or_else(|| refuse(0, "queue pair destroyed"))?;
         qp.counters.recv_posts += 1;
+        if qp.refuse_recv_posts > 0 {
+            qp.refuse_recv_posts -= 1;
+            return Err(refuse(0, REFUSED_POST));
+        }
         if qp.srq.is_some() {
             return Err(refuse(
                 0,
@@ -224,6 +228,35 @@ impl QpControl {
     pub fn refuse_posts(&self, n: u32) {
         if let Some(qp) = self.shared.lock().qp(self.qpn) {
             qp.refuse_posts = n;
+        }
+    }
+
+    /// The next `n` posts of receive work requests are refused whole, as
+    /// [`refuse_posts`](Self::refuse_posts) refuses sends. A ring posts a
+    /// queue pair's sends only if its receives went, so a send pushed with
+    /// them comes back too.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig};
+    /// # use rdma_ring::buf::RegisteredBuf;
+    /// # use rdma_ring::op::{Recv, Send};
+    /// # use rdma_ring::ring::{Ring, RingConfig};
+    /// let dev = SoftDevice::new();
+    /// let pd = dev.alloc_pd();
+    /// let (qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    /// let control = qp.control();
+    /// let mut ring = Ring::new(qp, RingConfig::default());
+    /// let buf = || RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+    /// control.refuse_recv_posts(1);
+    /// ring.submission().push(Recv::new(buf())).unwrap();
+    /// ring.submission().push(Send::new(buf())).unwrap();
+    /// let refused = ring.submit().unwrap_err();
+    /// assert_eq!((refused.posted, refused.unposted.len()), (0, 2));
+    /// assert_eq!(control.counters().send_posts, 0);
+    /// ```
+    pub fn refuse_recv_posts(&self, n: u32) {
+        if let Some(qp) = self.shared.lock().qp(self.qpn) {
+            qp.refuse_recv_posts = n;
         }
     }
 

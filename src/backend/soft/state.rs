@@ -232,6 +232,8 @@ pub(super) struct QpEntry {
     pub(super) fault: Option<(u64, WcStatus)>,
     /// Send posts still to refuse, as a NIC out of resources does.
     pub(super) refuse_posts: u32,
+    /// Receive posts still to refuse, the same way.
+    pub(super) refuse_recv_posts: u32,
     /// While set, the successful completions of its signaled sends wait
     /// here, in order, as a requester's do for a late or lost ACK.
     pub(super) held_acks: Option<VecDeque<(RawCompletion, SlotRelease)>>,
@@ -261,6 +263,7 @@ impl QpEntry {
             rnr: None,
             fault: None,
             refuse_posts: 0,
+            refuse_recv_posts: 0,
             held_acks: None,
             counters: QpCounters::default(),
         }
