@@ -440,3 +440,35 @@ fn an_awaited_receive_used_by_a_write_with_immediate_holds_nothing() {
     assert_eq!((got.len, got.written, got.imm), (0, 4096, Some(9)));
     assert!(buf[..got.len].is_empty());
 }
+
+/// A submit through `with_ring` posts the coalesced operations waiting
+/// for a doorbell, and the adapter knows it: their futures' first polls
+/// do not yield for a doorbell that already rang.
+#[test]
+fn a_locked_submit_rings_the_coalesced_operations_doorbell() {
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::ring::{Ring, RingConfig};
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (qp, _peer) = dev
+        .connected_pair(&pd, &pd, rdma_ring::backend::QpConfig::default())
+        .unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+    let ring = AsyncRing::new(Ring::new(qp, RingConfig::default()), Wakeup::Busy).unwrap();
+    ring.coalesce_doorbells(true);
+    let mut write = Box::pin(ring.write(
+        RegisteredBuf::new(&pd, vec![3u8; 8]).unwrap(),
+        target.remote(),
+    ));
+    assert_eq!(ring.with_ring(|r| r.stats().doorbells), 0, "deferred");
+    assert_eq!(ring.with_ring(|mut r| r.submit().unwrap()), 1);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(
+        matches!(write.as_mut().poll(&mut cx), Poll::Ready((Ok(8), _))),
+        "done at the first poll"
+    );
+}

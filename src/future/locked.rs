@@ -25,6 +25,9 @@ use crate::ring::Ring;
 /// ```
 pub struct LockedRing<'a, Q: QueuePair> {
     pub(super) ring: &'a mut Ring<Q>,
+    /// The adapter's count of coalesced operations waiting for a
+    /// doorbell, which a submit here posts.
+    pub(super) deferred: &'a std::sync::atomic::AtomicUsize,
 }
 
 impl<Q: QueuePair> LockedRing<'_, Q> {
@@ -60,6 +63,9 @@ impl<Q: QueuePair> LockedRing<'_, Q> {
 
     /// Posts everything pushed since the last submit, on every queue.
     pub fn submit(&mut self) -> Result<usize, crate::ring::SubmitError> {
+        // What waited for a doorbell goes out now: no future need wait a
+        // round of the executor for it.
+        self.deferred.store(0, std::sync::atomic::Ordering::Release);
         self.ring.submit()
     }
 

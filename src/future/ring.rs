@@ -291,7 +291,12 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
     /// assert_eq!(ring.with_ring(|r| r.stats().doorbells), 0);
     /// ```
     pub fn with_ring<R>(&self, f: impl FnOnce(LockedRing<'_, Q>) -> R) -> R {
-        self.shared.with(|ring| f(LockedRing { ring }))
+        self.shared.with(|ring| {
+            f(LockedRing {
+                ring,
+                deferred: &self.shared.deferred,
+            })
+        })
     }
 
     /// A stream of the completions of operations pushed through
