@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(&hello.encode()[..], data, "{hello:?} has another encoding");
     }
     if let Ok(greeting) = Greeting::decode(data) {
-        assert_eq!(&greeting.encode()[..], data, "{greeting:?} has another encoding");
+        assert_eq!(
+            &greeting.encode()[..],
+            data,
+            "{greeting:?} has another encoding"
+        );
     }
     let Ok((trailer, message)) = decode(data) else {
         return;
