@@ -1011,16 +1011,15 @@ async fn a_grant_whose_lease_ends_before_it_can_go_is_refused_instead() {
         };
         peer.wire.send(ask.encode(0, 0));
     }
-    // Every control message the session sends, in order, with how many
-    // messages came so far.
+    // Every control message the session sends, acks included, in order,
+    // with how many messages came so far.
     let mut received = 0u32;
     let mut arrived = std::collections::VecDeque::<Vec<u8>>::new();
     let mut next_control = |wire: &mut Wire| loop {
-        while let Some(bytes) = arrived.pop_front() {
+        if let Some(bytes) = arrived.pop_front() {
             received += 1;
             match decode(&bytes).unwrap().1 {
-                Message::Control(Control::Ack) => {}
-                Message::Control(other) => return (other, received),
+                Message::Control(control) => return (control, received),
                 other => panic!("expected a control message, got {other:?}"),
             }
         }
@@ -1033,13 +1032,23 @@ async fn a_grant_whose_lease_ends_before_it_can_go_is_refused_instead() {
     };
     // We report none of the session's messages processed: it keeps the
     // last of the 16 receives our hello announced for an ack, so 15
-    // grants go and the 16th answer waits.
+    // messages go (grants, and acks between them) and the rest wait.
+    let mut granted = Vec::new();
     let mut seen = 0;
-    for _ in 0..15 {
+    while seen < 15 {
         let (answer, count) = next_control(&mut peer.wire);
-        assert!(matches!(answer, Control::AllocGrant { .. }), "{answer:?}");
+        match answer {
+            Control::Ack => {}
+            Control::AllocGrant { request, .. } => granted.push(request),
+            other => panic!("expected a grant, got {other:?}"),
+        }
         seen = count;
     }
+    assert!(granted.len() < 16, "some answer waits");
+    assert!(
+        granted.iter().copied().eq(1..=granted.len() as u64),
+        "{granted:?}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..8 {
         let buf = RegisteredBuf::new(&*peer.wire.pd, vec![0u8; 4096 + 16]).unwrap();
@@ -1047,14 +1056,22 @@ async fn a_grant_whose_lease_ends_before_it_can_go_is_refused_instead() {
     }
     peer.wire.ring.submit().unwrap();
     peer.wire.send(Control::Ack.encode(seen, 0));
-    let (answer, _) = next_control(&mut peer.wire);
-    assert_eq!(
-        answer,
-        Control::AllocRefuse {
-            request: 16,
-            reason: RefuseReason::LeaseEnded
-        }
-    );
+    // Each answer that waited past its lease is a refusal, in order.
+    for request in granted.len() as u64 + 1..=16 {
+        let answer = loop {
+            match next_control(&mut peer.wire).0 {
+                Control::Ack => {}
+                answer => break answer,
+            }
+        };
+        assert_eq!(
+            answer,
+            Control::AllocRefuse {
+                request,
+                reason: RefuseReason::LeaseEnded
+            }
+        );
+    }
     assert!(peer.session.failure().is_none());
 }
 

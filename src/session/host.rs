@@ -47,6 +47,8 @@ pub(crate) struct HostShared<Q: QueuePair + Send + 'static> {
     pub(super) pump: Mutex<Option<Thread>>,
     /// The device, for making queue pairs (a soft or verbs fabric).
     pub(super) fabric: Box<dyn std::any::Any + Send + Sync>,
+    /// Makes the regions peers ask for, off the pump's thread.
+    pub(super) granter: super::granter::Granter<Q>,
 }
 
 /// The host's queue pairs: sessions, and those still connecting, whose
@@ -200,6 +202,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             abandoned: AtomicBool::new(false),
             pump: Mutex::new(None),
             fabric,
+            granter: super::granter::Granter::new(),
         });
         let pump_shared = Arc::clone(&shared);
         let pump = std::thread::Builder::new()

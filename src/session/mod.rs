@@ -133,6 +133,7 @@
 
 mod connection;
 pub mod flow;
+mod granter;
 mod host;
 #[cfg(feature = "verbs")]
 mod listener;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures_core::Stream;
 
+use super::granter::Wanted;
 use super::host::{HostShared, CLOSE, CONTROL, RECV};
 use super::state::{Arrived, Lent, Request, SessionShared, SessionState};
 use super::wire::{self, Control, Message, RefuseReason, RegionDescriptor};
@@ -328,13 +329,22 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             size,
             align,
             rights,
-        } => {
-            let answer = match grant(host, st, size, align, rights) {
-                Ok(region) => Control::AllocGrant { request, region },
-                Err(reason) => Control::AllocRefuse { request, reason },
-            };
-            st.outbox.push_back(answer);
-        }
+        } => match admit_grant(host, st, size, align, rights) {
+            // Made by the granter: answered once it is.
+            Ok((layout, charge)) => {
+                st.granting += 1;
+                st.granting_bytes += charge;
+                st.wanted.push_back(Wanted {
+                    request,
+                    layout,
+                    rights,
+                    charge,
+                });
+            }
+            Err(reason) => st
+                .outbox
+                .push_back(Control::AllocRefuse { request, reason }),
+        },
         Control::AllocGrant { request, region } => match st.requests.get(&request) {
             Some(&Request::Waiting { size, rights, .. }) => {
                 if region.remote.len() < size || !region.remote.rights().contains(rights) {
@@ -411,14 +421,15 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
     Ok(())
 }
 
-/// A region for the peer's request, exposed with exactly `rights`.
-fn grant<Q: QueuePair + std::marker::Send + 'static>(
+/// Whether the peer's request may have a region, with what it takes of
+/// the peer's quota: its layout and charge.
+fn admit_grant<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
-    st: &mut SessionState,
+    st: &SessionState,
     size: u64,
     align: u32,
     rights: crate::buf::RemoteAccess,
-) -> Result<RegionDescriptor, RefuseReason> {
+) -> Result<(Layout, u64), RefuseReason> {
     let config = &host.config;
     if st.closing {
         return Err(RefuseReason::Closing);
@@ -434,21 +445,16 @@ fn grant<Q: QueuePair + std::marker::Send + 'static>(
     // What the allocator will take, not what was asked: a byte aligned to
     // a page takes a page.
     let charge = crate::buf::footprint(layout).ok_or(RefuseReason::TooLarge)? as u64;
-    let held = st.lent_bytes + st.returned_bytes;
+    // Grants being made count as lent.
+    let held = st.lent_bytes + st.returned_bytes + st.granting_bytes;
     // Grants handed back carry their charge; our user's own lends, back,
     // carry none (and are bounded on our side).
     let handed_back = st.returned.iter().filter(|(_, charge)| *charge > 0).count();
-    if held + charge > config.max_remote_total || st.lent.len() + handed_back >= MAX_LENT_REGIONS {
+    let regions = st.lent.len() + handed_back + st.granting;
+    if held + charge > config.max_remote_total || regions >= MAX_LENT_REGIONS {
         return Err(RefuseReason::Quota);
     }
-    // Zeroed: a freed region's old bytes must not reach the peer.
-    let region = host
-        .regions
-        .alloc_zeroed(layout)
-        .map_err(|_| RefuseReason::OutOfMemory)?;
-    let exposed =
-        ExposedBuf::new(&*host.pd, region, rights).map_err(|_| RefuseReason::OutOfMemory)?;
-    Ok(lend(st, exposed, config.lease, true, charge))
+    Ok((layout, charge))
 }
 
 /// Records `exposed` as lent to the peer, counting `charge` against its
@@ -559,6 +565,9 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         expire(&mut st, now);
     }
     if st.failure.is_none() {
+        while let Some(wanted) = st.wanted.pop_front() {
+            host.granter.grant(s, &mut st, wanted);
+        }
         repost_owed(host, s, &mut st);
         flush(host, s, &mut st);
     }

@@ -1,0 +1,183 @@
+//! The granter: a host's thread that makes the regions peers ask for —
+//! allocated, zeroed and registered, up to `max_remote_region` each — so
+//! that a peer asking for large regions in a loop keeps the pump, which
+//! serves every session of the host, no busier than its messages do.
+
+use std::alloc::Layout;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+
+use super::host::HostShared;
+use super::state::{SessionShared, SessionState};
+use super::wire::{Control, RefuseReason};
+use crate::backend::QueuePair;
+use crate::buf::{ExposedBuf, Region, RemoteAccess};
+
+/// A region a peer asked for, admitted against its quota (counted in
+/// `granting` until it is made), to be made and answered.
+pub(super) struct Wanted {
+    pub(super) request: u64,
+    pub(super) layout: Layout,
+    pub(super) rights: RemoteAccess,
+    pub(super) charge: u64,
+}
+
+struct Job<Q: QueuePair + Send + 'static> {
+    session: Arc<SessionShared<Q>>,
+    wanted: Wanted,
+}
+
+/// The host's granter thread, started at the first grant. It ends when the
+/// host does (its channel closes).
+pub(super) struct Granter<Q: QueuePair + Send + 'static> {
+    jobs: Mutex<Option<Sender<Job<Q>>>>,
+    /// Held by a test to keep grants from being made.
+    #[cfg(test)]
+    pub(super) hold: Arc<Mutex<()>>,
+}
+
+impl<Q: QueuePair + Send + 'static> Granter<Q> {
+    pub(super) fn new() -> Self {
+        Granter {
+            jobs: Mutex::new(None),
+            #[cfg(test)]
+            hold: Arc::default(),
+        }
+    }
+
+    /// Hands `wanted` of `session` to the granter thread; if there is
+    /// none and none can be started, makes it here, answering into `st`
+    /// (the session's state, which the caller holds).
+    pub(super) fn grant(
+        &self,
+        session: &Arc<SessionShared<Q>>,
+        st: &mut SessionState,
+        wanted: Wanted,
+    ) {
+        let job = Job {
+            session: Arc::clone(session),
+            wanted,
+        };
+        let Err(job) = self.send(job) else {
+            return;
+        };
+        let made = make(&session.host, &job.wanted);
+        answer(&session.host, st, job.wanted, made);
+    }
+
+    fn send(&self, job: Job<Q>) -> Result<(), Job<Q>> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.is_none() {
+            let (tx, rx) = channel::<Job<Q>>();
+            #[cfg(test)]
+            let hold = Arc::clone(&self.hold);
+            let started = std::thread::Builder::new()
+                .name("rdma-ring-session-granter".into())
+                .spawn(move || {
+                    for job in rx {
+                        #[cfg(test)]
+                        drop(hold.lock().unwrap_or_else(|p| p.into_inner()));
+                        let made = make(&job.session.host, &job.wanted);
+                        let host = &job.session.host;
+                        let mut st = job.session.lock();
+                        answer(host, &mut st, job.wanted, made);
+                        st.changed();
+                        drop(st);
+                        host.nudge();
+                    }
+                });
+            if started.is_err() {
+                return Err(job);
+            }
+            *jobs = Some(tx);
+        }
+        let tx = jobs.as_ref().expect("set above");
+        tx.send(job).map_err(|refused| refused.0)
+    }
+}
+
+/// The region for `wanted`, zeroed (a freed region's old bytes must not
+/// reach the peer) and exposed with exactly its rights.
+fn make<Q: QueuePair + Send + 'static>(
+    host: &HostShared<Q>,
+    wanted: &Wanted,
+) -> Result<ExposedBuf<Region>, RefuseReason> {
+    let region = host
+        .regions
+        .alloc_zeroed(wanted.layout)
+        .map_err(|_| RefuseReason::OutOfMemory)?;
+    ExposedBuf::new(&*host.pd, region, wanted.rights).map_err(|_| RefuseReason::OutOfMemory)
+}
+
+/// Answers `wanted` with what was `made`: lent to the peer and granted, or
+/// refused. A session closed meanwhile refuses; one that failed answers
+/// nothing. Either way its admission leaves the quota.
+fn answer<Q: QueuePair + Send + 'static>(
+    host: &HostShared<Q>,
+    st: &mut SessionState,
+    wanted: Wanted,
+    made: Result<ExposedBuf<Region>, RefuseReason>,
+) {
+    st.granting -= 1;
+    st.granting_bytes -= wanted.charge;
+    if st.failure.is_some() {
+        return; // `made` goes: deregistered and freed
+    }
+    let request = wanted.request;
+    let control = match made {
+        Ok(_) if st.closing => Control::AllocRefuse {
+            request,
+            reason: RefuseReason::Closing,
+        },
+        Ok(exposed) => Control::AllocGrant {
+            request,
+            region: super::pump::lend(st, exposed, host.config.lease, true, wanted.charge),
+        },
+        Err(reason) => Control::AllocRefuse { request, reason },
+    };
+    st.outbox.push_back(control);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::Layout;
+    use std::time::Duration;
+
+    use crate::backend::soft::SoftDevice;
+    use crate::buf::BaseBuf;
+    use crate::session::{SessionConfig, SessionHost};
+
+    /// While a region one peer asked for is being made, the host's other
+    /// sessions go on: the pump, which serves them all, does not make it.
+    #[test]
+    fn a_grant_being_made_holds_up_no_other_session() {
+        let dev = SoftDevice::new();
+        let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+        let (asking, _granting) = host.connect_soft(&host).unwrap();
+        let (b, b_peer) = host.connect_soft(&host).unwrap();
+        let held = host.shared.granter.hold.lock().unwrap();
+        let (got, granted) = std::sync::mpsc::channel();
+        let asker = std::thread::spawn(move || {
+            let layout = Layout::from_size_align(1 << 20, 64).unwrap();
+            let region = futures::executor::block_on(asking.request_remote_mr(layout));
+            got.send(region.map(|r| r.remote().len())).unwrap();
+        });
+        // The other session's message goes and comes, the grant held.
+        let mut msg = b
+            .alloc_local_mr(Layout::from_size_align(8, 8).unwrap())
+            .unwrap();
+        msg.fill(9);
+        let (sent, _) = futures::executor::block_on(b.send(msg.slice(..)));
+        sent.unwrap();
+        let got_msg = futures::executor::block_on(b_peer.receive()).unwrap();
+        assert_eq!(*got_msg, [9u8; 8]);
+        assert!(
+            granted.recv_timeout(Duration::from_millis(100)).is_err(),
+            "granted while held"
+        );
+        drop(held);
+        let len = granted.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(len.unwrap(), 1 << 20);
+        asker.join().unwrap();
+    }
+}
