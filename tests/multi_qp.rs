@@ -397,70 +397,117 @@ fn a_late_flush_of_a_reused_number_fails_no_queue_pair() {
     s.ring.submit().unwrap();
 }
 
-/// The fixed ring does the same: a flush naming a number that a queue
-/// pair detached from the same shared receive queue had names no queue
-/// pair, and fails none.
-#[test]
-fn on_the_fixed_ring_a_late_flush_of_a_reused_number_names_no_queue_pair() {
-    use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig, RecvFixed};
-    let dev = SoftDevice::with_progress(Progress::Manual);
-    let pd = dev.alloc_pd();
-    let flush_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let renumber = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let cq = Rewriting {
-        inner: dev.create_cq(64).unwrap(),
-        rewrite: Default::default(),
-        flush_next: flush_next.clone(),
-        renumber: renumber.clone(),
-    };
-    let mut ring: FixedRing<OnRewriting> = FixedRing::new(
-        cq,
-        FixedBufs::new(&pd, 8, 64).unwrap(),
-        FixedRingConfig::default(),
-    );
-    let srq = ring
-        .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
-        .unwrap_or_else(|_| panic!("add_srq"));
-    let make = |ring: &FixedRing<OnRewriting>| {
-        let qp = dev
-            .create_qp_on(&pd, &ring.cq().inner, ring.srq(srq), config())
+/// A fixed ring on a `Rewriting` queue with a shared receive queue, and
+/// the rewriting's switches.
+struct FixedRewritingSrq {
+    dev: SoftDevice,
+    pd: SoftPd,
+    ring: rdma_ring::fixed::FixedRing<OnRewriting>,
+    srq: rdma_ring::fixed::FixedSrq,
+    flush_next: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    renumber: std::sync::Arc<std::sync::Mutex<Option<(u32, u32)>>>,
+}
+
+impl FixedRewritingSrq {
+    fn new() -> Self {
+        use rdma_ring::fixed::{FixedBufs, FixedRing, FixedRingConfig};
+        let dev = SoftDevice::with_progress(Progress::Manual);
+        let pd = dev.alloc_pd();
+        let flush_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renumber = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let cq = Rewriting {
+            inner: dev.create_cq(64).unwrap(),
+            rewrite: Default::default(),
+            flush_next: flush_next.clone(),
+            renumber: renumber.clone(),
+        };
+        let mut ring = FixedRing::new(
+            cq,
+            FixedBufs::new(&pd, 8, 64).unwrap(),
+            FixedRingConfig::default(),
+        );
+        let srq = ring
+            .add_srq(dev.create_srq(&pd, srq_config()).unwrap())
+            .unwrap_or_else(|_| panic!("add_srq"));
+        FixedRewritingSrq {
+            dev,
+            pd,
+            ring,
+            srq,
+            flush_next,
+            renumber,
+        }
+    }
+
+    /// A queue pair on the queue, connected to a peer.
+    fn qp(&self) -> (SoftQp, SoftQp) {
+        let qp = self
+            .dev
+            .create_qp_on(
+                &self.pd,
+                &self.ring.cq().inner,
+                self.ring.srq(self.srq),
+                config(),
+            )
             .unwrap();
-        let peer = dev.create_qp(&pd, config()).unwrap();
-        dev.connect(&qp, &peer).unwrap();
+        let peer = self.dev.create_qp(&self.pd, config()).unwrap();
+        self.dev.connect(&qp, &peer).unwrap();
         (qp, peer)
-    };
-    let (qp, _old_peer) = make(&ring);
+    }
+
+    fn attach(&mut self, qp: OnRewriting) -> rdma_ring::fixed::FixedQp {
+        self.ring.attach(qp).unwrap_or_else(|_| panic!("attach"))
+    }
+
+    /// A receive of the queue, taken by a message from `peer` and
+    /// reported flushed: what comes back.
+    fn flushed_receive(&mut self, peer: SoftQp) -> rdma_ring::fixed::FixedCompletion {
+        let slot = self.ring.take_buf().unwrap();
+        self.ring
+            .push_srq(
+                self.srq,
+                rdma_ring::fixed::RecvFixed::new(slot).user_data(7),
+            )
+            .unwrap_or_else(|_| panic!("push_srq"));
+        self.ring.submit().unwrap();
+        let mut client = Ring::new(peer, RingConfig::default());
+        let msg = RegisteredBuf::new(&self.pd, vec![2u8; 8]).unwrap();
+        client.submission().push(Send::new(msg)).unwrap();
+        client.submit().unwrap();
+        self.dev.progress();
+        self.flush_next
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let back = self.ring.wait(1).unwrap().pop().unwrap();
+        assert_eq!((back.user_data(), back.status()), (7, WcStatus::WrFlushErr));
+        back
+    }
+}
+
+/// The fixed ring does the same: a flushed shared receive names the
+/// queue pair that took it, which is in error from then on; but a flush
+/// naming a number that a queue pair detached from the same queue had
+/// names no queue pair, and fails none.
+#[test]
+fn on_the_fixed_ring_a_flush_fails_its_queue_pair_unless_its_number_was_reused() {
+    let mut s = FixedRewritingSrq::new();
+    let (qp, peer) = s.qp();
+    let a = s.attach(OnRewriting::new(qp));
+    assert_eq!(s.flushed_receive(peer).qp(), a);
+    assert_eq!(s.ring.qp_error(a).unwrap(), Some(WcStatus::WrFlushErr));
+
+    let mut s = FixedRewritingSrq::new();
+    let (qp, _old_peer) = s.qp();
     let old_num = qp.qpn();
-    let a = ring
-        .attach(OnRewriting::new(qp))
-        .unwrap_or_else(|_| panic!("attach"));
-    ring.detach(a).unwrap();
+    let a = s.attach(OnRewriting::new(qp));
+    s.ring.detach(a).unwrap();
     // The next queue pair gets the detached one's number.
-    let (qp, peer) = make(&ring);
-    *renumber.lock().unwrap() = Some((qp.qpn(), old_num));
-    let b = ring
-        .attach(OnRewriting::renumbered(qp, old_num))
-        .unwrap_or_else(|_| panic!("attach"));
-    // A receive of the queue, taken by a message from the peer and
-    // reported flushed.
-    let slot = ring.take_buf().unwrap();
-    ring.push_srq(srq, RecvFixed::new(slot).user_data(7))
-        .unwrap_or_else(|_| panic!("push_srq"));
-    ring.submit().unwrap();
-    let mut client = Ring::new(peer, RingConfig::default());
-    let msg = RegisteredBuf::new(&pd, vec![2u8; 8]).unwrap();
-    client.submission().push(Send::new(msg)).unwrap();
-    client.submit().unwrap();
-    dev.progress();
-    flush_next.store(true, std::sync::atomic::Ordering::Relaxed);
-    let back = ring.wait(1).unwrap();
-    assert_eq!(
-        (back[0].user_data(), back[0].status()),
-        (7, WcStatus::WrFlushErr)
-    );
-    assert_ne!(back[0].qp(), b, "it names no queue pair");
-    assert!(ring.qp_error(back[0].qp()).is_err());
-    assert_eq!(ring.qp_error(b).unwrap(), None, "and fails none");
+    let (qp, peer) = s.qp();
+    *s.renumber.lock().unwrap() = Some((qp.qpn(), old_num));
+    let b = s.attach(OnRewriting::renumbered(qp, old_num));
+    let back = s.flushed_receive(peer);
+    assert_ne!(back.qp(), b, "it names no queue pair");
+    assert!(s.ring.qp_error(back.qp()).is_err());
+    assert_eq!(s.ring.qp_error(b).unwrap(), None, "and fails none");
 }
 
 /// A queue pair whose detach heard the device say it took its last

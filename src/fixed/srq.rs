@@ -106,14 +106,17 @@ impl<S> AttachedSrq<S> {
     /// Remembers `qpn` as a queue pair on this queue, not attached
     /// (`detached`, or announced), whose receives may be reported.
     fn remember(&mut self, qpn: u32, detached: bool) {
-        if let Some(known) = self.former.iter_mut().find(|(n, _)| *n == qpn) {
-            known.1 |= detached;
-            return;
-        }
+        // Known already: it moves to the back, the newest, keeping whether
+        // a queue pair detached with the number.
+        let mut was_detached = false;
+        self.former.retain(|&(n, d)| {
+            was_detached |= n == qpn && d;
+            n != qpn
+        });
         if self.former.len() == FORMER_KEPT {
             self.former.pop_front();
         }
-        self.former.push_back((qpn, detached));
+        self.former.push_back((qpn, detached || was_detached));
     }
 
     /// Whether `qpn` is remembered.
@@ -293,9 +296,9 @@ pub(super) fn complete_srq<Q, S>(
             FixedQp::NONE
         }
         Some(slot) => {
-            // Not a flush: a queue pair the device moved to error says so
-            // by its own completions and events.
-            if !cqe.status.is_success() && cqe.status != WcStatus::WrFlushErr {
+            // A flush too: the device flushes only a queue pair's in
+            // error, so the ring learns of it even without events.
+            if !cqe.status.is_success() {
                 slot.error.get_or_insert(cqe.status);
             }
             slot.handle
