@@ -377,7 +377,9 @@ fn a_pushed_operation_awaited_before_a_submit_goes_out_at_its_poll() {
     // Without the fix the awaits hang: a watchdog says so.
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            finished.recv_timeout(Duration::from_secs(60))
+        {
             eprintln!("a pushed operation awaited before a submit never went out");
             std::process::abort();
         }

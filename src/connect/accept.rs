@@ -684,7 +684,13 @@ mod tests {
         let handshake = |_: (TcpStream, SocketAddr)| ();
         let started = std::time::Instant::now();
         let deadline = Deadline::after(Duration::from_millis(200));
-        let gave_up = listener.accept_until(handshake, || false, Some(deadline));
+        // Asked on and on past the deadline, `stop` fails the test.
+        let stop = || {
+            let late = started.elapsed();
+            assert!(late < Duration::from_secs(5), "still accepting {late:?} on");
+            false
+        };
+        let gave_up = listener.accept_until(handshake, stop, Some(deadline));
         assert!(gave_up.unwrap().is_none());
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(200), "{took:?}");

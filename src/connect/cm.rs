@@ -224,7 +224,7 @@ impl CmId {
                     Some(SocketAddr::V6(std::net::SocketAddrV6::new(
                         ip,
                         u16::from_be(sin6.sin6_port),
-                        u32::from_be(sin6.sin6_flowinfo),
+                        sin6.sin6_flowinfo,
                         sin6.sin6_scope_id,
                     )))
                 }

@@ -143,7 +143,8 @@ pub struct SubmitError {
     pub error: Error,
     /// Work requests posted (they complete normally).
     pub posted: usize,
-    /// Operations not posted, in push order per queue.
+    /// Operations not posted, in push order per queue (a queue pair's
+    /// receives before its sends).
     pub unposted: Vec<Unposted>,
 }
 

@@ -306,6 +306,12 @@ impl SessionHost<VerbsQp> {
             }
             None => {
                 let theirs = read_greeting(&mut stream, deadline)?;
+                if let Greeting::HostFull { .. } = theirs {
+                    // A connecting side holds its room before it dials.
+                    return Err(SessionError::Protocol(
+                        "the peer's hello: a full host's greeting from the connecting side".into(),
+                    ));
+                }
                 let reservation = self.reserve();
                 let ours = match &reservation {
                     Ok(_) => Greeting::Hello(config.hello()),
