@@ -30,7 +30,7 @@ type MessageList = SgList<[Slice<Region>; 2]>;
 ///
 /// See the [module docs](super) for an example.
 pub struct Session<Q: QueuePair + Send + 'static> {
-    shared: Arc<SessionShared<Q>>,
+    pub(super) shared: Arc<SessionShared<Q>>,
     host: SessionHost<Q>,
 }
 

@@ -30,7 +30,9 @@ struct Job<Q: QueuePair + Send + 'static> {
 /// The host's granter thread, started at the first grant. It ends when the
 /// host does (its channel closes).
 pub(super) struct Granter<Q: QueuePair + Send + 'static> {
-    jobs: Mutex<Option<Sender<Job<Q>>>>,
+    /// The thread's queue, once started; `Err` if it could not be (the
+    /// pump then makes every grant itself, without trying again).
+    jobs: Mutex<Option<Result<Sender<Job<Q>>, ()>>>,
     /// Held by a test to keep grants from being made.
     #[cfg(test)]
     pub(super) hold: Arc<Mutex<()>>,
@@ -67,51 +69,57 @@ impl<Q: QueuePair + Send + 'static> Granter<Q> {
 
     fn send(&self, job: Job<Q>) -> Result<(), Job<Q>> {
         let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if jobs.is_none() {
-            let (tx, rx) = channel::<Job<Q>>();
-            #[cfg(test)]
-            let hold = Arc::clone(&self.hold);
-            let started = std::thread::Builder::new()
-                .name("rdma-ring-session-granter".into())
-                .spawn(move || {
-                    for job in rx {
-                        #[cfg(test)]
-                        drop(hold.lock().unwrap_or_else(|p| p.into_inner()));
-                        let made = make(&job.session.host, &job.wanted);
-                        let host = &job.session.host;
-                        let mut st = job.session.lock();
-                        answer(host, &mut st, job.wanted, made);
-                        st.changed();
-                        drop(st);
-                        host.nudge();
-                    }
-                });
-            if started.is_err() {
-                return Err(job);
-            }
-            *jobs = Some(tx);
+        let jobs = jobs.get_or_insert_with(|| self.start());
+        match jobs {
+            Ok(tx) => tx.send(job).map_err(|refused| refused.0),
+            Err(()) => Err(job),
         }
-        let tx = jobs.as_ref().expect("set above");
-        tx.send(job).map_err(|refused| refused.0)
+    }
+
+    /// Starts the granter thread; `Err` if it cannot be.
+    fn start(&self) -> Result<Sender<Job<Q>>, ()> {
+        let (tx, rx) = channel::<Job<Q>>();
+        #[cfg(test)]
+        let hold = Arc::clone(&self.hold);
+        std::thread::Builder::new()
+            .name("rdma-ring-session-granter".into())
+            .spawn(move || {
+                for job in rx {
+                    #[cfg(test)]
+                    drop(hold.lock().unwrap_or_else(|p| p.into_inner()));
+                    let host = &job.session.host;
+                    let made = make(host, &job.wanted);
+                    answer(host, &mut job.session.lock(), job.wanted, made);
+                    host.nudge();
+                }
+            })
+            .map(|_| tx)
+            .map_err(|_| ())
     }
 }
 
 /// The region for `wanted`, zeroed (a freed region's old bytes must not
-/// reach the peer) and exposed with exactly its rights.
+/// reach the peer) and exposed with exactly its rights. A panic while it
+/// is made (the device's, say) refuses it: the granter goes on, and the
+/// request is answered.
 fn make<Q: QueuePair + Send + 'static>(
     host: &HostShared<Q>,
     wanted: &Wanted,
 ) -> Result<ExposedBuf<Region>, RefuseReason> {
-    let region = host
-        .regions
-        .alloc_zeroed(wanted.layout)
-        .map_err(|_| RefuseReason::OutOfMemory)?;
-    ExposedBuf::new(&*host.pd, region, wanted.rights).map_err(|_| RefuseReason::OutOfMemory)
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let region = host
+            .regions
+            .alloc_zeroed(wanted.layout)
+            .map_err(|_| RefuseReason::OutOfMemory)?;
+        ExposedBuf::new(&*host.pd, region, wanted.rights).map_err(|_| RefuseReason::OutOfMemory)
+    }));
+    made.unwrap_or(Err(RefuseReason::OutOfMemory))
 }
 
 /// Answers `wanted` with what was `made`: lent to the peer and granted, or
-/// refused. A session closed meanwhile refuses; one that failed answers
-/// nothing. Either way its admission leaves the quota.
+/// refused. A session our user closed meanwhile refuses; one that failed,
+/// or whose peer closed it (nothing of ours is the peer's any more),
+/// answers nothing. Either way its admission leaves the quota.
 fn answer<Q: QueuePair + Send + 'static>(
     host: &HostShared<Q>,
     st: &mut SessionState,
@@ -120,7 +128,7 @@ fn answer<Q: QueuePair + Send + 'static>(
 ) {
     st.granting -= 1;
     st.granting_bytes -= wanted.charge;
-    if st.failure.is_some() {
+    if st.failure.is_some() || st.peer_closed {
         return; // `made` goes: deregistered and freed
     }
     let request = wanted.request;
@@ -141,6 +149,7 @@ fn answer<Q: QueuePair + Send + 'static>(
 #[cfg(test)]
 mod tests {
     use std::alloc::Layout;
+    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::backend::soft::SoftDevice;
@@ -156,13 +165,20 @@ mod tests {
         let (asking, _granting) = host.connect_soft(&host).unwrap();
         let (b, b_peer) = host.connect_soft(&host).unwrap();
         let held = host.shared.granter.hold.lock().unwrap();
+        let granting = Arc::clone(&_granting.shared);
         let (got, granted) = std::sync::mpsc::channel();
         let asker = std::thread::spawn(move || {
             let layout = Layout::from_size_align(1 << 20, 64).unwrap();
             let region = futures::executor::block_on(asking.request_remote_mr(layout));
             got.send(region.map(|r| r.remote().len())).unwrap();
         });
-        // The other session's message goes and comes, the grant held.
+        // Once the grant is being made (admitted, and not answered)...
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while granting.lock().granting == 0 {
+            assert!(std::time::Instant::now() < deadline, "never asked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // ... the other session's message goes and comes, the grant held.
         let mut msg = b
             .alloc_local_mr(Layout::from_size_align(8, 8).unwrap())
             .unwrap();
@@ -179,5 +195,40 @@ mod tests {
         let len = granted.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(len.unwrap(), 1 << 20);
         asker.join().unwrap();
+    }
+
+    /// A grant made after the peer closed the session is not lent: nothing
+    /// of ours is the peer's once it closed.
+    #[test]
+    fn a_grant_made_after_the_peer_closed_is_not_lent() {
+        let dev = SoftDevice::new();
+        let config = SessionConfig {
+            request_timeout: Duration::from_millis(300),
+            ..SessionConfig::default()
+        };
+        let host = SessionHost::soft(&dev, config).unwrap();
+        let (asking, granting) = host.connect_soft(&host).unwrap();
+        let held = host.shared.granter.hold.lock().unwrap();
+        let shared = Arc::clone(&granting.shared);
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never {what}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let asker = std::thread::spawn(move || {
+            let layout = Layout::from_size_align(4096, 64).unwrap();
+            // Ends once the session does.
+            let _ = futures::executor::block_on(asking.request_remote_mr(layout));
+        });
+        wait_for("asked", &|| shared.lock().granting == 1);
+        // The asking side closes (its request fails with it).
+        asker.join().unwrap();
+        wait_for("closed", &|| shared.lock().peer_closed);
+        drop(held);
+        wait_for("made", &|| shared.lock().granting == 0);
+        assert!(shared.lock().lent.is_empty(), "lent after the peer closed");
+        drop(granting);
     }
 }
