@@ -162,10 +162,10 @@ mod tests {
     fn a_grant_being_made_holds_up_no_other_session() {
         let dev = SoftDevice::new();
         let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
-        let (asking, _granting) = host.connect_soft(&host).unwrap();
+        let (asking, granting_side) = host.connect_soft(&host).unwrap();
         let (b, b_peer) = host.connect_soft(&host).unwrap();
         let held = host.shared.granter.hold.lock().unwrap();
-        let granting = Arc::clone(&_granting.shared);
+        let granting = Arc::clone(&granting_side.shared);
         let (got, granted) = std::sync::mpsc::channel();
         let asker = std::thread::spawn(move || {
             let layout = Layout::from_size_align(1 << 20, 64).unwrap();

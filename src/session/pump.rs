@@ -160,7 +160,7 @@ pub(super) fn on_message<Q: QueuePair + std::marker::Send + 'static>(
 
 fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
-    s: &SessionShared<Q>,
+    s: &Arc<SessionShared<Q>>,
     c: Completion,
 ) {
     let result = c.result();
@@ -196,7 +196,7 @@ fn on_receive<Q: QueuePair + std::marker::Send + 'static>(
     if st.failure.is_some() {
         return;
     }
-    match receive(host, &mut st, region, len, imm, write_imm) {
+    match receive(host, s, &mut st, region, len, imm, write_imm) {
         Ok((repost, ack)) => {
             st.reposts.push_back((repost.ok(), ack));
             repost_owed(host, s, &mut st);
@@ -273,6 +273,7 @@ fn reclaim_all(st: &mut SessionState) {
 /// whether the message was an ack.
 fn receive<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
+    s: &Arc<SessionShared<Q>>,
     st: &mut SessionState,
     mut region: Region,
     len: usize,
@@ -310,7 +311,7 @@ fn receive<Q: QueuePair + std::marker::Send + 'static>(
             if imm.is_some() {
                 return Err("a control message with immediate data".into());
             }
-            on_control(host, st, control)?;
+            on_control(host, s, st, control)?;
             Ok((Ok(region), control == Control::Ack))
         }
     }
@@ -318,6 +319,7 @@ fn receive<Q: QueuePair + std::marker::Send + 'static>(
 
 fn on_control<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
+    s: &Arc<SessionShared<Q>>,
     st: &mut SessionState,
     control: Control,
 ) -> Result<(), String> {
@@ -334,12 +336,13 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             Ok((layout, charge)) => {
                 st.granting += 1;
                 st.granting_bytes += charge;
-                st.wanted.push_back(Wanted {
+                let wanted = Wanted {
                     request,
                     layout,
                     rights,
                     charge,
-                });
+                };
+                host.granter.grant(s, st, wanted);
             }
             Err(reason) => st
                 .outbox
@@ -565,9 +568,6 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         expire(&mut st, now);
     }
     if st.failure.is_none() {
-        while let Some(wanted) = st.wanted.pop_front() {
-            host.granter.grant(s, &mut st, wanted);
-        }
         repost_owed(host, s, &mut st);
         flush(host, s, &mut st);
     }

@@ -93,11 +93,8 @@ pub(super) struct SessionState {
     pub(super) returned_bytes: u64,
     pub(super) lent: HashMap<u64, Lent>,
     pub(super) lent_bytes: u64,
-    /// Regions the peer asked for, admitted, for the pump to hand to the
-    /// granter.
-    pub(super) wanted: VecDeque<super::granter::Wanted>,
-    /// Regions admitted and not yet made or refused (`wanted`, or with
-    /// the granter), and their charge against the peer's quota.
+    /// Regions admitted and not yet made or refused (with the granter),
+    /// and their charge against the peer's quota.
     pub(super) granting: usize,
     pub(super) granting_bytes: u64,
     /// Regions our user lent whose lease ended after their descriptor
@@ -149,7 +146,6 @@ impl SessionState {
             returned_bytes: 0,
             lent: HashMap::new(),
             lent_bytes: 0,
-            wanted: VecDeque::new(),
             granting: 0,
             granting_bytes: 0,
             lent_expired: HashSet::new(),
