@@ -52,8 +52,8 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 fn rnr_naks(client: &RpcClient<SoftQp>) -> u64 {
     client
-        .ring()
-        .with_ring(|r| r.qp().control().counters().rnr_naks)
+        .with_queue_pair(|qp| qp.control().counters().rnr_naks)
+        .expect("the client's queue pair")
 }
 
 #[test]
@@ -392,6 +392,38 @@ fn too_large_messages_are_refused_on_both_sides() {
     assert_eq!(client.call(b"ok").unwrap(), b"ok");
 }
 
+/// A `max_message` below what a receive buffer holds binds inline
+/// messages too: the server refuses a longer request without running its
+/// handler, and a client a longer response.
+#[test]
+fn a_small_max_message_binds_inline_messages_too() {
+    let dev = SoftDevice::new();
+    let small = RpcConfig {
+        max_message: 100,
+        ..RpcConfig::default()
+    };
+    let server = RpcServer::soft(&dev, Service::handler(scripted), small).unwrap();
+    // A raw client sends what ours would refuse to.
+    let mut raw = RawClient::new(&server);
+    match Message::decode(&raw.call(1, &[b'x'; 101])) {
+        Ok(Message::Error { id: 1, code, text }) => {
+            assert_eq!(code, wire::ErrorCode::TooLarge);
+            assert!(text.contains("101"), "{text}");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(server.stats().requests, 0, "the handler ran");
+    // Answers of 1000 bytes travel inline; a client of max_message 100
+    // refuses them.
+    let roomy = RpcServer::soft(&dev, Service::handler(scripted), RpcConfig::default()).unwrap();
+    let client = roomy.connect_soft_with(small).unwrap();
+    match client.call(b"big:1000") {
+        Err(RpcError::TooLarge(text)) => assert!(text.contains("1000"), "{text}"),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(client.call(b"ok").unwrap(), b"ok");
+}
+
 /// The senders that let a gated handler's futures finish.
 type Gates = Arc<Mutex<Vec<futures::channel::oneshot::Sender<()>>>>;
 
@@ -441,6 +473,39 @@ fn gated_server_of_window_2(dev: &SoftDevice) -> (RpcServer<SoftQp>, Gates, Arc<
     };
     let server = RpcServer::soft(dev, Service::async_handler(handler), config).unwrap();
     (server, waiting, started)
+}
+
+/// Two shutdowns at once (say, one and a drop) both return only once the
+/// server has stopped: the second waits for the first's end.
+#[test]
+fn a_second_shutdown_returns_only_once_the_server_stopped() {
+    let dev = SoftDevice::new();
+    let (server, waiting, started) = gated_server_of_window_2(&dev);
+    let server = Arc::new(server);
+    let client = server.connect_soft().unwrap();
+    let call = std::thread::spawn(move || client.call(b"held"));
+    wait_for("the handler", || started.load(Ordering::SeqCst) == 1);
+    let (done, returned) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let (server, done) = (Arc::clone(&server), done.clone());
+        std::thread::spawn(move || done.send(server.shutdown()).unwrap());
+    }
+    // The first shutdown waits for the held call's answer; so does the
+    // second.
+    assert!(
+        returned.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a shutdown returned while the server still ran"
+    );
+    for gate in waiting.lock().unwrap().drain(..) {
+        let _ = gate.send(());
+    }
+    for _ in 0..2 {
+        returned
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(call.join().unwrap().unwrap(), b"held");
 }
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -524,7 +589,7 @@ fn a_call_times_out_and_the_client_goes_on() {
         w.drain(..).for_each(|g| {
             let _ = g.send(());
         });
-        client.ring().with_ring(|r| r.stats().doorbells) > 0
+        client.ring_stats().doorbells > 0
     });
     let gates = Arc::clone(&waiting);
     let opener = std::thread::spawn(move || {

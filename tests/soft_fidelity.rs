@@ -10,7 +10,10 @@
 //! request puts in error says so with an affiliated event, so a ring
 //! learns of it without a completion of its own. A completion channel
 //! armed for solicited events wakes only for a message that asked for one,
-//! or for an error.
+//! or for an error. Work whose ACK is late is flushed by an error that
+//! acknowledges nothing, an injected responder fault fails the responder
+//! as the real one would, and a message past the largest fails with a
+//! length error.
 
 use rdma_ring::backend::soft::{Progress, QpState, SoftCq, SoftDevice, SoftPd, SoftQp, SoftSrq};
 use rdma_ring::backend::{
@@ -631,4 +634,135 @@ fn held_acks_keep_their_order_before_a_flush_and_refuse_no_op_mode() {
     );
     control.release_acks();
     dev.set_progress(Progress::NoOp);
+}
+
+/// Completions held for late ACKs are not complete when their queue pair
+/// goes to error for a reason that acknowledges nothing: moved to error by
+/// its owner (or a fatal event), they are flushed; with the path to the
+/// peer gone, the oldest fails with `RetryExcErr` and the rest, the work
+/// request that found the path gone included, are flushed.
+#[test]
+fn held_acks_are_flushed_by_an_error_that_acknowledges_nothing() {
+    let held = |qp: &mut SoftQp, cq: &mut SoftCq, pd: &SoftPd, n: usize| {
+        let local = RegisteredBuf::new(pd, vec![7u8; 8]).unwrap();
+        let target = ExposedBuf::new(pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+        qp.control().hold_acks();
+        post_writes(qp, 0, &vec![true; n], &local, &target).unwrap();
+        assert_eq!(qp.control().counters().executed, n as u64, "they ran");
+        assert!(poll(cq, 4).is_empty(), "held back");
+        (local, target)
+    };
+    let statuses = |cq: &mut SoftCq| -> Vec<(u64, WcStatus)> {
+        poll(cq, 8).iter().map(|c| (c.wr_id, c.status)).collect()
+    };
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+
+    // Moved to error by its owner.
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut cq = qp.take_cq().unwrap();
+    let _bufs = held(&mut qp, &mut cq, &pd, 2);
+    qp.set_error().unwrap();
+    assert_eq!(
+        statuses(&mut cq),
+        vec![(0, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr)]
+    );
+
+    // The path to the peer gone: the next work request finds no ACK comes.
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, config()).unwrap();
+    let mut cq = qp.take_cq().unwrap();
+    let (local, target) = held(&mut qp, &mut cq, &pd, 2);
+    qp.control().break_connection();
+    post_writes(&mut qp, 2, &[true], &local, &target).unwrap();
+    assert_eq!(
+        statuses(&mut cq),
+        vec![
+            (0, WcStatus::RetryExcErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
+/// An injected fault that says the responder failed (a remote access
+/// error, an invalid request, a remote operational error) fails the
+/// responder too, as the real fault would: it goes to error, flushing its
+/// receives, and for the first two says so with its event.
+#[test]
+fn an_injected_responder_fault_fails_the_responder_too() {
+    /// The event a responder's fault raises, named by its queue pair.
+    type Event = fn(u32) -> AsyncEvent;
+    let cases: [(WcStatus, Option<Event>); 3] = [
+        (
+            WcStatus::RemAccessErr,
+            Some(|qp_num| AsyncEvent::QpAccessError { qp_num }),
+        ),
+        (
+            WcStatus::RemInvReqErr,
+            Some(|qp_num| AsyncEvent::QpRequestError { qp_num }),
+        ),
+        (WcStatus::RemOpErr, None),
+    ];
+    for (status, event) in cases {
+        let dev = SoftDevice::with_progress(Progress::Manual);
+        let events = dev.async_events().unwrap();
+        let pd = dev.alloc_pd();
+        let (mut requester, mut responder) = dev.connected_pair(&pd, &pd, config()).unwrap();
+        let mut cq = requester.take_cq().unwrap();
+        let mut responder_cq = responder.take_cq().unwrap();
+        let receive = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+        let (wrs, sges) = recvs(9, 1, &receive);
+        // SAFETY: the receive names `receive`, which outlives the device's
+        // use of it (flushed below, within the test).
+        unsafe { responder.post_recv(&wrs, &sges) }.unwrap();
+        let local = RegisteredBuf::new(&pd, vec![7u8; 8]).unwrap();
+        let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+        requester.control().fail_nth(1, status);
+        post_writes(&mut requester, 0, &[true], &local, &target).unwrap();
+        dev.progress();
+        assert_eq!(poll(&mut cq, 1)[0].status, status);
+        assert_eq!(
+            responder.control().state(),
+            Some(QpState::Error),
+            "{status}"
+        );
+        let flushed: Vec<_> = poll(&mut responder_cq, 2)
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(flushed, vec![(9, WcStatus::WrFlushErr)], "{status}");
+        assert_eq!(
+            events.next_event().unwrap(),
+            event.map(|event| event(responder.qpn())),
+            "{status}"
+        );
+    }
+}
+
+/// A gather list longer in all than the largest message the device
+/// announces (2 GiB; here one region named three times) fails with a
+/// local length error, as a NIC's would, rather than run.
+#[test]
+fn a_message_past_the_largest_fails_with_a_length_error() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let (mut qp, _peer) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let mut cq = qp.take_cq().unwrap();
+    // Never written: the pages stay untouched.
+    let local = RegisteredBuf::new(&pd, vec![0u8; 1 << 30]).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+    let sge = Sge {
+        addr: local.as_ptr() as u64,
+        len: 1 << 30,
+        lkey: local.lkey(),
+    };
+    let mut wr = SendWr::new(7, SendOpcode::Write, SgeSpan { start: 0, len: 3 });
+    wr.flags |= SendFlags::SIGNALED;
+    wr.remote_addr = target.remote().addr();
+    wr.rkey = target.remote().rkey();
+    // SAFETY: every element names bytes of `local`, and the WRITE targets
+    // `target`; both outlive the device's use of them (it fails at once).
+    unsafe { qp.post_send(&[wr], &[sge; 3]) }.unwrap();
+    let done = poll(&mut cq, 1);
+    assert_eq!((done[0].wr_id, done[0].status), (7, WcStatus::LocLenErr));
 }

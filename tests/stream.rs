@@ -806,6 +806,17 @@ fn a_zero_connect_timeout_is_refused() {
     assert!(err.to_string().contains("connect_timeout"), "{err}");
 }
 
+/// A keep-alive of zero would send probe after probe: refused.
+#[test]
+fn a_zero_keepalive_is_refused() {
+    let config = StreamConfig {
+        keepalive: Duration::ZERO,
+        ..small()
+    };
+    let err = RdmaStream::soft_pair(&SoftDevice::new(), config).unwrap_err();
+    assert!(err.to_string().contains("keepalive"), "{err}");
+}
+
 #[test]
 fn a_silent_peer_fails_the_connect_with_a_timeout() {
     let dev = SoftDevice::new();

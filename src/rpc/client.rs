@@ -25,9 +25,9 @@ use super::{RpcConfig, RpcError};
 use crate::backend::{CompletionEvents, CompletionQueue as _, ProtectionDomain, QueuePair};
 use crate::buf::BufferPool;
 use crate::deadline::Deadline;
-use crate::future::{AsyncRing, CompletionStream, Wakeup};
+use crate::future::{AsyncRing, CompletionFd, CompletionStream, Wakeup};
 use crate::op::Recv;
-use crate::ring::{Ring, RingConfig};
+use crate::ring::{Ring, RingConfig, RingStats};
 use crate::thread_waker::ThreadWaker;
 use crate::wakers::Deferral;
 use crate::Error;
@@ -87,6 +87,9 @@ struct ClientShared<Q: QueuePair + std::marker::Send + 'static> {
     /// The handshake's socket, kept open while connected: each side
     /// watches it for the other's end.
     socket: Option<std::net::TcpStream>,
+    /// When the socket was last looked at by a call or `progress` (the
+    /// notifier thread, where there is one, looks on its own).
+    watched: Mutex<Instant>,
 }
 
 impl<Q: QueuePair + std::marker::Send + 'static> super::timer::Target for ClientShared<Q> {
@@ -184,9 +187,16 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
                 // Arm, then look once more: a completion that landed
                 // before the arm raised no event. Then sleep, and take
                 // the event; the caller's next look applies what came.
-                let looked = self.arm_and_look(&**events, || self.has_result(id));
-                if looked == Some(false) && events.wait(tick).unwrap_or(false) {
-                    let _ = events.take();
+                match self.arm_and_look(&**events, || self.has_result(id)) {
+                    Some(false) => {
+                        if events.wait(tick).unwrap_or(false) {
+                            let _ = events.take();
+                        }
+                    }
+                    Some(true) => {}
+                    // No event will come (the device is failing): the next
+                    // look waits a tick, rather than spin.
+                    None => std::thread::park_timeout(tick),
                 }
                 self.wakers.release_drive();
             }
@@ -245,6 +255,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         if register {
             self.wakers.register(id, cx.waker());
         }
+        self.watch_server_in_time();
         let mut state = self.lock();
         self.turn(&mut state);
         if let Some(result) = state.core.take_result(id) {
@@ -405,12 +416,16 @@ fn notifier_turn<Q: QueuePair + std::marker::Send + 'static>(
         client.background_turn();
         false
     });
+    let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
     if looked.is_some() {
-        let tick = NOTIFIER_TICK.saturating_sub(last_tick.elapsed());
         if events.wait(tick).unwrap_or(false) {
             let _ = events.take();
         }
         client.background_turn();
+    } else {
+        // No event will come (the device is failing): look again at the
+        // tick, rather than spin.
+        std::thread::park_timeout(tick);
     }
     drop(client);
     driving.set(false);
@@ -441,6 +456,25 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
         }
     }
 
+    /// Without a notifier thread (under [`Wakeup::Reactor`] or
+    /// [`Wakeup::Busy`]), looks at the server's socket on behalf of the
+    /// calls that wait and of `progress`, at most once a notifier tick.
+    fn watch_server_in_time(&self) {
+        if self.socket.is_none() || self.notifier.get().is_some() {
+            return;
+        }
+        // Another look under way is as good.
+        let Ok(mut watched) = self.watched.try_lock() else {
+            return;
+        };
+        if watched.elapsed() < NOTIFIER_TICK {
+            return;
+        }
+        *watched = Instant::now();
+        drop(watched);
+        self.watch_server();
+    }
+
     /// A turn on nobody's behalf: answers applied, reads and queued calls
     /// pushed, the close sent after a goodbye.
     fn background_turn(&self) {
@@ -462,13 +496,16 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
 ///
 /// With [`Wakeup::Thread`] (the default) the connection makes progress
 /// on its own. With [`Wakeup::Reactor`], call [`progress`](Self::progress)
-/// whenever the completion descriptor (`ring().completion_fd()`) is
+/// whenever the completion descriptor ([`completion_fd`](Self::completion_fd)) is
 /// readable (a call the server never answers is woken at its deadline by
 /// a timer thread, one for the process); with [`Wakeup::Busy`], awaiting
 /// futures poll without end.
 /// Under either, a connection nobody calls on does not answer the
 /// server's goodbye, and the server disconnects it after its
-/// `release_timeout`.
+/// `release_timeout`; and a server that dies (its end of the TCP
+/// handshake's socket closes) is found by the calls that wait, which
+/// look at the socket every tenth of a second (the timer wakes awaited
+/// ones for it), or by the next call or `progress`.
 pub struct RpcClient<Q: QueuePair + std::marker::Send + 'static> {
     shared: Arc<ClientShared<Q>>,
 }
@@ -586,6 +623,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> PendingClient<Q> {
             socket: self
                 .socket
                 .filter(|socket| socket.set_nonblocking(true).is_ok()),
+            watched: Mutex::new(Instant::now()),
         });
         let deadline = self.deadline;
         loop {
@@ -701,6 +739,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
     /// [`Wakeup::Reactor`], call it whenever the completion descriptor
     /// is readable. (It drives the ring first.)
     pub fn progress(&self) {
+        self.shared.watch_server_in_time();
         let _ = self.shared.ring.drive();
         let mut state = self.shared.lock();
         self.shared.turn(&mut state);
@@ -730,10 +769,70 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
         state.core.failure.clone()
     }
 
-    /// The client's ring (for stats, or its completion descriptor under
-    /// [`Wakeup::Reactor`]).
-    pub fn ring(&self) -> &AsyncRing<Q> {
-        &self.shared.ring
+    /// The completion channel's descriptor, for your reactor under
+    /// [`Wakeup::Reactor`] (call [`progress`](Self::progress) when it is
+    /// readable); `None` without a channel.
+    ///
+    /// The client's ring itself is not lent out: an operation pushed to
+    /// it, or a completion taken from it, behind the client's back would
+    /// take a response from its call.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+    /// # let dev = SoftDevice::new();
+    /// # let echo = |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+    /// #     resp.extend_from_slice(req);
+    /// #     Ok(())
+    /// # };
+    /// # let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    /// let client = server.connect_soft().unwrap(); // woken by its own thread
+    /// assert!(client.completion_fd().is_some());
+    /// ```
+    pub fn completion_fd(&self) -> Option<CompletionFd> {
+        self.shared.ring.completion_fd()
+    }
+
+    /// What the client's ring did (doorbells, work requests, completions).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+    /// # let dev = SoftDevice::new();
+    /// # let echo = |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+    /// #     resp.extend_from_slice(req);
+    /// #     Ok(())
+    /// # };
+    /// # let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    /// let client = server.connect_soft().unwrap();
+    /// client.call(b"ping").unwrap();
+    /// assert!(client.ring_stats().doorbells > 0);
+    /// ```
+    pub fn ring_stats(&self) -> RingStats {
+        self.shared.ring.with_ring(|ring| ring.stats())
+    }
+
+    /// Calls `f` with the client's queue pair, read-only (its number, its
+    /// capabilities, a soft device's test controls); `None` once it is
+    /// gone from the ring.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::{soft::SoftDevice, QueuePair};
+    /// # use rdma_ring::rpc::{Caller, HandlerError, RpcConfig, RpcServer, Service};
+    /// # let dev = SoftDevice::new();
+    /// # let echo = |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+    /// #     resp.extend_from_slice(req);
+    /// #     Ok(())
+    /// # };
+    /// # let server = RpcServer::soft(&dev, Service::handler(echo), RpcConfig::default()).unwrap();
+    /// let client = server.connect_soft().unwrap();
+    /// assert!(client.with_queue_pair(|qp| qp.qpn()).is_some());
+    /// ```
+    pub fn with_queue_pair<R>(&self, f: impl FnOnce(&Q) -> R) -> Option<R> {
+        self.shared.ring.with_ring(|ring| {
+            let qp = ring.default_qp()?;
+            ring.qp_of(qp).map(f)
+        })
     }
 }
 
@@ -763,8 +862,15 @@ impl<Q: QueuePair + std::marker::Send + 'static> Future for CallFuture<Q> {
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => {
                 self.call = Some(Ok(id));
-                if let Some(deadline) = self.deadline {
-                    self.shared.wake_at(deadline);
+                // Woken by its deadline, and, while a server's socket is to
+                // be watched, by the next look at it.
+                let look = self
+                    .shared
+                    .socket
+                    .is_some()
+                    .then(|| Instant::now() + NOTIFIER_TICK);
+                if let Some(at) = self.deadline.into_iter().chain(look).min() {
+                    self.shared.wake_at(at);
                 }
                 Poll::Pending
             }
@@ -857,16 +963,27 @@ mod tests {
     }
 
     fn connect() -> (RpcClient<SoftQp>, FakeServer) {
+        let config = RpcConfig {
+            call_timeout: Duration::from_secs(10),
+            ..RpcConfig::default()
+        };
+        connect_with(config, None)
+    }
+
+    /// A client of `config`, keeping `socket` as its handshake's.
+    fn connect_with(
+        config: RpcConfig,
+        socket: Option<std::net::TcpStream>,
+    ) -> (RpcClient<SoftQp>, FakeServer) {
         let dev = SoftDevice::new();
         let (pd_c, pd_s) = (dev.alloc_pd(), dev.alloc_pd());
         let (client_qp, server_qp) = dev
             .connected_pair(&pd_c, &pd_s, QpConfig::default())
             .unwrap();
-        let config = RpcConfig {
-            call_timeout: Duration::from_secs(10),
-            ..RpcConfig::default()
-        };
-        let pending = PendingClient::new(client_qp, Arc::new(pd_c), config).unwrap();
+        let mut pending = PendingClient::new(client_qp, Arc::new(pd_c), config).unwrap();
+        if let Some(socket) = socket {
+            pending = pending.keep(socket);
+        }
         // Larger than the hello's buffer size, to send what it forbids.
         let pool = BufferPool::new(&pd_s, 8192, 32).unwrap();
         let mut ring = Ring::new(server_qp, RingConfig::default());
@@ -919,6 +1036,76 @@ mod tests {
             Err(RpcError::Connect(why)) => assert!(why.contains("closed"), "{why}"),
             other => panic!("expected a connect error, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// Without a notifier thread, the calls that wait look at the
+    /// server's socket: a dead server fails them within about a tick, not
+    /// at their timeout (awaited or blocking, under `Reactor` or `Busy`).
+    #[test]
+    fn a_client_without_a_notifier_finds_a_dead_server() {
+        for wakeup in [Wakeup::Reactor, Wakeup::Busy] {
+            for awaited in [true, false] {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let socket = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let server_end = listener.accept().unwrap().0;
+                // Found before the timeout: a timeout would be the
+                // error.
+                let config = RpcConfig {
+                    call_timeout: Duration::from_secs(30),
+                    wakeup,
+                    ..RpcConfig::default()
+                };
+                let (client, mut server) = connect_with(config, Some(socket));
+                let caller = std::thread::spawn(move || {
+                    if awaited {
+                        futures::executor::block_on(client.call_async(b"x"))
+                    } else {
+                        client.call(b"x")
+                    }
+                });
+                server.next_request();
+                drop(server_end); // the server's process ends
+                match caller.join().unwrap() {
+                    Err(RpcError::Disconnected(why)) => assert!(why.contains("socket"), "{why}"),
+                    other => panic!("{wakeup:?}, awaited {awaited}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// A completion channel that cannot be armed (a failing device) makes
+    /// the notifier and a blocking caller look again at their ticks, not
+    /// spin: arms are tried a few times a second, not thousands.
+    #[test]
+    fn a_channel_that_cannot_be_armed_is_not_spun_on() {
+        let dev = SoftDevice::new();
+        let echo = |_: &super::super::Caller,
+                    req: &[u8],
+                    resp: &mut Vec<u8>|
+         -> Result<(), super::super::HandlerError> {
+            resp.extend_from_slice(req);
+            Ok(())
+        };
+        let config = RpcConfig {
+            call_timeout: Duration::from_millis(500),
+            ..RpcConfig::default()
+        };
+        let server =
+            super::super::RpcServer::soft(&dev, super::super::Service::handler(echo), config)
+                .unwrap();
+        let client = server.connect_soft().unwrap();
+        assert_eq!(client.call(b"x").unwrap(), b"x");
+        const FAILING: u32 = 100_000;
+        dev.fail_arms(FAILING);
+        // An idle notifier, then a blocking caller (answered or not: the
+        // server's poller arms the same device's channels).
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = client.call(b"y");
+        let tried = FAILING - dev.arms_left_to_fail();
+        dev.fail_arms(0);
+        assert!(tried < FAILING / 10, "{tried} arms tried");
+        drop(client);
+        server.shutdown().unwrap();
     }
 
     #[test]

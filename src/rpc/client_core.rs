@@ -58,6 +58,13 @@ pub(super) struct ClientCore {
     max_inline: usize,
     next_id: u64,
     pub(super) unanswered: usize,
+    /// Large responses whose descriptor arrived and whose release has not
+    /// gone yet (being read, or the release queued). The server holds each
+    /// until our release reaches it, and answers `Busy` past twice the
+    /// window of them; so calls wait while `unanswered + holding` would
+    /// reach that (every unanswered call may bring one, and each release
+    /// in flight is an unanswered message).
+    holding: usize,
     queue: VecDeque<Queued>,
     calls: HashMap<u64, Call>,
     /// Releases sent and not answered.
@@ -98,6 +105,7 @@ impl ClientCore {
             max_inline,
             next_id: 1,
             unanswered: 0,
+            holding: 0,
             queue: VecDeque::new(),
             calls: HashMap::new(),
             releases: HashMap::new(),
@@ -126,6 +134,12 @@ impl ClientCore {
         server.min(self.config.max_message) as usize
     }
 
+    /// Whether the window lets a call go now: a slot for its message, and
+    /// room at the server for the large response it may bring.
+    fn call_may_go(&self) -> bool {
+        self.unanswered < self.window && self.unanswered + self.holding < 2 * self.window
+    }
+
     fn fresh_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -150,7 +164,7 @@ impl ClientCore {
         let id = self.fresh_id();
         // Encoded now only if it leaves now: a queued call must not hold a
         // send buffer that a release ahead of it needs.
-        let leaves_now = self.queue.is_empty() && self.unanswered < self.window;
+        let leaves_now = self.queue.is_empty() && self.call_may_go();
         let request = if HEADER_LEN + request.len() > self.buffer_size() {
             match ExposedBuf::new(&*self.pd, request.to_vec(), RemoteAccess::READ) {
                 Ok(exposed) => Request::Exposed(exposed),
@@ -333,13 +347,26 @@ impl ClientCore {
         match message {
             Message::Response { id, body } => {
                 if self.answered(id) && self.calls.contains_key(&id) {
-                    self.finish(id, Ok(body.to_vec()));
+                    let result = if body.len() > self.max_message() {
+                        // Inline, when max_message is below what a receive
+                        // buffer holds: refused as a large one would be.
+                        Err(RpcError::TooLarge(format!(
+                            "a response of {} bytes is longer than max_message {}",
+                            body.len(),
+                            self.max_message()
+                        )))
+                    } else {
+                        Ok(body.to_vec())
+                    };
+                    self.finish(id, result);
                 }
             }
             Message::ResponseRendezvous { id, remote } => {
                 if !self.answered(id) {
                     return;
                 }
+                // Read or not, it is released below or once read.
+                self.holding += 1;
                 let wanted = self.calls.contains_key(&id);
                 if wanted && remote.len() as usize <= self.max_message() {
                     match RegisteredBuf::new(&*self.pd, vec![0u8; remote.len() as usize]) {
@@ -513,9 +540,14 @@ impl ClientCore {
             pushed |= self.push_close(sq);
         }
         while self.unanswered < self.window {
-            let Some(next) = self.queue.pop_front() else {
+            let Some(&next) = self.queue.front() else {
                 break;
             };
+            if matches!(next, Queued::Call(_)) && !self.call_may_go() {
+                // Releases are queued ahead of calls: none waits behind.
+                break;
+            }
+            self.queue.pop_front();
             match self.push_one(sq, next) {
                 Ok(true) => {
                     self.unanswered += 1;
@@ -545,6 +577,7 @@ impl ClientCore {
                 let n = wire::encode_with_aux(&mut chunk, Kind::Release, id, call, &[]);
                 self.push_send(sq, chunk, n).map_err(|_| ())?;
                 self.releases.insert(id, call);
+                self.holding -= 1;
                 Ok(true)
             }
             Queued::Call(id) => {

@@ -59,7 +59,10 @@
 //!   handshake's socket (kept open for the connection's life) closes;
 //!   its unreleased buffers and pending handler futures go with it. The
 //!   client watches the same socket for the server. A client may hold at
-//!   most twice its window of unreleased large responses. The wire format
+//!   most twice its window of unreleased large responses (past that, a
+//!   call is answered `Busy`); ours keeps to it, holding a call back
+//!   while its unanswered messages and the large responses it has not
+//!   released yet come to that. The wire format
 //!   is in [`wire`]: versioned, strictly decoded, fuzzed.
 //! * **Shutdown.** The server says goodbye to every client that has
 //!   spoken; each answers with a close once its calls are answered, and

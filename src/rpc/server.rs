@@ -233,6 +233,8 @@ impl<Q: QueuePair> ServerShared<Q> {
 pub struct RpcServer<Q: QueuePair + std::marker::Send + 'static> {
     pub(super) shared: Arc<ServerShared<Q>>,
     poller: Mutex<Option<JoinHandle<()>>>,
+    /// Whether the poller thread ended in a panic (every shutdown says so).
+    poller_panicked: AtomicBool,
     pub(super) acceptor: Mutex<Option<Acceptor>>,
     pub(super) local_addr: Option<SocketAddr>,
 }
@@ -351,6 +353,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
         Ok(RpcServer {
             shared,
             poller: Mutex::new(Some(poller)),
+            poller_panicked: AtomicBool::new(false),
             acceptor: Mutex::new(None),
             local_addr: None,
         })
@@ -439,22 +442,24 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
     /// once the poller has stopped.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         self.shared.stop.store(true, Ordering::Release);
-        let acceptor = self
-            .acceptor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(acceptor) = acceptor {
+        // Each thread is joined with its slot locked, so that a shutdown
+        // racing this one (or the drop) returns only once it has ended too.
+        let mut acceptor = self.acceptor.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(acceptor) = acceptor.take() {
             (acceptor.wake)();
             let _ = acceptor.thread.join();
         }
-        let poller = self.poller.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match poller {
-            Some(poller) => poller
-                .join()
-                .map_err(|_| RpcError::Disconnected("the poller thread panicked".into())),
-            None => Ok(()),
+        drop(acceptor);
+        let mut poller = self.poller.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(thread) = poller.take() {
+            if thread.join().is_err() {
+                self.poller_panicked.store(true, Ordering::Release);
+            }
         }
+        if self.poller_panicked.load(Ordering::Acquire) {
+            return Err(RpcError::Disconnected("the poller thread panicked".into()));
+        }
+        Ok(())
     }
 }
 
@@ -964,6 +969,53 @@ mod tests {
         let pending = PendingClient::new(client_qp, pd, config).unwrap();
         assert!(server.shared.admit(server_qp, None, None));
         (pending.establish().unwrap(), control)
+    }
+
+    /// A client pipelining calls whose responses are large keeps within
+    /// what the server holds for it (twice the window of unreleased
+    /// responses): while its reads are slow to finish, the next call
+    /// waits for a release rather than being answered `Busy` after its
+    /// handler ran.
+    #[test]
+    fn a_client_reading_slowly_is_never_answered_busy() {
+        let dev = SoftDevice::new();
+        let config = RpcConfig {
+            window: 1,
+            ..RpcConfig::default()
+        };
+        let large = |_: &Caller, _: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+            resp.resize(8192, 7);
+            Ok(())
+        };
+        let server = RpcServer::soft(&dev, Service::handler(large), config).unwrap();
+        // Queues and buffers for a window of 16, so that only the server's
+        // window of 1 holds calls back (held completions keep their send
+        // queue slots and send buffers).
+        let roomy = RpcConfig {
+            window: 16,
+            ..config
+        };
+        let (server_qp, client_qp, pd) = server.soft_pair(client_qp_config(&roomy)).unwrap();
+        let reads = client_qp.control();
+        let pending = PendingClient::new(client_qp, pd, roomy).unwrap();
+        assert!(server.shared.admit(server_qp, None, None));
+        let client = pending.establish().unwrap();
+        // The reads run; their completions (and so the releases) wait.
+        reads.hold_acks();
+        let calls = std::thread::spawn(move || {
+            let calls = [(); 3].map(|_| client.call_async(b"x"));
+            futures::executor::block_on(futures::future::join_all(calls))
+        });
+        let since = Instant::now();
+        wait_until("two calls, or a third", || {
+            let requests = server.stats().requests;
+            requests >= 3 || (requests == 2 && since.elapsed() > Duration::from_millis(300))
+        });
+        reads.release_acks();
+        for answer in calls.join().unwrap() {
+            assert_eq!(answer.unwrap(), vec![7u8; 8192]);
+        }
+        assert_eq!(server.stats().requests, 3);
     }
 
     /// Sends and reads the device refuses to post (a NIC short of

@@ -362,6 +362,15 @@ impl ServerCore {
             Message::Request { id, body } => {
                 if self.shutting_down {
                     self.answer_error(qp, id, ErrorCode::ShuttingDown, "shutting down");
+                } else if body.len() > self.config.max_message as usize {
+                    // Inline, when max_message is below what a receive
+                    // buffer holds: refused as a large one would be.
+                    let why = format!(
+                        "the request of {} bytes is longer than max_message {}",
+                        body.len(),
+                        self.config.max_message
+                    );
+                    self.answer_error(qp, id, ErrorCode::TooLarge, &why);
                 } else {
                     self.run_handler(qp, id, body);
                 }

@@ -14,7 +14,8 @@ use super::connection::{Connection, Failure, ReadOutcome};
 use super::RdmaStream;
 use crate::backend::{CompletionQueue, QueuePair};
 use crate::error::Error;
-use crate::future::{AsyncRing, CompletionStream, Wakeup};
+use crate::future::{AsyncRing, CompletionStream, Driver, Wakeup};
+use crate::ring::RingStats;
 
 /// A connected byte stream over RDMA for any executor: `futures-io`'s
 /// `AsyncRead` and `AsyncWrite`, and tokio's with the `tokio` feature (so
@@ -23,7 +24,7 @@ use crate::future::{AsyncRing, CompletionStream, Wakeup};
 /// Made from an established [`RdmaStream`] with
 /// [`RdmaStream::into_async`]; the [`Wakeup`] chosen there says what
 /// notices completions ([`Wakeup::Thread`] works everywhere; with
-/// [`Wakeup::Reactor`], drive [`driver`](Self::ring) from your reactor).
+/// [`Wakeup::Reactor`], drive its [`driver`](Self::driver) from your reactor).
 ///
 /// The reading and the writing task may differ (e.g. after
 /// `tokio::io::split`): each is woken on its own. A dead peer is noticed by
@@ -32,9 +33,12 @@ use crate::future::{AsyncRing, CompletionStream, Wakeup};
 /// second, so a dead peer fails any wait (read, write, flush, close) in
 /// bounded time; with [`Wakeup::Reactor`] nothing polls a stream whose
 /// peer went silent, so bound such waits with your executor's timeout.
-/// Close it with `close`/`shutdown` to be sure the end of stream leaves;
-/// dropping it tries for up to [`linger`](super::StreamConfig::linger),
-/// blocking the thread.
+/// Close it with `close`/`shutdown` to send the end of stream after what
+/// was written: it resolves once both arrived, or at once while bytes
+/// wait for us to read them (the peer may not take the rest before we
+/// do), and then the rest and the end go as reads make room — so keep
+/// reading, or drop the stream. Dropping it tries for up to
+/// [`linger`](super::StreamConfig::linger), blocking the thread.
 ///
 /// ```
 /// use futures::{AsyncReadExt, AsyncWriteExt};
@@ -127,9 +131,42 @@ impl<Q: QueuePair + Send + 'static> AsyncRdmaStream<Q> {
         })
     }
 
-    /// The stream's ring (for its driver, with [`Wakeup::Reactor`]).
-    pub fn ring(&self) -> &AsyncRing<Q> {
-        &self.ring
+    /// A driver for the stream's ring, for your reactor under
+    /// [`Wakeup::Reactor`]: wait until its
+    /// [`completion_fd`](Driver::completion_fd) is readable, then
+    /// [`drive`](Driver::drive).
+    ///
+    /// The ring itself is not lent out: an operation pushed to it, or a
+    /// completion taken from it, behind the stream's back would take the
+    /// peer's bytes from the stream.
+    ///
+    /// ```
+    /// use rdma_ring::backend::soft::SoftDevice;
+    /// use rdma_ring::future::Wakeup;
+    /// use rdma_ring::stream::{RdmaStream, StreamConfig};
+    ///
+    /// let (a, _b) = RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default()).unwrap();
+    /// let a = a.into_async(Wakeup::Reactor).unwrap();
+    /// let driver = a.driver();
+    /// assert!(driver.completion_fd().is_some());
+    /// driver.drive().unwrap();
+    /// ```
+    pub fn driver(&self) -> Driver<Q> {
+        self.ring.driver()
+    }
+
+    /// What the stream's ring did (doorbells, work requests, completions).
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::future::Wakeup;
+    /// # use rdma_ring::stream::{RdmaStream, StreamConfig};
+    /// let (a, _b) = RdmaStream::soft_pair(&SoftDevice::new(), StreamConfig::default()).unwrap();
+    /// let a = a.into_async(Wakeup::Busy).unwrap();
+    /// assert!(a.ring_stats().recv_wrs > 0); // its receives are posted
+    /// ```
+    pub fn ring_stats(&self) -> RingStats {
+        self.ring.with_ring(|ring| ring.stats())
     }
 
     /// Bytes received and not read yet.

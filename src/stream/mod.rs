@@ -100,7 +100,7 @@ pub struct StreamConfig {
     /// Send buffers: how much written data may wait for the peer.
     pub send_buffers: usize,
     /// Quiet time after which the peer is probed (an 8-byte read), so a
-    /// dead peer fails the connection in bounded time.
+    /// dead peer fails the connection in bounded time; not zero.
     pub keepalive: Duration,
     /// How long connecting may take, handshake and hellos together; not
     /// zero. Opening the TCP connection, or resolving the rdma_cm route,
@@ -148,6 +148,10 @@ impl StreamConfig {
         if self.connect_timeout.is_zero() {
             // Every peer would time out at once, some without a word.
             return Err(Error::Incompatible("connect_timeout must be above zero"));
+        }
+        if self.keepalive.is_zero() {
+            // A probe would follow a probe without pause.
+            return Err(Error::Incompatible("keepalive must be above zero"));
         }
         Ok(())
     }

@@ -92,11 +92,19 @@ impl DeviceState {
                     }
                 }
             } else {
-                // An error completion always has a CQE (after those held
-                // for their ACKs), and the queue pair goes to error,
-                // flushing everything behind it.
+                // An error completion always has a CQE, and the queue pair
+                // goes to error, flushing everything behind it. Completions
+                // held for their ACKs come first: a NAK acknowledges what
+                // went before it, so they succeeded; with no path to the
+                // peer, no ACK comes, so the oldest is the one whose
+                // retries ran out and this one is flushed with the rest.
                 qp.report_send(queued.seq);
-                self.deliver_held_acks(qpn);
+                let status = if status == WcStatus::RetryExcErr {
+                    self.retries_exhausted(qpn)
+                } else {
+                    self.deliver_held_acks(qpn);
+                    status
+                };
                 self.push_cqe(
                     qpn,
                     RawCompletion {
@@ -130,7 +138,7 @@ impl DeviceState {
         let qp = self.qp(qpn).expect("running qp exists");
         if let Some((1, status)) = qp.fault {
             qp.fault = None;
-            return Outcome::Complete(status);
+            return self.injected(qpn, status);
         }
         let (local_pd, link_broken, peer) = (qp.pd, qp.link_broken, qp.peer);
         let peer_qpn = match peer {
@@ -155,6 +163,11 @@ impl DeviceState {
             Err(status) => return Outcome::Complete(status),
         };
         let len: usize = local.iter().map(|&(_, n)| n).sum();
+        if len > crate::op::MAX_MESSAGE_LEN {
+            // Past the largest message the device announces (a gather
+            // list may name one region many times over).
+            return Outcome::Complete(WcStatus::LocLenErr);
+        }
         match wr.opcode {
             SendOpcode::Write | SendOpcode::WriteImm => {
                 let remote = match self.check_remote(
@@ -305,6 +318,51 @@ impl DeviceState {
             release,
         );
         self.enter_error(peer);
+    }
+
+    /// An injected fault: the work request completes with `status`. A
+    /// status that says the responder failed (a NAK for an access
+    /// violation, an invalid request or its own failure) fails a healthy
+    /// responder too, as a real one would have.
+    fn injected(&mut self, qpn: usize, status: WcStatus) -> Outcome {
+        let peer = self.qp(qpn).and_then(|qp| qp.peer);
+        let healthy = peer
+            .and_then(|p| self.qp(p))
+            .map(|p| p.state == QpState::ReadyToSend);
+        match (status, peer) {
+            (WcStatus::RemAccessErr | WcStatus::RemInvReqErr, Some(peer))
+                if healthy == Some(true) =>
+            {
+                self.responder_error(peer, status)
+            }
+            (WcStatus::RemOpErr, Some(peer)) if healthy == Some(true) => {
+                self.enter_error(peer);
+                Outcome::Complete(status)
+            }
+            _ => Outcome::Complete(status),
+        }
+    }
+
+    /// The transport's retries ran out with no path to the peer: no ACK
+    /// comes for the completions held for one, so the oldest of them
+    /// fails with `RetryExcErr` and the rest are flushed. Returns the
+    /// status of the work request that found the path gone: `RetryExcErr`
+    /// if none was held, else flushed after them.
+    fn retries_exhausted(&mut self, qpn: usize) -> WcStatus {
+        let held = match self.qp(qpn).and_then(|qp| qp.held_acks.as_mut()) {
+            Some(held) if !held.is_empty() => std::mem::take(held),
+            _ => return WcStatus::RetryExcErr,
+        };
+        for (i, (mut cqe, release)) in held.into_iter().enumerate() {
+            cqe.status = if i == 0 {
+                WcStatus::RetryExcErr
+            } else {
+                WcStatus::WrFlushErr
+            };
+            cqe.byte_len = 0;
+            self.push_cqe(qpn, cqe, release);
+        }
+        WcStatus::WrFlushErr
     }
 
     /// A remote access violation or an invalid request (a misaligned

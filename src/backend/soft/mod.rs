@@ -31,6 +31,13 @@
 //! ([`SoftDevice::set_port_active`]), fails as a whole
 //! ([`SoftDevice::inject_device_fatal`]), or refuses deregistrations.
 //!
+//! Where it is kinder than a NIC, a test that passes here proves less:
+//! its keys are never reused, so a revoked rkey always fails (a NIC may
+//! give a later registration the same key, and a stale rkey then reaches
+//! new memory); within one post, a receiver's completion is queued before
+//! its sender's (a NIC orders no two completion queues); fences are
+//! counted ([`QpCounters::fenced`]), not waited for.
+//!
 //! ```
 //! use rdma_ring::backend::soft::{SoftDevice, QpState};
 //! use rdma_ring::backend::{QpConfig, WcStatus};
@@ -332,6 +339,22 @@ impl SoftDevice {
     /// ```
     pub fn fail_arms(&self, n: u32) {
         self.shared.lock().fail_arms = n;
+    }
+
+    /// How many of the arms [`fail_arms`](Self::fail_arms) asked to fail
+    /// are still to fail: how often the channel was armed meanwhile.
+    ///
+    /// ```
+    /// # use rdma_ring::backend::soft::SoftDevice;
+    /// # use rdma_ring::backend::{CompletionEvents, CompletionQueue};
+    /// let dev = SoftDevice::new();
+    /// let events = dev.create_cq(8).unwrap().completion_events().unwrap();
+    /// dev.fail_arms(3);
+    /// assert!(events.arm().is_err());
+    /// assert_eq!(dev.arms_left_to_fail(), 2);
+    /// ```
+    pub fn arms_left_to_fail(&self) -> u32 {
+        self.shared.lock().fail_arms
     }
 
     /// A new protection domain.

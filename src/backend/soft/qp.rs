@@ -195,7 +195,11 @@ impl std::fmt::Debug for QpControl {
 
 impl QpControl {
     /// The n-th send work request executed from now (1 = the next one)
-    /// completes with `status`, and the queue pair goes to error.
+    /// completes with `status`, and the queue pair goes to error. A status
+    /// that says the responder failed (`RemAccessErr`, `RemInvReqErr`,
+    /// `RemOpErr`) fails a healthy responder too, as the real fault would:
+    /// it goes to error, with `QpAccessError` or `QpRequestError` for the
+    /// first two.
     pub fn fail_nth(&self, n: u64, status: WcStatus) {
         if let Some(qp) = self.shared.lock().qp(self.qpn) {
             qp.fault = Some((n.max(1), status));
@@ -266,8 +270,13 @@ impl QpControl {
     /// and the peer has seen it — its receive completes, and it may
     /// answer — but the send's slot is not given back until
     /// [`release_acks`](Self::release_acks). Errors still complete at
-    /// once, after the held completions. Work that [`Progress::NoOp`]
-    /// completes as it is posted runs nowhere and is not held.
+    /// once, after the held completions: those succeed if the error is a
+    /// NAK (which acknowledges what went before it); a move to error that
+    /// acknowledges nothing (by the owner, a fatal event, the responder
+    /// failing) flushes them, and with the path to the peer gone the
+    /// oldest fails with `RetryExcErr` and the rest are flushed. Work that
+    /// [`Progress::NoOp`] completes as it is posted runs nowhere and is
+    /// not held.
     ///
     /// [`Progress::NoOp`]: super::Progress::NoOp
     ///

@@ -466,8 +466,8 @@ impl DeviceState {
     /// receive queue stay there for the other queue pairs; the device says
     /// this queue pair will take no more with `LastWqeReached`.
     pub(super) fn enter_error(&mut self, qpn: usize) {
-        // Completions held for late ACKs come before the flush's.
-        self.deliver_held_acks(qpn);
+        // Work whose ACK had not come is not complete: flushed, first.
+        self.flush_held_acks(qpn);
         let Some(qp) = self.qp(qpn) else { return };
         let was = qp.state;
         qp.state = QpState::Error;
@@ -496,6 +496,20 @@ impl DeviceState {
     /// Completes, in order, the sends of queue pair `qpn` whose
     /// completions wait for their ACKs; it goes on holding later ones if
     /// it was.
+    /// Flushes the completions held for late ACKs (the queue pair goes to
+    /// error before their ACKs came), in order.
+    pub(super) fn flush_held_acks(&mut self, qpn: usize) {
+        let held = match self.qp(qpn).and_then(|qp| qp.held_acks.as_mut()) {
+            Some(held) if !held.is_empty() => std::mem::take(held),
+            _ => return,
+        };
+        for (cqe, release) in held {
+            self.push_cqe(qpn, flushed(cqe.wr_id, qpn), release);
+        }
+    }
+
+    /// Delivers the completions held for late ACKs, in order: their ACKs
+    /// came (released, or acknowledged by a NAK of a later request).
     pub(super) fn deliver_held_acks(&mut self, qpn: usize) {
         let held = match self.qp(qpn).and_then(|qp| qp.held_acks.as_mut()) {
             Some(held) if !held.is_empty() => std::mem::take(held),
