@@ -1,6 +1,6 @@
 //! The async quickstart on smol, woken by async-io's reactor: the
 //! completion channel's descriptor goes to `Async`, and a small task
-//! drives each ring whenever it is readable.
+//! drives each ring whenever it is readable (and ticks it on a timer).
 //!
 //! ```text
 //! cargo run --example async_smol [-- --device soft|NAME]
@@ -9,10 +9,12 @@
 mod async_common;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use async_common::Endpoints;
 use rdma_ring::backend::{ProtectionDomain, QueuePair};
 use rdma_ring::future::{AsyncRing, Wakeup};
+use smol::stream::StreamExt;
 use smol::Async;
 
 fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Task<()> {
@@ -24,13 +26,28 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Tas
     )
     .expect("registering the completion channel with async-io");
     smol::spawn(async move {
-        while fd.readable().await.is_ok() {
-            // An error is reported, not the end: a driver that stopped
-            // would strand every pending future. A pause keeps a channel
-            // that stays readable (its device gone) from spinning.
-            if let Err(e) = driver.drive() {
-                eprintln!("driving the ring: {e}");
-                smol::Timer::after(std::time::Duration::from_millis(10)).await;
+        // The ring's idle-time work raises no completion event: a timer
+        // runs it (see `AsyncRing::tick`).
+        let mut ticks = smol::Timer::interval(Duration::from_millis(100));
+        loop {
+            let readable = async { Some(fd.readable().await) };
+            let tick = async {
+                ticks.next().await;
+                None
+            };
+            match smol::future::or(readable, tick).await {
+                Some(Ok(())) => {
+                    // An error is reported, not the end: a driver that
+                    // stopped would strand every pending future. A pause
+                    // keeps a channel that stays readable (its device
+                    // gone) from spinning.
+                    if let Err(e) = driver.drive() {
+                        eprintln!("driving the ring: {e}");
+                        smol::Timer::after(Duration::from_millis(10)).await;
+                    }
+                }
+                Some(Err(_)) => return,
+                None => driver.tick(),
             }
         }
     })

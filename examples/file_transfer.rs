@@ -87,13 +87,31 @@ fn run() -> Result<()> {
         };
         match arg.as_str() {
             "--device" => device = Some(value("--device")?),
-            "--gid-index" => gid = Some(value("--gid-index")?.parse::<u8>()?),
+            "--gid-index" => {
+                gid = Some(
+                    value("--gid-index")?
+                        .parse::<u8>()
+                        .map_err(|e| format!("--gid-index: {e}"))?,
+                )
+            }
             "--listen" => listen = Some(value("--listen")?),
             "--connect" => connect = Some(value("--connect")?),
             "--file" => file = Some(value("--file")?),
-            "--size" => size = value("--size")?.parse()?,
-            "--chunk" => chunk = value("--chunk")?.parse()?,
-            "--depth" => depth = value("--depth")?.parse()?,
+            "--size" => {
+                size = value("--size")?
+                    .parse()
+                    .map_err(|e| format!("--size: {e}"))?
+            }
+            "--chunk" => {
+                chunk = value("--chunk")?
+                    .parse()
+                    .map_err(|e| format!("--chunk: {e}"))?
+            }
+            "--depth" => {
+                depth = value("--depth")?
+                    .parse()
+                    .map_err(|e| format!("--depth: {e}"))?
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

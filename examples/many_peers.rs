@@ -66,8 +66,16 @@ fn options() -> Result<Options> {
         };
         match arg.as_str() {
             "--device" => options.device = Some(value("--device")?),
-            "--clients" => options.clients = value("--clients")?.parse()?,
-            "--rounds" => options.rounds = value("--rounds")?.parse()?,
+            "--clients" => {
+                options.clients = value("--clients")?
+                    .parse()
+                    .map_err(|e| format!("--clients: {e}"))?
+            }
+            "--rounds" => {
+                options.rounds = value("--rounds")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

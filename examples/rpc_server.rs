@@ -77,7 +77,21 @@ fn run() -> Result<()> {
         .unwrap_or("0.0.0.0:7490")
         .to_string();
     let kind: HandlerKind = flags.parsed("--handler", HandlerKind::Echo)?;
-    let exit_after: Option<usize> = flags.value("--exit-after").map(str::parse).transpose()?;
+    let exit_after: Option<usize> = flags
+        .value("--exit-after")
+        .map(|v| v.parse().map_err(|e| format!("--exit-after {v:?}: {e}")))
+        .transpose()?;
+    // Each transport takes only its own flags: one given to another is
+    // refused rather than ignored.
+    for (transport, ignored) in [
+        ("--tcp", "--device"),
+        ("--tcp", "--async"),
+        ("--cm", "--device"),
+    ] {
+        if flags.has(transport) && flags.has(ignored) {
+            return Err(format!("{ignored} does not go with {transport}").into());
+        }
+    }
     let config = RpcConfig {
         max_clients: flags.parsed("--max-clients", 64)?,
         window: flags.parsed("--window", 16)?,

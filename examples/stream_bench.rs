@@ -73,8 +73,8 @@ fn parse() -> Result<Args> {
             "--tcp" => parsed.tcp = true,
             "--listen" => parsed.listen = Some(value("--listen")?),
             "--connect" => parsed.connect = Some(value("--connect")?),
-            "-S" => parsed.size = value("-S")?.parse()?,
-            "-C" => parsed.count = value("-C")?.parse()?,
+            "-S" => parsed.size = value("-S")?.parse().map_err(|e| format!("-S: {e}"))?,
+            "-C" => parsed.count = value("-C")?.parse().map_err(|e| format!("-C: {e}"))?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

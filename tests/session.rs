@@ -822,6 +822,59 @@ async fn returning_a_region_never_lent_is_refused() {
     assert!(why.contains("never lent"), "{why}");
 }
 
+/// Region 0 is never lent (numbers start at 1): handing it back breaks
+/// the protocol too.
+#[tokio::test]
+async fn returning_region_zero_is_refused() {
+    let mut peer = raw_peer(SessionConfig::default());
+    peer.wire.send(Control::Return { id: 0 }.encode(0, 0));
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("never lent"), "{why}");
+}
+
+/// Receive buffers have room for control messages, so a user message past
+/// a small `max_message` may fit them: the session still refuses it, as
+/// its hello said.
+#[tokio::test]
+async fn a_user_message_past_our_max_message_is_refused_even_if_it_fits() {
+    let config = SessionConfig {
+        max_message: 0,
+        ..SessionConfig::default()
+    };
+    let mut peer = raw_peer(config);
+    let mut message = vec![7u8; 40];
+    message.extend_from_slice(
+        &Trailer {
+            kind: Kind::User,
+            processed: 0,
+            taken: 0,
+        }
+        .encode(),
+    );
+    peer.wire.send(message);
+    let why = protocol_failure(&peer.session).await;
+    assert!(why.contains("max_message"), "{why}");
+}
+
+/// Regions lent to us that our user has not received yet are not handed
+/// out once the peer closed: it took back everything it lent.
+#[tokio::test]
+async fn regions_lent_before_the_peer_closed_are_not_handed_out() {
+    let (a, b) = pair(SessionConfig::default());
+    let region = b.alloc_local_mr(bytes(4096)).unwrap();
+    b.send_local_mr(region, RemoteAccess::READ).unwrap();
+    drop(b);
+    // The lend came before the close, which `receive` reports.
+    let closed = within(a.receive()).await.unwrap_err();
+    assert!(matches!(closed, SessionError::Closed(_)), "{closed}");
+    let lent = within(a.receive_remote_mr()).await;
+    assert!(
+        matches!(lent, Err(SessionError::Closed(_))),
+        "{:?}",
+        lent.map(|r| r.len())
+    );
+}
+
 /// A peer that hands back a region whose descriptor it was never sent (it
 /// waits here for the peer's window) breaks the protocol: it cannot know
 /// of the region.

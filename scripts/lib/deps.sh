@@ -23,7 +23,9 @@ ensure_packages() {
 }
 
 ensure_build_deps() {
-    ensure_packages "build dependencies" pkg-config libibverbs-dev librdmacm-dev libclang-dev
+    # gcc and libc6-dev: the linker and C runtime rustc links with, which
+    # a rustup-only machine lacks.
+    ensure_packages "build dependencies" gcc libc6-dev pkg-config libibverbs-dev librdmacm-dev libclang-dev
     if ! command -v cargo >/dev/null 2>&1; then
         echo "error: cargo not found; install a Rust toolchain (rustup) first" >&2
         exit 1

@@ -12,6 +12,7 @@ run() {
     local per_client=$((calls / clients))
     [ "$per_client" -ge 100 ] || per_client=100
     port=$((port + 1))
+    local client_failed=0
     case "$name" in
         rdma-ring)
             "$examples/rpc_server" --device rxe0 --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
@@ -22,7 +23,7 @@ run() {
                 return 0
             fi
             "$examples/rpc_client" --device rxe0 --connect "127.0.0.1:$port" --bench \
-                --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
+                --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || client_failed=1 ;;
         tcp)
             "$examples/rpc_server" --tcp --listen "127.0.0.1:$port" --exit-after "$clients" > /tmp/server.log 2>&1 &
             local server=$!
@@ -32,8 +33,16 @@ run() {
                 return 0
             fi
             "$examples/rpc_client" --tcp "127.0.0.1:$port" --bench \
-                --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || true ;;
+                --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || client_failed=1 ;;
     esac
+    if [ "$client_failed" -ne 0 ]; then
+        # Its server may wait for ever for clients that never came.
+        echo "--- $name client (failed):" >&2
+        cat /tmp/client.log >&2
+        stop_server "$server" /tmp/server.log
+        echo "FAILED"
+        return 0
+    fi
     local status=0
     wait "$server" || status=$?
     local figures

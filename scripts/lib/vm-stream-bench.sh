@@ -11,6 +11,7 @@ port=7490
 run_pair() {
     local name="$1" size="$2" count="$3"
     port=$((port + 1))
+    local client_failed=0
     case "$name" in
         rdma-ring)
             "$bench" --cm --listen "$addr:$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
@@ -20,7 +21,7 @@ run_pair() {
                 echo "FAILED"
                 return 0
             fi
-            "$bench" --cm --connect "$addr:$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
+            "$bench" --cm --connect "$addr:$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 || client_failed=1 ;;
         rstream | riostream)
             "$name" -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
@@ -29,7 +30,7 @@ run_pair() {
                 echo "FAILED"
                 return 0
             fi
-            "$name" -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
+            "$name" -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 || client_failed=1 ;;
         tcp)
             rstream -T s -b "$addr" -p "$port" -S "$size" -C "$count" > /tmp/server.log 2>&1 &
             local server=$!
@@ -38,8 +39,16 @@ run_pair() {
                 echo "FAILED"
                 return 0
             fi
-            rstream -T s -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 ;;
+            rstream -T s -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 || client_failed=1 ;;
     esac
+    if [ "$client_failed" -ne 0 ]; then
+        # Its server may wait for ever for clients that never came.
+        echo "--- $name client (failed):" >&2
+        cat /tmp/client.log >&2
+        stop_server "$server" /tmp/server.log
+        echo "FAILED"
+        return 0
+    fi
     local status=0
     wait "$server" || status=$?
     # The result line: name bytes xfers [iters] total time Gb/sec usec/xfer

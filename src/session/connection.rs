@@ -146,6 +146,12 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         let timeout = config.request_timeout;
         let answer = self
             .wait(|st| match st.requests.get(&request) {
+                // A grant that came before the peer closed (or the session
+                // failed) was taken back with everything else.
+                Some(Request::Done(_)) if st.peer_closed || st.failure.is_some() => {
+                    st.requests.remove(&request);
+                    st.refusal().map(Err)
+                }
                 Some(Request::Done(_)) => match st.requests.remove(&request) {
                     Some(Request::Done(answer)) => Some(answer),
                     _ => unreachable!("just matched"),
@@ -200,12 +206,13 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         Ok(())
     }
 
-    /// The next region the peer lent us.
+    /// The next region the peer lent us. Once the peer closed the session
+    /// (or it failed), none: the peer took back all it lent.
     pub async fn receive_remote_mr(&self) -> Result<RemoteRegion, SessionError> {
         let descriptor = self
-            .wait(|st| match st.lent_to_us.pop_front() {
-                Some(d) => Some(Ok(d)),
-                None => st.refusal().map(Err),
+            .wait(|st| match st.refusal() {
+                Some(e) => Some(Err(e)),
+                None => st.lent_to_us.pop_front().map(Ok),
             })
             .await?;
         Ok(self.remote_region(descriptor))

@@ -79,7 +79,8 @@
 //!   bytes safe code may now read.
 //! * A peer asks for at most [`SessionConfig::max_remote_region`] bytes at
 //!   a time, [`SessionConfig::max_remote_total`] in all (what the
-//!   allocator takes, and grants handed back and not yet taken), at most
+//!   allocator takes for its grants, regions our user sent it, and those
+//!   handed back and not yet taken), at most
 //!   4096 regions at once, with rights within
 //!   [`SessionConfig::max_remote_rights`].
 //!
@@ -97,8 +98,11 @@
 //! messages and carries the flow-control counts ([`flow`]): no message
 //! meets an empty receive queue, and a user who does not read holds up only
 //! the peer's user messages. A malformed control message, a count of
-//! messages never sent, or a return of a region never lent ends the session
-//! with [`SessionError::Protocol`]; nothing local is lost.
+//! messages never sent, a return of a region never lent, or a user message
+//! past our `max_message` ends the session with
+//! [`SessionError::Protocol`]; nothing local is lost. (A region handed
+//! back twice is let be: it cannot be told from one whose lease ended as
+//! it came back.)
 //!
 //! # Limits
 //!

@@ -300,6 +300,14 @@ fn receive<Q: QueuePair + std::marker::Send + 'static>(
     match message {
         Message::User(payload) => {
             let n = payload.len();
+            // Receive buffers have room for control messages too, so one
+            // past our max_message may fit them: the hello's word binds.
+            if n > host.config.max_message as usize {
+                return Err(format!(
+                    "a message of {n} bytes, longer than our max_message of {}",
+                    host.config.max_message
+                ));
+            }
             if st.unread() >= window {
                 return Err(format!("a message beyond the user window of {window}"));
             }
@@ -410,8 +418,9 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
         }
         Control::Return { id } | Control::Release { id } => match st.lent.remove(&id) {
             Some(lent) => reclaim(st, lent, matches!(control, Control::Return { .. })),
-            // Taken back at the end of its lease while coming back.
-            None if id < st.next_region => {
+            // Taken back at the end of its lease while coming back (or
+            // handed back twice, which cannot be told from it).
+            None if (1..st.next_region).contains(&id) => {
                 st.lent_expired.remove(&id);
             }
             None => {
