@@ -81,15 +81,22 @@ fn run() -> Result<()> {
         .value("--exit-after")
         .map(|v| v.parse().map_err(|e| format!("--exit-after {v:?}: {e}")))
         .transpose()?;
-    // Each transport takes only its own flags: one given to another is
-    // refused rather than ignored.
-    for (transport, ignored) in [
-        ("--tcp", "--device"),
-        ("--tcp", "--async"),
-        ("--cm", "--device"),
-    ] {
-        if flags.has(transport) && flags.has(ignored) {
-            return Err(format!("{ignored} does not go with {transport}").into());
+    // A flag the chosen transport would ignore is refused.
+    let ignored_by_tcp = [
+        "--cm",
+        "--device",
+        "--async",
+        "--window",
+        "--max-clients",
+        "--spin",
+    ];
+    let ignored = ignored_by_tcp
+        .iter()
+        .map(|&flag| ("--tcp", flag))
+        .chain([("--cm", "--device")]);
+    for (transport, flag) in ignored {
+        if flags.has(transport) && flags.has(flag) {
+            return Err(format!("{flag} does not go with {transport}").into());
         }
     }
     let config = RpcConfig {

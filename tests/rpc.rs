@@ -508,6 +508,40 @@ fn a_second_shutdown_returns_only_once_the_server_stopped() {
     assert_eq!(call.join().unwrap().unwrap(), b"held");
 }
 
+/// A handler may shut its own server down: on the poller's thread the
+/// shutdown only starts (it cannot wait for its own thread), the call is
+/// answered, and a shutdown from elsewhere then waits for the end.
+#[test]
+fn a_handler_may_shut_its_server_down() {
+    let dev = SoftDevice::new();
+    let slot: Arc<std::sync::OnceLock<Arc<RpcServer<SoftQp>>>> = Arc::default();
+    let seen = Arc::clone(&slot);
+    let handler = move |_: &Caller, req: &[u8], resp: &mut Vec<u8>| -> Result<(), HandlerError> {
+        if req == b"stop" {
+            let server = seen.get().expect("the server is set before any call");
+            server
+                .shutdown()
+                .map_err(|e| HandlerError::new(e.to_string()))?;
+        }
+        resp.extend_from_slice(req);
+        Ok(())
+    };
+    let server = RpcServer::soft(&dev, Service::handler(handler), RpcConfig::default()).unwrap();
+    let server = Arc::new(server);
+    assert!(slot.set(Arc::clone(&server)).is_ok());
+    let client = server.connect_soft().unwrap();
+    assert_eq!(client.call(b"stop").unwrap(), b"stop");
+    server.shutdown().unwrap();
+    let after = client.call(b"after");
+    assert!(
+        matches!(
+            after,
+            Err(RpcError::ShuttingDown | RpcError::Disconnected(_))
+        ),
+        "{after:?}"
+    );
+}
+
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {

@@ -814,7 +814,8 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcClient<Q> {
 
     /// Calls `f` with the client's queue pair, read-only (its number, its
     /// capabilities, a soft device's test controls); `None` once it is
-    /// gone from the ring.
+    /// gone from the ring. `f` runs with the client's ring locked: it must
+    /// not use the client.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QueuePair};

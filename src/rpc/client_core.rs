@@ -61,9 +61,9 @@ pub(super) struct ClientCore {
     /// Large responses whose descriptor arrived and whose release has not
     /// gone yet (being read, or the release queued). The server holds each
     /// until our release reaches it, and answers `Busy` past twice the
-    /// window of them; so calls wait while `unanswered + holding` would
-    /// reach that (every unanswered call may bring one, and each release
-    /// in flight is an unanswered message).
+    /// window of them; so a call waits while `unanswered + holding` is
+    /// that already (every unanswered call may bring one, and each
+    /// release in flight is an unanswered message).
     holding: usize,
     queue: VecDeque<Queued>,
     calls: HashMap<u64, Call>,

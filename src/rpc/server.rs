@@ -233,6 +233,9 @@ impl<Q: QueuePair> ServerShared<Q> {
 pub struct RpcServer<Q: QueuePair + std::marker::Send + 'static> {
     pub(super) shared: Arc<ServerShared<Q>>,
     poller: Mutex<Option<JoinHandle<()>>>,
+    /// The poller thread's id: a shutdown called on it (by a handler)
+    /// cannot wait for it.
+    poller_id: std::thread::ThreadId,
     /// Whether the poller thread ended in a panic (every shutdown says so).
     poller_panicked: AtomicBool,
     pub(super) acceptor: Mutex<Option<Acceptor>>,
@@ -352,6 +355,7 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
             .map_err(|_| Error::Soft("could not spawn the poller thread"))?;
         Ok(RpcServer {
             shared,
+            poller_id: poller.thread().id(),
             poller: Mutex::new(Some(poller)),
             poller_panicked: AtomicBool::new(false),
             acceptor: Mutex::new(None),
@@ -439,9 +443,14 @@ impl<Q: QueuePair + std::marker::Send + 'static> RpcServer<Q> {
     /// once, and its calls fail as on a lost connection. A client that
     /// goes on calling is answered `ShuttingDown` each time, but holds up
     /// the end no more than two seconds past `release_timeout`. Returns
-    /// once the poller has stopped.
+    /// once the poller has stopped — except on the poller's own thread (a
+    /// handler that shuts its server down), where it only starts the
+    /// shutdown and returns at once.
     pub fn shutdown(&self) -> Result<(), RpcError> {
         self.shared.stop.store(true, Ordering::Release);
+        if std::thread::current().id() == self.poller_id {
+            return Ok(());
+        }
         // Each thread is joined with its slot locked, so that a shutdown
         // racing this one (or the drop) returns only once it has ended too.
         let mut acceptor = self.acceptor.lock().unwrap_or_else(|p| p.into_inner());

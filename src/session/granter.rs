@@ -1,10 +1,13 @@
 //! The granter: a host's thread that makes the regions peers ask for —
 //! allocated, zeroed and registered, up to `max_remote_region` each — so
 //! that a peer asking for large regions in a loop keeps the pump, which
-//! serves every session of the host, no busier than its messages do.
+//! serves every session of the host, no busier than its messages do. The
+//! sessions take turns, one grant each, so one peer's queue of large
+//! grants delays another's by one grant, not by all of them.
 
 use std::alloc::Layout;
-use std::sync::mpsc::{channel, Sender};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::host::HostShared;
@@ -36,6 +39,10 @@ pub(super) struct Granter<Q: QueuePair + Send + 'static> {
     /// Held by a test to keep grants from being made.
     #[cfg(test)]
     pub(super) hold: Arc<Mutex<()>>,
+    /// The sessions (their tokens) grants were made for, in order, for
+    /// tests.
+    #[cfg(test)]
+    pub(super) made: Arc<Mutex<Vec<u64>>>,
 }
 
 impl<Q: QueuePair + Send + 'static> Granter<Q> {
@@ -44,6 +51,8 @@ impl<Q: QueuePair + Send + 'static> Granter<Q> {
             jobs: Mutex::new(None),
             #[cfg(test)]
             hold: Arc::default(),
+            #[cfg(test)]
+            made: Arc::default(),
         }
     }
 
@@ -80,13 +89,20 @@ impl<Q: QueuePair + Send + 'static> Granter<Q> {
     fn start(&self) -> Result<Sender<Job<Q>>, ()> {
         let (tx, rx) = channel::<Job<Q>>();
         #[cfg(test)]
-        let hold = Arc::clone(&self.hold);
+        let (hold, made) = (Arc::clone(&self.hold), Arc::clone(&self.made));
         std::thread::Builder::new()
             .name("rdma-ring-session-granter".into())
             .spawn(move || {
-                for job in rx {
+                let mut turns = Turns::default();
+                while turns.take_from(&rx) {
                     #[cfg(test)]
                     drop(hold.lock().unwrap_or_else(|p| p.into_inner()));
+                    turns.take_waiting(&rx);
+                    let Some(job) = turns.next() else { continue };
+                    #[cfg(test)]
+                    made.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(job.session.token);
                     let host = &job.session.host;
                     let made = make(host, &job.wanted);
                     answer(host, &mut job.session.lock(), job.wanted, made);
@@ -95,6 +111,70 @@ impl<Q: QueuePair + Send + 'static> Granter<Q> {
             })
             .map(|_| tx)
             .map_err(|_| ())
+    }
+}
+
+/// The grants waiting to be made, by session; the sessions with some take
+/// turns.
+struct Turns<Q: QueuePair + Send + 'static> {
+    waiting: HashMap<u64, VecDeque<Job<Q>>>,
+    /// Sessions with grants waiting, the next to be served first.
+    order: VecDeque<u64>,
+}
+
+impl<Q: QueuePair + Send + 'static> Default for Turns<Q> {
+    fn default() -> Self {
+        Turns {
+            waiting: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Turns<Q> {
+    fn push(&mut self, job: Job<Q>) {
+        let token = job.session.token;
+        let queue = self.waiting.entry(token).or_default();
+        if queue.is_empty() {
+            self.order.push_back(token);
+        }
+        queue.push_back(job);
+    }
+
+    /// Waits for a grant if none is waiting; false once the host has gone
+    /// and none is left.
+    fn take_from(&mut self, rx: &Receiver<Job<Q>>) -> bool {
+        if !self.order.is_empty() {
+            return true;
+        }
+        match rx.recv() {
+            Ok(job) => {
+                self.push(job);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Takes every grant already asked for, so that their sessions are in
+    /// the turns.
+    fn take_waiting(&mut self, rx: &Receiver<Job<Q>>) {
+        while let Ok(job) = rx.try_recv() {
+            self.push(job);
+        }
+    }
+
+    /// The next session's oldest grant; that session goes to the back.
+    fn next(&mut self) -> Option<Job<Q>> {
+        let token = self.order.pop_front()?;
+        let queue = self.waiting.get_mut(&token)?;
+        let job = queue.pop_front();
+        if queue.is_empty() {
+            self.waiting.remove(&token);
+        } else {
+            self.order.push_back(token);
+        }
+        job
     }
 }
 
@@ -195,6 +275,43 @@ mod tests {
         let len = granted.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(len.unwrap(), 1 << 20);
         asker.join().unwrap();
+    }
+
+    /// Sessions take turns at the granter: one peer's queue of grants
+    /// delays another's single grant by one grant, not by all of them.
+    #[test]
+    fn sessions_take_turns_at_the_granter() {
+        let dev = SoftDevice::new();
+        let host = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+        let (a, a_granting) = host.connect_soft(&host).unwrap();
+        let (b, b_granting) = host.connect_soft(&host).unwrap();
+        let held = host.shared.granter.hold.lock().unwrap();
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never {what}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let layout = Layout::from_size_align(64 << 10, 64).unwrap();
+        let ask = |session: crate::session::Session<_>, n: usize| {
+            std::thread::spawn(move || {
+                let asks = (0..n).map(|_| session.request_remote_mr(layout));
+                let got = futures::executor::block_on(futures::future::join_all(asks));
+                assert!(got.iter().all(|r| r.is_ok()));
+            })
+        };
+        // Six from one session, then one from the other, all waiting.
+        let asker_a = ask(a, 6);
+        wait_for("a's six", &|| a_granting.shared.lock().granting == 6);
+        let asker_b = ask(b, 1);
+        wait_for("b's one", &|| b_granting.shared.lock().granting == 1);
+        drop(held);
+        asker_a.join().unwrap();
+        asker_b.join().unwrap();
+        let (a, b) = (a_granting.shared.token, b_granting.shared.token);
+        let made = host.shared.granter.made.lock().unwrap().clone();
+        assert_eq!(made, [a, b, a, a, a, a, a]);
     }
 
     /// A grant made after the peer closed the session is not lent: nothing

@@ -271,7 +271,8 @@ impl QpControl {
     /// answer — but the send's slot is not given back until
     /// [`release_acks`](Self::release_acks). Errors still complete at
     /// once, after the held completions: those succeed if the error is a
-    /// NAK (which acknowledges what went before it); a move to error that
+    /// NAK (which acknowledges what went before it) or, on this device, a
+    /// local error of a later work request; a move to error that
     /// acknowledges nothing (by the owner, a fatal event, the responder
     /// failing) flushes them, and with the path to the peer gone the
     /// oldest fails with `RetryExcErr` and the rest are flushed. Work that

@@ -493,9 +493,6 @@ impl DeviceState {
         }
     }
 
-    /// Completes, in order, the sends of queue pair `qpn` whose
-    /// completions wait for their ACKs; it goes on holding later ones if
-    /// it was.
     /// Flushes the completions held for late ACKs (the queue pair goes to
     /// error before their ACKs came), in order.
     pub(super) fn flush_held_acks(&mut self, qpn: usize) {
@@ -508,8 +505,9 @@ impl DeviceState {
         }
     }
 
-    /// Delivers the completions held for late ACKs, in order: their ACKs
-    /// came (released, or acknowledged by a NAK of a later request).
+    /// Delivers, in order, the completions of queue pair `qpn` held for
+    /// late ACKs: their ACKs came (released, or acknowledged by a later
+    /// request's NAK). It goes on holding later ones if it was.
     pub(super) fn deliver_held_acks(&mut self, qpn: usize) {
         let held = match self.qp(qpn).and_then(|qp| qp.held_acks.as_mut()) {
             Some(held) if !held.is_empty() => std::mem::take(held),
