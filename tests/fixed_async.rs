@@ -934,11 +934,20 @@ fn a_queue_pair_failed_by_an_event_wakes_its_waiting_futures() {
 }
 
 /// A waker that panics when woken.
-struct PanickingWaker;
+#[derive(Default)]
+struct PanickingWaker(std::sync::atomic::AtomicBool);
 
 impl std::task::Wake for PanickingWaker {
     fn wake(self: std::sync::Arc<Self>) {
+        // Said first: a test checks the panic happened.
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
         panic!("a waker that panics");
+    }
+}
+
+impl PanickingWaker {
+    fn panicked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -978,7 +987,8 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
         .unwrap()
     };
     let (mut first, mut second) = (write(0), write(1));
-    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let panics = Arc::new(PanickingWaker::default());
+    let panicking = Waker::from(Arc::clone(&panics));
     let counting = Arc::new(CountingWaker::default());
     let counted = Waker::from(Arc::clone(&counting));
     use std::pin::Pin;
@@ -990,6 +1000,7 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
         .is_pending());
     dev.progress();
     let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.drive()));
+    assert!(panics.panicked(), "the panicking waker was never woken");
     // The panic hook told of it; the caller's own drive went fine.
     assert!(
         driven.is_ok(),

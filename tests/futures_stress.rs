@@ -486,11 +486,20 @@ fn coalesced_tasks_that_push_again_as_ops_complete_share_doorbells() {
 }
 
 /// A waker that panics when woken.
-struct PanickingWaker;
+#[derive(Default)]
+struct PanickingWaker(std::sync::atomic::AtomicBool);
 
 impl std::task::Wake for PanickingWaker {
     fn wake(self: Arc<Self>) {
+        // Said first: a test checks the panic happened.
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
         panic!("a waker that panics");
+    }
+}
+
+impl PanickingWaker {
+    fn panicked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -515,7 +524,8 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
     let remote = s.exposed[1].remote();
     let mut first = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(0..64).unwrap()));
     let mut second = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(64..128).unwrap()));
-    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let panics = Arc::new(PanickingWaker::default());
+    let panicking = Waker::from(Arc::clone(&panics));
     let counting = Arc::new(CountingWaker::default());
     let counted = Waker::from(Arc::clone(&counting));
     assert!(first
@@ -528,6 +538,7 @@ fn a_panicking_waker_does_not_keep_the_others_asleep() {
         .is_pending());
     s.dev.progress();
     let driven = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.a.drive()));
+    assert!(panics.panicked(), "the panicking waker was never woken");
     // The panic hook told of it; the caller's own drive went fine.
     assert!(
         driven.is_ok(),
@@ -627,13 +638,21 @@ fn a_panicking_waker_does_not_stop_the_notifier() {
     let s = setup(Progress::Manual, 16, Wakeup::Thread);
     let remote = s.exposed[1].remote();
     let mut first = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(0..64).unwrap()));
-    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let panics = Arc::new(PanickingWaker::default());
+    let panicking = Waker::from(Arc::clone(&panics));
     assert!(first
         .as_mut()
         .poll(&mut Context::from_waker(&panicking))
         .is_pending());
     s.dev.progress(); // the notifier drives, and the waker panics
-    std::thread::sleep(Duration::from_millis(200));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !panics.panicked() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waker never panicked"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut later = Box::pin(s.a.write(s.pool.take().unwrap(), remote.slice(64..128).unwrap()));
     // Polled (and posted) before the device runs it: only the notifier's
     // wake can tell its task it is done.

@@ -1220,11 +1220,20 @@ async fn crossing_bursts_of_requests_with_a_shallow_queue() {
 }
 
 /// A waker that panics when woken.
-struct PanickingWaker;
+#[derive(Default)]
+struct PanickingWaker(std::sync::atomic::AtomicBool);
 
 impl std::task::Wake for PanickingWaker {
     fn wake(self: Arc<Self>) {
+        // Said first: a test checks the panic happened.
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
         panic!("a waker that panics");
+    }
+}
+
+impl PanickingWaker {
+    fn panicked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -1236,7 +1245,8 @@ async fn a_panicking_waker_does_not_stop_the_pump() {
     use std::future::Future;
     use std::task::{Context, Waker};
     let (client, server) = pair(SessionConfig::default());
-    let panicking = Waker::from(Arc::new(PanickingWaker));
+    let panics = Arc::new(PanickingWaker::default());
+    let panicking = Waker::from(Arc::clone(&panics));
     let mut first = Box::pin(server.receive());
     assert!(first
         .as_mut()
@@ -1247,6 +1257,13 @@ async fn a_panicking_waker_does_not_stop_the_pump() {
         msg.copy_from_slice(word);
         within(client.send(msg.slice(..))).await.0.unwrap();
     }
+    // The pump woke the waiting receive, and its waker panicked.
+    within(async {
+        while !panics.panicked() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     let got = within(std::future::poll_fn(|cx| first.as_mut().poll(cx))).await;
     assert_eq!(&got.unwrap()[..], b"one");
     assert_eq!(&within(server.receive()).await.unwrap()[..], b"two");

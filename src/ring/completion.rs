@@ -311,6 +311,7 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
                     }
                     // The tick bounds the sleep for devices that progress
                     // only when polled (the soft device in manual mode).
+                    self.ring.stats.channel_sleeps += 1;
                     events.wait(deadline.remaining().min(SLEEP_TICK))?;
                     events.take()?;
                     // Armed again at once: the channel may be the futures

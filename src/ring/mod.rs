@@ -225,6 +225,9 @@ pub struct RingStats {
     pub attached: u64,
     /// Queue pairs detached so far.
     pub detached: u64,
+    /// Times a waiting thread slept on the completion channel (once its
+    /// polls found nothing), each until an event or a short tick.
+    pub channel_sleeps: u64,
 }
 
 /// Which queue an operation was pushed to: the key (index and generation)

@@ -1104,7 +1104,7 @@ mod tests {
         let _ = client.call(b"y");
         let tried = FAILING - dev.arms_left_to_fail();
         dev.fail_arms(0);
-        assert!(tried < FAILING / 10, "{tried} arms tried");
+        assert!((1..FAILING / 10).contains(&tried), "{tried} arms tried");
         drop(client);
         server.shutdown().unwrap();
     }

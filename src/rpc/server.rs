@@ -1073,25 +1073,23 @@ mod tests {
         let (other, _) = client_with_control(&server, config);
         let posts_before = control.counters().send_posts;
         control.refuse_posts(u32::MAX);
-        let started = Instant::now();
         let call = std::thread::spawn(move || {
             let call = client.call_with_timeout(b"never answered", Duration::from_secs(3));
             (call, client)
         });
-        // The refusals began after `started`: half the time to give up
-        // has not passed since.
+        // The refusals begin after this: half the time to give up will
+        // not have passed since.
         std::thread::sleep(super::super::server_core::REFUSALS_GIVEN_UP_AFTER / 2);
         let stats = server.stats();
-        assert!(
-            started.elapsed() >= super::super::server_core::REFUSALS_GIVEN_UP_AFTER / 2,
-            "slept"
-        );
         assert_eq!(stats.clients_closed, 0, "closed at once: {stats:?}");
         assert_eq!(stats.answers, 0, "the refused answer counted: {stats:?}");
         // At most one try a millisecond (a few hundred here); a poller
         // spinning on the refusals makes thousands in this time.
         let posts = control.counters().send_posts - posts_before;
-        assert!((1..1000).contains(&posts), "{posts} posts tried");
+        assert!(posts < 1000, "{posts} posts tried");
+        wait_until("a refused post", || {
+            control.counters().send_posts > posts_before
+        });
         let given_up = Instant::now() + Duration::from_secs(10);
         while server.stats().clients_closed == 0 && Instant::now() < given_up {
             std::thread::sleep(Duration::from_millis(5));

@@ -345,6 +345,7 @@ mod tests {
         wait_for("closed", &|| shared.lock().peer_closed);
         drop(held);
         wait_for("made", &|| shared.lock().granting == 0);
+        assert_eq!(*host.shared.granter.made.lock().unwrap(), [shared.token]);
         assert!(shared.lock().lent.is_empty(), "lent after the peer closed");
         drop(granting);
     }

@@ -36,6 +36,8 @@ pub struct AwaitedAdversary {
     knob_armed: bool,
     graveyard: Vec<RegisteredBuf>,
     leaked_before: u64,
+    /// Held for the run: the leak count it reads is the process's.
+    _counting: std::sync::MutexGuard<'static, ()>,
     /// What happened, for coverage reports.
     pub pushed: usize,
     pub refused_at_once: usize,
@@ -48,9 +50,11 @@ pub struct AwaitedAdversary {
 
 impl AwaitedAdversary {
     pub fn new() -> AwaitedAdversary {
+        let counting = super::leak_counting();
         let (device, ring, handles) = ring_over_device(RingConfig::default());
         AwaitedAdversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
+            _counting: counting,
             device,
             ring: AsyncRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle")),
             handles,

@@ -359,8 +359,18 @@ pub struct Adversary {
     /// Buffers handed back, poisoned, still registered.
     graveyard: Vec<RegisteredBuf>,
     leaked_before: u64,
+    /// Held for the run: the leak count it reads is the process's.
+    _counting: std::sync::MutexGuard<'static, ()>,
     /// What happened, for coverage reports.
     pub returned_ops: usize,
+}
+
+/// Held by every run that counts leaked buffers, so that runs in parallel
+/// threads take turns: the count is the process's, and another run's
+/// leaks would hide this one's lost operations.
+pub fn leak_counting() -> std::sync::MutexGuard<'static, ()> {
+    static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    COUNTING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Adversary {
@@ -370,12 +380,14 @@ impl Adversary {
     }
 
     pub fn new() -> Adversary {
+        let counting = leak_counting();
         let (device, ring, handles) = ring_over_device(RingConfig {
             signal_interval: 4,
             ..RingConfig::default()
         });
         Adversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
+            _counting: counting,
             device,
             ring,
             handles,
