@@ -30,6 +30,16 @@ stop_server() {
     } >&2
 }
 
+# report_failed_client NAME PID: shows the log of NAME's client, which
+# failed, stops its server PID (which may wait for ever for clients that
+# never came) and prints FAILED.
+report_failed_client() {
+    echo "--- $1 client (failed):" >&2
+    cat /tmp/client.log >&2
+    stop_server "$2" /tmp/server.log
+    echo "FAILED"
+}
+
 # wait_for_listener PID PORT: returns once something listens on PORT, as a
 # TCP socket (ss) or as an rdma_cm identifier (rdma resource), or once
 # process PID has exited (its caller's wait then reports it). Fails after

@@ -36,11 +36,7 @@ run() {
                 --clients "$clients" --size "$size" --calls "$per_client" > /tmp/client.log 2>&1 || client_failed=1 ;;
     esac
     if [ "$client_failed" -ne 0 ]; then
-        # Its server may wait for ever for clients that never came.
-        echo "--- $name client (failed):" >&2
-        cat /tmp/client.log >&2
-        stop_server "$server" /tmp/server.log
-        echo "FAILED"
+        report_failed_client "$name" "$server"
         return 0
     fi
     local status=0

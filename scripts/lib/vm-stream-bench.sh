@@ -42,11 +42,7 @@ run_pair() {
             rstream -T s -s "$addr" -p "$port" -S "$size" -C "$count" > /tmp/client.log 2>&1 || client_failed=1 ;;
     esac
     if [ "$client_failed" -ne 0 ]; then
-        # Its server may wait for ever for clients that never came.
-        echo "--- $name client (failed):" >&2
-        cat /tmp/client.log >&2
-        stop_server "$server" /tmp/server.log
-        echo "FAILED"
+        report_failed_client "$name" "$server"
         return 0
     fi
     local status=0
