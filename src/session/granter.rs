@@ -236,6 +236,15 @@ mod tests {
     use crate::buf::BaseBuf;
     use crate::session::{SessionConfig, SessionHost};
 
+    /// Waits (ten seconds at most) until `done`.
+    fn wait_for(what: &str, done: &dyn Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// While a region one peer asked for is being made, the host's other
     /// sessions go on: the pump, which serves them all, does not make it.
     #[test]
@@ -253,11 +262,7 @@ mod tests {
             got.send(region.map(|r| r.remote().len())).unwrap();
         });
         // Once the grant is being made (admitted, and not answered)...
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while granting.lock().granting == 0 {
-            assert!(std::time::Instant::now() < deadline, "never asked");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("asked", &|| granting.lock().granting > 0);
         // ... the other session's message goes and comes, the grant held.
         let mut msg = b
             .alloc_local_mr(Layout::from_size_align(8, 8).unwrap())
@@ -286,13 +291,6 @@ mod tests {
         let (a, a_granting) = host.connect_soft(&host).unwrap();
         let (b, b_granting) = host.connect_soft(&host).unwrap();
         let held = host.shared.granter.hold.lock().unwrap();
-        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !done() {
-                assert!(std::time::Instant::now() < deadline, "never {what}");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
         let layout = Layout::from_size_align(64 << 10, 64).unwrap();
         let ask = |session: crate::session::Session<_>, n: usize| {
             std::thread::spawn(move || {
@@ -327,13 +325,6 @@ mod tests {
         let (asking, granting) = host.connect_soft(&host).unwrap();
         let held = host.shared.granter.hold.lock().unwrap();
         let shared = Arc::clone(&granting.shared);
-        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !done() {
-                assert!(std::time::Instant::now() < deadline, "never {what}");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
         let asker = std::thread::spawn(move || {
             let layout = Layout::from_size_align(4096, 64).unwrap();
             // Ends once the session does.

@@ -325,17 +325,15 @@ impl DeviceState {
     /// violation, an invalid request or its own failure) fails a healthy
     /// responder too, as a real one would have.
     fn injected(&mut self, qpn: usize, status: WcStatus) -> Outcome {
-        let peer = self.qp(qpn).and_then(|qp| qp.peer);
-        let healthy = peer
-            .and_then(|p| self.qp(p))
-            .map(|p| p.state == QpState::ReadyToSend);
-        match (status, peer) {
-            (WcStatus::RemAccessErr | WcStatus::RemInvReqErr, Some(peer))
-                if healthy == Some(true) =>
-            {
+        let healthy_peer = self
+            .qp(qpn)
+            .and_then(|qp| qp.peer)
+            .filter(|&p| self.qp(p).is_some_and(|p| p.state == QpState::ReadyToSend));
+        match (status, healthy_peer) {
+            (WcStatus::RemAccessErr | WcStatus::RemInvReqErr, Some(peer)) => {
                 self.responder_error(peer, status)
             }
-            (WcStatus::RemOpErr, Some(peer)) if healthy == Some(true) => {
+            (WcStatus::RemOpErr, Some(peer)) => {
                 self.enter_error(peer);
                 Outcome::Complete(status)
             }
