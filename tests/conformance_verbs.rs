@@ -258,6 +258,35 @@ fn a_garbage_peer_is_refused() {
     peer.join().unwrap();
 }
 
+/// An endpoint made by hand (for a peer of another verbs program) is
+/// checked before the device sees it, and one that does not say how many
+/// READs and atomics the peer answers at once gets one at a time.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn an_endpoint_made_by_hand_is_checked_and_its_unknown_depth_is_one() {
+    let fabric = Verbs::new();
+    let config = QpConfig::default();
+    let a = fabric.dev.create_qp(&fabric.pd, config).unwrap();
+    let b = fabric.dev.create_qp(&fabric.pd, config).unwrap();
+    let no_mtu = rdma_ring::connect::Endpoint {
+        mtu: 0,
+        ..b.endpoint()
+    };
+    let err = a.connect(&no_mtu).unwrap_err();
+    assert!(err.to_string().contains("ibv_mtu"), "{err}");
+    assert!(!a.is_connected());
+    let unknown = rdma_ring::connect::Endpoint {
+        rd_atomic: 0,
+        init_rd_atomic: 0,
+        ..b.endpoint()
+    };
+    a.connect(&unknown).unwrap();
+    let attrs = a.attributes().unwrap();
+    assert_eq!(attrs.max_rd_atomic, 1, "{attrs:?}");
+    // Answering more than the peer issues costs nothing: ours.
+    assert!(attrs.max_dest_rd_atomic >= 1, "{attrs:?}");
+}
+
 /// A queue pair runs with the ACK timeout and retries its config asks
 /// for, and our RNR timer, connected by endpoints or through rdma_cm —
 /// whose own attributes (an ACK timeout following the path's packet

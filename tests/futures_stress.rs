@@ -713,3 +713,56 @@ fn two_completion_streams_wait_without_waking_each_other() {
     let got = std::pin::Pin::new(&mut streams[0]).poll_next(&mut Context::from_waker(&wakers[0]));
     assert!(matches!(got, Poll::Ready(Some(c)) if c.user_data() == 7));
 }
+
+/// A `wait` through `with_ring` that times out puts what it reaped back
+/// for the completion stream, and wakes the stream's task for it: under
+/// `Wakeup::Reactor` nothing else would until the next completion.
+#[test]
+fn a_failed_wait_under_the_lock_wakes_the_completion_stream() {
+    use futures::StreamExt;
+    use rdma_ring::op::Write;
+    use std::task::{Context, Waker};
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (qa, _qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let config = RingConfig {
+        wait_timeout: Duration::from_millis(50),
+        ..RingConfig::default()
+    };
+    let a = AsyncRing::new(Ring::new(qa, config), Wakeup::Reactor).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 4096], RemoteAccess::all()).unwrap();
+    let pool = BufferPool::new(&pd, 4, 64).unwrap();
+    let mut stream = a.completions();
+    let woken = Arc::new(CountingWaker::default());
+    let waker = Waker::from(Arc::clone(&woken));
+    assert!(stream
+        .poll_next_unpin(&mut Context::from_waker(&waker))
+        .is_pending());
+    let write = |i: u64| {
+        Write::new(
+            pool.take().unwrap(),
+            target.remote().slice(i * 64..(i + 1) * 64).unwrap(),
+        )
+        .signaled()
+        .user_data(i)
+    };
+    let waited = a.with_ring(|mut ring| {
+        ring.submission().push(write(1)).unwrap();
+        ring.submit().unwrap();
+        dev.progress();
+        // The second never runs: the wait reaps the first, then times out.
+        ring.submission().push(write(2)).unwrap();
+        ring.submit().unwrap();
+        ring.completion().wait(2).map(|got| got.len())
+    });
+    assert!(waited.is_err(), "{waited:?}");
+    assert!(
+        woken.0.load(Ordering::SeqCst) > 0,
+        "the stream's task was not told of the completion put back"
+    );
+    let first = stream
+        .poll_next_unpin(&mut Context::from_waker(Waker::noop()))
+        .map(|c| c.map(|c| c.user_data()));
+    assert_eq!(first, std::task::Poll::Ready(Some(1)));
+    dev.progress();
+}

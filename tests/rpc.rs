@@ -599,15 +599,13 @@ fn a_call_times_out_and_the_client_goes_on() {
         Err(RpcError::Timeout(Duration::from_millis(1000)))
     );
     assert!(t0.elapsed() >= Duration::from_millis(1000));
-    // A timeout of its own, per call.
-    let t0 = Instant::now();
+    // A timeout of its own, per call: the error names the timeout that
+    // ran out, so it tells this one from the client's 1 s however loaded
+    // the machine is.
     assert_eq!(
         client.call_with_timeout(b"never", Duration::from_millis(50)),
         Err(RpcError::Timeout(Duration::from_millis(50)))
     );
-    // Well under the client's own 1 s, so a loaded machine cannot blur
-    // the two.
-    assert!(t0.elapsed() < Duration::from_millis(900));
     let late = client.call_async_with_timeout(b"never", Duration::from_millis(50));
     assert_eq!(
         futures::executor::block_on(late),
@@ -1173,22 +1171,25 @@ fn callers_that_sleep_at_once_are_woken_in_every_wakeup_mode() {
 #[test]
 fn shutdown_is_prompt_when_clients_close_and_bounded_when_they_do_not() {
     let dev = SoftDevice::new();
-    let config = RpcConfig {
-        release_timeout: Duration::from_millis(1500),
+    // A release timeout far above any stall of a loaded machine, so a
+    // shutdown that waited it out cannot pass for a prompt one.
+    let patient = RpcConfig {
+        release_timeout: Duration::from_secs(30),
         ..RpcConfig::default()
     };
-    let server = RpcServer::soft(&dev, Service::handler(echo), config).unwrap();
+    let server = RpcServer::soft(&dev, Service::handler(echo), patient).unwrap();
     // An idle client with a notifier answers the goodbye with a close.
     let polite = server.connect_soft().unwrap();
     assert_eq!(polite.call(b"x").unwrap(), b"x");
     let t0 = Instant::now();
     server.shutdown().unwrap();
-    assert!(
-        t0.elapsed() < Duration::from_millis(1200),
-        "{:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     assert_eq!(server.stats().clients_left, 1);
+
+    let config = RpcConfig {
+        release_timeout: Duration::from_millis(1500),
+        ..RpcConfig::default()
+    };
 
     // A client nobody polls (busy wake-up, no notifier) never answers:
     // the server waits its release timeout, then lets it go.

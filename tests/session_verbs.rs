@@ -275,6 +275,68 @@ fn a_peer_silent_in_the_hellos_times_out() {
     peer.join().unwrap();
 }
 
+/// A peer whose endpoint our device refuses to connect to (a RoCE GID of
+/// zeros: no route header, which RoCE needs) failed its own handshake:
+/// `listen` drops it and waits on for a peer that succeeds, as for any
+/// peer that sends garbage, rather than failing as if our device had.
+#[test]
+#[ignore = "needs an RDMA device (runs in the Soft-RoCE VM)"]
+fn listen_outlasts_a_peer_whose_endpoint_the_device_refuses() {
+    use rdma_ring::connect::{Endpoint, ENDPOINT_WIRE_LEN};
+    use std::io::{Read, Write};
+    let name = device_name();
+    drop(device()); // fails loudly without one
+    let port = free_port();
+    let listening = std::thread::spawn({
+        let name = name.clone();
+        move || {
+            SessionBuilder::default()
+                .device(&name)
+                .listen(("127.0.0.1", port))
+        }
+    });
+    let mut socket = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(socket) => break socket,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let config = rdma_ring::session::SessionConfig::default();
+    let hello = rdma_ring::session::Hello {
+        recv_depth: config.recv_depth,
+        user_window: config.user_window,
+        max_message: config.max_message,
+    }
+    .encode();
+    socket.write_all(&hello).unwrap();
+    let mut their_hello = vec![0u8; hello.len()];
+    socket.read_exact(&mut their_hello).unwrap();
+    let unroutable = Endpoint {
+        qpn: 0x1234,
+        psn: 1,
+        lid: 0,
+        gid: [0; 16],
+        mtu: 3,
+        rd_atomic: 1,
+        init_rd_atomic: 1,
+    };
+    socket.write_all(&unroutable.encode()).unwrap();
+    let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
+    socket.read_exact(&mut theirs).unwrap();
+    // No ready byte: the listener gave this peer up.
+    let mut ready = [0u8; 1];
+    assert_eq!(socket.read(&mut ready).unwrap_or(0), 0);
+    let client = SessionBuilder::default()
+        .device(&name)
+        .connect(("127.0.0.1", port))
+        .expect("the next peer gets in");
+    let session = listening
+        .join()
+        .unwrap()
+        .expect("listen waited on for the peer that succeeded");
+    assert!(session.failure().is_none() && client.failure().is_none());
+}
+
 /// One round against a listener whose host holds one session at most:
 /// the first peer gets in; the second hears that the host is full, and
 /// the listener's accept says so too; the first session goes on; once it
@@ -534,10 +596,16 @@ fn a_killed_peer_fails_a_waiting_receive() {
         .spawn()
         .unwrap();
     let session = listener.accept().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let started = std::time::Instant::now();
-    let err = futures::executor::block_on(session.receive()).unwrap_err();
+    let (err, started) = futures::executor::block_on(async {
+        // The receive waits before the peer dies, so the death must
+        // reach a waiter (not only a call made after it).
+        let mut receive = std::pin::pin!(session.receive());
+        assert!(futures::poll!(receive.as_mut()).is_pending());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let started = std::time::Instant::now();
+        (receive.await.unwrap_err(), started)
+    });
     assert!(matches!(err, SessionError::Disconnected(_)), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(5),

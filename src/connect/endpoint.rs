@@ -34,7 +34,8 @@ pub struct Endpoint {
     /// Path MTU as an `ibv_mtu` value: 1 = 256 … 5 = 4096 bytes.
     pub mtu: u8,
     /// RDMA READs and atomics this side can answer at once (its responder
-    /// resources); 0 means unknown. The peer issues no more than that.
+    /// resources); 0 means unknown. The peer issues no more than that (one
+    /// at a time if unknown).
     pub rd_atomic: u8,
     /// RDMA READs and atomics this side will have outstanding at once (its
     /// initiator depth); 0 means unknown.

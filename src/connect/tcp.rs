@@ -8,7 +8,10 @@
 //!
 //! [`connect_qp`] and [`accept_qp`] do all of it; [`handshake`] does it
 //! for a queue pair you made (one already in a ring, with receives posted);
-//! [`exchange`] and [`ready`] are the steps, for protocols of your own:
+//! [`exchange`] and [`ready`] are the steps, for protocols of your own.
+//! These take a blocking stream (as `TcpStream::connect` makes one); they
+//! bound their reads and writes with the socket's timeouts, and put the
+//! stream's own back when done.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -133,7 +136,33 @@ pub fn exchange(
     local: &Endpoint,
     timeout: Duration,
 ) -> Result<Endpoint, Error> {
-    exchange_by(stream, local, Deadline::after(timeout))
+    keeping_timeouts(stream, |stream| {
+        exchange_by(stream, local, Deadline::after(timeout))
+    })
+}
+
+/// Runs a step of the public handshake on the caller's `stream` and puts
+/// its read and write timeouts back as they were: the steps bound their
+/// reads and writes with timeouts of their own, and the stream outlives
+/// them (a connection kept to watch the peer, or for a protocol of the
+/// caller's).
+fn keeping_timeouts<T>(
+    stream: &mut TcpStream,
+    step: impl FnOnce(&mut TcpStream) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let kept = stream
+        .read_timeout()
+        .and_then(|read| Ok((read, stream.write_timeout()?)))
+        .map_err(|e| Error::Handshake {
+            step: "reading the socket's timeouts",
+            reason: e.to_string(),
+        })?;
+    let result = step(stream);
+    // A socket that took these timeouts before takes them again; should
+    // it fail now, the step's own outcome says more.
+    let _ = stream.set_read_timeout(kept.0);
+    let _ = stream.set_write_timeout(kept.1);
+    result
 }
 
 /// [`exchange`] by `deadline`, a deadline it may share with the steps
@@ -180,7 +209,7 @@ pub(crate) fn exchange_by(
 /// assert!(err.to_string().contains("expected the ready byte"), "{err}");
 /// ```
 pub fn ready(stream: &mut TcpStream, timeout: Duration) -> Result<(), Error> {
-    ready_by(stream, Deadline::after(timeout))
+    keeping_timeouts(stream, |stream| ready_by(stream, Deadline::after(timeout)))
 }
 
 /// [`ready`] by `deadline`, a deadline it may share with the steps before
@@ -238,7 +267,9 @@ pub fn handshake(
     qp: &crate::backend::verbs::VerbsQp,
     timeout: Duration,
 ) -> Result<(), Error> {
-    handshake_by(stream, qp, Deadline::after(timeout))
+    keeping_timeouts(stream, |stream| {
+        handshake_by(stream, qp, Deadline::after(timeout))
+    })
 }
 
 /// [`handshake`] by `deadline`, a deadline it may share with the steps
@@ -258,6 +289,11 @@ pub(crate) fn handshake_by(
 /// endpoint is `local`) to the peer's: every step by the one `deadline`,
 /// so that a peer answering each step just in time cannot stretch the
 /// whole (and hold a listener's handshake slot) to a timeout per step.
+///
+/// The device refusing to connect to the endpoint the peer sent (a GID
+/// nobody answers for, attributes it cannot take) is a handshake failure,
+/// the peer's record being what it refused: a listener drops that peer
+/// and serves on, as it does a peer that sent garbage.
 #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) fn connect_by(
     stream: &mut TcpStream,
@@ -266,8 +302,24 @@ pub(crate) fn connect_by(
     connect: impl FnOnce(&Endpoint) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let remote = exchange_by(stream, local, deadline)?;
-    connect(&remote)?;
+    connect_to(&remote, connect)?;
     ready_by(stream, deadline)
+}
+
+/// Runs `connect` on the endpoint a peer sent; the device refusing it is
+/// the handshake's failure (see [`connect_by`]).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+pub(crate) fn connect_to(
+    remote: &Endpoint,
+    connect: impl FnOnce(&Endpoint) -> Result<(), Error>,
+) -> Result<(), Error> {
+    connect(remote).map_err(|e| match e {
+        Error::Verbs { verb, source } => Error::Handshake {
+            step: "connecting to the peer's endpoint",
+            reason: format!("{verb} refused {remote:?}: {source}"),
+        },
+        other => other,
+    })
 }
 
 /// Connects a new queue pair (with a completion queue of its own) to the
@@ -572,6 +624,69 @@ mod tests {
         assert!(err.to_string().contains("ready"), "{err}");
         drop(a);
         t.join().unwrap();
+    }
+
+    /// The public steps leave the caller's stream with the timeouts it
+    /// had, whatever their outcome.
+    #[test]
+    fn the_steps_put_the_stream_s_timeouts_back() {
+        let (mut a, mut b) = pair();
+        a.set_read_timeout(Some(Duration::from_secs(7))).unwrap();
+        let t = std::thread::spawn(move || {
+            let theirs = exchange(&mut b, &endpoint(2), Duration::from_secs(10)).unwrap();
+            ready(&mut b, Duration::from_secs(10)).unwrap();
+            (b, theirs)
+        });
+        assert_eq!(
+            exchange(&mut a, &endpoint(1), Duration::from_secs(10)).unwrap(),
+            endpoint(2)
+        );
+        let kept = |s: &TcpStream| (s.read_timeout().unwrap(), s.write_timeout().unwrap());
+        assert_eq!(kept(&a), (Some(Duration::from_secs(7)), None));
+        ready(&mut a, Duration::from_secs(10)).unwrap();
+        assert_eq!(kept(&a), (Some(Duration::from_secs(7)), None));
+        let (b, theirs) = t.join().unwrap();
+        assert_eq!(theirs, endpoint(1));
+        assert_eq!(kept(&b), (None, None));
+        // A step that fails puts them back too.
+        drop(b);
+        assert!(ready(&mut a, Duration::from_secs(10)).is_err());
+        assert_eq!(kept(&a), (Some(Duration::from_secs(7)), None));
+    }
+
+    /// The device refusing the peer's endpoint fails the handshake (the
+    /// peer's doing), not as a fault of our device; the peer is told by
+    /// the connection closing without a ready byte.
+    #[test]
+    fn an_endpoint_the_device_refuses_fails_the_handshake() {
+        let (mut a, mut b) = pair();
+        let t = std::thread::spawn(move || {
+            let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
+            b.read_exact(&mut theirs).unwrap();
+            b.write_all(&endpoint(2).encode()).unwrap();
+            let mut ready = [0u8; 1];
+            b.read_exact(&mut ready)
+        });
+        let err = connect_by(
+            &mut a,
+            &endpoint(1),
+            Deadline::after(Duration::from_secs(10)),
+            |_| {
+                Err(Error::Verbs {
+                    verb: "ibv_modify_qp(RTR)",
+                    source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                })
+            },
+        )
+        .unwrap_err();
+        let Error::Handshake { step, reason } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*step, "connecting to the peer's endpoint");
+        assert!(reason.contains("ibv_modify_qp(RTR)"), "{reason}");
+        assert!(reason.contains("qpn: 18"), "{reason}");
+        drop(a);
+        assert!(t.join().unwrap().is_err(), "no ready byte was sent");
     }
 
     #[test]

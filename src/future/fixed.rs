@@ -768,6 +768,8 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// device does not flush it all within the ring's `drain_timeout`,
     /// the queue pair stays attached, in error, [`Error::Timeout`] is
     /// returned, and its futures wait for the rest (or for the close).
+    /// The drain runs with the ring locked: the ring's other futures wait
+    /// for it (up to `drain_timeout`), as for [`close`](Self::close).
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, QueuePair, WcStatus};
@@ -1076,8 +1078,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
 
     /// Calls `f` with the ring's completion queue and shared receive queue
     /// `srq` (`None` if it names nothing): to create a queue pair on them.
-    /// `f` runs under the ring's lock, so it must not call the ring (that
-    /// would deadlock).
+    /// `f` runs under the ring's lock, so it must not call the ring, nor
+    /// drop a future of it (a drop takes the lock too): that would
+    /// deadlock.
     pub fn with_srq<R>(
         &self,
         srq: FixedSrq,
@@ -1266,8 +1269,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// Runs `f` on the slots, to read and write them through tokens (see
     /// [`FixedBufs::bytes`] and [`FixedBufs::bytes_mut`]); [`Error::Closed`]
     /// once the ring is closed (its slots are gone). `f` runs with the
-    /// ring locked: it must not call back into the ring (that would wait
-    /// for ever).
+    /// ring locked: it must not call back into the ring, nor drop a
+    /// future of it (a drop takes the lock too): that would wait for
+    /// ever.
     ///
     /// ```
     /// # use rdma_ring::backend::soft::{SoftDevice, SoftQp};

@@ -313,8 +313,10 @@ pub(crate) struct Shared<Q: QueuePair> {
     /// doorbell (see [`AsyncRing::coalesce_doorbells`]).
     pub(crate) coalesce: AtomicBool,
     /// Awaited operations pushed and not submitted yet: they go out, with
-    /// one doorbell per queue, at the next poll of any awaited operation
-    /// or drive, or at once when [`DEFERRED_MAX`] wait.
+    /// one doorbell per queue, at the next poll of an awaited operation
+    /// among them (a future whose own operation is out leaves them to
+    /// theirs), at a drive or a drop of one of their futures, or at once
+    /// when [`DEFERRED_MAX`] wait.
     pub(crate) deferred: AtomicUsize,
     /// Whether the completion channel's last arm failed: until an arm
     /// succeeds, ticks drive the ring (see [`take_and_arm`]).

@@ -260,8 +260,14 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
         match self.wait_into(min, &mut out) {
             Ok(_) => Ok(out),
             Err(e) => {
+                let put_back = !out.is_empty();
                 for c in out.into_iter().rev() {
                     self.ring.ready.push_front(c);
+                }
+                if put_back {
+                    // A completion stream waiting on this ring learns of
+                    // them only so.
+                    self.ring.wake_stream();
                 }
                 Err(e)
             }

@@ -563,6 +563,13 @@ impl<Q: QueuePair> Ring<Q> {
     /// ([`retry_sync_markers`](Self::retry_sync_markers)): the prefix's
     /// owners may wait for it before sending anything more.
     fn post_sync_marker(&mut self, qp: Key) {
+        // Not into the slab entries kept for teardown markers: awaited
+        // operations handed back unposted keep theirs until their futures
+        // take them, so the slab may be that full.
+        if self.slab.len() + self.qps.len() >= self.slab.capacity() {
+            self.sync_owed = true;
+            return;
+        }
         let Some(key) = self.slab.insert(InFlight {
             kind: OpKind::Write,
             queue: QueueRef::Qp(qp),

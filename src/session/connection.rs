@@ -420,7 +420,13 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         self.shared.qp.fetch_add(word, remote, add)
     }
 
-    /// Closes the session (as dropping it does).
+    /// Closes the session (as dropping it does). A close message goes to
+    /// the peer, which sees [`SessionError::Closed`] after what was sent
+    /// before it; the queue pair goes once the device acknowledges the
+    /// close, or after [`SessionConfig::close_grace`] if it never does
+    /// (at once if the peer closed first).
+    ///
+    /// [`SessionConfig::close_grace`]: super::SessionConfig::close_grace
     pub fn close(self) {}
 
     fn remote_region(&self, arrived: Arrived) -> RemoteRegion {
@@ -510,7 +516,7 @@ impl<Q: QueuePair + Send + 'static> Drop for Session<Q> {
             st.closing = true;
             if st.failure.is_none() {
                 st.outbox.push_back(Control::Close);
-                st.close_deadline = Instant::now().checked_add(super::pump::CLOSE_GRACE);
+                st.close_deadline = Instant::now().checked_add(self.host.config().close_grace);
             }
             st.changed();
         }

@@ -133,11 +133,11 @@ impl SessionBuilder {
 
     /// Waits for one peer at `addr` (TCP handshake) — async-rdma's
     /// `listen`. A connection whose peer fails the handshake (a port
-    /// probe, a peer that sends garbage, goes silent or leaves) is dropped,
-    /// and it waits on for one that succeeds; a failure of our own (the
-    /// listener's, or the device refusing a queue pair, or refusing to
-    /// connect ours to the endpoint the peer sent) is returned. For many
-    /// peers, [`bind`](Self::bind).
+    /// probe, a peer that sends garbage or an endpoint our device refuses
+    /// to connect to, goes silent or leaves) is dropped, and it waits on
+    /// for one that succeeds; a failure of our own (the listener's, or the
+    /// device refusing a queue pair) is returned. For many peers,
+    /// [`bind`](Self::bind).
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Session<VerbsQp>, SessionError> {
         let listener = self.bind(addr)?;
         loop {
@@ -344,7 +344,7 @@ impl SessionHost<VerbsQp> {
         // of the GID the peer named), and the host's other sessions go on
         // meanwhile. Its receives are posted before the ready byte goes,
         // and the peer sends nothing before that byte.
-        qp.connect(&remote)?;
+        tcp::connect_to(&remote, |remote| qp.connect(remote))?;
         let prepared = self.prepare(reservation, qp)?;
         match tcp::ready_by(&mut stream, deadline) {
             Ok(()) => Ok(self.admit(prepared, peer, Some(stream))),

@@ -230,6 +230,11 @@ pub struct SessionConfig {
     /// completion queue grows with it: about 322 entries per session by
     /// default.
     pub max_sessions: u32,
+    /// How long a dropped session waits for its close message to leave
+    /// (and the peer to receive it) before its queue pair goes; not zero.
+    /// A session whose peer closed first, or that failed, has nothing to
+    /// send and goes at once.
+    pub close_grace: Duration,
 }
 
 impl Default for SessionConfig {
@@ -248,6 +253,7 @@ impl Default for SessionConfig {
             memory_limit: 1 << 30,
             max_send_wr: 256,
             max_sessions: 64,
+            close_grace: Duration::from_secs(1),
         }
     }
 }
@@ -268,6 +274,9 @@ impl SessionConfig {
     /// // So must a lease.
     /// let config = SessionConfig { lease: std::time::Duration::ZERO, ..SessionConfig::default() };
     /// assert!(config.check().unwrap_err().to_string().contains("lease"));
+    /// // And a close.
+    /// let config = SessionConfig { close_grace: std::time::Duration::ZERO, ..SessionConfig::default() };
+    /// assert!(config.check().unwrap_err().to_string().contains("close_grace"));
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         let bad = |what: &'static str| Err(Error::Incompatible(what));
@@ -299,6 +308,11 @@ impl SessionConfig {
         }
         if self.request_timeout.is_zero() {
             return bad("request_timeout must be above zero");
+        }
+        // Zero would drop the queue pair before the close could leave:
+        // the peer would see a broken connection, not a close.
+        if self.close_grace.is_zero() {
+            return bad("close_grace must be above zero");
         }
         Ok(())
     }

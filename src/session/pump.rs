@@ -44,8 +44,6 @@ const MAX_LENT_REGIONS: usize = 4096;
 /// nobody waits for any more stay until the peer answers, and a peer that
 /// never does must not grow the map without bound.
 pub(super) const MAX_OPEN_REQUESTS: usize = MAX_LENT_REGIONS;
-/// How long a closing session waits for its close message to leave.
-pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 pub(super) fn pump_loop<Q: QueuePair + std::marker::Send + 'static>(host: &Arc<HostShared<Q>>) {
     let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));

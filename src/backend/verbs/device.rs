@@ -100,7 +100,11 @@ pub struct DeviceOptions {
     /// Port number (from 1).
     pub port: u8,
     /// GID table index; `None` picks a RoCE v2 IPv4-mapped GID if there is
-    /// one (what RoCE needs to route), else index 0 (InfiniBand).
+    /// one (what RoCE needs to route), else index 0 (InfiniBand). Where
+    /// the GID types cannot be read (no `/sys/class/infiniband`, as in
+    /// some containers), it picks the first IPv4-mapped GID, which on a
+    /// port with both RoCE versions may be the v1 one: both sides must
+    /// use the same version, so name the index there.
     pub gid_index: Option<u8>,
 }
 

@@ -258,7 +258,14 @@ impl VerbsQp {
     /// its QPN, PSN, LID and GID), as long as both use the same GID type.
     /// It takes `&self`, so a queue pair already in a ring (with receives
     /// posted, say) can be connected through [`Ring::qp`](crate::ring::Ring::qp).
+    /// A queue pair whose connect failed may be left half way (ready to
+    /// receive, not to send): connect a new one rather than retry.
     pub fn connect(&self, remote: &Endpoint) -> Result<(), Error> {
+        if !(1..=5).contains(&remote.mtu) {
+            return Err(Error::Incompatible(
+                "the peer's MTU must be an ibv_mtu code (1..=5)",
+            ));
+        }
         let dev = Arc::clone(&self.pd.dev);
         let limits = dev.limits;
         // SAFETY: a plain C struct, for which all-zero is valid.
@@ -303,10 +310,14 @@ impl VerbsQp {
         // below it).
         attr.rnr_retry = self.config.rnr_retry.min(7);
         attr.sq_psn = self.psn;
-        // Never have more outstanding than the peer can answer.
+        // Never have more outstanding than the peer can answer. A peer
+        // that did not say (an endpoint made by hand for another verbs
+        // program) gets one at a time, which every RC responder answers:
+        // more than it has room for would be refused as an invalid
+        // request, failing the queue pair.
         let ours = limits.rd_atomic_depths(&self.config).1;
         attr.max_rd_atomic = match remote.rd_atomic {
-            0 => ours,
+            0 => ours.min(1),
             theirs => ours.min(theirs),
         };
         let mask = ibv_qp_attr_mask::IBV_QP_STATE

@@ -12,6 +12,10 @@ use crate::error::Error;
 
 /// A verbs shared receive queue (`ibv_create_srq`): receives posted once,
 /// consumed by whichever of its queue pairs a message arrives on.
+///
+/// The device refuses to destroy one that queue pairs are still attached
+/// to: outside a ring (which orders its teardown), drop its queue pairs
+/// first, or the queue stays with the device until the device is closed.
 pub struct VerbsSrq {
     _pd: Arc<PdInner>,
     srq: *mut ibv_srq,
