@@ -799,6 +799,44 @@ fn a_post_the_backend_cannot_account_for_reports_no_success_it_did_not_see() {
     );
 }
 
+/// What the device never took of a post the backend could not account
+/// for gets no CQE, its last (signaled) send's included: the ring's
+/// teardown marker, posted behind it at once, releases it, so its
+/// operations come back from a wait (as flushed), not only at a close
+/// that times out on them.
+#[test]
+fn an_unaccounted_post_comes_back_without_a_close() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..5u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+    set_accept(Some(2));
+    set_cannot_tell(true);
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    set_cannot_tell(false);
+    assert_eq!((err.posted, err.unposted.len()), (5, 0));
+    drop(err);
+    let back = ring.completion().wait(5).unwrap();
+    assert_eq!(
+        back.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        (0..5)
+            .map(|i| (i, WcStatus::WrFlushErr))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(ring.in_flight(), 0);
+    let qp = ring.default_qp().unwrap();
+    let drained = ring.detach(qp).unwrap();
+    assert!(drained.drained, "nothing was left to drain");
+}
+
 /// The same when the post the backend could not account for starts with
 /// a send that asked for its own completion, and nothing before it is
 /// outstanding: that completion comes first, and those after it must

@@ -43,7 +43,11 @@ use crate::error::Error;
 /// requests were posted, the rest were not. A backend that cannot tell
 /// which it posted reports them all as accepted (`accepted` equal to the
 /// list's length); the ring then moves the queue pair to error, so that
-/// whatever the device did take comes back flushed. A shared receive queue
+/// whatever the device did take comes back flushed, and (for sends) posts
+/// a marker behind the list, whose flush releases, as flushed, the sends
+/// the device never took. Receives it never took stay counted as posted
+/// until the queue pair is detached or the ring closed, whose drain then
+/// times out on them and leaks their buffers. A shared receive queue
 /// cannot be moved to error: receives of such a post that the device never
 /// took stay counted as posted (their buffers held, never freed under the
 /// device) until the queue is removed.

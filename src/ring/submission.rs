@@ -435,7 +435,8 @@ impl<Q: QueuePair> Ring<Q> {
             // teardown they are leaked, never freed.
             let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
             let accepted = slot.accepted(&result, slot.pending_send.len());
-            if matches!(&result, Err(e) if e.accepted >= slot.pending_send.len()) {
+            let unaccounted = matches!(&result, Err(e) if e.accepted >= slot.pending_send.len());
+            if unaccounted {
                 // The device may have taken any prefix of this post: from
                 // its first send on, what is released without a CQE of
                 // its own may never have run.
@@ -484,7 +485,14 @@ impl<Q: QueuePair> Ring<Q> {
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
                 let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_send);
-                if tail_unsignaled {
+                if unaccounted {
+                    // What the device never took gets no CQE, its last
+                    // send's included: the teardown marker goes in now,
+                    // behind everything, and its flush releases the post
+                    // (as flushed) without waiting for a detach or close
+                    // to time out on it.
+                    self.start_drain(qp, false);
+                } else if tail_unsignaled {
                     self.post_sync_marker(qp);
                 }
                 posting.refused(error, unposted);
@@ -732,8 +740,10 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
     /// more than were posted (a backend bug) counts as taking them all, and
     /// moves the queue pair to error: whatever the device did take then
     /// comes back flushed, and nothing it may hold is handed back early
-    /// (the send path also marks where such a post began: see
-    /// `unaccounted_from`).
+    /// (the send path also marks where such a post began, see
+    /// `unaccounted_from`, and posts the teardown marker behind it, whose
+    /// flush releases what the device never took; what a receive post
+    /// never took waits for the drain's timeout).
     #[inline]
     fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
         match result {
