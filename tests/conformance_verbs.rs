@@ -259,11 +259,12 @@ fn a_garbage_peer_is_refused() {
 }
 
 /// An endpoint made by hand (for a peer of another verbs program) is
-/// checked before the device sees it, and one that does not say how many
-/// READs and atomics the peer answers at once gets one at a time.
+/// checked before the device sees it, one the device refuses is the
+/// peer's failure, and one that does not say how many READs and atomics
+/// the peer answers at once gets one at a time.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
-fn an_endpoint_made_by_hand_is_checked_and_its_unknown_depth_is_one() {
+fn an_endpoint_made_by_hand_is_checked_refused_as_the_peer_s_and_its_unknown_depth_is_one() {
     let fabric = Verbs::new();
     let config = QpConfig::default();
     let a = fabric.dev.create_qp(&fabric.pd, config).unwrap();
@@ -275,6 +276,20 @@ fn an_endpoint_made_by_hand_is_checked_and_its_unknown_depth_is_one() {
     let err = a.connect(&no_mtu).unwrap_err();
     assert!(err.to_string().contains("ibv_mtu"), "{err}");
     assert!(!a.is_connected());
+    // A GID of zeros gives RoCE no route header: the device refuses it,
+    // and the refusal is the peer's record's, not our device's fault.
+    let c = fabric.dev.create_qp(&fabric.pd, config).unwrap();
+    let unroutable = rdma_ring::connect::Endpoint {
+        gid: [0; 16],
+        ..b.endpoint()
+    };
+    match c.connect(&unroutable).unwrap_err() {
+        rdma_ring::Error::Handshake { step, reason } => {
+            assert_eq!(step, "connecting to the peer's endpoint");
+            assert!(reason.contains("ibv_modify_qp(RTR)"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     let unknown = rdma_ring::connect::Endpoint {
         rd_atomic: 0,
         init_rd_atomic: 0,

@@ -43,14 +43,17 @@ use crate::error::Error;
 /// requests were posted, the rest were not. A backend that cannot tell
 /// which it posted reports them all as accepted (`accepted` equal to the
 /// list's length); the ring then moves the queue pair to error, so that
-/// whatever the device did take comes back flushed, and (for sends) posts
-/// a marker behind the list, whose flush releases, as flushed, the sends
-/// the device never took. Receives it never took stay counted as posted
-/// until the queue pair is detached or the ring closed, whose drain then
-/// times out on them and leaks their buffers. A shared receive queue
-/// cannot be moved to error: receives of such a post that the device never
-/// took stay counted as posted (their buffers held, never freed under the
-/// device) until the queue is removed.
+/// whatever the device did take comes back flushed. For sends it also
+/// posts the queue pair's teardown marker behind the list (if it has one:
+/// one is kept for each queue pair with a send queue of two or more that
+/// fitted the completion queue), whose flush releases, as flushed, the
+/// sends the device never took. Without one, and for receives, what the
+/// device never took stays counted as posted until the queue pair is
+/// detached or the ring closed, whose drain then times out on it and
+/// leaks its buffers. A shared receive queue cannot be moved to error:
+/// receives of such a post that the device never took stay counted as
+/// posted (their buffers held, never freed under the device) until the
+/// queue is removed.
 ///
 /// ```
 /// # use rdma_ring::backend::soft::SoftDevice;

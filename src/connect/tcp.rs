@@ -289,11 +289,6 @@ pub(crate) fn handshake_by(
 /// endpoint is `local`) to the peer's: every step by the one `deadline`,
 /// so that a peer answering each step just in time cannot stretch the
 /// whole (and hold a listener's handshake slot) to a timeout per step.
-///
-/// The device refusing to connect to the endpoint the peer sent (a GID
-/// nobody answers for, attributes it cannot take) is a handshake failure,
-/// the peer's record being what it refused: a listener drops that peer
-/// and serves on, as it does a peer that sent garbage.
 #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) fn connect_by(
     stream: &mut TcpStream,
@@ -302,24 +297,8 @@ pub(crate) fn connect_by(
     connect: impl FnOnce(&Endpoint) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let remote = exchange_by(stream, local, deadline)?;
-    connect_to(&remote, connect)?;
+    connect(&remote)?;
     ready_by(stream, deadline)
-}
-
-/// Runs `connect` on the endpoint a peer sent; the device refusing it is
-/// the handshake's failure (see [`connect_by`]).
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-pub(crate) fn connect_to(
-    remote: &Endpoint,
-    connect: impl FnOnce(&Endpoint) -> Result<(), Error>,
-) -> Result<(), Error> {
-    connect(remote).map_err(|e| match e {
-        Error::Verbs { verb, source } => Error::Handshake {
-            step: "connecting to the peer's endpoint",
-            reason: format!("{verb} refused {remote:?}: {source}"),
-        },
-        other => other,
-    })
 }
 
 /// Connects a new queue pair (with a completion queue of its own) to the
@@ -652,41 +631,6 @@ mod tests {
         drop(b);
         assert!(ready(&mut a, Duration::from_secs(10)).is_err());
         assert_eq!(kept(&a), (Some(Duration::from_secs(7)), None));
-    }
-
-    /// The device refusing the peer's endpoint fails the handshake (the
-    /// peer's doing), not as a fault of our device; the peer is told by
-    /// the connection closing without a ready byte.
-    #[test]
-    fn an_endpoint_the_device_refuses_fails_the_handshake() {
-        let (mut a, mut b) = pair();
-        let t = std::thread::spawn(move || {
-            let mut theirs = [0u8; ENDPOINT_WIRE_LEN];
-            b.read_exact(&mut theirs).unwrap();
-            b.write_all(&endpoint(2).encode()).unwrap();
-            let mut ready = [0u8; 1];
-            b.read_exact(&mut ready)
-        });
-        let err = connect_by(
-            &mut a,
-            &endpoint(1),
-            Deadline::after(Duration::from_secs(10)),
-            |_| {
-                Err(Error::Verbs {
-                    verb: "ibv_modify_qp(RTR)",
-                    source: std::io::Error::from_raw_os_error(libc::EINVAL),
-                })
-            },
-        )
-        .unwrap_err();
-        let Error::Handshake { step, reason } = &err else {
-            panic!("{err:?}");
-        };
-        assert_eq!(*step, "connecting to the peer's endpoint");
-        assert!(reason.contains("ibv_modify_qp(RTR)"), "{reason}");
-        assert!(reason.contains("qpn: 18"), "{reason}");
-        drop(a);
-        assert!(t.join().unwrap().is_err(), "no ready byte was sent");
     }
 
     #[test]

@@ -741,9 +741,9 @@ impl<Q: QueuePair> qp::QpSlot<Q> {
     /// moves the queue pair to error: whatever the device did take then
     /// comes back flushed, and nothing it may hold is handed back early
     /// (the send path also marks where such a post began, see
-    /// `unaccounted_from`, and posts the teardown marker behind it, whose
-    /// flush releases what the device never took; what a receive post
-    /// never took waits for the drain's timeout).
+    /// `unaccounted_from`, and posts the teardown marker behind it, if it
+    /// has one, whose flush releases what the device never took; what a
+    /// receive post never took waits for the drain's timeout).
     #[inline]
     fn accepted(&mut self, result: &Result<(), PostError>, len: usize) -> usize {
         match result {

@@ -344,7 +344,7 @@ impl SessionHost<VerbsQp> {
         // of the GID the peer named), and the host's other sessions go on
         // meanwhile. Its receives are posted before the ready byte goes,
         // and the peer sends nothing before that byte.
-        tcp::connect_to(&remote, |remote| qp.connect(remote))?;
+        qp.connect(&remote)?;
         let prepared = self.prepare(reservation, qp)?;
         match tcp::ready_by(&mut stream, deadline) {
             Ok(()) => Ok(self.admit(prepared, peer, Some(stream))),

@@ -57,8 +57,9 @@
 //!
 //! A [`SessionHost`] owns one device's shared parts: a protection domain,
 //! a [`RegionAllocator`] of registered arenas, one [`AsyncRing`] (one
-//! completion queue, one driver thread) and one pump thread that serves the
-//! control channel of every session on it. A [`Session`] is one peer: a
+//! completion queue, one driver thread), one pump thread that serves the
+//! control channel of every session on it, and one granter thread that
+//! makes the regions peers ask for. A [`Session`] is one peer: a
 //! queue pair attached to the host's ring. Make hosts and sessions with a
 //! [`SessionBuilder`] (`connect`, `listen`, `bind` for many peers,
 //! `connect_cm`, `bind_cm`) or, on the soft device, [`SessionHost::soft`].
@@ -86,10 +87,13 @@
 //!
 //! # Data path
 //!
-//! `read`, `write`, `write_with_imm`, `atomic_cas` and `fetch_add` go
-//! straight to the ring (awaitable [`OpFuture`]s, buffers returned with
-//! the result). `send` / `receive` carry user messages of up to
-//! [`SessionConfig::max_message`] bytes, received zero-copy into regions.
+//! `read`, `write`, `atomic_cas` and `fetch_add` go straight to the ring
+//! (awaitable [`OpFuture`]s, buffers returned with the result).
+//! `write_with_imm` takes a receive of the peer's, so it waits, as a
+//! message does, while the peer's user has its window unread (its buffer
+//! comes back with the result). `send` / `receive` carry user messages of
+//! up to [`SessionConfig::max_message`] bytes, received zero-copy into
+//! regions.
 //!
 //! # Control channel
 //!

@@ -367,7 +367,7 @@ impl VerbsDevice {
     }
 }
 
-fn query_gid(ctx: *mut ibv_context, port: u8, index: u8) -> Result<[u8; 16], Error> {
+pub(super) fn query_gid(ctx: *mut ibv_context, port: u8, index: u8) -> Result<[u8; 16], Error> {
     // SAFETY: all-zero is a valid GID.
     let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
     // It returns -1, not an errno, and may leave errno as it was: cleared

@@ -11,7 +11,7 @@ use rdma_sys::{
 };
 
 use super::cq::{CqInner, VerbsCq};
-use super::device::{last_error, verbs_error};
+use super::device::{last_error, query_gid, verbs_error};
 use super::pd::{PdInner, VerbsPd};
 use super::srq::VerbsSrq;
 use super::{accepted, zeroed};
@@ -260,6 +260,12 @@ impl VerbsQp {
     /// posted, say) can be connected through [`Ring::qp`](crate::ring::Ring::qp).
     /// A queue pair whose connect failed may be left half way (ready to
     /// receive, not to send): connect a new one rather than retry.
+    ///
+    /// The device refusing `remote` (a GID nobody answers for, say; on
+    /// RoCE, one of zeros) is [`Error::Handshake`] at the step "connecting
+    /// to the peer's endpoint", the peer's doing, which a listener drops to
+    /// serve on; unless our own GID is gone from the device's table (its
+    /// interface lost the address), which is [`Error::Verbs`].
     pub fn connect(&self, remote: &Endpoint) -> Result<(), Error> {
         if !(1..=5).contains(&remote.mtu) {
             return Err(Error::Incompatible(
@@ -299,7 +305,8 @@ impl VerbsQp {
             | ibv_qp_attr_mask::IBV_QP_RQ_PSN
             | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
             | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
-        self.modify(&mut attr, mask, "ibv_modify_qp(RTR)")?;
+        self.modify(&mut attr, mask, "ibv_modify_qp(RTR)")
+            .map_err(|e| refused_endpoint(&dev, remote, e))?;
 
         // SAFETY: as above.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -615,5 +622,26 @@ impl Drop for VerbsQp {
         // SAFETY: the QP is destroyed once; the ring that posted to it has
         // drained or leaked its buffers before dropping it.
         unsafe { rdma_sys::ibv_destroy_qp(self.qp) };
+    }
+}
+
+/// Why the device refused to make a queue pair ready to receive from
+/// `remote`. The peer's record is what RTR takes from outside, so with
+/// our own GID still in place (RoCE's GID table follows the interface's
+/// addresses) the refusal is the peer's: a handshake failure, which a
+/// listener drops to serve on. A GID of ours gone or changed is ours.
+fn refused_endpoint(dev: &super::device::DeviceInner, remote: &Endpoint, e: Error) -> Error {
+    let Error::Verbs { verb, source } = e else {
+        return e;
+    };
+    match query_gid(dev.ctx, dev.port, dev.gid_index) {
+        Ok(gid) if gid == dev.gid => Error::Handshake {
+            step: "connecting to the peer's endpoint",
+            reason: format!("{verb} refused {remote:?}: {source}"),
+        },
+        _ => Error::Verbs {
+            verb: "ibv_modify_qp(RTR), our GID gone or changed since the device was opened",
+            source,
+        },
     }
 }
