@@ -26,7 +26,9 @@ type Awaited = OpFuture<AdvQp, RegisteredBuf>;
 /// The awaited ring over the adversary, its futures, and the graveyard.
 pub struct AwaitedAdversary {
     pub device: Device,
-    ring: AsyncRing<AdvQp>,
+    /// Taken at the end: the ring counts the buffers of operations the
+    /// device never gave back as leaked when it is dropped.
+    ring: Option<AsyncRing<AdvQp>>,
     handles: Vec<QpHandle>,
     next_id: u64,
     /// Futures not yet resolved, with their operation's id and kind.
@@ -56,7 +58,7 @@ impl AwaitedAdversary {
             leaked_before: rdma_ring::leak::leaked().buffers,
             _counting: counting,
             device,
-            ring: AsyncRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle")),
+            ring: Some(AsyncRing::new(ring, Wakeup::Busy).unwrap_or_else(|_| panic!("idle"))),
             handles,
             next_id: 1,
             futures: Vec::new(),
@@ -79,6 +81,12 @@ impl AwaitedAdversary {
         adversary
     }
 
+    fn ring(&self) -> &AsyncRing<AdvQp> {
+        self.ring
+            .as_ref()
+            .expect("the ring lives until the run's end")
+    }
+
     /// Buffers handed back and checked for late writes.
     pub fn buried(&self) -> usize {
         self.graveyard.len()
@@ -91,7 +99,7 @@ impl AwaitedAdversary {
             RingStep::Submit => {
                 // Nothing waits for a doorbell (no coalescing): the knob,
                 // if any, bends the next push's post.
-                if let Err(e) = self.ring.submit() {
+                if let Err(e) = self.ring().submit() {
                     assert!(
                         e.unposted.is_empty(),
                         "an awaited operation came back as unposted"
@@ -116,7 +124,7 @@ impl AwaitedAdversary {
         self.next_id += 1;
         let target = self.device.target();
         let buf = RegisteredBuf::new(&self.device.pd, vec![(id as u8) | 1; LEN]).unwrap();
-        let qp = self.ring.qp(self.handles[qp]);
+        let qp = self.ring().qp(self.handles[qp]);
         let future = match kind {
             0 => qp.op(Write::new(buf, target)),
             1 => qp.op(Read::new(buf, target)),
@@ -185,11 +193,14 @@ impl AwaitedAdversary {
         self.poll_all();
         // Close: every pending future resolves flushed, unless the device
         // never gives its operation back (then it is leaked).
-        self.ring.close();
+        self.ring().close();
         self.poll_all();
         let pending = std::mem::take(&mut self.futures);
         let unresolved = pending.len();
         drop(pending);
+        // The last handle: what the device kept (operations it never gave
+        // back, their futures pending until dropped above) is counted now.
+        drop(self.ring.take());
         self.device.run_dry();
         check_graveyard(&self.graveyard);
         let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;

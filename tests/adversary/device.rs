@@ -155,8 +155,10 @@ impl Device {
                 self.knobs.lock().unwrap().accept = Some(n);
                 return RingStep::Submit;
             }
-            Step::SubmitOverclaiming(n) => {
-                self.knobs.lock().unwrap().overclaim = Some(n);
+            Step::SubmitOverclaiming { extra, took } => {
+                let mut knobs = self.knobs.lock().unwrap();
+                knobs.overclaim = Some(extra);
+                knobs.accept = took;
                 return RingStep::Submit;
             }
             Step::Poll => return RingStep::Poll,

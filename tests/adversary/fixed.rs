@@ -64,6 +64,10 @@ pub struct FixedAdversary {
     /// come back in the order they were pushed (ids rise), flushes of
     /// work never posted included.
     last_send: std::collections::HashMap<FixedQp, u64>,
+    /// Queue pairs whose detach timed out: the device keeps work of theirs
+    /// (a post it took part of and could not say so), so another detach
+    /// would only wait the drain's timeout again. They stay until the end.
+    stuck: HashSet<FixedQp>,
     /// Tokens handed back, their slots poisoned, never used again, and
     /// their slots' indexes (no slot may be handed back twice).
     graveyard: Vec<FixedBuf>,
@@ -164,6 +168,7 @@ impl FixedAdversary {
             pushed: HashSet::new(),
             returned: HashSet::new(),
             last_send: std::collections::HashMap::new(),
+            stuck: HashSet::new(),
             graveyard: Vec::new(),
             buried_slots: HashSet::new(),
             returned_ops: 0,
@@ -221,6 +226,10 @@ impl FixedAdversary {
                 // Held completions would only make the drain time out.
                 self.device.knobs.lock().unwrap().hold = None;
                 self.reattached += 1;
+                if self.stuck.contains(&self.handles[qp]) {
+                    self.reattached_late += 1;
+                    return;
+                }
                 match self.ring.detach(self.handles[qp]) {
                     Ok(back) => {
                         self.handles[qp] = self
@@ -230,7 +239,10 @@ impl FixedAdversary {
                         self.other_qps.insert(self.handles[qp]);
                     }
                     // Still attached, in error: the scenario goes on.
-                    Err(_) => self.reattached_late += 1,
+                    Err(_) => {
+                        self.reattached_late += 1;
+                        self.stuck.insert(self.handles[qp]);
+                    }
                 }
             }
             RingStep::Fatal(qp) => {
@@ -268,7 +280,14 @@ impl FixedAdversary {
                 self.device.knobs.lock().unwrap().hold = None;
                 // Still attached, in error, if the drain timed out: the
                 // scenario goes on with it.
-                if let Ok(old) = self.ring.detach(self.srq_qp) {
+                if self.stuck.contains(&self.srq_qp) {
+                    return;
+                }
+                let detached = self.ring.detach(self.srq_qp);
+                if detached.is_err() {
+                    self.stuck.insert(self.srq_qp);
+                }
+                if let Ok(old) = detached {
                     self.srq_replaced += 1;
                     // What it took comes back before it goes.
                     let last = AsyncEvent::LastWqeReached {

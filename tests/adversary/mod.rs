@@ -104,7 +104,8 @@ impl AdvSrq {
 
 /// Posts `wrs` to `queue` through `post`, as the knobs say: every
 /// `wr_id` is recorded as posted (so no forgery names it), and the post
-/// is taken in part, or overclaimed.
+/// is taken in part, overclaimed, or both (taken in part and reported
+/// as all taken: a backend that cannot tell).
 fn post_bent<T, W: Copy>(
     knobs: &Shared,
     queue: &mut T,
@@ -114,24 +115,23 @@ fn post_bent<T, W: Copy>(
 ) -> Result<(), PostError> {
     let mut bent = knobs.lock().unwrap();
     bent.posted.extend(wrs.iter().map(&wr_id));
-    let (take, overclaim) = match (bent.accept.take(), bent.overclaim.take()) {
-        (Some(n), _) => (n.min(wrs.len()), None),
-        (None, extra) => (wrs.len(), extra),
-    };
+    let take = bent.accept.take().map_or(wrs.len(), |n| n.min(wrs.len()));
+    let overclaim = bent.overclaim.take();
     bent.bent_partial += usize::from(take < wrs.len());
     bent.bent_overclaims += usize::from(overclaim.is_some());
     drop(bent);
     post(queue, &wrs[..take])?;
+    if let Some(extra) = overclaim {
+        // Never less than was taken: all of it (and more) claimed.
+        return Err(PostError {
+            accepted: wrs.len() + extra,
+            error: Error::PostRejected("the adversary cannot tell what it took"),
+        });
+    }
     if take < wrs.len() {
         return Err(PostError {
             accepted: take,
             error: Error::PostRejected("the adversary took only part"),
-        });
-    }
-    if let Some(extra) = overclaim {
-        return Err(PostError {
-            accepted: wrs.len() + extra,
-            error: Error::PostRejected("the adversary cannot tell what it took"),
         });
     }
     Ok(())
@@ -261,7 +261,12 @@ pub enum Step {
     },
     Submit,
     SubmitTaking(usize),
-    SubmitOverclaiming(usize),
+    /// A post the device reports as all taken (and `extra` more), having
+    /// taken all of it, or only the first `took`: it cannot tell.
+    SubmitOverclaiming {
+        extra: usize,
+        took: Option<usize>,
+    },
     Progress,
     /// One queue pair executes one work request.
     ExecuteOne(usize),
@@ -316,7 +321,13 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             }
             8..=9 => Step::Submit,
             10 => Step::SubmitTaking(usize::from(it.next().unwrap_or(0) % 4)),
-            11 => Step::SubmitOverclaiming(usize::from(it.next().unwrap_or(0) % 3)),
+            11 => {
+                let b1 = it.next().unwrap_or(0);
+                Step::SubmitOverclaiming {
+                    extra: usize::from(b1 % 3),
+                    took: (b1 & 0x80 != 0).then_some(usize::from((b1 >> 4) & 3)),
+                }
+            }
             12 | 13 => Step::Progress,
             14 => Step::ExecuteOne(qp),
             15..=18 => Step::Poll,
