@@ -435,8 +435,7 @@ impl<Q: QueuePair> Ring<Q> {
             // teardown they are leaked, never freed.
             let result = unsafe { slot.qp.post_send(&slot.pending_send, &slot.send_sges) };
             let accepted = slot.accepted(&result, slot.pending_send.len());
-            let unaccounted = matches!(&result, Err(e) if e.accepted >= slot.pending_send.len());
-            if unaccounted {
+            if matches!(&result, Err(e) if e.accepted >= slot.pending_send.len()) {
                 // The device may have taken any prefix of this post: from
                 // its first send on, what is released without a CQE of
                 // its own may never have run.
@@ -484,6 +483,9 @@ impl<Q: QueuePair> Ring<Q> {
             self.expecting += accepted;
             posting.posted += accepted;
             if let Err(PostError { error, .. }) = result {
+                // Refused with every request counted as taken: the backend
+                // could not tell which it took (see `accepted`).
+                let unaccounted = accepted == slot.pending_send.len();
                 let unposted = self.hand_back_from(qp, accepted, |slot| &mut slot.pending_send);
                 if unaccounted {
                     // What the device never took gets no CQE, its last
