@@ -44,6 +44,22 @@ fn default_pair() -> Pair {
     pair(Progress::Auto, QpConfig::default(), RingConfig::default())
 }
 
+/// Pushes a 1 KiB WRITE (not asking for a completion) for each id in `ids`, to
+/// the id's KiB of `remote`, tagged with the id.
+fn push_writes<Q: QueuePair>(
+    ring: &mut Ring<Q>,
+    pool: &BufferPool,
+    remote: &RemoteSlice,
+    ids: std::ops::Range<u64>,
+) {
+    for i in ids {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        ring.submission()
+            .push(Write::new(pool.take().unwrap(), target).user_data(i))
+            .unwrap();
+    }
+}
+
 fn reap_all<Q: QueuePair>(ring: &mut Ring<Q>) -> Vec<Completion> {
     let mut out = Vec::new();
     ring.completion().reap(&mut out).unwrap();
@@ -98,12 +114,7 @@ fn one_doorbell_for_a_batch_of_64() {
     );
     let remote = p.exposed.remote();
     let control = p.a.qp().control();
-    for i in 0..64u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        p.a.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut p.a, &p.pool, &remote, 0..64);
     assert_eq!(p.a.submission().submit().unwrap(), 64);
     let counters = control.counters();
     assert_eq!((counters.send_posts, counters.send_wrs), (1, 64));
@@ -125,12 +136,7 @@ fn unsignaled_ops_complete_with_the_last_signaled_one() {
         },
     );
     let remote = p.exposed.remote();
-    for i in 0..10u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        p.a.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut p.a, &p.pool, &remote, 0..10);
     p.a.submission().submit().unwrap();
     assert_eq!(
         p.a.stats().signaled,
@@ -241,12 +247,7 @@ fn injected_error_fails_one_and_flushes_the_rest() {
     let mut p = pair(Progress::Manual, QpConfig::default(), RingConfig::default());
     let remote = p.exposed.remote();
     p.a.qp().control().fail_nth(3, WcStatus::RemOpErr);
-    for i in 0..6u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        p.a.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut p.a, &p.pool, &remote, 0..6);
     p.a.submission().submit().unwrap();
     p.dev.progress();
     let done = reap_all(&mut p.a);
@@ -666,12 +667,7 @@ fn a_partial_post_hands_back_the_unposted_ops() {
     let p = default_pair();
     let mut ring = misbehaving(&p);
     let remote = p.exposed.remote();
-    for i in 0..5u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        ring.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut ring, &p.pool, &remote, 0..5);
     let qp = ring.default_qp().unwrap();
     let sends = |ring: &Ring<Misbehaving>| {
         let stats = ring.qp_stats(qp).unwrap();
@@ -809,12 +805,7 @@ fn an_unaccounted_post_comes_back_without_a_close() {
     let p = default_pair();
     let mut ring = misbehaving(&p);
     let remote = p.exposed.remote();
-    for i in 0..5u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        ring.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut ring, &p.pool, &remote, 0..5);
     set_accept(Some(2));
     set_cannot_tell(true);
     let err = ring.submission().submit().unwrap_err();
@@ -881,12 +872,7 @@ fn a_refused_sync_marker_is_tried_again_while_the_ring_waits() {
     let p = default_pair();
     let mut ring = misbehaving(&p);
     let remote = p.exposed.remote();
-    for i in 0..4u64 {
-        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
-        ring.submission()
-            .push(Write::new(p.pool.take().unwrap(), target).user_data(i))
-            .unwrap();
-    }
+    push_writes(&mut ring, &p.pool, &remote, 0..4);
     set_accept(Some(2));
     set_refuse_empty(true);
     let err = ring.submission().submit().unwrap_err();
