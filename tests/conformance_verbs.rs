@@ -170,6 +170,59 @@ fn a_queue_pair_carries_the_port_s_message_limit_and_the_device_s_read_elements(
     }
 }
 
+/// A device reports no inline limit; asked for more inline data than it
+/// takes, the backend asks again for less, and the queue pair's caps say
+/// what it got: an inline write of that size runs, one byte more is
+/// refused at push with its buffer handed back.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn more_inline_data_than_the_device_takes_is_asked_for_again_by_halves() {
+    use rdma_ring::backend::QueuePair;
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::op::Write;
+    use rdma_ring::ring::{Ring, RingConfig};
+    let v = Verbs::new();
+    // Far past any device's inline room (rxe takes a few hundred bytes).
+    let asked = 1 << 20;
+    let config = QpConfig {
+        max_inline_data: asked,
+        ..QpConfig::default()
+    };
+    let (a, _b) = v.pair(config);
+    let got = a.caps().max_inline_data;
+    eprintln!(
+        "{}: asked for {asked} bytes inline, got {got}",
+        v.dev.name()
+    );
+    assert!(got > 0 && got < asked, "{got}");
+    assert!(asked % got == 0, "a halving of the request: {got}");
+    let mut ring = Ring::new(a, RingConfig::default());
+    let len = got as usize;
+    let target = ExposedBuf::new(&v.pd, vec![0u8; len + 1], RemoteAccess::WRITE).unwrap();
+    let too_long = RegisteredBuf::new(&v.pd, vec![2u8; len + 1]).unwrap();
+    let refused = ring
+        .submission()
+        .push(Write::new(too_long, target.remote()).inline())
+        .unwrap_err();
+    assert!(
+        matches!(refused.error(), rdma_ring::Error::InlineTooLarge { .. }),
+        "{}",
+        refused.error()
+    );
+    assert_eq!(refused.into_value().into_buf().len(), len + 1);
+    let data = RegisteredBuf::new(&v.pd, vec![1u8; len]).unwrap();
+    let remote = target.remote().slice(0..len as u64).unwrap();
+    ring.submission()
+        .push(Write::new(data, remote).inline().signaled())
+        .unwrap();
+    ring.submit().unwrap();
+    let done = ring.completion().wait(1).unwrap();
+    assert!(done[0].status().is_success(), "{:?}", done[0].status());
+    drop(done);
+    let bytes = target.into_inner().unwrap();
+    assert!(bytes[..len].iter().all(|&b| b == 1) && bytes[len] == 0);
+}
+
 /// The TCP handshake connects two queue pairs: each side in its own
 /// thread, endpoints exchanged over loopback TCP, then a SEND crosses.
 #[test]

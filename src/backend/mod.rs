@@ -100,7 +100,11 @@ pub struct QpConfig {
     pub max_send_sge: u32,
     /// Scatter/gather elements per receive work request (clamped likewise).
     pub max_recv_sge: u32,
-    /// Largest payload that may be posted inline.
+    /// Largest payload that may be posted inline. Devices do not say
+    /// how much they take; one that refuses this much is asked for half,
+    /// and so on down to none, and the queue pair's
+    /// [`QpCaps::max_inline_data`] says what it got (the ring refuses a
+    /// larger inline push with [`Error::InlineTooLarge`]).
     pub max_inline_data: u32,
     /// RNR retries before a send fails with `RnrRetryExceeded`; 7 means
     /// forever, so the default is below it.

@@ -237,7 +237,10 @@ pub struct SessionConfig {
     /// How long a dropped session waits for its close message to leave
     /// (and the peer to receive it) before its queue pair goes; not zero.
     /// A session whose peer closed first, or that failed, has nothing to
-    /// send and goes at once.
+    /// send and goes at once. A grace too long to add to the clock
+    /// (`Duration::MAX`) has no end: the session goes once its close has
+    /// reached the peer, or its queue pair fails (a peer gone for good
+    /// fails it when the transport's retries run out).
     pub close_grace: Duration,
 }
 

@@ -302,6 +302,35 @@ pub fn rnr_without_receive<F: Fabric>(f: &F) {
     );
 }
 
+/// A write with immediate to a peer with no receive posted is Receiver
+/// Not Ready even when its rkey is wrong: the responder looks for the
+/// receive the immediate needs before it checks the key (as rxe does).
+pub fn write_imm_without_receive_is_rnr_before_its_rkey_is_checked<F: Fabric>(f: &F) {
+    let config = QpConfig {
+        rnr_retry: 1,
+        ..config()
+    };
+    let (mut a, _b) = rings(f, config);
+    let target = exposed(f, 4096, RemoteAccess::WRITE);
+    let good = target.remote();
+    let forged = RemoteSlice::new(
+        good.addr(),
+        32,
+        good.rkey() ^ 0x0101_0000,
+        RemoteAccess::WRITE,
+    );
+    let buf = RegisteredBuf::new(f.pd(), vec![1u8; 32]).unwrap();
+    a.submission()
+        .push(WriteImm::new(buf, forged, 7).user_data(5))
+        .unwrap();
+    submit(&mut a);
+    let done = poll_until(&mut a, 1, Duration::from_secs(30));
+    assert_eq!(
+        (done[0].user_data(), done[0].status()),
+        (5, WcStatus::RnrRetryExcErr)
+    );
+}
+
 /// Polls (progressing the soft device in any mode) until `n` completions.
 fn poll_until<Q: QueuePair>(ring: &mut Ring<Q>, n: usize, limit: Duration) -> Vec<Completion> {
     let start = Instant::now();
@@ -448,6 +477,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn batch_of_64_with_one_doorbell() { conformance::batch_of_64_with_one_doorbell(&$make) }
         $(#[$attr])* #[test] fn wrong_rkey_fails_and_flushes() { conformance::wrong_rkey_fails_and_flushes(&$make) }
         $(#[$attr])* #[test] fn rnr_without_receive() { conformance::rnr_without_receive(&$make) }
+        $(#[$attr])* #[test] fn write_imm_without_receive_is_rnr_before_its_rkey_is_checked() { conformance::write_imm_without_receive_is_rnr_before_its_rkey_is_checked(&$make) }
         $(#[$attr])* #[test] fn vanished_peer_fails_in_bounded_time() { conformance::vanished_peer_fails_in_bounded_time(&$make) }
         $(#[$attr])* #[test] fn teardown_with_ops_in_flight() { conformance::teardown_with_ops_in_flight(&$make) }
         $(#[$attr])* #[test] fn awaited_ops() { conformance::awaited_ops(&$make) }

@@ -170,6 +170,13 @@ impl DeviceState {
         }
         match wr.opcode {
             SendOpcode::Write | SendOpcode::WriteImm => {
+                // The receive the immediate consumes is looked for before
+                // the rkey is checked (rxe's responder checks its
+                // resources first): with none posted, the requester gets
+                // RNR, not an access error, whatever the key.
+                if wr.opcode == SendOpcode::WriteImm && !self.has_receive(peer_qpn) {
+                    return Outcome::Rnr;
+                }
                 let remote = match self.check_remote(
                     wr.rkey,
                     wr.remote_addr,
@@ -180,9 +187,6 @@ impl DeviceState {
                     Ok(addr) => addr,
                     Err(status) => return self.responder_error(peer_qpn, status),
                 };
-                if wr.opcode == SendOpcode::WriteImm && !self.has_receive(peer_qpn) {
-                    return Outcome::Rnr;
-                }
                 self.copy_pieces(&local, &[(remote, len)]);
                 if wr.opcode == SendOpcode::WriteImm {
                     let solicited = wr.flags.contains(SendFlags::SOLICITED);

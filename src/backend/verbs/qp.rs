@@ -11,7 +11,7 @@ use rdma_sys::{
 };
 
 use super::cq::{CqInner, VerbsCq};
-use super::device::{last_error, query_gid, verbs_error};
+use super::device::{query_gid, verbs_error};
 use super::pd::{PdInner, VerbsPd};
 use super::srq::VerbsSrq;
 use super::{accepted, zeroed};
@@ -135,19 +135,35 @@ impl VerbsQp {
         init.send_cq = cq.inner.cq;
         init.recv_cq = cq.inner.cq;
         init.srq = srq.map_or(std::ptr::null_mut(), VerbsSrq::raw);
-        init.cap.max_send_wr = config.max_send_wr;
-        init.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr.max(1) };
-        init.cap.max_send_sge = max_send_sge;
-        init.cap.max_recv_sge = if srq.is_some() { 0 } else { max_recv_sge };
-        init.cap.max_inline_data = config.max_inline_data;
         init.qp_type = rdma_sys::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
-        // SAFETY: the PD, CQ and SRQ are live; `init` is a valid in/out
-        // pointer.
-        let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd, &mut init) };
-        if qp.is_null() {
-            return Err(last_error("ibv_create_qp"));
-        }
+        let mut max_inline_data = config.max_inline_data;
+        let qp = loop {
+            // In and out: set afresh for each try.
+            init.cap.max_send_wr = config.max_send_wr;
+            init.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr.max(1) };
+            init.cap.max_send_sge = max_send_sge;
+            init.cap.max_recv_sge = if srq.is_some() { 0 } else { max_recv_sge };
+            init.cap.max_inline_data = max_inline_data;
+            // SAFETY: the PD, CQ and SRQ are live; `init` is a valid in/out
+            // pointer.
+            let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd, &mut init) };
+            if !qp.is_null() {
+                break qp;
+            }
+            let err = std::io::Error::last_os_error();
+            // Devices report no inline limit to check against beforehand
+            // and refuse a queue pair asking for more with EINVAL: ask
+            // again for half as much, down to none. Another fault fails
+            // every try alike and is reported as it is.
+            if max_inline_data == 0 || err.raw_os_error() != Some(libc::EINVAL) {
+                return Err(Error::Verbs {
+                    verb: "ibv_create_qp",
+                    source: err,
+                });
+            }
+            max_inline_data /= 2;
+        };
         // SAFETY: just created.
         let qp_num = unsafe { (*qp).qp_num };
         let caps = QpCaps {
@@ -159,7 +175,7 @@ impl VerbsQp {
             max_recv_wr,
             max_send_sge,
             max_recv_sge,
-            max_inline_data: init.cap.max_inline_data.min(config.max_inline_data),
+            max_inline_data: init.cap.max_inline_data.min(max_inline_data),
             atomics: limits.atomics,
             // A device that reports no figure for reads is taken to allow
             // one element.
