@@ -388,15 +388,23 @@ fn the_notifier_thread_wakes_a_receive_answered_from_another_thread() {
             .unwrap();
     p.b.submit().unwrap();
     let (a, ha) = (p.a.clone(), p.ha);
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
     let sender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
+        // Sent once the receive waits: only the notifier can wake it.
+        waiting_rx.recv().unwrap();
         let mut msg = a.take_buf().unwrap();
         a.with_bufs(|bufs| bufs.bytes_mut(&mut msg)[..3].copy_from_slice(b"hey"))
             .unwrap();
         let sent = futures::executor::block_on(a.push(ha, SendFixed::new(msg, 3).imm(4)).unwrap());
         assert!(sent.unwrap().status().is_success());
     });
-    let got = futures::executor::block_on(recv).unwrap();
+    let got = futures::executor::block_on(async {
+        let mut recv = std::pin::pin!(recv);
+        assert!(futures::poll!(recv.as_mut()).is_pending());
+        waiting_tx.send(()).unwrap();
+        recv.await
+    })
+    .unwrap();
     sender.join().unwrap();
     assert_eq!((got.byte_len(), got.imm()), (3, Some(4)));
     assert_eq!(
@@ -511,6 +519,7 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
     // polled again, and nobody polls the device for them. The tasks run
     // on a thread of their own, which gives up (failing the test) rather
     // than wait for ever.
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
     let receiving = std::thread::spawn(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut pool = LocalPool::new();
@@ -524,7 +533,10 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
                 })
                 .unwrap();
         }
-        // The burst lands while every task waits.
+        // The burst lands while every task waits: the sender goes once
+        // each has been polled (and is pending).
+        pool.run_until_stalled();
+        waiting_tx.send(()).unwrap();
         let mut got = Vec::new();
         while got.len() < N {
             pool.run_until_stalled();
@@ -538,7 +550,7 @@ fn a_burst_of_more_completions_than_one_poll_takes_wakes_every_task() {
         }
         got
     });
-    std::thread::sleep(Duration::from_millis(50));
+    waiting_rx.recv().unwrap();
     let sends: Vec<_> = (0..N)
         .map(|_| {
             a.push(ha, SendFixed::new(a.take_buf().unwrap(), 8))

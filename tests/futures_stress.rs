@@ -208,9 +208,13 @@ fn dropping_the_ring_resolves_pending_futures_with_a_flush() {
             )
         })
         .collect();
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         futures::executor::block_on(async {
-            let (recvs, reads) = futures::join!(join_all(recvs), join_all(reads));
+            let mut both = std::pin::pin!(futures::future::join(join_all(recvs), join_all(reads)));
+            assert!(futures::poll!(both.as_mut()).is_pending());
+            waiting_tx.send(()).unwrap();
+            let (recvs, reads) = both.await;
             let statuses: Vec<_> = recvs
                 .iter()
                 .map(|(r, _)| r.as_ref().map(|_| ()).map_err(status_of))
@@ -223,7 +227,7 @@ fn dropping_the_ring_resolves_pending_futures_with_a_flush() {
             statuses
         })
     });
-    std::thread::sleep(Duration::from_millis(20));
+    waiting_rx.recv().unwrap();
     drop(s.b); // the last handle: the ring closes, the QP is flushed
     let statuses = waiter.join().unwrap();
     assert_eq!(statuses.len(), 32);
@@ -350,8 +354,16 @@ fn the_completion_stream_ends_when_the_ring_closes() {
     use futures::StreamExt;
     let s = setup(Progress::Manual, 16, Wakeup::Thread);
     let stream = s.a.completions();
-    let waiter = std::thread::spawn(move || futures::executor::block_on(stream.count()));
-    std::thread::sleep(Duration::from_millis(20));
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            let mut count = std::pin::pin!(stream.count());
+            assert!(futures::poll!(count.as_mut()).is_pending());
+            waiting_tx.send(()).unwrap();
+            count.await
+        })
+    });
+    waiting_rx.recv().unwrap();
     drop(s.a);
     assert_eq!(waiter.join().unwrap(), 0);
 }

@@ -233,6 +233,65 @@ fn recvs(first: u64, n: usize, local: &RegisteredBuf) -> (Vec<RecvWr>, Vec<Sge>)
     (wrs, sges)
 }
 
+/// A receive's elements are checked only as far as the message reaches
+/// (as rxe's responder does): an element past its end, or any of a
+/// zero-length message's, may name memory the device never gave out.
+#[test]
+fn a_receive_element_the_message_never_reaches_is_not_checked() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        max_recv_sge: 2,
+        ..config()
+    };
+    let (mut sender, mut receiver) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let (mut sender_cq, mut receiver_cq) = (sender.take_cq().unwrap(), receiver.take_cq().unwrap());
+    let space = RegisteredBuf::new(&pd, vec![0u8; 64]).unwrap();
+    let bogus = Sge {
+        addr: 0x1000,
+        len: 64,
+        lkey: 0x1234,
+    };
+    let sges = [
+        Sge {
+            addr: space.as_ptr() as u64,
+            len: 64,
+            lkey: space.lkey(),
+        },
+        bogus,
+        bogus,
+    ];
+    let wrs = [
+        RecvWr {
+            wr_id: 1,
+            sges: SgeSpan { start: 0, len: 2 },
+        },
+        RecvWr {
+            wr_id: 2,
+            sges: SgeSpan { start: 2, len: 1 },
+        },
+    ];
+    // SAFETY: the first element names `space`, which outlives the
+    // device's work, run within the test; the others are never written.
+    unsafe { receiver.post_recv(&wrs, &sges) }.unwrap();
+    let local = RegisteredBuf::new(&pd, vec![5u8; 8]).unwrap();
+    sends(&mut sender, 1, &local);
+    let mut empty = SendWr::new(200, SendOpcode::Send, SgeSpan { start: 0, len: 0 });
+    empty.flags |= SendFlags::SIGNALED;
+    // SAFETY: no element: nothing is read.
+    unsafe { sender.post_send(&[empty], &[]) }.unwrap();
+    dev.progress();
+    let got: Vec<_> = poll(&mut receiver_cq, 2)
+        .iter()
+        .map(|c| (c.wr_id, c.status, c.byte_len))
+        .collect();
+    assert_eq!(got, [(1, WcStatus::Success, 8), (2, WcStatus::Success, 0)]);
+    let sent: Vec<_> = poll(&mut sender_cq, 2).iter().map(|c| c.status).collect();
+    assert_eq!(sent, [WcStatus::Success; 2]);
+    assert_eq!(&space[..8], &[5u8; 8]);
+    assert_eq!(receiver.control().state(), Some(QpState::ReadyToSend));
+}
+
 /// Sends of 8 bytes, each signaled, from `qp`.
 fn sends(qp: &mut SoftQp, n: usize, local: &RegisteredBuf) {
     let sge = Sge {
@@ -346,6 +405,40 @@ fn no_rnr_retry_fails_at_the_first_nak() {
     }
 }
 
+/// In auto mode the device looks at a waiting send at every post and
+/// poll, but retries it (and counts a NAK) only once its RNR timer has
+/// run since the last NAK: a send that runs out of retries counts
+/// `rnr_retry + 1` NAKs, however often it was polled meanwhile.
+#[test]
+fn rnr_naks_are_counted_once_per_retry_however_often_the_device_is_polled() {
+    let dev = SoftDevice::with_progress(Progress::Auto);
+    let pd = dev.alloc_pd();
+    let config = QpConfig {
+        rnr_retry: 3,
+        ..config()
+    };
+    let (mut sender, _receiver) = dev.connected_pair(&pd, &pd, config).unwrap();
+    let mut cq = sender.take_cq().unwrap();
+    let local = RegisteredBuf::new(&pd, vec![0u8; 8]).unwrap();
+    sends(&mut sender, 1, &local);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut polls = 0u64;
+    let done = loop {
+        let done = poll(&mut cq, 1);
+        if !done.is_empty() {
+            break done;
+        }
+        polls += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the send never failed"
+        );
+    };
+    assert_eq!(done[0].status, WcStatus::RnrRetryExcErr);
+    assert!(polls > 4, "polled {polls} times only");
+    assert_eq!(sender.control().counters().rnr_naks, 4);
+}
+
 /// A WRITE under a key the responder never gave out fails the requester
 /// with a remote access error, and the responder, moved to error too, is
 /// told with `QpAccessError` on its queue pair.
@@ -429,6 +522,32 @@ fn an_access_error_comes_before_the_last_receive_event() {
         events.next_event().unwrap(),
         Some(AsyncEvent::LastWqeReached { qp_num })
     );
+    drop((responder, cq));
+}
+
+/// A completion queue overrun moves its queue pairs to error; one on a
+/// shared receive queue says it takes no more of its receives, as for any
+/// other move to error (and a later move to error says nothing again).
+#[test]
+fn an_overrun_ends_a_shared_queue_s_queue_pair_with_the_last_receive_event() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let events = dev.async_events().unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16).unwrap();
+    let srq = shared_queue(&dev, &pd);
+    let (mut responder, _requester) = on_shared_queue(&dev, &pd, &cq, &srq);
+    responder.control().overrun_cq();
+    let qp_num = responder.qpn();
+    assert!(matches!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::CqError { .. })
+    ));
+    assert_eq!(
+        events.next_event().unwrap(),
+        Some(AsyncEvent::LastWqeReached { qp_num })
+    );
+    responder.set_error().unwrap();
+    assert_eq!(events.next_event().unwrap(), None);
     drop((responder, cq));
 }
 

@@ -490,8 +490,9 @@ impl<Q: QueuePair + std::marker::Send + 'static> ClientShared<Q> {
 /// `call` blocks the thread; `call_async` returns a future for any
 /// executor. Each call times out after the config's `call_timeout`; a
 /// dropped future abandons its call (its answer, when it comes, is
-/// dropped; if the server leaves a whole window of such calls
-/// unanswered for a `call_timeout`, the connection fails). Dropping the
+/// dropped; if the server leaves a whole window of such calls, and of
+/// releases of large responses, unanswered for a `call_timeout`, the
+/// connection fails). Dropping the
 /// last handle tells the server the client leaves.
 ///
 /// With [`Wakeup::Thread`] (the default) the connection makes progress
@@ -1227,6 +1228,51 @@ mod tests {
         server.send(&buf[..n]);
         let got = server.next_messages(1, Duration::from_secs(10));
         assert!(matches!(got[..], [(Kind::Close, _)]), "{got:?}");
+        drop(response);
+    }
+
+    /// A release of a large response holds a slot of the window until
+    /// the server answers it, as an abandoned call does: a server that
+    /// answers neither (its poller stuck) fails the connection once they
+    /// hold the whole window for a call timeout, rather than time out
+    /// every call after for ever.
+    #[test]
+    fn a_window_held_by_a_release_and_abandoned_calls_fails_the_connection() {
+        let config = RpcConfig {
+            call_timeout: Duration::from_millis(300),
+            ..RpcConfig::default()
+        };
+        let (client, mut server) = connect_with(config, None);
+        let call = client.call_async(b"big");
+        let id = server.next_request();
+        let response =
+            crate::buf::ExposedBuf::new(&server.pd, vec![7u8; 8192], RemoteAccess::READ).unwrap();
+        let mut buf = [0u8; 64];
+        let n = wire::encode_rendezvous(&mut buf, Kind::ResponseRendezvous, id, &response.remote());
+        server.send(&buf[..n]);
+        assert_eq!(futures::executor::block_on(call).unwrap(), vec![7u8; 8192]);
+        let got = server.next_messages(1, Duration::from_secs(10));
+        assert!(matches!(got[..], [(Kind::Release, _)]), "{got:?}");
+        // Never answered; nor are the calls that take the rest of the
+        // window (3 of the fake server's 4).
+        for _ in 0..3 {
+            assert!(matches!(client.call(b"x"), Err(RpcError::Timeout(_))));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let why = loop {
+            match client.call(b"y") {
+                Err(RpcError::Disconnected(why)) => break why,
+                Err(RpcError::Timeout(_)) => {
+                    assert!(Instant::now() < deadline, "the connection never failed")
+                }
+                other => panic!("expected the connection to fail, got {other:?}"),
+            }
+        };
+        assert!(
+            why.contains("whole window") && why.contains("1 releases"),
+            "{why}"
+        );
+        assert!(client.failure().is_some());
         drop(response);
     }
 

@@ -88,8 +88,9 @@ pub(super) struct ClientCore {
     /// a slot of the window until its answer comes (so there are at most
     /// a window of them).
     abandoned: HashSet<u64>,
-    /// Since when abandoned calls have held the whole window: a server
-    /// that answers none of them within a call timeout is stuck.
+    /// Since when abandoned calls and releases have held the whole
+    /// window with no answer coming: a server that answers none of them
+    /// within a call timeout is stuck.
     stalled_since: Option<Instant>,
     /// Whether the close message went (after a goodbye, or on drop).
     pub(super) closed: bool,
@@ -191,6 +192,13 @@ impl ClientCore {
         Ok(id)
     }
 
+    /// Whether every slot of the window is held by something no caller
+    /// waits for: a call abandoned unanswered, or a release sent and not
+    /// answered.
+    fn window_held_for_nobody(&self) -> bool {
+        self.window > 0 && self.abandoned.len() + self.releases.len() >= self.window
+    }
+
     /// Gives up on call `id`: its answer, if one comes, is dropped (a
     /// large one released unread).
     pub(super) fn abandon(&mut self, id: u64) {
@@ -200,7 +208,7 @@ impl ClientCore {
             self.abandoned.insert(id);
             // The grace for their answers runs from when they first held
             // the whole window.
-            if self.window > 0 && self.abandoned.len() >= self.window {
+            if self.window_held_for_nobody() {
                 self.stalled_since.get_or_insert_with(Instant::now);
             }
             if let Some(exposed) = exposed {
@@ -409,6 +417,7 @@ impl ClientCore {
                     )));
                 }
                 self.unanswered = self.unanswered.saturating_sub(1);
+                self.stalled_since = None;
             }
             Message::Error { id: 0, code, text } => self.fail(connection_error(code, text)),
             Message::Error { id, code, text } => {
@@ -459,6 +468,9 @@ impl ClientCore {
             return false;
         }
         self.unanswered = self.unanswered.saturating_sub(1);
+        // An answer is progress: a window held for nobody again is a
+        // stall from then on.
+        self.stalled_since = None;
         self.orphans.remove(&id);
         // The request's exposed buffer (if any) goes now: the server has
         // read it.
@@ -493,16 +505,18 @@ impl ClientCore {
 
     /// Pushes receives to post again, reads, and what the window lets go.
     pub(super) fn pump<Q: QueuePair>(&mut self, sq: &mut SubmissionQueue<'_, Q>) -> bool {
-        if self.window > 0 && self.abandoned.len() >= self.window && self.failure.is_none() {
-            // Every slot is held by a call abandoned unanswered: calls wait
-            // for their answers, late or not. A server that gives none
-            // within a call timeout is stuck, and no call could go any
-            // more.
+        if self.window_held_for_nobody() && self.failure.is_none() {
+            // Every slot is held by a call abandoned unanswered or by a
+            // release: calls wait for their answers, late or not. A
+            // server that gives none within a call timeout is stuck, and
+            // no call could go any more.
             let since = *self.stalled_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= self.config.call_timeout {
                 self.fail(RpcError::Disconnected(format!(
-                    "the server left {} abandoned calls unanswered, the whole window, for {:?}",
+                    "the server left {} abandoned calls and {} releases unanswered, \
+                     the whole window, for {:?}",
                     self.abandoned.len(),
+                    self.releases.len(),
                     self.config.call_timeout
                 )));
                 return false;

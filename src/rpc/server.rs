@@ -1027,6 +1027,45 @@ mod tests {
         assert_eq!(server.stats().requests, 3);
     }
 
+    /// A client that closes while the server reads its large request
+    /// drops the call: the read's completion, come after the close, runs
+    /// no handler (the answer could never reach the client), as a call
+    /// whose read had not started is dropped.
+    #[test]
+    fn a_request_read_after_its_client_closed_is_not_handled() {
+        let dev = SoftDevice::new();
+        let handled = Arc::new(AtomicU32::new(0));
+        let counting = {
+            let handled = Arc::clone(&handled);
+            move |_: &Caller, _: &[u8], _: &mut Vec<u8>| -> Result<(), HandlerError> {
+                handled.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        };
+        let config = RpcConfig::default();
+        let server = RpcServer::soft(&dev, Service::handler(counting), config).unwrap();
+        let (client, control) = client_with_control(&server, config);
+        // The server's read of the request runs; its completion waits.
+        control.hold_acks();
+        let mut call = Box::pin(client.call_async(&[3u8; 64 << 10]));
+        let noop = &mut std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(std::future::Future::poll(call.as_mut(), noop).is_pending());
+        wait_until("the request", || server.stats().messages == 1);
+        drop(call);
+        drop(client);
+        wait_until("the close", || server.stats().clients_left == 1);
+        control.release_acks();
+        wait_until("the connection to go", || {
+            server.stats().clients_closed == 1
+        });
+        let stats = server.stats();
+        assert_eq!(
+            (handled.load(Ordering::SeqCst), stats.requests),
+            (0, 0),
+            "{stats:?}"
+        );
+    }
+
     /// Sends and reads the device refuses to post (a NIC short of
     /// resources) go out on a later pass: the connection lives on, each
     /// call is answered once and counted once.

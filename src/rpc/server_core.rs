@@ -691,6 +691,12 @@ impl ServerCore {
             conn.fail(|| format!("reading a request failed: {status}"));
             return;
         }
+        // A connection closed (or cut off) while its request was read
+        // drops the call, as it drops those it had not read yet: no
+        // handler runs for a client that will never see the answer.
+        if conn.closing.is_some() {
+            return;
+        }
         let buf = c.into_buf();
         let request: &[u8] = &buf;
         self.run_handler(qp, id, request);

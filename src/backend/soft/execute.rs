@@ -39,23 +39,29 @@ impl DeviceState {
                 Outcome::Complete(status) => status,
                 Outcome::Rnr => {
                     let qp = self.qp(qpn).expect("running qp exists");
-                    qp.counters.rnr_naks += 1;
                     let retry = qp.config.rnr_retry;
+                    // In auto mode the device looks at every post and
+                    // poll; a retry (and its NAK) comes only once the
+                    // timer since the last NAK ran out, so a failed send
+                    // counts `retry + 1` NAKs, as a NIC's counter does.
+                    if !manual
+                        && qp
+                            .rnr
+                            .as_ref()
+                            .is_some_and(|w| w.last.elapsed() < RNR_TIMER)
+                    {
+                        break;
+                    }
+                    qp.counters.rnr_naks += 1;
                     let wait = qp.rnr.get_or_insert(super::state::RnrWait {
                         attempts: 0,
-                        since: Instant::now(),
+                        last: Instant::now(),
                     });
                     wait.attempts += 1;
-                    // `retry` retries, each a timer's wait after the last
-                    // NAK: none at 0, which fails at the first NAK (in auto
-                    // mode, the time since the first NAK counts them).
-                    let exhausted = retry < 7
-                        && if manual {
-                            wait.attempts > u32::from(retry)
-                        } else {
-                            wait.since.elapsed() >= RNR_TIMER * u32::from(retry)
-                        };
-                    if !exhausted {
+                    wait.last = Instant::now();
+                    // `retry` retries after the first NAK: none at 0,
+                    // which fails at the first NAK; 7 retries for ever.
+                    if retry >= 7 || wait.attempts <= u32::from(retry) {
                         break;
                     }
                     WcStatus::RnrRetryExcErr
@@ -199,7 +205,17 @@ impl DeviceState {
                     return Outcome::Rnr;
                 }
                 let recv = self.take_receive(peer_qpn).expect("checked above");
-                let target = match self.check_local_list(&recv.sges, peer_pd, true) {
+                // The responder looks at an element's key only when the
+                // message reaches it (as rxe's copy does): the elements
+                // past the message's end, and all of a zero-length one's,
+                // are never checked.
+                let mut reached = 0;
+                let mut covered = 0usize;
+                while covered < len && reached < recv.sges.len() {
+                    covered += recv.sges[reached].len as usize;
+                    reached += 1;
+                }
+                let target = match self.check_local_list(&recv.sges[..reached], peer_pd, true) {
                     Ok(list) => list,
                     Err(status) => {
                         self.fail_receive(peer_qpn, recv.wr_id, status);

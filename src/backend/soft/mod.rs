@@ -36,7 +36,12 @@
 //! give a later registration the same key, and a stale rkey then reaches
 //! new memory); within one post, a receiver's completion is queued before
 //! its sender's (a NIC orders no two completion queues); fences are
-//! counted ([`QpCounters::fenced`]), not waited for.
+//! counted ([`QpCounters::fenced`]), not waited for; a request with no
+//! path to its peer (the connection broken, the port down, the peer
+//! gone or in error) fails with `RetryExcErr` at once, where a NIC
+//! retries `retry_cnt` times, each after its ACK timeout, first (about
+//! 2 s with the default [`QpConfig`]): a test
+//! that waits less for such a failure passes here and times out on a NIC.
 //!
 //! ```
 //! use rdma_ring::backend::soft::{SoftDevice, QpState};
@@ -92,6 +97,9 @@ pub enum Progress {
     /// Only behind an empty queue: work queued in another mode runs first
     /// (in order) when the device progresses. A receive completes with no
     /// message, so it never wakes a channel armed for solicited events.
+    /// A shared receive queue's receives do not: no message comes to take
+    /// one, and until one does it belongs to no queue pair to complete
+    /// on, so they stay queued (and hold the queue's room).
     NoOp,
 }
 

@@ -73,7 +73,8 @@ pub struct QpCounters {
 
 pub(super) struct RnrWait {
     pub(super) attempts: u32,
-    pub(super) since: Instant,
+    /// When the last RNR NAK came: the next retry waits a timer's length.
+    pub(super) last: Instant,
 }
 
 /// Scatter/gather elements copied at post time, as a NIC reads the WQE.
@@ -446,8 +447,15 @@ impl DeviceState {
         };
         cq.overrun = true;
         let id = cq.id;
-        for qp in self.qps.iter_mut().flatten() {
+        // A queue pair on a shared receive queue says it takes no more of
+        // its receives, as for any move to error.
+        let mut last_wqe = Vec::new();
+        for (qpn, qp) in self.qps.iter_mut().enumerate() {
+            let Some(qp) = qp else { continue };
             if qp.cq == cq_index {
+                if qp.srq.is_some() && qp.state != QpState::Error {
+                    last_wqe.push(qpn as u32);
+                }
                 qp.state = QpState::Error;
                 qp.sq.clear();
                 qp.rq.clear();
@@ -459,6 +467,9 @@ impl DeviceState {
             }
         }
         self.raise(AsyncEvent::CqError { cq: id });
+        for qp_num in last_wqe {
+            self.raise(AsyncEvent::LastWqeReached { qp_num });
+        }
     }
 
     /// Moves a queue pair to error and flushes every queued work request,
