@@ -737,6 +737,96 @@ pub fn raw_completions_and_keys_say_only_what_they_should<F: Fabric>(f: &F) {
     assert_eq!(dst, src);
 }
 
+/// A receive's elements are checked only as far as the message reaches:
+/// an element past a message's end, or any of a zero-length message's,
+/// may carry a key the device never gave out, and the receive succeeds.
+pub fn a_receive_element_the_message_never_reaches_is_not_checked<F: Fabric>(f: &F) {
+    use rdma_ring::backend::{
+        Access, CompletionQueue, ProtectionDomain, RawCompletion, SendFlags, SendOpcode, SgeSpan,
+    };
+    let (mut qa, mut qb) = f.pair(small());
+    let mut cqa = qa
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let mut cqb = qb
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let mut src = vec![7u8; 8];
+    let mut dst = vec![0u8; 16];
+    // SAFETY: both vectors outlive their registrations (dropped below,
+    // before them), and the work completes before either is read.
+    let (src_mr, dst_mr) = unsafe {
+        (
+            f.pd()
+                .register_raw(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE)
+                .unwrap(),
+            f.pd()
+                .register_raw(dst.as_mut_ptr(), dst.len(), Access::LOCAL_WRITE)
+                .unwrap(),
+        )
+    };
+    let bogus = Sge {
+        addr: 0x1000,
+        len: 64,
+        lkey: dst_mr.lkey() ^ 0x0101_0000,
+    };
+    let recv_sges = [
+        Sge {
+            addr: dst.as_mut_ptr() as u64,
+            len: 16,
+            lkey: dst_mr.lkey(),
+        },
+        bogus,
+        bogus,
+    ];
+    let recvs = [
+        RecvWr {
+            wr_id: 1,
+            sges: SgeSpan { start: 0, len: 2 },
+        },
+        RecvWr {
+            wr_id: 2,
+            sges: SgeSpan { start: 2, len: 1 },
+        },
+    ];
+    let mut eight = SendWr::new(3, SendOpcode::Send, SgeSpan { start: 0, len: 1 });
+    eight.flags = SendFlags::SIGNALED;
+    let mut empty = SendWr::new(4, SendOpcode::Send, SgeSpan { start: 1, len: 0 });
+    empty.flags = SendFlags::SIGNALED;
+    let src_sge = Sge {
+        addr: src.as_mut_ptr() as u64,
+        len: 8,
+        lkey: src_mr.lkey(),
+    };
+    // SAFETY: the elements that name memory name registered bytes that
+    // stay put until the completions are polled below; the bogus ones
+    // are never reached.
+    unsafe {
+        qb.post_recv(&recvs, &recv_sges).unwrap();
+        qa.post_send(&[eight, empty], &[src_sge]).unwrap();
+    }
+    let poll_two = |cq: &mut CqOf<F>| {
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while out.len() < 2 {
+            let mut batch = [RawCompletion::default(); 2];
+            let n = cq.poll(&mut batch).unwrap();
+            out.extend(batch[..n].iter().map(|c| (c.wr_id, c.status, c.byte_len)));
+            assert!(std::time::Instant::now() < deadline, "{out:?}");
+            std::thread::yield_now();
+        }
+        out
+    };
+    let sent: Vec<_> = poll_two(&mut cqa).iter().map(|c| (c.0, c.1)).collect();
+    assert_eq!(sent, [(3, WcStatus::Success), (4, WcStatus::Success)]);
+    assert_eq!(
+        poll_two(&mut cqb),
+        [(1, WcStatus::Success, 8), (2, WcStatus::Success, 0)]
+    );
+    drop((src_mr, dst_mr));
+    assert_eq!(&dst[..8], &src[..]);
+}
+
 /// A poll asked for more completions than are queued gets them all: the
 /// rings take a short batch as "drained", so a backend that returned
 /// fewer than asked while more were queued would strand completions (the

@@ -496,6 +496,7 @@ macro_rules! conformance_tests {
         $(#[$attr])* #[test] fn a_shared_cq_is_never_overrun() { conformance::many::a_shared_cq_is_never_overrun(&$make) }
         $(#[$attr])* #[test] fn events_have_a_descriptor() { conformance::many::events_have_a_descriptor(&$make) }
         $(#[$attr])* #[test] fn raw_completions_and_keys_say_only_what_they_should() { conformance::many::raw_completions_and_keys_say_only_what_they_should(&$make) }
+        $(#[$attr])* #[test] fn a_receive_element_the_message_never_reaches_is_not_checked() { conformance::many::a_receive_element_the_message_never_reaches_is_not_checked(&$make) }
         $(#[$attr])* #[test] fn a_large_poll_takes_every_queued_completion() { conformance::many::a_large_poll_takes_every_queued_completion(&$make) }
         $(#[$attr])* #[test] fn fixed_every_op_kind() { conformance::fixed::fixed_every_op_kind(&$make) }
         $(#[$attr])* #[test] fn fixed_many_qps_on_one_cq() { conformance::fixed::fixed_many_qps_on_one_cq(&$make) }
