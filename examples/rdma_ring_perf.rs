@@ -193,6 +193,10 @@ struct Args {
 
 /// Receives a SEND server keeps posted at most, as perftest's rx-depth.
 const RX_DEPTH: usize = 512;
+/// The deepest `-t` (the send queue holds one more).
+const MAX_TX_DEPTH: usize = 16383;
+/// The most `-I` may ask for inline (far past any device's room).
+const MAX_INLINE: usize = 1 << 16;
 
 /// Each side's buffers (all of the largest size, since a posted receive
 /// cannot be taken back to post a larger one) stay within this, so `-a`
@@ -289,6 +293,21 @@ impl Args {
         self.depth() * per_op
     }
 
+    /// Refuses a queue pair that cannot post inline what `-I` asks (a
+    /// device that takes less is given less): perftest stops there too,
+    /// before anything runs.
+    fn granted(&self, caps: QpCaps) -> Result<()> {
+        let inline = self.inline();
+        if (caps.max_inline_data as usize) < inline {
+            return Err(format!(
+                "-I {inline}: the device posts at most {} bytes inline; ask for that or less",
+                caps.max_inline_data
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     fn qp_config(&self) -> QpConfig {
         QpConfig {
             max_send_wr: self.tx_depth() as u32 + 1,
@@ -338,6 +357,15 @@ impl Args {
         let post_list = self.post_list.unwrap_or(1);
         if self.tx_depth() == 0 || post_list == 0 || post_list > self.tx_depth() {
             return Err("need 0 < --post-list <= --tx-depth".into());
+        }
+        // The send queue holds one more, for the ring's teardown marker;
+        // a device may allow less (it says so when the queue pair is
+        // made).
+        if self.tx_depth() > MAX_TX_DEPTH {
+            return Err(format!("-t/--tx-depth must be at most {MAX_TX_DEPTH}").into());
+        }
+        if self.inline() > MAX_INLINE {
+            return Err(format!("-I/--inline-size must be at most {MAX_INLINE}").into());
         }
         if self.cq_mod() == 0 {
             return Err("--cq-mod must be positive".into());
@@ -408,9 +436,14 @@ impl Row {
         let n = self.lat.len();
         (self.lat[(n - 1) / 2] + self.lat[n / 2]) / 2.0
     }
+    /// The nearest-rank percentile: the smallest sample at or above
+    /// which `p` of them lie.
     fn pct(&self, p: f64) -> f64 {
-        let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
-        self.lat[i.min(self.lat.len() - 1)]
+        let n = self.lat.len();
+        // Less a hair: 0.99 and 0.999 are not exact in binary, and a
+        // product a hair above a whole number would take a rank too many.
+        let rank = (n as f64 * p - 1e-9).ceil() as usize;
+        self.lat[rank.clamp(1, n) - 1]
     }
     /// The `p` percentile, if there are samples enough for it to be more
     /// than the maximum (100 for p99, 1000 for p99.9).
@@ -490,6 +523,7 @@ fn loopback(args: &Args, device: &str) -> Result<Vec<Row>> {
             let dev = SoftDevice::with_progress(progress);
             let pd = dev.alloc_pd();
             let (qa, qb) = dev.connected_pair(&pd, &pd, args.qp_config())?;
+            args.granted(qa.caps())?;
             loopback_pair(args, &pd, qa, qb)
         }
         name => verbs::loopback(args, name),
@@ -1802,6 +1836,9 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
         args.inline()
     );
     if args.mode == Mode::Bw && args.depth() < args.tx_depth() {
+        // The server keeps at most RX_DEPTH receives posted, whatever
+        // their size: below the memory budget, that is the bound.
+        let by_receives = args.op == Op::Send && args.recv_depth() == RX_DEPTH;
         let why = if args.op == Op::Send {
             format!(
                 "half the {} receives of {} B the server keeps posted",
@@ -1817,13 +1854,22 @@ fn report(args: &Args, device: &str, rows: &[Row]) -> Result<()> {
             }
             _ => String::new(),
         };
-        println!(
-            " depth {} rather than -t {}{post_list}: each side's buffers are kept within {} MiB \
-             ({why}); a smaller --max-size or -s allows more",
-            args.depth(),
-            args.tx_depth(),
-            BUF_BUDGET >> 20
-        );
+        if by_receives {
+            println!(
+                " depth {} rather than -t {}{post_list}: a SEND keeps within half the {RX_DEPTH} \
+                 receives the server keeps posted",
+                args.depth(),
+                args.tx_depth(),
+            );
+        } else {
+            println!(
+                " depth {} rather than -t {}{post_list}: each side's buffers are kept within {} MiB \
+                 ({why}); a smaller --max-size or -s allows more",
+                args.depth(),
+                args.tx_depth(),
+                BUF_BUDGET >> 20
+            );
+        }
     }
     println!("{line}");
     match args.mode {
@@ -2060,6 +2106,8 @@ mod verbs {
         let (dev, pd) = open(args, name)?;
         let qa = dev.create_qp(&pd, args.qp_config())?;
         let qb = dev.create_qp(&pd, args.qp_config())?;
+        args.granted(qa.caps())?;
+        args.granted(qb.caps())?;
         let (ea, eb) = (qa.endpoint(), qb.endpoint());
         qa.connect(&eb)?;
         qb.connect(&ea)?;
@@ -2157,6 +2205,7 @@ mod verbs {
         let (mut stream, peer_addr) = listener.accept()?;
         agree(&mut stream, args, peer_addr)?;
         let qp = dev.create_qp(&pd, args.qp_config())?;
+        args.granted(qp.caps())?;
         let target = expose(&pd, args)?;
         // A SEND server's receives go in before the handshake, so no SEND
         // meets an empty queue; otherwise the queue pair only has to stay.
@@ -2363,6 +2412,7 @@ mod verbs {
             .into());
         }
         let qp = dev.create_qp(&pd, args.qp_config())?;
+        args.granted(qp.caps())?;
         // SEND latency's echoes find receives posted by the measurement
         // itself, each before its send.
         tcp::handshake(&mut stream, &qp, TIMEOUT)?;
@@ -2398,5 +2448,51 @@ mod verbs {
     }
     pub fn client(_: &Args, _: &str, _: &str) -> Result<Vec<Row>> {
         Err("a client needs the verbs backend".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row_of(samples: usize) -> Row {
+        Row {
+            bytes: 8,
+            iters: samples as u64,
+            secs: 1.0,
+            signaled: samples as u64,
+            lat: (1..=samples).map(|x| x as f64).collect(),
+        }
+    }
+
+    /// Percentiles are nearest-rank: the smallest sample at or above
+    /// which that share of the samples lie.
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        assert_eq!(row_of(160).tail(0.99), Some(159.0));
+        assert_eq!(row_of(1000).tail(0.99), Some(990.0));
+        assert_eq!(row_of(2000).tail(0.999), Some(1998.0));
+        assert_eq!(row_of(1700).tail(0.999), Some(1699.0));
+        assert_eq!(row_of(99).tail(0.99), None, "too few samples");
+        assert_eq!(row_of(1).pct(0.5), 1.0);
+    }
+
+    /// A queue pair given less inline room than `-I` asks is refused
+    /// before anything runs, saying what the device gives; depths and
+    /// inline sizes past any device's are refused as arguments.
+    #[test]
+    fn inline_and_depth_beyond_what_can_be_had_are_refused() {
+        let args = Args::try_parse_from(["rdma-ring-perf", "write", "lat", "-I", "512"]).unwrap();
+        let dev = SoftDevice::new();
+        let pd = dev.alloc_pd();
+        let (qp, _peer) = dev.connected_pair(&pd, &pd, args.qp_config()).unwrap();
+        let err = args.granted(qp.caps()).unwrap_err().to_string();
+        assert!(err.contains("at most 256 bytes inline"), "{err}");
+        for (flag, value) in [("-t", "4294967295"), ("-I", "4294967296")] {
+            let args =
+                Args::try_parse_from(["rdma-ring-perf", "write", "bw", flag, value]).unwrap();
+            let err = args.check().unwrap_err().to_string();
+            assert!(err.contains("at most"), "{flag} {value}: {err}");
+        }
     }
 }
