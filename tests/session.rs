@@ -526,6 +526,96 @@ async fn a_lease_runs_from_when_the_region_was_sent_not_from_when_it_is_taken() 
     assert!(server.failure().is_none());
 }
 
+/// One peer with many sessions cannot take the memory every session of
+/// the host needs: what all peers hold stops at half the memory limit
+/// (a grant past it is refused as out of memory), and another session's
+/// messages still flow while the greedy ones hold all they could get,
+/// handed back and never taken by the host's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_s_grants_leave_the_host_s_other_sessions_their_memory() {
+    let dev = SoftDevice::new();
+    let server_config = SessionConfig {
+        arena_bytes: 1 << 20,
+        memory_limit: 8 << 20,
+        max_remote_region: 1 << 20,
+        // Four sessions could take twice the memory limit.
+        max_remote_total: 4 << 20,
+        ..SessionConfig::default()
+    };
+    let server = SessionHost::soft(&dev, server_config).unwrap();
+    let client = SessionHost::soft(&dev, SessionConfig::default()).unwrap();
+    let (victim, victim_peer) = client.connect_soft(&server).unwrap();
+    let mut greedy = Vec::new();
+    let mut granted = 0;
+    let mut refusals = Vec::new();
+    for _ in 0..4 {
+        let (c, s) = client.connect_soft(&server).unwrap();
+        for size in [1 << 20, 64 << 10, 4096] {
+            loop {
+                match within(c.request_remote_mr(bytes(size))).await {
+                    Ok(region) => {
+                        granted += size;
+                        c.send_remote_mr(region).unwrap();
+                    }
+                    Err(e) => {
+                        refusals.push(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        greedy.push((c, s));
+    }
+    assert!(
+        (2 << 20..=4 << 20).contains(&granted),
+        "{granted} bytes granted"
+    );
+    assert!(
+        refusals.iter().any(|e| e.contains("memory")),
+        "{refusals:?}"
+    );
+    // The host's own user still has memory, and the other session's
+    // messages flow both ways (each takes a receive the host posts
+    // again; the host's each take memory for their trailers).
+    for _ in 0..10 {
+        let msg = victim_peer.alloc_local_mr(bytes(64)).unwrap();
+        within(victim_peer.send(msg.slice(..))).await.0.unwrap();
+        within(victim.receive()).await.unwrap();
+    }
+    let receiver = tokio::spawn(async move {
+        for _ in 0..40 {
+            within(victim_peer.receive()).await.unwrap();
+        }
+    });
+    for i in 0..40 {
+        let msg = victim.alloc_local_mr(bytes(8)).unwrap();
+        let (sent, _) = timeout(Duration::from_secs(5), victim.send(msg.slice(..)))
+            .await
+            .unwrap_or_else(|_| panic!("message {i} stalled"));
+        sent.unwrap();
+    }
+    within(receiver).await.unwrap();
+    drop(greedy);
+}
+
+/// Handing a region back on a session the peer closed sends nothing,
+/// and says so, rather than report a hand-back that never went.
+#[tokio::test]
+async fn handing_a_region_back_after_the_peer_closed_says_it_did_not_go() {
+    let (client, server) = pair(SessionConfig::default());
+    let remote = within(client.request_remote_mr(bytes(64))).await.unwrap();
+    drop(server);
+    // The close arrives: a receive ends with it.
+    assert!(matches!(
+        within(client.receive()).await,
+        Err(SessionError::Closed(_))
+    ));
+    match client.send_remote_mr(remote) {
+        Err(SessionError::Closed(why)) => assert!(why.contains("peer"), "{why}"),
+        other => panic!("expected the session's close, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_remote_region_goes_back_only_through_its_own_session() {
     let dev = SoftDevice::new();

@@ -200,6 +200,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         let charge = exposed.len() as u64;
         let descriptor =
             super::pump::lend(&mut st, exposed, self.host.config().lease, false, charge);
+        self.shared.report_held(&mut st);
         st.outbox.push_back(Control::Lend(descriptor));
         drop(st);
         self.shared.host.nudge();
@@ -221,14 +222,18 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     /// Hands a region of the peer's back to the peer's user, who takes it
     /// with [`receive_local_mr`](Self::receive_local_mr). A region of
     /// another session's peer is refused ([`SessionError::WrongSession`])
-    /// and handed back through its own session all the same.
+    /// and handed back through its own session all the same. On a session
+    /// that failed or is closed (here or by the peer) nothing goes, and
+    /// the error says why: the peer took back all it lent when the
+    /// session ended.
     pub fn send_remote_mr(&self, region: RemoteRegion) -> Result<(), SessionError> {
         let own = region.token() == self.shared.token;
+        let refused = own.then(|| self.shared.lock().refusal()).flatten();
         region.hand_back();
-        if own {
-            Ok(())
-        } else {
-            Err(SessionError::WrongSession)
+        match (own, refused) {
+            (false, _) => Err(SessionError::WrongSession),
+            (true, Some(e)) => Err(e),
+            (true, None) => Ok(()),
         }
     }
 
@@ -242,6 +247,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         self.wait(|st| match st.returned.pop_front() {
             Some((region, charge)) => {
                 st.returned_bytes -= charge;
+                self.shared.report_held(st);
                 Some(Ok(region))
             }
             None => st.refusal().map(Err),

@@ -209,6 +209,7 @@ fn answer<Q: QueuePair + Send + 'static>(
     st.granting -= 1;
     st.granting_bytes -= wanted.charge;
     if st.failure.is_some() || st.peer_closed {
+        host.report_held(st);
         return; // `made` goes: deregistered and freed
     }
     let request = wanted.request;
@@ -223,6 +224,9 @@ fn answer<Q: QueuePair + Send + 'static>(
         },
         Err(reason) => Control::AllocRefuse { request, reason },
     };
+    // Granted, the admission's charge moved to what is lent: reported
+    // once both are done, so the host's count never dips between.
+    host.report_held(st);
     st.outbox.push_back(control);
 }
 

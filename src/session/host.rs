@@ -49,6 +49,12 @@ pub(crate) struct HostShared<Q: QueuePair + Send + 'static> {
     pub(super) fabric: Box<dyn std::any::Any + Send + Sync>,
     /// Makes the regions peers ask for, off the pump's thread.
     pub(super) granter: super::granter::Granter<Q>,
+    /// Bytes all sessions' peers hold of ours (lent, being granted, and
+    /// granted and handed back but not yet taken by our user), as each
+    /// session last reported: grants stop at half the memory limit, so
+    /// peers together cannot take the memory every session needs for
+    /// its receives and messages.
+    pub(super) held_by_peers: std::sync::atomic::AtomicU64,
 }
 
 /// The host's queue pairs: sessions, and those still connecting, whose
@@ -78,6 +84,26 @@ pub(super) struct EventQueue {
 }
 
 impl<Q: QueuePair + Send + 'static> HostShared<Q> {
+    /// The most all peers together may hold of ours: half the memory
+    /// limit, the rest kept for the sessions' own receives and messages
+    /// and our users' regions.
+    pub(super) fn grant_limit(&self) -> u64 {
+        self.config.memory_limit as u64 / 2
+    }
+
+    /// Adds to the host's count the change in what `st`'s peer holds
+    /// since the session last reported.
+    pub(super) fn report_held(&self, st: &mut super::state::SessionState) {
+        use std::sync::atomic::Ordering;
+        let now = st.lent_bytes + st.returned_bytes + st.granting_bytes;
+        let before = std::mem::replace(&mut st.reported_held, now);
+        if now >= before {
+            self.held_by_peers.fetch_add(now - before, Ordering::AcqRel);
+        } else {
+            self.held_by_peers.fetch_sub(before - now, Ordering::AcqRel);
+        }
+    }
+
     /// Wakes the pump: something for it to send, or to look at.
     pub(super) fn nudge(&self) {
         if let Some(t) = &*self.pump.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -203,6 +229,7 @@ impl<Q: QueuePair + Send + 'static> SessionHost<Q> {
             pump: Mutex::new(None),
             fabric,
             granter: super::granter::Granter::new(),
+            held_by_peers: std::sync::atomic::AtomicU64::new(0),
         });
         let pump_shared = Arc::clone(&shared);
         let pump = std::thread::Builder::new()

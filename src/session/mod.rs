@@ -194,7 +194,11 @@ pub struct SessionConfig {
     /// has not taken with [`Session::receive_local_mr`] yet. A peer holds
     /// at most 4096 regions at once, whatever their size (each is a
     /// registration of its own), counting those it handed back that our
-    /// user has not taken yet.
+    /// user has not taken yet. All of a host's peers together hold at
+    /// most half its `memory_limit` (a request past it is refused as
+    /// [`RefuseReason::OutOfMemory`]): the rest stays for every
+    /// session's receives and messages, so one peer with many sessions
+    /// cannot starve the others.
     pub max_remote_total: u64,
     /// Rights the peer may ask for.
     pub max_remote_rights: RemoteAccess,
@@ -210,7 +214,8 @@ pub struct SessionConfig {
     pub connect_timeout: Duration,
     /// Bytes of each registered arena.
     pub arena_bytes: usize,
-    /// Most bytes all arenas may register together.
+    /// Most bytes all arenas may register together; peers' grants take
+    /// at most half (see `max_remote_total`).
     pub memory_limit: usize,
     /// Send queue slots for data operations (reads, writes, atomics) in
     /// flight per session; the queue pair has room for messages besides.

@@ -342,6 +342,7 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
             Ok((layout, charge)) => {
                 st.granting += 1;
                 st.granting_bytes += charge;
+                host.report_held(st);
                 let wanted = Wanted {
                     request,
                     layout,
@@ -435,7 +436,7 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
 /// the peer's quota: its layout and charge.
 fn admit_grant<Q: QueuePair + std::marker::Send + 'static>(
     host: &HostShared<Q>,
-    st: &SessionState,
+    st: &mut SessionState,
     size: u64,
     align: u32,
     rights: crate::buf::RemoteAccess,
@@ -455,6 +456,15 @@ fn admit_grant<Q: QueuePair + std::marker::Send + 'static>(
     // What the allocator will take, not what was asked: a byte aligned to
     // a page takes a page.
     let charge = crate::buf::footprint(layout).ok_or(RefuseReason::TooLarge)? as u64;
+    // All peers together keep within the host's grant limit: one peer
+    // with many sessions must not take the memory every session needs.
+    host.report_held(st);
+    let by_all = host
+        .held_by_peers
+        .load(std::sync::atomic::Ordering::Acquire);
+    if by_all.saturating_add(charge) > host.grant_limit() {
+        return Err(RefuseReason::OutOfMemory);
+    }
     // Grants being made count as lent.
     let held = st.lent_bytes + st.returned_bytes + st.granting_bytes;
     // Grants handed back carry their charge; our user's own lends, back,
@@ -590,6 +600,8 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
             || st.peer_closed
             || st.failure.is_some()
             || st.close_deadline.is_some_and(|d| now >= d));
+    // Regions taken back above leave the host's count.
+    host.report_held(&mut st);
     drop(st);
     if close_now {
         host.sessions().live.remove(&s.qp.handle());
@@ -597,6 +609,7 @@ fn service<Q: QueuePair + std::marker::Send + 'static>(
         // What the peer holds of ours is revoked with the session.
         let mut st = s.lock();
         reclaim_all(&mut st);
+        host.report_held(&mut st);
         st.changed();
     }
 }

@@ -97,6 +97,9 @@ pub(super) struct SessionState {
     /// and their charge against the peer's quota.
     pub(super) granting: usize,
     pub(super) granting_bytes: u64,
+    /// What this session last added to the host's count of what peers
+    /// hold ([`HostShared::held_by_peers`](super::host::HostShared)).
+    pub(super) reported_held: u64,
     /// Regions our user lent whose lease ended after their descriptor
     /// went: the peer may still keep them waiting for its user, until it
     /// hands them back.
@@ -148,6 +151,7 @@ impl SessionState {
             lent_bytes: 0,
             granting: 0,
             granting_bytes: 0,
+            reported_held: 0,
             lent_expired: HashSet::new(),
             next_region: 1,
             requests: HashMap::new(),
@@ -229,6 +233,12 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Brings the host's count of what peers hold up to date with this
+    /// session's.
+    pub(super) fn report_held(&self, st: &mut SessionState) {
+        self.host.report_held(st);
+    }
+
     /// Whether a message of ours may take a send queue slot now; if not,
     /// the pump looks again for a waiting user.
     pub(super) fn message_slot_free(&self, st: &mut SessionState) -> bool {
@@ -283,5 +293,17 @@ impl<Q: QueuePair + Send + 'static> ReturnSink for SessionShared<Q> {
             drop(st);
             self.host.nudge();
         }
+    }
+}
+
+impl<Q: QueuePair + Send + 'static> Drop for SessionShared<Q> {
+    fn drop(&mut self) {
+        // What the session held goes with it (its regions are freed or
+        // leaked with its state).
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let reported = std::mem::take(&mut st.reported_held);
+        self.host
+            .held_by_peers
+            .fetch_sub(reported, std::sync::atomic::Ordering::AcqRel);
     }
 }
