@@ -46,7 +46,18 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> smol::Tas
                         smol::Timer::after(Duration::from_millis(10)).await;
                     }
                 }
-                Some(Err(_)) => return,
+                // The reactor lost the descriptor: the ring is still
+                // driven, on the timer alone, so no future is stranded.
+                Some(Err(e)) => {
+                    eprintln!("watching the completion channel: {e}; driving on a timer");
+                    loop {
+                        ticks.next().await;
+                        if let Err(e) = driver.drive() {
+                            eprintln!("driving the ring: {e}");
+                        }
+                        driver.tick();
+                    }
+                }
                 None => driver.tick(),
             }
         }

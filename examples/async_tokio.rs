@@ -34,7 +34,22 @@ fn spawn_driver<Q: QueuePair + Send + 'static>(ring: &AsyncRing<Q>) -> tokio::ta
         loop {
             tokio::select! {
                 ready = fd.readable() => {
-                    let Ok(mut ready) = ready else { return };
+                    let mut ready = match ready {
+                        Ok(ready) => ready,
+                        // The reactor lost the descriptor: the ring is
+                        // still driven, on the timer alone, so no future
+                        // is stranded.
+                        Err(e) => {
+                            eprintln!("watching the completion channel: {e}; driving on a timer");
+                            loop {
+                                timer.tick().await;
+                                if let Err(e) = driver.drive() {
+                                    eprintln!("driving the ring: {e}");
+                                }
+                                driver.tick();
+                            }
+                        }
+                    };
                     // An error is reported, not the end: a driver that
                     // stopped would strand every pending future. A pause
                     // keeps a channel that stays readable (its device

@@ -126,7 +126,13 @@ fn run() -> Result<()> {
         Ok(match &file {
             Some(path) => {
                 let f = std::fs::File::open(path).map_err(|e| format!("--file {path}: {e}"))?;
-                let len = f.metadata()?.len();
+                let meta = f.metadata()?;
+                // A pipe or a device says no length: its bytes would go
+                // unsent while the transfer reported success.
+                if !meta.is_file() {
+                    return Err(format!("--file {path}: not a regular file").into());
+                }
+                let len = meta.len();
                 Source::File(f, len)
             }
             None => Source::Pattern(size),

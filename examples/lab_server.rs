@@ -30,7 +30,14 @@ fn run() -> Result<()> {
     if args.cm {
         let listener = lab_common::cm_builder(&args).bind_cm(addr.parse()?)?;
         println!("rdma_cm: listening on {addr}");
-        let session = listener.accept()?;
+        // A peer that fails its handshake is dropped; a fault of ours
+        // (the device went away) ends the run.
+        let session = loop {
+            match listener.accept() {
+                Err(e) if e.is_peer_failure() => println!("a peer failed its handshake: {e}"),
+                done => break done?,
+            }
+        };
         futures::executor::block_on(lab_common::server(&session))
     } else {
         let (builder, device) = lab_common::device_builder(&args)?;

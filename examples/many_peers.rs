@@ -165,7 +165,10 @@ impl Fabric for Soft {
 
 #[cfg(feature = "verbs")]
 fn hardware_devices() -> Vec<String> {
-    rdma_ring::backend::verbs::device_names().unwrap_or_default()
+    rdma_ring::backend::verbs::device_names().unwrap_or_else(|e| {
+        println!("could not list RDMA devices ({e})");
+        Vec::new()
+    })
 }
 
 #[cfg(not(feature = "verbs"))]

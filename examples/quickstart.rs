@@ -63,6 +63,9 @@ fn run() -> Result<()> {
         };
         match arg.as_str() {
             "--device" => device = Some(value("--device")?),
+            "--listen" | "--connect" if !matches!(role, Role::Both) => {
+                return Err(format!("give one of --listen and --connect; {USAGE}").into());
+            }
             "--listen" => role = Role::Listen(value("--listen")?),
             "--connect" => role = Role::Connect(value("--connect")?),
             "-h" | "--help" => {
@@ -72,16 +75,12 @@ fn run() -> Result<()> {
             other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
         }
     }
-    let hardware = hardware_devices();
     let device = match device {
         Some(name) => name,
-        None => match hardware.first() {
-            Some(first) => {
-                println!("no --device given: using {first}, the first RDMA device of {hardware:?}");
-                first.clone()
-            }
+        None => match usable_device() {
+            Some(name) => name,
             None => {
-                println!("no --device given and no RDMA device found: using the soft device");
+                println!("no --device given and no usable RDMA device: using the soft device");
                 "soft".into()
             }
         },
@@ -99,17 +98,34 @@ fn run() -> Result<()> {
     verbs(&device, role)
 }
 
+/// The first RDMA device that opens (its port active), saying why each
+/// one before it was passed over.
 #[cfg(feature = "verbs")]
-fn hardware_devices() -> Vec<String> {
-    rdma_ring::backend::verbs::device_names().unwrap_or_else(|e| {
-        println!("note: could not list RDMA devices ({e})");
-        Vec::new()
-    })
+fn usable_device() -> Option<String> {
+    let names = match rdma_ring::backend::verbs::device_names() {
+        Ok(names) => names,
+        Err(e) => {
+            println!("could not list RDMA devices ({e})");
+            return None;
+        }
+    };
+    for name in &names {
+        match rdma_ring::backend::verbs::VerbsDevice::open(name) {
+            Ok(_) => {
+                println!(
+                    "no --device given: using {name}, the first usable RDMA device of {names:?}"
+                );
+                return Some(name.clone());
+            }
+            Err(e) => println!("passing over {name}: {e}"),
+        }
+    }
+    None
 }
 
 #[cfg(not(feature = "verbs"))]
-fn hardware_devices() -> Vec<String> {
-    Vec::new()
+fn usable_device() -> Option<String> {
+    None
 }
 
 fn config() -> QpConfig {

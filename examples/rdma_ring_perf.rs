@@ -300,7 +300,8 @@ impl Args {
         let inline = self.inline();
         if (caps.max_inline_data as usize) < inline {
             return Err(format!(
-                "-I {inline}: the device posts at most {} bytes inline; ask for that or less",
+                "-I {inline}: the device refused that much inline, and the queue pair was \
+                 given {} bytes; ask for that or less",
                 caps.max_inline_data
             )
             .into());
@@ -2487,7 +2488,7 @@ mod tests {
         let pd = dev.alloc_pd();
         let (qp, _peer) = dev.connected_pair(&pd, &pd, args.qp_config()).unwrap();
         let err = args.granted(qp.caps()).unwrap_err().to_string();
-        assert!(err.contains("at most 256 bytes inline"), "{err}");
+        assert!(err.contains("given 256 bytes"), "{err}");
         for (flag, value) in [("-t", "4294967295"), ("-I", "4294967296")] {
             let args =
                 Args::try_parse_from(["rdma-ring-perf", "write", "bw", flag, value]).unwrap();

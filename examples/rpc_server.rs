@@ -81,6 +81,9 @@ fn run() -> Result<()> {
         .value("--exit-after")
         .map(|v| v.parse().map_err(|e| format!("--exit-after {v:?}: {e}")))
         .transpose()?;
+    if exit_after == Some(0) {
+        return Err("--exit-after 0 would serve nobody: give at least 1".into());
+    }
     // A flag the chosen transport would ignore is refused.
     let ignored_by_tcp = [
         "--cm",
@@ -182,11 +185,17 @@ fn wait<Q: rdma_ring::backend::QueuePair + Send + 'static>(
 ) -> Result<()> {
     loop {
         std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Some(why) = server.failure() {
+            return Err(format!("the server failed: {why}").into());
+        }
         let stats = server.stats();
         if let Some(n) = exit_after {
             if stats.clients_accepted >= n as u64 && stats.clients_open == 0 {
                 break;
             }
+        }
+        if !server.accepting() && stats.clients_open == 0 {
+            return Err("the listener hears no more clients (its device went away)".into());
         }
     }
     server.shutdown()?;

@@ -193,8 +193,32 @@ mod verbs {
     }
 }
 
-/// Reads each transfer and writes it back.
+/// The run's shape, sent by the client first: both sides must agree on
+/// it, or each would wait for bytes the other never sends.
+fn plan(args: &Args) -> [u8; 16] {
+    let mut plan = [0u8; 16];
+    plan[..8].copy_from_slice(&(args.size as u64).to_le_bytes());
+    plan[8..].copy_from_slice(&(args.count as u64).to_le_bytes());
+    plan
+}
+
+/// Reads each transfer and writes it back, once the client's plan is
+/// found to be ours.
 fn serve(mut stream: impl Read + Write, args: &Args) -> Result<()> {
+    let mut theirs = [0u8; 16];
+    stream.read_exact(&mut theirs)?;
+    let agreed = theirs == plan(args);
+    stream.write_all(&[u8::from(agreed)])?;
+    stream.flush()?;
+    if !agreed {
+        let size = u64::from_le_bytes(theirs[..8].try_into().expect("8 bytes"));
+        let count = u64::from_le_bytes(theirs[8..].try_into().expect("8 bytes"));
+        return Err(format!(
+            "the client asked for -S {size} -C {count}, this server runs -S {} -C {}",
+            args.size, args.count
+        )
+        .into());
+    }
     let mut buf = vec![0u8; args.size];
     for _ in 0..args.count {
         stream.read_exact(&mut buf)?;
@@ -207,6 +231,13 @@ fn serve(mut stream: impl Read + Write, args: &Args) -> Result<()> {
 fn client_loop(mut stream: impl Read + Write, args: &Args, name: &str) -> Result<()> {
     let out: Vec<u8> = (0..args.size).map(|i| i as u8).collect();
     let mut back = vec![0u8; args.size];
+    stream.write_all(&plan(args))?;
+    stream.flush()?;
+    let mut verdict = [0u8; 1];
+    stream.read_exact(&mut verdict)?;
+    if verdict[0] != 1 {
+        return Err("the server runs another -S or -C: give both sides the same".into());
+    }
     let started = Instant::now();
     for i in 0..args.count {
         stream.write_all(&out)?;

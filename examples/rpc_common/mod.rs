@@ -361,7 +361,8 @@ pub struct Flags {
 impl Flags {
     /// Parses the command line: `switches` stand alone, `valued` flags
     /// take a value, and a flag in both takes the next argument as its
-    /// value unless that is a flag itself; anything else is refused.
+    /// value unless that is a flag itself; anything else is refused, and
+    /// so is a flag given twice.
     /// `--help` prints the usage and exits.
     pub fn parse(usage: &'static str, switches: &[&str], valued: &[&str]) -> Result<Flags> {
         let args: Vec<String> = std::env::args().skip(1).collect();
@@ -388,6 +389,9 @@ impl Flags {
                 ),
                 (true, true) => args.next_if(|next| !next.starts_with("--")),
             };
+            if given.iter().any(|(seen, _)| *seen == flag) {
+                return Err(format!("{flag} given twice; {usage}").into());
+            }
             given.push((flag, value));
         }
         Ok(Flags { given, usage })

@@ -2,7 +2,14 @@
 # Sourced by scripts/demo, scripts/test, scripts/softroce and scripts/perf.
 
 as_root() {
-    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        echo "error: installing packages needs root: run as root, or install sudo" >&2
+        exit 1
+    fi
 }
 
 # ensure_packages WHAT PACKAGE...: installs the Debian packages not yet there.
@@ -23,13 +30,15 @@ ensure_packages() {
 }
 
 ensure_build_deps() {
-    # gcc and libc6-dev: the linker and C runtime rustc links with, which
-    # a rustup-only machine lacks.
-    ensure_packages "build dependencies" gcc libc6-dev pkg-config libibverbs-dev librdmacm-dev libclang-dev
+    # Checked first: without a toolchain nothing can be built, and the
+    # machine is left as it was.
     if ! command -v cargo >/dev/null 2>&1; then
         echo "error: cargo not found; install a Rust toolchain (rustup) first" >&2
         exit 1
     fi
+    # gcc and libc6-dev: the linker and C runtime rustc links with, which
+    # a rustup-only machine lacks.
+    ensure_packages "build dependencies" gcc libc6-dev pkg-config libibverbs-dev librdmacm-dev libclang-dev
 }
 
 # rustfmt and clippy, which a minimal rustup profile leaves out.

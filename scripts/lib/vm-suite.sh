@@ -67,6 +67,11 @@ RDMA_RING_DEVICE=rxe0 "$conformance" --include-ignored --test-threads=1
 echo "==> [vm] quickstart on rxe0, one process"
 "$examples/quickstart" --device rxe0
 
+echo "==> [vm] quickstart with no --device: the first usable device, said aloud"
+"$examples/quickstart" | tee /tmp/quickstart.out
+grep -q "no --device given: using rxe" /tmp/quickstart.out \
+    || { echo "quickstart picked no rxe device on its own" >&2; exit 1; }
+
 echo "==> [vm] quickstart on rxe0, two processes over the TCP handshake"
 two_processes quickstart --device rxe0 --listen 127.0.0.1:7471 -- --device rxe0 --connect 127.0.0.1:7471
 
@@ -130,7 +135,8 @@ server_and_client rdma-ring-perf write lat -d rxe0 -p 18523 -n 300 -- \
 
 for example in async_tokio async_smol async_block_on; do
     echo "==> [vm] $example on rxe0"
-    "$examples/$example" --device rxe0
+    # A stall fails within minutes, not at the VM's own time limit.
+    timeout 300 "$examples/$example" --device rxe0
 done
 echo "==> [vm] device removal under an rdma_cm connection on rxe1 (last: it deletes rxe1)"
 "$removal" --include-ignored --test-threads=1

@@ -1059,11 +1059,18 @@ mod tests {
             server.stats().clients_closed == 1
         });
         let stats = server.stats();
+        // The read came back and found the connection closing (not
+        // broken: no violation, and the read's data arrived).
         assert_eq!(
-            (handled.load(Ordering::SeqCst), stats.requests),
-            (0, 0),
+            (
+                handled.load(Ordering::SeqCst),
+                stats.requests,
+                stats.protocol_errors
+            ),
+            (0, 0, 0),
             "{stats:?}"
         );
+        assert_eq!(stats.peak_reading, 64 << 10, "{stats:?}");
     }
 
     /// Sends and reads the device refuses to post (a NIC short of

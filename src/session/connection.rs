@@ -228,12 +228,11 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
     /// session ended.
     pub fn send_remote_mr(&self, region: RemoteRegion) -> Result<(), SessionError> {
         let own = region.token() == self.shared.token;
-        let refused = own.then(|| self.shared.lock().refusal()).flatten();
-        region.hand_back();
-        match (own, refused) {
-            (false, _) => Err(SessionError::WrongSession),
-            (true, Some(e)) => Err(e),
-            (true, None) => Ok(()),
+        let handed = region.hand_back();
+        if own {
+            handed
+        } else {
+            Err(SessionError::WrongSession)
         }
     }
 

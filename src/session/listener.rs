@@ -142,7 +142,7 @@ impl SessionBuilder {
         let listener = self.bind(addr)?;
         loop {
             match listener.next_handshake()? {
-                Err(e) if peer_failed(&e) => continue,
+                Err(e) if e.is_peer_failure() => continue,
                 done => return done,
             }
         }
@@ -375,21 +375,6 @@ fn read_greeting(stream: &mut TcpStream, deadline: Deadline) -> Result<Greeting,
         "reading the peer's session hello",
     )?;
     Greeting::decode(&bytes).map_err(|e| SessionError::Protocol(format!("the peer's hello: {e}")))
-}
-
-/// Whether a handshake failed through its peer's doing, or for want of
-/// room while other handshakes held it, not through a fault of ours.
-fn peer_failed(e: &SessionError) -> bool {
-    matches!(
-        e,
-        SessionError::Protocol(_)
-            | SessionError::Disconnected(_)
-            | SessionError::Timeout(_)
-            | SessionError::HostFull { .. }
-            | SessionError::Device(
-                Error::Handshake { .. } | Error::HandshakeTimeout { .. } | Error::Malformed { .. }
-            )
-    )
 }
 
 enum ListenerKind {

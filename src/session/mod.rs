@@ -186,7 +186,8 @@ pub struct SessionConfig {
     /// Largest user message, in bytes (up to 1 MiB). Every posted receive
     /// is this large (plus the 16-byte trailer).
     pub max_message: u32,
-    /// Largest region the peer may ask us to allocate.
+    /// Largest region the peer may ask us to allocate (no more than half
+    /// the `memory_limit` is ever granted: see `max_remote_total`).
     pub max_remote_region: u64,
     /// Most bytes the peer may hold of ours at once (granted and sent),
     /// counting what each grant takes from the allocator (a byte aligned
@@ -194,11 +195,13 @@ pub struct SessionConfig {
     /// has not taken with [`Session::receive_local_mr`] yet. A peer holds
     /// at most 4096 regions at once, whatever their size (each is a
     /// registration of its own), counting those it handed back that our
-    /// user has not taken yet. All of a host's peers together hold at
-    /// most half its `memory_limit` (a request past it is refused as
+    /// user has not taken yet. Grants stop once what all of a host's
+    /// peers hold (our users' lends included) would pass half its
+    /// `memory_limit` (a request past it is refused as
     /// [`RefuseReason::OutOfMemory`]): the rest stays for every
     /// session's receives and messages, so one peer with many sessions
-    /// cannot starve the others.
+    /// cannot starve the others of those (it can still take the grants
+    /// the others would have had).
     pub max_remote_total: u64,
     /// Rights the peer may ask for.
     pub max_remote_rights: RemoteAccess,
@@ -437,6 +440,33 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// Whether a handshake that failed with this error failed through its
+    /// peer's doing (garbage, silence, a peer that left, an endpoint our
+    /// device refuses to connect to), or for want of room while other
+    /// handshakes held it, rather than through a fault of ours: a
+    /// listener's [`accept`](SessionListener::accept) may be called again
+    /// after it, as [`SessionBuilder::listen`] does.
+    ///
+    /// ```
+    /// use rdma_ring::session::SessionError;
+    /// assert!(SessionError::Protocol("a bad hello".into()).is_peer_failure());
+    /// assert!(!SessionError::Connect("address in use".into()).is_peer_failure());
+    /// ```
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(
+            self,
+            SessionError::Protocol(_)
+                | SessionError::Disconnected(_)
+                | SessionError::Timeout(_)
+                | SessionError::HostFull { .. }
+                | SessionError::Device(
+                    Error::Handshake { .. }
+                        | Error::HandshakeTimeout { .. }
+                        | Error::Malformed { .. }
+                )
+        )
+    }
+
     /// A copy, for the many waiters of one failure.
     fn duplicate(&self) -> SessionError {
         match self {

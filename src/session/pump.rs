@@ -340,9 +340,9 @@ fn on_control<Q: QueuePair + std::marker::Send + 'static>(
         } => match admit_grant(host, st, size, align, rights) {
             // Made by the granter: answered once it is.
             Ok((layout, charge)) => {
+                // Already in the host's count: `admit_grant` took it.
                 st.granting += 1;
                 st.granting_bytes += charge;
-                host.report_held(st);
                 let wanted = Wanted {
                     request,
                     layout,
@@ -456,15 +456,6 @@ fn admit_grant<Q: QueuePair + std::marker::Send + 'static>(
     // What the allocator will take, not what was asked: a byte aligned to
     // a page takes a page.
     let charge = crate::buf::footprint(layout).ok_or(RefuseReason::TooLarge)? as u64;
-    // All peers together keep within the host's grant limit: one peer
-    // with many sessions must not take the memory every session needs.
-    host.report_held(st);
-    let by_all = host
-        .held_by_peers
-        .load(std::sync::atomic::Ordering::Acquire);
-    if by_all.saturating_add(charge) > host.grant_limit() {
-        return Err(RefuseReason::OutOfMemory);
-    }
     // Grants being made count as lent.
     let held = st.lent_bytes + st.returned_bytes + st.granting_bytes;
     // Grants handed back carry their charge; our user's own lends, back,
@@ -474,6 +465,21 @@ fn admit_grant<Q: QueuePair + std::marker::Send + 'static>(
     if held + charge > config.max_remote_total || regions >= MAX_LENT_REGIONS {
         return Err(RefuseReason::Quota);
     }
+    // All peers together keep within the host's grant limit: one peer
+    // with many sessions must not take the memory every session needs.
+    // The charge is taken from it here, in one step (another session's
+    // request may be admitted on another thread at once), and counted as
+    // reported: the caller adds it to what is being granted.
+    host.report_held(st);
+    let limit = host.grant_limit();
+    host.held_by_peers
+        .fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |by_all| by_all.checked_add(charge).filter(|&after| after <= limit),
+        )
+        .map_err(|_| RefuseReason::OutOfMemory)?;
+    st.reported_held += charge;
     Ok((layout, charge))
 }
 

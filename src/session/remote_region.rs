@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::state::{Arrived, ReturnSink};
 use super::wire::{Control, RegionDescriptor};
+use super::SessionError;
 use crate::buf::{RemoteAccess, RemoteSlice, RemoteWord};
 use crate::Error;
 
@@ -95,13 +96,16 @@ impl RemoteRegion {
         self.token
     }
 
-    /// Hands the region back to the peer's user through its own session.
-    pub(super) fn hand_back(mut self) {
+    /// Hands the region back to the peer's user through its own session;
+    /// the session's refusal if it failed or was closed (its handle gone
+    /// too: closed here).
+    pub(super) fn hand_back(mut self) -> Result<(), SessionError> {
         self.handed_back = true;
-        if let Some(session) = self.session.upgrade() {
-            session.give_back(Control::Return {
+        match self.session.upgrade() {
+            Some(session) => session.give_back(Control::Return {
                 id: self.descriptor.id,
-            });
+            }),
+            None => Err(SessionError::Closed("closed here")),
         }
     }
 }
@@ -110,7 +114,8 @@ impl Drop for RemoteRegion {
     fn drop(&mut self) {
         if !self.handed_back {
             if let Some(session) = self.session.upgrade() {
-                session.give_back(Control::Release {
+                // On a session that ended there is nothing to release.
+                let _ = session.give_back(Control::Release {
                     id: self.descriptor.id,
                 });
             }

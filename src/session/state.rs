@@ -282,17 +282,22 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
 /// [`Control::Release`]) when its [`RemoteRegion`](super::RemoteRegion)
 /// goes, without naming the backend.
 pub(super) trait ReturnSink: Send + Sync {
-    fn give_back(&self, message: Control);
+    /// Queues `message`; on a session that failed or was closed (here or
+    /// by the peer, who took back all it lent) nothing goes, and the
+    /// error says why.
+    fn give_back(&self, message: Control) -> Result<(), SessionError>;
 }
 
 impl<Q: QueuePair + Send + 'static> ReturnSink for SessionShared<Q> {
-    fn give_back(&self, message: Control) {
+    fn give_back(&self, message: Control) -> Result<(), SessionError> {
         let mut st = self.lock();
-        if st.failure.is_none() && !st.closing {
-            st.outbox.push_back(message);
-            drop(st);
-            self.host.nudge();
+        if let Some(e) = st.refusal() {
+            return Err(e);
         }
+        st.outbox.push_back(message);
+        drop(st);
+        self.host.nudge();
+        Ok(())
     }
 }
 

@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use super::state::{DeviceState, QpState, QueuedSend, SlotRelease};
-use crate::backend::{Access, AsyncEvent, RawCompletion, SendFlags, SendOpcode, WcStatus};
+use crate::backend::{Access, AsyncEvent, RawCompletion, SendFlags, SendOpcode, Sge, WcStatus};
+use smallvec::SmallVec;
 
 /// How long one RNR retry waits when the device progresses by itself.
 pub(super) const RNR_TIMER: Duration = Duration::from_millis(5);
@@ -177,9 +178,12 @@ impl DeviceState {
         match wr.opcode {
             SendOpcode::Write | SendOpcode::WriteImm => {
                 // The receive the immediate consumes is looked for before
-                // the rkey is checked (rxe's responder checks its
-                // resources first): with none posted, the requester gets
-                // RNR, not an access error, whatever the key.
+                // the rkey is checked, as rxe's responder does for a
+                // message of one packet (it checks its resources first):
+                // with none posted, the requester gets RNR, not an access
+                // error, whatever the key. (rxe checks the key of the
+                // first packet of a longer message before any receive;
+                // this device has no packets.)
                 if wr.opcode == SendOpcode::WriteImm && !self.has_receive(peer_qpn) {
                     return Outcome::Rnr;
                 }
@@ -205,17 +209,29 @@ impl DeviceState {
                     return Outcome::Rnr;
                 }
                 let recv = self.take_receive(peer_qpn).expect("checked above");
-                // The responder looks at an element's key only when the
-                // message reaches it (as rxe's copy does): the elements
-                // past the message's end, and all of a zero-length one's,
-                // are never checked.
-                let mut reached = 0;
+                // The responder checks only the bytes the message lands
+                // in (as rxe's copy does): the elements past its end, all
+                // of a zero-length one's, and the tail of the element it
+                // ends in are never looked at.
+                let mut reached: super::state::SgeList = SmallVec::new();
                 let mut covered = 0usize;
-                while covered < len && reached < recv.sges.len() {
-                    covered += recv.sges[reached].len as usize;
-                    reached += 1;
+                for sge in &recv.sges {
+                    if covered >= len {
+                        break;
+                    }
+                    let take = (sge.len as usize).min(len - covered);
+                    reached.push(Sge {
+                        len: take as u32,
+                        ..*sge
+                    });
+                    covered += take;
                 }
-                let target = match self.check_local_list(&recv.sges[..reached], peer_pd, true) {
+                if covered < len {
+                    // Too long for the receive: every element is looked
+                    // at (a bad key still shows first), then the length.
+                    reached = recv.sges.iter().copied().collect();
+                }
+                let target = match self.check_local_list(&reached, peer_pd, true) {
                     Ok(list) => list,
                     Err(status) => {
                         self.fail_receive(peer_qpn, recv.wr_id, status);
