@@ -383,8 +383,26 @@ pub fn fixed_detach_and_drop_with_work_in_flight<F: Fabric>(f: &F) {
 /// whose future is dropped comes back to the free slots when a detach
 /// flushes it.
 pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
-    let (qa, qb) = f.pair(config());
-    let (a, ha) = fixed_ring(f, qa, 16);
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (mut qa, qb) = f.pair(config());
+    // A's posts counted where they reach the backend.
+    let posts = Arc::new(AtomicU64::new(0));
+    let cq = qa
+        .take_cq()
+        .expect("a queue pair with its own completion queue");
+    let mut a = FixedRing::new(
+        cq,
+        FixedBufs::new(f.pd(), 16, SLOT).unwrap(),
+        fixed_config(),
+    );
+    let counting = super::many::Counting {
+        inner: qa,
+        posts: Arc::clone(&posts),
+    };
+    let ha = a
+        .attach(counting)
+        .unwrap_or_else(|r| panic!("attach: {}", r.error()));
     let (b, hb) = fixed_ring(f, qb, 16);
     let a = AsyncFixedRing::new(a, Wakeup::Thread).unwrap();
     let b = AsyncFixedRing::new(b, Wakeup::Thread).unwrap();
@@ -399,6 +417,7 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
             let write = WriteFixed::new(slot, 512, remote).user_data(100 + i);
             writes.push(a.push(ha, write).unwrap());
         }
+        assert_eq!(posts.load(Ordering::Relaxed), 0, "pushed, not posted");
         for (i, write) in writes.into_iter().enumerate() {
             let done = write.await.unwrap();
             assert_eq!(
@@ -407,6 +426,11 @@ pub fn fixed_awaited_ops<F: Fabric>(f: &F) {
             );
             a.put_buf(done.into_buf()).unwrap();
         }
+        assert_eq!(
+            posts.load(Ordering::Relaxed),
+            1,
+            "eight writes, one doorbell"
+        );
         let back = a.take_buf().unwrap();
         let read = ReadFixed::new(back, 1024, target.remote().slice(3 * 512..5 * 512).unwrap());
         let done = a.push(ha, read).unwrap().await.unwrap();

@@ -385,9 +385,9 @@ pub fn detach_with_work_in_flight<F: Fabric>(f: &F) {
 
 /// A queue pair that counts its posts: what reaches the backend, not what
 /// the ring says it did.
-struct Counting<Q> {
-    inner: Q,
-    posts: Arc<AtomicU64>,
+pub struct Counting<Q> {
+    pub inner: Q,
+    pub posts: Arc<AtomicU64>,
 }
 
 // SAFETY: everything is the inner queue pair's.
@@ -650,6 +650,16 @@ pub fn events_have_a_descriptor<F: Fabric>(f: &F) {
     assert!(events.next_event().is_ok());
 }
 
+/// A connected pair with the completion queue of each taken out, for
+/// checks that post and poll with no ring between.
+fn raw_pair<F: Fabric>(f: &F) -> (F::Qp, F::Qp, CqOf<F>, CqOf<F>) {
+    let (mut qa, mut qb) = f.pair(small());
+    let own = "a queue pair with its own completion queue";
+    let cqa = qa.take_cq().expect(own);
+    let cqb = qb.take_cq().expect(own);
+    (qa, qb, cqa, cqb)
+}
+
 /// What the device reports, read straight from the completion queues: a
 /// sender's own completion of a send with immediate carries no immediate
 /// (only the receive does), and a registration with no remote right has
@@ -658,13 +668,7 @@ pub fn raw_completions_and_keys_say_only_what_they_should<F: Fabric>(f: &F) {
     use rdma_ring::backend::{
         Access, CompletionQueue, ProtectionDomain, RawCompletion, SendFlags, SendOpcode, SgeSpan,
     };
-    let (mut qa, mut qb) = f.pair(small());
-    let mut cqa = qa
-        .take_cq()
-        .expect("a queue pair with its own completion queue");
-    let mut cqb = qb
-        .take_cq()
-        .expect("a queue pair with its own completion queue");
+    let (mut qa, mut qb, mut cqa, mut cqb) = raw_pair(f);
     let mut src = vec![7u8; 16];
     let mut dst = vec![0u8; 16];
     // SAFETY: both vectors outlive their registrations (dropped below,
@@ -745,13 +749,7 @@ pub fn a_receive_element_the_message_never_reaches_is_not_checked<F: Fabric>(f: 
     use rdma_ring::backend::{
         Access, CompletionQueue, ProtectionDomain, RawCompletion, SendFlags, SendOpcode, SgeSpan,
     };
-    let (mut qa, mut qb) = f.pair(small());
-    let mut cqa = qa
-        .take_cq()
-        .expect("a queue pair with its own completion queue");
-    let mut cqb = qb
-        .take_cq()
-        .expect("a queue pair with its own completion queue");
+    let (mut qa, mut qb, mut cqa, mut cqb) = raw_pair(f);
     let mut src = vec![7u8; 8];
     let mut dst = vec![0u8; 16];
     // SAFETY: both vectors outlive their registrations (dropped below,
