@@ -177,26 +177,52 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         region: Region,
         rights: RemoteAccess,
     ) -> Result<(), (SessionError, Region)> {
+        {
+            let mut st = self.shared.lock();
+            if let Some(e) = st.refusal() {
+                return Err((e, region));
+            }
+            // Those not yet back (lent, being registered, or taken back at
+            // the end of a lease but not yet handed back by the peer)
+            // include every one the peer's user has not received, which
+            // the peer counts against the same limit.
+            let max = super::pump::MAX_PENDING_LENDS;
+            let out = st.lent.values().filter(|lent| !lent.granted).count();
+            if out + st.lending + st.lent_expired.len() >= max {
+                return Err((SessionError::TooManyLent { max }, region));
+            }
+            st.lending += 1;
+        }
+        // Registering pins every page, in time that grows with the
+        // region: done without the session's lock, which the pump takes
+        // in turn for every session of the host.
+        let registered = ExposedBuf::new(&*self.shared.host.pd, region, rights);
         let mut st = self.shared.lock();
-        if let Some(e) = st.refusal() {
-            return Err((e, region));
-        }
-        // Those not yet back (lent, or taken back at the end of a lease
-        // but not yet handed back by the peer) include every one the
-        // peer's user has not received, which the peer counts against the
-        // same limit.
-        let max = super::pump::MAX_PENDING_LENDS;
-        let out = st.lent.values().filter(|lent| !lent.granted).count();
-        if out + st.lent_expired.len() >= max {
-            return Err((SessionError::TooManyLent { max }, region));
-        }
-        let exposed = match ExposedBuf::new(&*self.shared.host.pd, region, rights) {
+        st.lending -= 1;
+        let exposed = match registered {
             Ok(exposed) => exposed,
             Err(rejected) => {
                 let (e, region) = rejected.into_parts();
                 return Err((e.into(), region));
             }
         };
+        if let Some(e) = st.refusal() {
+            // The session ended meanwhile: nothing goes, and the region
+            // comes back unregistered. If the device will not deregister
+            // it, it stays with the session (never sent; freed, or leaked,
+            // when the session goes) and there is nothing to hand back.
+            drop(st);
+            return match exposed.into_inner() {
+                Ok(region) => Err((e, region)),
+                Err(rejected) => {
+                    let mut st = self.shared.lock();
+                    let (_, exposed) = rejected.into_parts();
+                    let lease = self.host.config().lease;
+                    let _ = super::pump::lend(&mut st, exposed, lease, false, 0);
+                    Ok(())
+                }
+            };
+        }
         let charge = exposed.len() as u64;
         let descriptor =
             super::pump::lend(&mut st, exposed, self.host.config().lease, false, charge);

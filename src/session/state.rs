@@ -104,6 +104,9 @@ pub(super) struct SessionState {
     /// went: the peer may still keep them waiting for its user, until it
     /// hands them back.
     pub(super) lent_expired: HashSet<u64>,
+    /// Regions our user is lending whose registration is under way
+    /// (outside the lock): counted with those lent.
+    pub(super) lending: usize,
     pub(super) next_region: u64,
     pub(super) requests: HashMap<u64, Request>,
     pub(super) next_request: u64,
@@ -153,6 +156,7 @@ impl SessionState {
             granting_bytes: 0,
             reported_held: 0,
             lent_expired: HashSet::new(),
+            lending: 0,
             next_region: 1,
             requests: HashMap::new(),
             next_request: 1,
