@@ -80,7 +80,12 @@ fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut device, mut gid, mut listen, mut connect) = (None::<String>, None, None, None);
     let (mut file, mut size, mut chunk, mut depth) = (None, 16u64 << 20, 1u32 << 20, 4u32);
+    // The sender's flags, refused where nothing would read them.
+    let mut sender_flags = Vec::new();
     while let Some(arg) = args.next() {
+        if matches!(arg.as_str(), "--file" | "--size" | "--chunk" | "--depth") {
+            sender_flags.push(arg.clone());
+        }
         let mut value = |flag: &str| {
             args.next()
                 .ok_or_else(|| format!("{flag} needs a value; {USAGE}"))
@@ -121,6 +126,16 @@ fn run() -> Result<()> {
     }
     if chunk == 0 || depth == 0 {
         return Err("--chunk and --depth must be positive".into());
+    }
+    if file.is_some() && sender_flags.iter().any(|f| f == "--size") {
+        return Err(format!("give --file or --size, not both; {USAGE}").into());
+    }
+    if listen.is_some() && !sender_flags.is_empty() {
+        return Err(format!(
+            "{} set what the sender sends: give them to the --connect side; {USAGE}",
+            sender_flags.join(", ")
+        )
+        .into());
     }
     let source = || -> Result<Source> {
         Ok(match &file {
