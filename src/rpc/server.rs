@@ -1059,8 +1059,8 @@ mod tests {
             server.stats().clients_closed == 1
         });
         let stats = server.stats();
-        // The read came back and found the connection closing (not
-        // broken: no violation, and the read's data arrived).
+        // The read was pushed, came back, and found the connection
+        // closing (not broken: no violation).
         assert_eq!(
             (
                 handled.load(Ordering::SeqCst),

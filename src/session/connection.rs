@@ -226,7 +226,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         let charge = exposed.len() as u64;
         let descriptor =
             super::pump::lend(&mut st, exposed, self.host.config().lease, false, charge);
-        self.shared.report_held(&mut st);
+        self.shared.host.report_held(&mut st);
         st.outbox.push_back(Control::Lend(descriptor));
         drop(st);
         self.shared.host.nudge();
@@ -272,7 +272,7 @@ impl<Q: QueuePair + Send + 'static> Session<Q> {
         self.wait(|st| match st.returned.pop_front() {
             Some((region, charge)) => {
                 st.returned_bytes -= charge;
-                self.shared.report_held(st);
+                self.shared.host.report_held(st);
                 Some(Ok(region))
             }
             None => st.refusal().map(Err),

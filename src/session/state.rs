@@ -237,12 +237,6 @@ impl<Q: QueuePair + Send + 'static> SessionShared<Q> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Brings the host's count of what peers hold up to date with this
-    /// session's.
-    pub(super) fn report_held(&self, st: &mut SessionState) {
-        self.host.report_held(st);
-    }
-
     /// Whether a message of ours may take a send queue slot now; if not,
     /// the pump looks again for a waiting user.
     pub(super) fn message_slot_free(&self, st: &mut SessionState) -> bool {
