@@ -666,11 +666,18 @@ impl RawPeer {
 /// A stream (not yet established) and a raw peer connected to it, with
 /// receives posted on the raw side.
 fn stream_and_raw_peer(dev: &SoftDevice) -> (rdma_ring::stream::PendingStream<SoftQp>, RawPeer) {
+    stream_with_config_and_raw_peer(dev, small())
+}
+
+fn stream_with_config_and_raw_peer(
+    dev: &SoftDevice,
+    config: StreamConfig,
+) -> (rdma_ring::stream::PendingStream<SoftQp>, RawPeer) {
     let (pd_a, pd_b) = (dev.alloc_pd(), dev.alloc_pd());
     let qa = dev.create_qp(&pd_a, small().qp_config()).unwrap();
     let qb = dev.create_qp(&pd_b, small().qp_config()).unwrap();
     dev.connect(&qa, &qb).unwrap();
-    let stream = RdmaStream::prepare(qa, &pd_a, small()).unwrap();
+    let stream = RdmaStream::prepare(qa, &pd_a, config).unwrap();
     let mut ring = Ring::new(qb, RingConfig::default());
     for _ in 0..small().qp_config().max_recv_wr {
         let buf = RegisteredBuf::new(&pd_b, vec![0u8; 64]).unwrap();
@@ -678,6 +685,25 @@ fn stream_and_raw_peer(dev: &SoftDevice) -> (rdma_ring::stream::PendingStream<So
     }
     ring.submit().unwrap();
     (stream, RawPeer { ring, pd: pd_b })
+}
+
+#[test]
+fn a_hello_naming_a_pad_that_refuses_reads_is_a_protocol_violation() {
+    let dev = SoftDevice::new();
+    let config = StreamConfig {
+        keepalive: Duration::from_millis(20),
+        ..small()
+    };
+    let (stream, mut peer) = stream_with_config_and_raw_peer(&dev, config);
+    // The raw peer's hello names rkey 1, which nothing registered: the
+    // first keep-alive read of it is refused by the peer's device.
+    peer.hello();
+    let mut s = stream.establish().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let err = s.read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("keep-alive pad"), "{err}");
+    drop(peer);
 }
 
 fn hostile(script: impl FnOnce(&mut RawPeer) + Send + 'static) -> std::io::Error {

@@ -312,6 +312,17 @@ impl Connection {
                 if matches!(c.user_data(), DATA | FIN) {
                     self.sends_lost = true;
                 }
+                if c.user_data() == PROBE
+                    && matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr)
+                {
+                    // The pad lives as long as the peer's queue pair, so a
+                    // refused read means the hello named memory that is
+                    // not the peer's pad: a broken peer, not a lost one.
+                    self.fail(Failure::Protocol(format!(
+                        "its hello named a keep-alive pad that refuses reads ({status})"
+                    )));
+                    return;
+                }
                 if status != WcStatus::WrFlushErr || self.failure.is_none() {
                     let what = match c.user_data() {
                         DATA => "a data send",

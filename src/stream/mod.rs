@@ -100,7 +100,9 @@ pub struct StreamConfig {
     /// Send buffers: how much written data may wait for the peer.
     pub send_buffers: usize,
     /// Quiet time after which the peer is probed (an 8-byte read), so a
-    /// dead peer fails the connection in bounded time; not zero.
+    /// dead peer fails the connection in bounded time; not zero. A read its
+    /// peer's device refuses (the peer's hello named memory that is not
+    /// its pad) is the peer breaking the protocol: `InvalidData`.
     pub keepalive: Duration,
     /// How long connecting may take, handshake and hellos together; not
     /// zero. Opening the TCP connection, or resolving the rdma_cm route,
