@@ -129,6 +129,11 @@ fn a_partly_refused_shared_post_hands_the_rest_back() {
 }
 
 #[test]
+fn what_a_timed_out_detach_never_posted_comes_back() {
+    adversary::fixed::what_a_timed_out_detach_never_posted_comes_back();
+}
+
+#[test]
 fn the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event() {
     adversary::fixed::the_last_receive_of_a_detached_queue_pair_comes_back_on_its_event();
 }

@@ -35,6 +35,7 @@ fn random_scenarios_cover_everything() {
     let (mut pushed, mut completed, mut kinds_ok) = (0, 0, [0usize; 8]);
     let (mut full, mut flushed, mut failed, mut closed_in_flight) = (0, 0, 0, 0);
     let (mut cq_full, mut detached, mut srq_received, mut fatal) = (0, 0, 0, 0);
+    let mut reattached = 0;
     for _ in 0..300 {
         let bytes = strategy.new_tree(&mut runner).unwrap().current();
         let m = Model::run(&decode(&bytes));
@@ -51,12 +52,13 @@ fn random_scenarios_cover_everything() {
         detached += m.detached_in_flight;
         srq_received += m.srq_received;
         fatal += m.fatal;
+        reattached += m.reattached;
     }
     println!(
         "pushed {pushed} completed {completed} ok by kind {kinds_ok:?} full {full} \
          flushed {flushed} failed {failed} closed in flight {closed_in_flight} \
          shared CQ full {cq_full} detached in flight {detached} shared receives \
-         {srq_received} fatal events {fatal}"
+         {srq_received} fatal events {fatal} re-attached {reattached}"
     );
     assert_eq!(pushed, completed, "every pushed op came back");
     assert!(
@@ -74,4 +76,5 @@ fn random_scenarios_cover_everything() {
     );
     assert!(srq_received > 0, "shared receives were consumed");
     assert!(fatal > 0, "fatal queue pair events were raised");
+    assert!(reattached > 0, "detached queue pairs were attached again");
 }

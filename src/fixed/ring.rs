@@ -696,7 +696,9 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// other queue pairs' completions meanwhile wait for the next reap),
     /// and come out before what it never posted.
     /// If the device does not flush everything within `drain_timeout`, it
-    /// stays attached, in error, and [`Error::Timeout`] is returned. (A
+    /// stays attached, in error, and [`Error::Timeout`] is returned; what
+    /// it never posted comes back from the next reap then, ahead of posted
+    /// work the device may still give back. (A
     /// device that refuses to move a busy queue pair to error leaves its
     /// work to run as it would: the drain waits for each completion all
     /// the same, and the queue pair comes back still working.)
@@ -779,6 +781,11 @@ impl<Q: QueuePair> FixedRing<Q> {
                     // of it, not only the one batch polled above.
                     self.reap_queued_into_ready()?;
                     if busy(self) {
+                        // What it never posted cannot be on the device:
+                        // it comes back now, not behind work that may
+                        // never come back.
+                        let slot = attached_mut(&mut self.qps, handle)?;
+                        self.ready.append(&mut slot.parked);
                         return Err(Error::Timeout(self.config.drain_timeout));
                     }
                 }

@@ -19,7 +19,7 @@ use rdma_ring::op::{Read, Recv, Send, Write};
 use rdma_ring::ring::{QpHandle, RingConfig};
 
 use super::device::{Device, RingStep};
-use super::{bury, check_graveyard, ring_over_device, AdvQp, Step, LEN};
+use super::{bury, check_graveyard, check_losses, ring_over_device, AdvQp, Step, LEN};
 
 type Awaited = OpFuture<AdvQp, RegisteredBuf>;
 
@@ -203,11 +203,9 @@ impl AwaitedAdversary {
         drop(self.ring.take());
         self.device.run_dry();
         check_graveyard(&self.graveyard);
+        self.device.check_peers_saw_no_poison();
         let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;
-        assert!(
-            unresolved <= leaked,
-            "{unresolved} futures never resolved, {leaked} buffers counted as leaked"
-        );
+        check_losses(unresolved, leaked, self.device.untaken());
     }
 }
 

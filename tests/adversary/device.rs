@@ -10,7 +10,23 @@ use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess, RemoteSlice};
 use rdma_ring::op::{Recv, Send};
 use rdma_ring::ring::{Ring, RingConfig};
 
-use super::{AdvCq, AdvQp, Shared, Step, LEN, QPS};
+use super::{AdvCq, AdvQp, Shared, Step, LEN, POISON, QPS};
+
+/// A peer's received message holds no poison: the ring's buffer was not
+/// handed back before the device read it.
+fn check_no_poison(completions: Vec<rdma_ring::ring::Completion>) {
+    for c in completions {
+        if c.kind() == rdma_ring::op::OpKind::Recv && c.status().is_success() {
+            for buf in c.into_bufs() {
+                let buf: RegisteredBuf = buf.downcast().expect("a RegisteredBuf");
+                assert!(
+                    !buf.contains(&POISON),
+                    "a peer received what a buffer held after the ring handed it back"
+                );
+            }
+        }
+    }
+}
 
 /// What a step leaves to the ring's harness once the device side has
 /// done its part.
@@ -171,8 +187,11 @@ impl Device {
             Step::ExecuteOne(qp) => {
                 self.controls[qp].step();
             }
-            Step::Forge { wr_id, qp } => {
+            Step::Forge { forgery, qp } => {
                 let mut knobs = self.knobs.lock().unwrap();
+                let Some(wr_id) = forgery.wr_id(&knobs.posted_order) else {
+                    return RingStep::None;
+                };
                 if !knobs.posted.contains(&wr_id) {
                     self.forged += 1;
                     knobs.forged.push_back(RawCompletion {
@@ -244,11 +263,33 @@ impl Device {
         self.overclaims = knobs.bent_overclaims;
     }
 
-    /// The peers reap what they can (their completions do not matter).
+    /// The peers reap what they can; what a message brought them must
+    /// not be poison.
     pub fn peers_reap(&mut self) {
+        let mut out = Vec::new();
         for peer in self.peers.iter_mut().chain(self.srq_peer.as_mut()) {
-            let _ = peer.completion().reap(&mut Vec::new());
+            let _ = peer.completion().reap(&mut out);
         }
+        check_no_poison(out);
+    }
+
+    /// Work requests the device kept while saying it took them.
+    pub fn untaken(&self) -> usize {
+        self.knobs.lock().unwrap().untaken
+    }
+
+    /// Once the device has run dry: nothing the ring's WRITEs put in the
+    /// peer's region was poison. Poison there (or in what a peer received,
+    /// checked as the peers reap) is a buffer the ring handed back while
+    /// the device had yet to read it.
+    pub fn check_peers_saw_no_poison(&self) {
+        // SAFETY: the device ran dry and every queue pair that could
+        // write the region is closed: nothing writes it while read.
+        let region = unsafe { self.peer_region.as_slice() };
+        assert!(
+            !region.contains(&POISON),
+            "the peer's region holds what a buffer held after the ring handed it back"
+        );
     }
 
     /// Lets go of every held completion and runs the device a while: what
@@ -267,7 +308,7 @@ impl Device {
             self.dev.progress();
         }
         for peer in self.peers.drain(..).chain(self.srq_peer.take()) {
-            drop(peer.close());
+            check_no_poison(peer.close());
         }
         for _ in 0..8 {
             self.dev.progress();

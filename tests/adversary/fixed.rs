@@ -17,7 +17,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
 
 use rdma_ring::backend::soft::{SoftDevice, SoftPd};
 use rdma_ring::backend::{AsyncEvent, RawCompletion, SrqConfig, WcStatus};
@@ -125,7 +124,7 @@ impl FixedAdversary {
             bufs,
             FixedRingConfig {
                 signal_interval: 4,
-                drain_timeout: Duration::from_millis(200),
+                drain_timeout: super::DRAIN_TIMEOUT,
                 ..FixedRingConfig::default()
             },
         );
@@ -431,13 +430,22 @@ impl FixedAdversary {
         // made.
         self.polls += 1;
         let mut out = Vec::new();
-        if self.polls % 2 == 0 {
+        // Forged completions are reported as unknown (the rest are kept);
+        // nothing else may fail.
+        let reaped = if self.polls % 2 == 0 {
             let taken = self.ring.reap_each(|c| out.push(c));
             if let Ok(taken) = taken {
                 assert_eq!(taken, out.len(), "what reap_each says it handed out");
             }
+            taken.map(drop)
         } else {
-            let _ = self.ring.reap(&mut out);
+            self.ring.reap(&mut out).map(drop)
+        };
+        if let Err(e) = reaped {
+            assert!(
+                matches!(e, rdma_ring::Error::UnknownWrId { .. }),
+                "reap failed: {e}"
+            );
         }
         self.returned_all(out);
         self.device.peers_reap();
@@ -517,9 +525,16 @@ impl FixedAdversary {
         let mut out = Vec::new();
         let _ = self.ring.reap(&mut out);
         self.returned_all(out);
+        let delivered = self.device.knobs.lock().unwrap().delivered_forgeries;
+        let unknown = self.ring.unknown_completions();
+        assert!(
+            unknown >= delivered,
+            "{delivered} forged completions handed to the ring, {unknown} counted as unknown"
+        );
         // Run the device dry: nothing it still held may touch a buried
         // slot.
         self.device.run_dry();
+        self.device.check_peers_saw_no_poison();
         for (i, buf) in self.graveyard.iter().enumerate() {
             assert!(
                 self.ring.bufs().bytes(buf).iter().all(|&b| b == POISON),
@@ -537,6 +552,17 @@ impl FixedAdversary {
         assert!(
             drained || missing > 0,
             "a detach timed out with every operation back"
+        );
+        // Only work the device kept while saying it took it may be missing
+        // (or hold up a detach).
+        let untaken = self.device.untaken();
+        assert!(
+            missing <= untaken,
+            "{missing} slots never came back, but the device kept only {untaken} work requests"
+        );
+        assert!(
+            self.stuck.is_empty() || untaken > 0,
+            "a detach timed out though the device kept nothing"
         );
         // Closing says whether the ring let go of everything: it must not
         // have, if operations are missing (it keeps their memory then).
@@ -768,6 +794,39 @@ pub fn a_partly_refused_shared_post_hands_the_rest_back() {
     }
     assert_eq!(a.ring.submit().unwrap(), 7);
     assert_eq!(a.ring.srq_posted(a.srq).unwrap(), 8);
+}
+
+/// A receive post the device takes none of while saying it took it all:
+/// the sends pushed beside it are never posted, and wait behind it. When
+/// the detach gives up on the receive, they come back from the next reap
+/// (none of them is on the device), not only when the ring is closed.
+pub fn what_a_timed_out_detach_never_posted_comes_back() {
+    let mut a = FixedAdversary::new();
+    let qp = a.handles[0];
+    let target = a.device.target();
+    let slot = a.ring.take_buf().unwrap();
+    a.ring.push(qp, RecvFixed::new(slot).user_data(1)).unwrap();
+    for id in 2..=4 {
+        let slot = a.ring.take_buf().unwrap();
+        let write = WriteFixed::new(slot, LEN as u32, target).user_data(id);
+        a.ring.push(qp, write).unwrap();
+    }
+    {
+        let mut knobs = a.device.knobs.lock().unwrap();
+        knobs.accept = Some(0);
+        knobs.overclaim = Some(0);
+    }
+    assert!(a.ring.submit().is_err(), "the refusal is reported");
+    a.device.after_submit();
+    assert!(matches!(
+        a.ring.detach(qp),
+        Err(rdma_ring::Error::Timeout(_))
+    ));
+    let mut out = Vec::new();
+    a.ring.reap(&mut out).unwrap();
+    let seen: Vec<_> = out.iter().map(|c| (c.user_data(), c.status())).collect();
+    let flushed = WcStatus::WrFlushErr;
+    assert_eq!(seen, [(2, flushed), (3, flushed), (4, flushed)]);
 }
 
 /// A receive the detached queue pair took, whose completion comes after

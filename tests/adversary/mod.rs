@@ -16,8 +16,12 @@
 //! registered. At the end, after the ring is closed and the device has run
 //! dry, each must still hold only poison: if the ring had released a
 //! buffer the device still held, the device's later write would show. The
-//! ring must also never panic and never hand an operation back twice, and
-//! every operation must come back or be counted as leaked.
+//! device's reads show too: neither the peers' region nor any message a
+//! peer received may hold poison. The ring must also never panic, never
+//! hand an operation back twice, and hand each queue's operations back in
+//! the order they were pushed; every operation must come back or be
+//! counted as leaked, and no more may be leaked than the device kept while
+//! saying it took it; every forged completion must be counted as unknown.
 
 #![allow(dead_code)]
 
@@ -60,6 +64,15 @@ pub struct Knobs {
     history: Vec<RawCompletion>,
     /// Every `wr_id` ever posted, so forged ones never name a real one.
     posted: HashSet<u64>,
+    /// The same in the order posted, to forge near misses of recent ones.
+    posted_order: Vec<u64>,
+    /// Work requests the device did not take while it said it took them
+    /// (a partial post overclaimed): the only work that may never come
+    /// back, so the only operations a ring may count as leaked.
+    pub untaken: usize,
+    /// Forged and repeated completions the ring was handed: each names
+    /// nothing of the ring's, so each must be counted as unknown.
+    pub delivered_forgeries: u64,
     /// Posts the knobs bent: taken in part, and overclaimed (a knob a
     /// post never reached bent nothing).
     bent_partial: usize,
@@ -115,8 +128,12 @@ fn post_bent<T, W: Copy>(
 ) -> Result<(), PostError> {
     let mut bent = knobs.lock().unwrap();
     bent.posted.extend(wrs.iter().map(&wr_id));
+    bent.posted_order.extend(wrs.iter().map(&wr_id));
     let take = bent.accept.take().map_or(wrs.len(), |n| n.min(wrs.len()));
     let overclaim = bent.overclaim.take();
+    if overclaim.is_some() {
+        bent.untaken += wrs.len() - take;
+    }
     bent.bent_partial += usize::from(take < wrs.len());
     bent.bent_overclaims += usize::from(overclaim.is_some());
     drop(bent);
@@ -223,22 +240,27 @@ unsafe impl CompletionQueue for AdvCq {
             if knobs.forged_ok(&forged) {
                 out[n] = forged;
                 n += 1;
+                knobs.delivered_forgeries += 1;
             }
         }
-        if knobs.hold.is_none() {
-            while n < out.len() {
-                let Some(held) = knobs.held.pop_front() else {
-                    break;
-                };
+        // What was held of a queue pair no longer held goes first, in order.
+        let mut still_held = VecDeque::new();
+        while let Some(held) = knobs.held.pop_front() {
+            if n < out.len() && knobs.hold != Some(held.qp_num) {
                 knobs.history.push(held);
                 out[n] = held;
                 n += 1;
+            } else {
+                still_held.push_back(held);
             }
         }
+        knobs.held = still_held;
         let mut real = vec![RawCompletion::default(); out.len() - n];
         let got = self.inner.poll(&mut real)?;
         for cqe in real.into_iter().take(got) {
-            if knobs.hold == Some(cqe.qp_num) || (knobs.hold.is_none() && !knobs.held.is_empty()) {
+            // Behind a held completion of its queue pair, one waits too:
+            // a queue pair's completions keep their order.
+            if knobs.hold == Some(cqe.qp_num) || knobs.held.iter().any(|h| h.qp_num == cqe.qp_num) {
                 knobs.held.push_back(cqe);
             } else {
                 knobs.history.push(cqe);
@@ -272,7 +294,7 @@ pub enum Step {
     ExecuteOne(usize),
     Poll,
     Forge {
-        wr_id: u64,
+        forgery: Forgery,
         qp: usize,
     },
     Repeat(usize),
@@ -304,6 +326,53 @@ pub enum Step {
     SrqQp(usize),
 }
 
+/// The `wr_id` of a forged completion.
+#[derive(Clone, Copy, Debug)]
+pub enum Forgery {
+    /// Any 64 bits: almost always a slot no ring has.
+    Raw(u64),
+    /// A `wr_id` posted `back` posts ago, changed by one of
+    /// [`NEAR_MISSES`]: the slot of a real operation, or the one beside it,
+    /// with another generation or sequence number, or the other queue's
+    /// bit. A forgery that names a `wr_id` posted is dropped, as the
+    /// contract requires, so what reaches the ring names a slot it has and
+    /// work it does not hold.
+    NearMiss { back: usize, delta: usize },
+}
+
+/// What a near miss adds to (wrapping) or flips in a posted `wr_id`:
+/// whatever the layout, the low bits are a slot or a sequence number and
+/// the high bits a generation or a slot.
+const NEAR_MISSES: [(u64, bool); 8] = [
+    (1, false),
+    (u64::MAX, false),
+    (2, false),
+    (1 << 32, false),
+    (u64::MAX << 32, false),
+    (1 << 47, true),
+    (1 << 46, true),
+    (1 << 48, false),
+];
+
+impl Forgery {
+    /// The `wr_id` to forge, given what was posted in order; none if
+    /// nothing was posted that far back.
+    pub fn wr_id(self, posted: &[u64]) -> Option<u64> {
+        match self {
+            Forgery::Raw(wr_id) => Some(wr_id),
+            Forgery::NearMiss { back, delta } => {
+                let base = *posted.get(posted.len().checked_sub(back + 1)?)?;
+                let (change, flip) = NEAR_MISSES[delta % NEAR_MISSES.len()];
+                Some(if flip {
+                    base ^ change
+                } else {
+                    base.wrapping_add(change)
+                })
+            }
+        }
+    }
+}
+
 /// Every byte string is a scenario.
 pub fn decode(bytes: &[u8]) -> Vec<Step> {
     let mut it = bytes.iter().copied();
@@ -332,13 +401,24 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             14 => Step::ExecuteOne(qp),
             15..=18 => Step::Poll,
             19 => {
-                let mut raw = [0u8; 8];
-                for byte in &mut raw {
-                    *byte = it.next().unwrap_or(0);
-                }
-                Step::Forge {
-                    wr_id: u64::from_le_bytes(raw),
-                    qp,
+                let b1 = it.next().unwrap_or(0);
+                if b1 & 0x80 != 0 {
+                    let mut raw = [0u8; 8];
+                    for byte in &mut raw {
+                        *byte = it.next().unwrap_or(0);
+                    }
+                    Step::Forge {
+                        forgery: Forgery::Raw(u64::from_le_bytes(raw)),
+                        qp,
+                    }
+                } else {
+                    Step::Forge {
+                        forgery: Forgery::NearMiss {
+                            back: usize::from(b1 & 7),
+                            delta: usize::from(b1 >> 3),
+                        },
+                        qp,
+                    }
                 }
             }
             20 | 21 => Step::Repeat(usize::from(it.next().unwrap_or(0))),
@@ -367,6 +447,9 @@ pub struct Adversary {
     next_id: u64,
     pushed: HashSet<u64>,
     returned: HashSet<u64>,
+    /// Per queue pair and queue (sends, receives), the last operation
+    /// handed back: each queue's come back in the order pushed.
+    last_back: std::collections::HashMap<(QpHandle, bool), u64>,
     /// Buffers handed back, poisoned, still registered.
     graveyard: Vec<RegisteredBuf>,
     leaked_before: u64,
@@ -405,6 +488,7 @@ impl Adversary {
             next_id: 1,
             pushed: HashSet::new(),
             returned: HashSet::new(),
+            last_back: std::collections::HashMap::new(),
             graveyard: Vec::new(),
             returned_ops: 0,
         }
@@ -481,8 +565,10 @@ impl Adversary {
     fn poll(&mut self) {
         let mut out = Vec::new();
         // Unknown `wr_id`s are reported as errors; the completions polled
-        // with them are kept, and the ring goes on.
-        let _ = self.ring.completion().reap(&mut out);
+        // with them are kept, and the ring goes on. Nothing else may fail.
+        if let Err(e) = self.ring.completion().reap(&mut out) {
+            assert!(matches!(e, Error::UnknownWrId { .. }), "reap failed: {e}");
+        }
         for c in out {
             self.returned_op(c);
         }
@@ -496,6 +582,10 @@ impl Adversary {
             "an op that was never pushed came back"
         );
         assert!(self.returned.insert(id), "op {id} came back twice");
+        let qp = c.qp().expect("every operation is of a queue pair");
+        let recv = c.kind() == rdma_ring::op::OpKind::Recv;
+        let last = self.last_back.insert((qp, recv), id).unwrap_or(0);
+        assert!(last < id, "op {id} of {qp:?} came back after op {last}");
         self.returned_ops += 1;
         for buf in c.into_bufs() {
             self.bury(buf.downcast().expect("a RegisteredBuf"));
@@ -509,6 +599,13 @@ impl Adversary {
     fn finish(&mut self) {
         self.device.settle();
         self.poll();
+        // Every forgery the ring was handed names nothing of its own.
+        let delivered = self.device.knobs.lock().unwrap().delivered_forgeries;
+        let unknown = self.ring.stats().unknown_cqes;
+        assert!(
+            unknown >= delivered,
+            "{delivered} forged completions handed to the ring, {unknown} counted as unknown"
+        );
         // Close: every queue pair to error, drained (or leaked); whatever
         // the adversary still holds comes out too.
         let ring = std::mem::replace(
@@ -528,14 +625,19 @@ impl Adversary {
         // buffer.
         self.device.run_dry();
         check_graveyard(&self.graveyard);
+        self.device.check_peers_saw_no_poison();
         let leaked = (rdma_ring::leak::leaked().buffers - self.leaked_before) as usize;
         let missing = self.pushed.len() - self.returned.len();
-        assert!(
-            missing <= leaked,
-            "{missing} operations never came back, {leaked} buffers counted as leaked"
-        );
+        check_losses(missing, leaked, self.device.untaken());
     }
 }
+
+/// How long a drain waits for what the adversary keeps. Short, as only
+/// such work waits it out: the soft device flushes a queue pair's work as
+/// the queue pair moves to error, so a drain that can finish finds every
+/// completion already queued, and each drain reaps all that is queued
+/// before it gives up (a descheduled thread cannot make it miss any).
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The device side, and a ring over its completion queue (with a short
 /// drain timeout: what the adversary keeps is leaked soon) with its queue
@@ -545,7 +647,7 @@ fn ring_over_device(config: RingConfig) -> (Device, Ring<AdvQp>, Vec<QpHandle>) 
     let mut ring: Ring<AdvQp> = Ring::with_cq(
         cq,
         RingConfig {
-            drain_timeout: std::time::Duration::from_millis(200),
+            drain_timeout: DRAIN_TIMEOUT,
             ..config
         },
     );
@@ -555,6 +657,21 @@ fn ring_over_device(config: RingConfig) -> (Device, Ring<AdvQp>, Vec<QpHandle>) 
         .map(|qp| ring.attach(qp).unwrap_or_else(|_| panic!("attach")))
         .collect();
     (device, ring, handles)
+}
+
+/// Operations that never came back (`missing`) must each be counted as
+/// leaked, and only work the device said it took and did not may be
+/// missing: a ring that loses a completion, or leaks an operation the
+/// device gave back, fails here.
+fn check_losses(missing: usize, leaked: usize, untaken: usize) {
+    assert!(
+        missing <= leaked,
+        "{missing} operations never came back, {leaked} buffers counted as leaked"
+    );
+    assert!(
+        leaked <= untaken,
+        "{leaked} buffers leaked, but the device kept only {untaken} work requests"
+    );
 }
 
 /// Poisons a buffer a ring handed back and keeps it, still registered.

@@ -31,7 +31,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use rdma_ring::backend::soft::{Progress, QpControl, SoftDevice, SoftPd, SoftQp};
 use rdma_ring::backend::{QpConfig, SrqConfig, WcStatus};
@@ -272,6 +272,14 @@ pub struct Model {
     received: HashMap<(Side, u32), VecDeque<Delivery>>,
     next_id: u64,
     leaked_before: u64,
+    /// Pairs (and generations) that something may have failed: a fault
+    /// injected, the link broken, a fatal event, a detach or a close, an
+    /// operation with a bad rkey, or one that takes a receive (which may
+    /// find none, RNR). Only these may see an error completion or have
+    /// work refused for an error: an error on one pair fails no other.
+    may_fail: HashSet<(usize, u32)>,
+    /// Queue pairs attached again after a detach, for coverage reports.
+    pub reattached: usize,
     /// What happened, for coverage reports.
     pub pushed: usize,
     pub completed: usize,
@@ -333,6 +341,8 @@ impl Model {
         let pool = BufferPool::new(&pd, CHUNK, POOL_CHUNKS).unwrap();
         let mut model = Model {
             leaked_before: rdma_ring::leak::leaked().buffers,
+            may_fail: HashSet::new(),
+            reattached: 0,
             dev,
             pd,
             pool,
@@ -378,7 +388,13 @@ impl Model {
         self.dev.connect(&qp, &client_qp).unwrap();
         let server_control = qp.control();
         let client_control = client_qp.control();
-        let handle = server.attach(qp).ok();
+        // Nothing in a scenario may make an attach fail: a refusal would
+        // leave the pair detached for good, every push refused.
+        let handle = Some(
+            server
+                .attach(qp)
+                .unwrap_or_else(|r| panic!("attach refused: {r:?}")),
+        );
         Pair {
             generation,
             handle,
@@ -430,9 +446,16 @@ impl Model {
                     while server.next_event().is_some() {}
                 }
             }
-            Action::Fail { side, nth, status } => self.control(*side).fail_nth(*nth, *status),
-            Action::Break(p) => self.pairs[*p].server_control.break_connection(),
+            Action::Fail { side, nth, status } => {
+                self.may_fail(side.pair());
+                self.control(*side).fail_nth(*nth, *status);
+            }
+            Action::Break(p) => {
+                self.may_fail(*p);
+                self.pairs[*p].server_control.break_connection();
+            }
             Action::Fatal(p) => {
+                self.may_fail(*p);
                 if self.pairs[*p].handle.is_some() {
                     self.fatal += 1;
                     self.pairs[*p].server_control.inject_fatal();
@@ -442,6 +465,11 @@ impl Model {
             Action::Reattach(p) => self.reattach(*p),
             Action::Close(side) => self.close(*side),
         }
+    }
+
+    /// Notes that pair `p`, as it is now, may see errors.
+    fn may_fail(&mut self, p: usize) {
+        self.may_fail.insert((p, self.pairs[p].generation));
     }
 
     fn ring(&mut self, side: Side) -> Option<&mut Ring<SoftQp>> {
@@ -595,6 +623,11 @@ impl Model {
                     shared || !self.end(side).saw_error,
                     "push accepted after an error completion was reaped"
                 );
+                let takes_a_receive =
+                    matches!(spec.kind, OpKind::Send | OpKind::SendImm | OpKind::WriteImm);
+                if spec.bad_rkey || takes_a_receive {
+                    self.may_fail.insert((p, generation));
+                }
                 if shared {
                     self.srq_recvs += 1;
                 } else if recv {
@@ -627,6 +660,10 @@ impl Model {
                         .is_some_and(|r| r.error_status().is_some()),
                 };
                 assert!(known, "refused for an error the ring never saw");
+                assert!(
+                    self.may_fail.contains(&(p, generation)),
+                    "pair {p} refused work for an error nothing could have caused"
+                );
             }
             Err(Error::NotAttached(_)) => {
                 assert!(
@@ -701,16 +738,23 @@ impl Model {
         let Some(server) = self.server.as_mut() else {
             return;
         };
-        if self.outstanding.values().any(|e| {
-            e.side == Side::Server(p) && e.generation == self.pairs[p].generation && !e.shared
-        }) {
+        let generation = self.pairs[p].generation;
+        let of_this_pair =
+            |e: &Expect| e.side == Side::Server(p) && e.generation == generation && !e.shared;
+        if self.outstanding.values().any(of_this_pair) {
             self.detached_in_flight += 1;
         }
+        self.may_fail.insert((p, generation));
         let detached = server.detach(h).unwrap();
         assert!(detached.drained, "the soft device always drains");
         // Its flushed completions are in the server's queue: take them now,
         // under the generation they belong to.
         self.poll(Side::Server(p));
+        // Drained to zero: nothing of its own is still out.
+        assert!(
+            !self.outstanding.values().any(of_this_pair),
+            "a detach said it drained, but work of the queue pair is still out"
+        );
     }
 
     /// A detached pair gets new queue pairs and regions: the old client
@@ -728,9 +772,14 @@ impl Model {
         let pair = self.new_pair(generation);
         self.pairs[p] = pair;
         self.register(p);
+        self.reattached += 1;
     }
 
     fn close(&mut self, side: Side) {
+        match side {
+            Side::Server(_) => (0..self.pairs.len()).for_each(|p| self.may_fail(p)),
+            Side::Client(p) => self.may_fail(p),
+        }
         let ring = match side {
             Side::Server(_) => self.server.take(),
             Side::Client(p) => self.pairs[p].client.take(),
@@ -796,6 +845,12 @@ impl Model {
         }
         if !c.status().is_success() {
             if !expect.shared {
+                assert!(
+                    self.may_fail.contains(&(side.pair(), expect.generation)),
+                    "an operation of pair {} failed ({}), though nothing could fail it",
+                    side.pair(),
+                    c.status()
+                );
                 self.end(side).saw_error = true;
             }
             if c.status().is_flush() {
