@@ -738,34 +738,37 @@ fn detach_drains_only_its_own_work() {
     assert_eq!(s.server.qps(), vec![b]);
 }
 
+/// A queue pair that refuses to move to error (allowed: then it is never
+/// reported drained).
+struct Wedged(SoftQp);
+// SAFETY: the soft queue pair's, except that it refuses `set_error`
+// (allowed: then it is never reported drained).
+unsafe impl QueuePair for Wedged {
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
+    fn caps(&self) -> QpCaps {
+        self.0.caps()
+    }
+    unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_send(wrs, sges) }
+    }
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
+        // SAFETY: passed through.
+        unsafe { self.0.post_recv(wrs, sges) }
+    }
+    fn set_error(&mut self) -> Result<(), Error> {
+        Err(Error::Soft("wedged"))
+    }
+    fn take_cq(&mut self) -> Option<SoftCq> {
+        self.0.take_cq()
+    }
+}
+
 /// A queue pair that refuses to move to error cannot be drained: detach
 /// leaks its in-flight buffers (never frees them) and says so.
 #[test]
 fn detach_leaks_what_it_cannot_drain() {
-    struct Wedged(SoftQp);
-    // SAFETY: the soft queue pair's, except that it refuses `set_error`
-    // (allowed: then it is never reported drained).
-    unsafe impl QueuePair for Wedged {
-        type Cq = SoftCq;
-        type Srq = SoftSrq;
-        fn caps(&self) -> QpCaps {
-            self.0.caps()
-        }
-        unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: passed through.
-            unsafe { self.0.post_send(wrs, sges) }
-        }
-        unsafe fn post_recv(&mut self, wrs: &[RecvWr], sges: &[Sge]) -> Result<(), PostError> {
-            // SAFETY: passed through.
-            unsafe { self.0.post_recv(wrs, sges) }
-        }
-        fn set_error(&mut self) -> Result<(), Error> {
-            Err(Error::Soft("wedged"))
-        }
-        fn take_cq(&mut self) -> Option<SoftCq> {
-            self.0.take_cq()
-        }
-    }
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let mut ring: Ring<Wedged> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
@@ -787,6 +790,42 @@ fn detach_leaks_what_it_cannot_drain() {
     assert!(rdma_ring::leak::leaked().buffers >= leaked_before + 3);
     drop((detached, ring, peer));
     assert_eq!(pool.available(), 1);
+}
+
+/// What such a queue pair's device already gave back is no work in
+/// flight: detach hands it back, and leaks nothing of it.
+#[test]
+fn detach_of_a_queue_pair_that_refuses_error_hands_back_what_completed() {
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let mut ring: Ring<Wedged> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let qp = dev.create_qp_on(&pd, ring.cq(), None, config()).unwrap();
+    let peer = dev.create_qp(&pd, config()).unwrap();
+    dev.connect(&qp, &peer).unwrap();
+    let h = ring.attach(Wedged(qp)).unwrap();
+    let pool = BufferPool::new(&pd, 64, 4).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
+    for i in 0..3 {
+        let write = Write::new(pool.take().unwrap(), target.remote()).user_data(i);
+        ring.submission_on(h).push(write).unwrap();
+    }
+    ring.submit().unwrap();
+    // The device runs them; their completion waits in the queue, unreaped.
+    dev.progress();
+    let leaked_before = rdma_ring::leak::leaked().buffers;
+    let detached = ring.detach(h).unwrap();
+    assert!(!detached.drained, "it refused to move to error");
+    let back = ring.completion().wait(3).unwrap();
+    assert_eq!(
+        back.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        (0..3).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    drop(back);
+    assert_eq!(rdma_ring::leak::leaked().buffers, leaked_before);
+    assert_eq!(pool.available(), 4, "nothing kept");
+    drop((detached, ring, peer));
 }
 
 /// A queue pair that cannot say whether its peer left (its connection's
@@ -1640,6 +1679,51 @@ fn refused_refill_receives_name_their_shared_receive_queue() {
     assert_eq!(refill_pool.available(), 8 - 3);
     drop(ring.close());
     assert_eq!(refill_pool.available(), 8);
+}
+
+/// A wait on a ring whose only work is a refill the device refuses: the
+/// refill's receives come back flushed from the reap inside the wait, and
+/// the wait returns them; it does not say they cannot come.
+#[test]
+fn a_wait_returns_a_refused_refill_s_receives() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let accept = std::sync::Arc::new(std::sync::Mutex::new(0));
+    let mut ring: Ring<OnRefusing> =
+        Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let srq = ring
+        .add_srq(Refusing {
+            inner: dev.create_srq(&pd, srq_config()).unwrap(),
+            accept: accept.clone(),
+        })
+        .unwrap();
+    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
+    ring.set_srq_refill(
+        srq,
+        Some(SrqRefill {
+            pool: refill_pool.clone(),
+            low: 2,
+            target: 5,
+            user_data: 9,
+        }),
+    )
+    .unwrap();
+    // Every chunk handed out and back (refused), and held here, so the
+    // refills stop; then nothing is ready, nothing posted.
+    let mut out = Vec::new();
+    while refill_pool.available() > 0 || out.is_empty() {
+        ring.completion().reap(&mut out).unwrap();
+    }
+    ring.completion().reap(&mut out).unwrap();
+    assert_eq!(out.len(), 8, "every chunk's receive refused");
+    assert_eq!(ring.in_flight(), 0, "nothing posted");
+    // The chunks go home: the reap inside the wait refills, and is refused.
+    drop(out);
+    let back = ring.completion().wait(1).unwrap();
+    assert!(!back.is_empty());
+    assert!(back
+        .iter()
+        .all(|c| (c.user_data(), c.status()) == (9, WcStatus::WrFlushErr)));
 }
 
 /// A queue pair made on this ring's completion queue but on another

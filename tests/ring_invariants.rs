@@ -863,6 +863,42 @@ fn an_unaccounted_post_whose_first_send_completes_reports_the_rest_flushed() {
     );
 }
 
+/// A completion of a send inside a post the backend could not account
+/// for proves the device took the post up to that send (a post is taken
+/// as a prefix), and RC completes in order: the sends before it without a
+/// completion of their own ran, and come back as done. Only what the
+/// teardown marker releases may never have been taken.
+#[test]
+fn an_unaccounted_post_whose_later_send_completes_reports_those_before_it_done() {
+    let p = default_pair();
+    let mut ring = misbehaving(&p);
+    let remote = p.exposed.remote();
+    for i in 0..3u64 {
+        let target = remote.slice(i * 1024..(i + 1) * 1024).unwrap();
+        let write = Write::new(p.pool.take().unwrap(), target).user_data(i);
+        let write = if i == 1 { write.signaled() } else { write };
+        ring.submission().push(write).unwrap();
+    }
+    set_accept(Some(2));
+    set_cannot_tell(true);
+    let err = ring.submission().submit().unwrap_err();
+    set_accept(None);
+    set_cannot_tell(false);
+    assert_eq!((err.posted, err.unposted.len()), (3, 0));
+    drop(err);
+    let back = ring.close();
+    assert_eq!(
+        back.iter()
+            .map(|c| (c.user_data(), c.status()))
+            .collect::<Vec<_>>(),
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
 /// A partial post whose sync marker the device refuses too: the
 /// accepted prefix ended unsignaled, and its owners may wait for it
 /// before sending anything more. The ring tries the marker again while

@@ -293,6 +293,11 @@ impl<Q: QueuePair> CompletionQueue<'_, Q> {
             if got >= min {
                 return Ok(got);
             }
+            if !self.ring.ready.is_empty() {
+                // Queued by the reap itself (a refused refill's receives,
+                // say): the next reap takes them.
+                continue;
+            }
             let possible = self.ring.expecting;
             if got + possible < min {
                 return Err(Error::WaitUnsatisfiable {
@@ -544,7 +549,9 @@ impl<Q: QueuePair> Ring<Q> {
     /// Releases the run of sends before `key`: as done, since RC
     /// completes in order, unless the device may never have taken them:
     /// from `unaccounted_from` (the first send of a post the backend could
-    /// not account for) on, as flushed.
+    /// not account for) on, as flushed, when the teardown marker releases
+    /// them. A send's own completion proves the device took its post up
+    /// to it (a post is taken as a prefix): those before it ran.
     #[inline(always)]
     fn release_run(&mut self, qp: Key, key: Key, unaccounted_from: Option<Key>) {
         let handle = Some(QpHandle {
@@ -552,13 +559,18 @@ impl<Q: QueuePair> Ring<Q> {
             key: qp,
         });
         let slot = self.qps.get_mut(qp).expect("looked up by the caller");
+        let by_marker = slot.drain == Some(key);
         let mut order = std::mem::take(&mut slot.send_order);
         let mut released = 0;
         let mut implicit = 0;
         let mut status = WcStatus::Success;
+        let mut passed = false;
         while let Some(front) = order.pop_front() {
             if unaccounted_from == Some(front) {
-                status = WcStatus::WrFlushErr;
+                passed = true;
+                if by_marker {
+                    status = WcStatus::WrFlushErr;
+                }
             }
             if front == key {
                 break;
@@ -568,7 +580,7 @@ impl<Q: QueuePair> Ring<Q> {
             implicit += u64::from(operation);
         }
         let slot = self.qps.get_mut(qp).expect("live above");
-        if status != WcStatus::Success {
+        if passed {
             // Passed now: the sends still after it are its post's too.
             slot.unaccounted_from = order.front().copied();
         }

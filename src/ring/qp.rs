@@ -352,8 +352,12 @@ impl<Q: QueuePair> Ring<Q> {
     /// error state; if the device did not drain in time, its in-flight
     /// buffers are leaked (never freed under the NIC) and `drained` is
     /// false. So it is too if the device refused to move the queue pair to
-    /// error: it may then still run, and receives it takes from a shared
-    /// receive queue complete as a former queue pair's.
+    /// error while it had work in flight or took receives from a shared
+    /// receive queue: it may then still run (what the device had already
+    /// given back is handed back, the rest leaked), and receives it takes
+    /// from a shared receive queue complete as a former queue pair's. An
+    /// idle queue pair of its own receives that the device refused to move
+    /// comes back drained, in the state it was in.
     ///
     /// ```
     /// # use rdma_ring::backend::{soft::SoftDevice, QpConfig, WcStatus};
@@ -423,6 +427,10 @@ impl<Q: QueuePair> Ring<Q> {
 
     fn drain_posted(&mut self, key: Key, deadline: Deadline) -> bool {
         if !self.start_drain(key, true) {
+            // It may still run, so it is not drained; but what the device
+            // already gave back is done, and is taken before the rest is
+            // leaked.
+            self.reap_queued();
             return false;
         }
         let drained = |ring: &Self| {
