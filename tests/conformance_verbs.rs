@@ -748,6 +748,67 @@ fn rdma_cm_in_steps_posts_receives_before_the_peer_can_send() {
     assert_eq!(rnr_naks(&name), before, "a message met no receive");
 }
 
+/// A requester that gives up before the listener answers (its connect
+/// timed out and its id went) fails that handshake as a peer's doing, not
+/// as a fault of the listener's device, and the listener serves the next
+/// requester.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE VM"]
+fn a_requester_gone_before_its_answer_fails_as_the_peer_s_doing() {
+    use rdma_ring::connect::cm;
+    use rdma_ring::Error;
+
+    let name = std::env::var("RDMA_RING_CM_DEVICE").unwrap_or_else(|_| "rxe1".into());
+    let ip = std::env::var("RDMA_RING_CM_ADDR")
+        .unwrap_or_else(|_| "10.99.0.1:7473".into())
+        .parse::<std::net::SocketAddr>()
+        .unwrap()
+        .ip();
+    let addr = std::net::SocketAddr::new(ip, 7479);
+    let dev = VerbsDevice::open(&name)
+        .unwrap_or_else(|e| panic!("NO RDMA DEVICE {name:?} for rdma_cm: {e}"));
+    let pd = dev.alloc_pd().unwrap();
+    let timeout = Duration::from_secs(30);
+    let listener = cm::CmListener::bind(addr).unwrap();
+    let gone = cm::resolve(addr, timeout)
+        .unwrap()
+        .create_qp(&dev, &pd, QpConfig::default())
+        .unwrap();
+    let err = gone
+        .connect(b"gone", Duration::from_millis(500))
+        .expect_err("nobody answered");
+    drop(gone);
+    eprintln!("the requester gave up: {err}");
+    std::thread::sleep(Duration::from_millis(500));
+    let request = listener.request(timeout).unwrap();
+    let answered = request
+        .create_qp(&dev, &pd, QpConfig::default())
+        .and_then(|qp| qp.accept(b"too late", Duration::from_secs(5)).map(|()| qp));
+    let err = answered.expect_err("the requester is gone");
+    assert!(
+        matches!(
+            err,
+            Error::Handshake { .. } | Error::HandshakeTimeout { .. }
+        ),
+        "{err:?}"
+    );
+    // The listener goes on: the next requester connects.
+    let server = std::thread::spawn(move || {
+        let request = listener.request(timeout).unwrap();
+        let qp = request.create_qp(&dev, &pd, QpConfig::default()).unwrap();
+        qp.accept(b"welcome", timeout).unwrap();
+        (qp, dev, pd)
+    });
+    let (dev, pd) = {
+        let dev = VerbsDevice::open(&name).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        (dev, pd)
+    };
+    let qp = cm::connect(&dev, &pd, addr, QpConfig::default(), b"next", timeout).unwrap();
+    assert!(qp.peer_private_data().starts_with(b"welcome"));
+    drop(server.join().unwrap());
+}
+
 /// Makes `slave` the active port of bond0 (on the Soft-RoCE VM: two dummy
 /// ports of their own MAC addresses, the bond following the active one's);
 /// whether `ip` did.

@@ -111,6 +111,7 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
     let again = listener
         .request(Duration::from_secs(10))
         .expect_err("a request on a removed device");
+    assert!(matches!(again, Error::Verbs { .. }), "{again}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "waited {:?} for {again}",
@@ -137,6 +138,9 @@ fn a_removed_device_fails_the_connection_instead_of_hanging() {
         .expect("the session listener still accepts on a removed device");
     let err = accepted.expect_err("a session on a removed device");
     assert!(session_listener_ended, "{err}");
+    // The listener's fault, not a peer's: a caller that accepts again on
+    // a peer's failure must not spin on it.
+    assert!(!err.is_peer_failure(), "{err}");
     let err = streams
         .accept_timeout(Duration::from_secs(10))
         .expect_err("a stream on a removed device");

@@ -100,7 +100,7 @@ impl Incoming for TcpListener {
 /// peer that gave up before it was accepted, or (Linux passes a new
 /// connection's pending network errors to `accept`, and accept(2) asks
 /// that TCP's be retried) a network error of that peer.
-fn one_peer_s_failure(e: &io::Error) -> bool {
+pub(crate) fn one_peer_s_failure(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted

@@ -58,6 +58,65 @@ fn cm_failure(step: &'static str, reason: String) -> Error {
     Error::Handshake { step, reason }
 }
 
+/// Why a connect request was rejected, from the IB CM reason rdma_cm
+/// passes as the event's status, and the private data the rejecting side
+/// sent (rdma_cm pads it with zeros to 148 bytes; the padding is left
+/// out).
+fn rejection(status: i32, private: &[u8]) -> String {
+    let why = match status {
+        1 => "the listener has no queue pair for it",
+        3 => "the listener's side is out of resources",
+        4 => "the listener's side timed out",
+        8 => "nothing listens at that address and port",
+        10 => "a stale connection holds that queue pair number",
+        26 => "the listener refused the path MTU",
+        27 => "the listener cannot answer as many READs and atomics at once",
+        28 => "the listener rejected it",
+        30 => "a connection of the same identifier is already there",
+        _ => "the listener's side rejected it",
+    };
+    let sent = private.len() - private.iter().rev().take_while(|&&b| b == 0).count();
+    if sent == 0 {
+        format!("{why} (IB CM reject reason {status})")
+    } else {
+        format!(
+            "{why} (IB CM reject reason {status}; it said {:?})",
+            String::from_utf8_lossy(&private[..sent])
+        )
+    }
+}
+
+/// A request's rdma_cm call refused as invalid before the answer went
+/// out: the requester gave up (its id destroyed, its REJ reset the
+/// request), which rdma_cm reports no other way, as it passes on no event
+/// for a request until it is answered. The requester's doing, so a
+/// handshake failure: a listener serves the next one.
+fn requester_gone(err: Error) -> Error {
+    match err {
+        Error::Verbs { verb, source }
+            if verb.starts_with("rdma_") && source.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            cm_failure(
+                "accepting",
+                format!("the requester gave up before it was answered ({verb}: {source})"),
+            )
+        }
+        other => other,
+    }
+}
+
+/// The listener's own device went away: its fault, not a peer's (a
+/// handshake error would tell the caller to accept again, for ever).
+fn listener_device_removed() -> Error {
+    Error::Verbs {
+        verb: "rdma_get_cm_event",
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the listener's device was removed: it hears no more requests",
+        ),
+    }
+}
+
 /// A handshake's step that failed because the network under it changed.
 fn stale_path(step: &'static str) -> Error {
     cm_failure(
@@ -949,10 +1008,7 @@ impl CmListener {
     pub fn request(&self, timeout: Duration) -> Result<CmRequest, Error> {
         let step = "waiting for a connect request";
         if self.removed() {
-            return Err(cm_failure(
-                step,
-                "the device was removed: this listener hears no more requests".into(),
-            ));
+            return Err(listener_device_removed());
         }
         let deadline = Deadline::after(timeout);
         // A listening id hears of its address changing too (a bonding
@@ -965,7 +1021,7 @@ impl CmListener {
                 ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
                     self.removed
                         .store(true, std::sync::atomic::Ordering::Release);
-                    return Err(unexpected(step, event.kind, event.status));
+                    return Err(listener_device_removed());
                 }
                 _ => {}
             }
@@ -1399,13 +1455,7 @@ impl CmQp {
         match event.kind {
             ev::RDMA_CM_EVENT_CONNECT_RESPONSE | ev::RDMA_CM_EVENT_ESTABLISHED => {}
             ev::RDMA_CM_EVENT_REJECTED => {
-                let failure = cm_failure(
-                    "connecting",
-                    format!(
-                        "the peer rejected the connection (status {}, private data {:?})",
-                        event.status, event.private
-                    ),
-                );
+                let failure = cm_failure("connecting", rejection(event.status, &event.private));
                 // For the caller to read why (see `CmRequest::reject_with`).
                 let _ = self.peer_private_data.set(event.private);
                 return Err(failure);
@@ -1476,7 +1526,7 @@ impl CmQp {
         // unanswered: dropped, it is rejected, not disconnected.
         let unanswered = |err: Error| {
             self.answered.store(false, Ordering::Release);
-            self.id.or_stale_path("accepting", err)
+            requester_gone(self.id.or_stale_path("accepting", err))
         };
         ready_qp(&self.id, &self.qp, Some(depths), &self.config).map_err(unanswered)?;
         let mut param = conn_param(&self.qp, depths, &self.config, private_data);
@@ -1639,8 +1689,26 @@ impl Drop for CmQp {
 
 #[cfg(test)]
 mod tests {
-    use super::{accept_depths, ev, kept_for_confirmation, unexpected};
+    use super::{accept_depths, ev, kept_for_confirmation, rejection, unexpected};
     use crate::error::Error;
+
+    /// A rejection says why in words, and what the rejecting side sent
+    /// without rdma_cm's zero padding.
+    #[test]
+    fn a_rejection_says_why_without_the_padding() {
+        let nobody = rejection(8, &[0u8; 148]);
+        assert_eq!(
+            nobody,
+            "nothing listens at that address and port (IB CM reject reason 8)"
+        );
+        let mut private = [0u8; 148];
+        private[..4].copy_from_slice(b"full");
+        assert_eq!(
+            rejection(28, &private),
+            "the listener rejected it (IB CM reject reason 28; it said \"full\")"
+        );
+        assert!(rejection(99, &[]).contains("reason 99"));
+    }
 
     /// rdma_cm's own timeouts come as events: a peer that is down or a
     /// route that found no answer is a timeout (as a silent peer is over

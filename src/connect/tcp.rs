@@ -410,24 +410,35 @@ pub fn accept_qp(
     config: crate::backend::QpConfig,
     timeout: Duration,
 ) -> Result<crate::backend::verbs::VerbsQp, Error> {
-    let (mut stream, _) = listener.accept().map_err(|e| {
-        let step = "accepting over TCP";
-        // A non-blocking listener with no peer waiting: nothing failed.
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            Error::HandshakeTimeout {
-                step,
-                reason: "no peer is waiting (the listener does not block)".into(),
-            }
-        } else {
-            Error::Handshake {
-                step,
-                reason: e.to_string(),
-            }
-        }
-    })?;
+    let (mut stream, _) = listener.accept().map_err(accept_failure)?;
     let qp = dev.create_qp(pd, config)?;
     handshake(&mut stream, &qp, timeout)?;
     Ok(qp)
+}
+
+/// What a failed TCP `accept` means: no peer waiting (a non-blocking
+/// listener), one peer's failure (a handshake error: accept again), or
+/// the listener's own (out of descriptors, say: accepting again would
+/// spin on it).
+#[cfg(feature = "verbs")]
+fn accept_failure(e: std::io::Error) -> Error {
+    let step = "accepting over TCP";
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        Error::HandshakeTimeout {
+            step,
+            reason: "no peer is waiting (the listener does not block)".into(),
+        }
+    } else if super::accept::one_peer_s_failure(&e) {
+        Error::Handshake {
+            step,
+            reason: e.to_string(),
+        }
+    } else {
+        Error::Verbs {
+            verb: "accept (the TCP listener)",
+            source: e,
+        }
+    }
 }
 
 /// Whether the peer's end of a (non-blocking) handshake socket closed: the
@@ -470,6 +481,20 @@ pub fn peer_closed(socket: &std::net::TcpStream) -> bool {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// A failed accept is a peer's failure only when a peer caused it:
+    /// the listener out of descriptors is its own, so that a caller that
+    /// accepts again after a peer's failure does not spin on it.
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn a_listener_out_of_descriptors_is_not_a_peer_s_failure() {
+        let own = accept_failure(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(matches!(own, Error::Verbs { .. }), "{own:?}");
+        let peer = accept_failure(std::io::Error::from_raw_os_error(libc::ECONNABORTED));
+        assert!(matches!(peer, Error::Handshake { .. }), "{peer:?}");
+        let none = accept_failure(std::io::ErrorKind::WouldBlock.into());
+        assert!(matches!(none, Error::HandshakeTimeout { .. }), "{none:?}");
+    }
 
     /// An endpoint told apart by `n` (its QPN, 0x10 + `n`).
     fn endpoint(n: u32) -> Endpoint {
