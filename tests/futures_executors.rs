@@ -474,3 +474,44 @@ fn a_locked_submit_rings_the_coalesced_operations_doorbell() {
         "done at the first poll"
     );
 }
+
+/// A `with_ring` closure that panics after its reap handed an awaited
+/// operation its completion: the operation's task is woken all the same
+/// (nothing else might wake it on a quiet ring).
+#[test]
+fn a_panicking_with_ring_closure_still_wakes_what_its_reap_completed() {
+    use rdma_ring::backend::QpConfig;
+    use rdma_ring::buf::{ExposedBuf, RegisteredBuf, RemoteAccess};
+    use rdma_ring::ring::{Ring, RingConfig};
+    use std::future::Future;
+
+    let dev = SoftDevice::with_progress(Progress::Manual);
+    let pd = dev.alloc_pd();
+    let (qa, _qb) = dev.connected_pair(&pd, &pd, QpConfig::default()).unwrap();
+    let target = ExposedBuf::new(&pd, vec![0u8; 8], RemoteAccess::WRITE).unwrap();
+    let a = AsyncRing::new(Ring::new(qa, RingConfig::default()), Wakeup::Reactor)
+        .unwrap_or_else(|_| panic!("a fresh ring"));
+    let mut write = a.write(
+        RegisteredBuf::new(&pd, vec![1u8; 8]).unwrap(),
+        target.remote(),
+    );
+    let woken = Arc::new(Woken(AtomicBool::new(false)));
+    let waker = futures::task::waker(Arc::clone(&woken));
+    let first = std::pin::Pin::new(&mut write).poll(&mut std::task::Context::from_waker(&waker));
+    assert!(first.is_pending(), "not run yet");
+    dev.progress();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.with_ring(|mut ring| {
+            let mut unawaited = Vec::new();
+            ring.completion().reap(&mut unawaited).unwrap();
+            panic!("the caller's closure panics after its reap");
+        })
+    }));
+    assert!(panicked.is_err());
+    assert!(
+        woken.0.load(Ordering::SeqCst),
+        "the write's task was never woken"
+    );
+    let done = futures::executor::block_on(write);
+    assert!(done.0.is_ok());
+}

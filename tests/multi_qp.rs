@@ -812,7 +812,6 @@ fn detach_of_a_queue_pair_that_refuses_error_hands_back_what_completed() {
     ring.submit().unwrap();
     // The device runs them; their completion waits in the queue, unreaped.
     dev.progress();
-    let leaked_before = rdma_ring::leak::leaked().buffers;
     let detached = ring.detach(h).unwrap();
     assert!(!detached.drained, "it refused to move to error");
     let back = ring.completion().wait(3).unwrap();
@@ -823,7 +822,8 @@ fn detach_of_a_queue_pair_that_refuses_error_hands_back_what_completed() {
         (0..3).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
     );
     drop(back);
-    assert_eq!(rdma_ring::leak::leaked().buffers, leaked_before);
+    // (The process's leak count is shared with tests running beside this
+    // one: the pool says what this ring kept.)
     assert_eq!(pool.available(), 4, "nothing kept");
     drop((detached, ring, peer));
 }

@@ -63,6 +63,13 @@ fn cm_failure(step: &'static str, reason: String) -> Error {
 /// sent (rdma_cm pads it with zeros to 148 bytes; the padding is left
 /// out).
 fn rejection(status: i32, private: &[u8]) -> String {
+    if status < 0 {
+        // iWARP's reason is an errno.
+        return format!(
+            "the peer refused the connection ({})",
+            std::io::Error::from_raw_os_error(-status)
+        );
+    }
     let why = match status {
         1 => "the listener has no queue pair for it",
         3 => "the listener's side is out of resources",
@@ -108,12 +115,15 @@ fn requester_gone(err: Error) -> Error {
 /// The listener's own device went away: its fault, not a peer's (a
 /// handshake error would tell the caller to accept again, for ever).
 fn listener_device_removed() -> Error {
+    device_removed("the listener's device was removed: it hears no more requests")
+}
+
+/// Our device went away, `what` saying whose: a fault of ours, not a
+/// peer's.
+fn device_removed(what: &'static str) -> Error {
     Error::Verbs {
         verb: "rdma_get_cm_event",
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "the listener's device was removed: it hears no more requests",
-        ),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, what),
     }
 }
 
@@ -375,8 +385,13 @@ impl CmId {
     /// past. The event looked at is taken whatever it is: the handshake
     /// fails either way.
     fn or_stale_path(&self, step: &'static str, err: Error) -> Error {
+        let event = self.try_event();
+        if matches!(event, Ok(Some(ref e)) if e.kind == ev::RDMA_CM_EVENT_DEVICE_REMOVAL) {
+            // Not the path, nor the peer: the device under the id went.
+            return device_removed("the device under the connection was removed");
+        }
         let address_changed = matches!(
-            self.try_event(),
+            event,
             Ok(Some(event)) if event.kind == ev::RDMA_CM_EVENT_ADDR_CHANGE
         );
         let gid_gone = matches!(
@@ -1708,6 +1723,10 @@ mod tests {
             "the listener rejected it (IB CM reject reason 28; it said \"full\")"
         );
         assert!(rejection(99, &[]).contains("reason 99"));
+        // iWARP says why with an errno.
+        let refused = rejection(-libc::ECONNREFUSED, &[]);
+        assert!(refused.contains("refused"), "{refused}");
+        assert!(!refused.contains("IB CM"), "{refused}");
     }
 
     /// rdma_cm's own timeouts come as events: a peer that is down or a

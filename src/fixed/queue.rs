@@ -190,7 +190,8 @@ pub(super) struct AttachedQp<Q> {
     pub(super) error: Option<WcStatus>,
     /// Flushed completions of work it never posted, held back while
     /// posted work is out: a queue pair's completions come out in the
-    /// order its work was pushed, flushes included.
+    /// order its work was pushed, flushes included (unless a detach timed
+    /// out on that posted work, which may never come back).
     pub(super) parked: Vec<super::FixedCompletion>,
 }
 

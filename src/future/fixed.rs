@@ -719,9 +719,7 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
                 notifier_loop(
                     shared.events.clone(),
                     &shared.stop,
-                    || {
-                        let _ = shared.drive();
-                    },
+                    || shared.drive().is_ok(),
                     || {
                         shared.tick();
                     },
@@ -1164,8 +1162,9 @@ impl<Q: QueuePair + Send + 'static> AsyncFixedRing<Q> {
     /// about to send). Tasks that each push one operation and await it
     /// then share doorbells. Off by default: each first poll posts at
     /// once, which is what a lone task wants — and with it on, a future
-    /// polled only once (`now_or_never`, a `select!` that drops it) leaves
-    /// its operation unposted until something above posts it. Closing
+    /// polled once and then kept without being polled again (a `select!`
+    /// arm that lost, held for later) leaves its operation unposted until
+    /// something above posts it (dropping it does). Closing
     /// does not post what waits: it comes back flushed, never run.
     ///
     /// ```

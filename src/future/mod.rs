@@ -340,6 +340,27 @@ pub(crate) fn take_and_arm(
 /// how long a push that nobody awaits stays unposted.
 pub(crate) const DEFERRED_MAX: usize = 32;
 
+/// The ring's lock while a caller's closure runs on it: if the closure
+/// panics, what it collected to wake (an awaited operation its reap
+/// completed, say) is woken all the same, with the lock released, as
+/// nothing else may wake it on a quiet ring.
+struct WakeOnUnwind<'a, Q: QueuePair>(Option<MutexGuard<'a, Ring<Q>>>);
+
+impl<Q: QueuePair> Drop for WakeOnUnwind<'_, Q> {
+    fn drop(&mut self) {
+        if let Some(mut ring) = self.0.take() {
+            let mut wakes = Vec::new();
+            ring.take_wakes(&mut wakes);
+            let let_go = ring.take_let_go();
+            drop(ring);
+            crate::wakers::wake_all(wakes);
+            if let Some(let_go) = let_go {
+                crate::wakers::drop_quietly(let_go);
+            }
+        }
+    }
+}
+
 impl<Q: QueuePair> Shared<Q> {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Ring<Q>> {
         // The ring's state stays consistent across a panicking waker.
@@ -349,8 +370,9 @@ impl<Q: QueuePair> Shared<Q> {
     /// Runs `f` on the locked ring, then wakes the wakers it collected
     /// with the lock released (see `ring::lifecycle`).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        let mut ring = self.lock();
-        let result = f(&mut ring);
+        let mut locked = WakeOnUnwind(Some(self.lock()));
+        let result = f(locked.0.as_mut().expect("held until taken below"));
+        let mut ring = locked.0.take().expect("held until here");
         // Most calls leave nobody to wake: they skip the thread-local.
         if !ring.has_wakes() {
             return result;

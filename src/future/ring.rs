@@ -71,9 +71,7 @@ impl<Q: QueuePair + Send + 'static> AsyncRing<Q> {
                 notifier_loop(
                     shared.events.clone(),
                     &shared.stop,
-                    || {
-                        let _ = shared.drive();
-                    },
+                    || shared.drive().is_ok(),
                     || shared.tick(),
                 )
             })

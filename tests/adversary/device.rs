@@ -192,7 +192,7 @@ impl Device {
                 let Some(wr_id) = forgery.wr_id(&knobs.posted_order) else {
                     return RingStep::None;
                 };
-                if !knobs.posted.contains(&wr_id) {
+                if !knobs.posted.contains(&wr_id) && knobs.forged.len() < super::MAX_FORGED {
                     self.forged += 1;
                     knobs.forged.push_back(RawCompletion {
                         wr_id,
@@ -203,7 +203,7 @@ impl Device {
             }
             Step::Repeat(k) => {
                 let mut knobs = self.knobs.lock().unwrap();
-                if !knobs.history.is_empty() {
+                if !knobs.history.is_empty() && knobs.forged.len() < super::MAX_FORGED {
                     let old = knobs.history[k % knobs.history.len()];
                     knobs.forged.push_back(old);
                     self.repeated += 1;

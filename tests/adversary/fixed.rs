@@ -430,8 +430,8 @@ impl FixedAdversary {
         // made.
         self.polls += 1;
         let mut out = Vec::new();
-        // Forged completions are reported as unknown (the rest are kept);
-        // nothing else may fail.
+        // Forged completions are counted (`unknown_completions`), not
+        // reported: no reap may fail.
         let reaped = if self.polls % 2 == 0 {
             let taken = self.ring.reap_each(|c| out.push(c));
             if let Ok(taken) = taken {

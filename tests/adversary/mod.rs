@@ -326,6 +326,12 @@ pub enum Step {
     SrqQp(usize),
 }
 
+/// Forged and repeated completions waiting to be reported, at most: a
+/// drain that gives up reaps what its completion queue can hold (256
+/// entries, of which the real work takes fewer than 64), and forgeries are
+/// reported first.
+pub const MAX_FORGED: usize = 64;
+
 /// The `wr_id` of a forged completion.
 #[derive(Clone, Copy, Debug)]
 pub enum Forgery {
@@ -399,26 +405,25 @@ pub fn decode(bytes: &[u8]) -> Vec<Step> {
             }
             12 | 13 => Step::Progress,
             14 => Step::ExecuteOne(qp),
-            15..=18 => Step::Poll,
-            19 => {
+            15..=17 => Step::Poll,
+            18 => {
                 let b1 = it.next().unwrap_or(0);
-                if b1 & 0x80 != 0 {
-                    let mut raw = [0u8; 8];
-                    for byte in &mut raw {
-                        *byte = it.next().unwrap_or(0);
-                    }
-                    Step::Forge {
-                        forgery: Forgery::Raw(u64::from_le_bytes(raw)),
-                        qp,
-                    }
-                } else {
-                    Step::Forge {
-                        forgery: Forgery::NearMiss {
-                            back: usize::from(b1 & 7),
-                            delta: usize::from(b1 >> 3),
-                        },
-                        qp,
-                    }
+                Step::Forge {
+                    forgery: Forgery::NearMiss {
+                        back: usize::from(b1 & 7),
+                        delta: usize::from(b1 >> 3),
+                    },
+                    qp,
+                }
+            }
+            19 => {
+                let mut raw = [0u8; 8];
+                for byte in &mut raw {
+                    *byte = it.next().unwrap_or(0);
+                }
+                Step::Forge {
+                    forgery: Forgery::Raw(u64::from_le_bytes(raw)),
+                    qp,
                 }
             }
             20 | 21 => Step::Repeat(usize::from(it.next().unwrap_or(0))),
@@ -636,7 +641,9 @@ impl Adversary {
 /// such work waits it out: the soft device flushes a queue pair's work as
 /// the queue pair moves to error, so a drain that can finish finds every
 /// completion already queued, and each drain reaps all that is queued
-/// before it gives up (a descheduled thread cannot make it miss any).
+/// before it gives up (a descheduled thread cannot make it miss any), up
+/// to what its completion queue holds, which [`MAX_FORGED`] keeps the
+/// forged backlog well within.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The device side, and a ring over its completion queue (with a short

@@ -104,6 +104,29 @@ impl VerbsCq {
     }
 }
 
+/// A work completion as the ring takes it: all the verbs backend does per
+/// completion after the provider's poll. Apart so that its cost can be
+/// measured without a device (see `translation_probe`).
+#[inline]
+pub(super) fn raw_completion(wc: &ibv_wc) -> RawCompletion {
+    let status = WcStatus::from_code(wc.status);
+    // Only a successful receive's flags and length are defined: a provider
+    // may set IBV_WC_WITH_IMM on the sender's own completion of a send or
+    // write with immediate and write neither the immediate nor the length
+    // (`wcs` is reused, so those would be an earlier completion's).
+    let recv = status.is_success() && wc.opcode & rdma_sys::ibv_wc_opcode::IBV_WC_RECV != 0;
+    let with_imm = recv && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    RawCompletion {
+        wr_id: wc.wr_id,
+        qp_num: wc.qp_num,
+        status,
+        byte_len: if recv { wc.byte_len } else { 0 },
+        // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
+        imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+        by_write_imm: recv && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+    }
+}
+
 // SAFETY: completions come from `ibv_poll_cq`, which reports each work
 // request once, after the NIC is done with it, with the number of the QP it
 // ran on; the id and depth are fixed at creation.
@@ -136,25 +159,7 @@ unsafe impl CompletionQueue for VerbsCq {
             });
         }
         for (slot, wc) in out.iter_mut().zip(&self.wcs[..n as usize]) {
-            let status = WcStatus::from_code(wc.status);
-            // Only a successful receive's flags and length are defined: a
-            // provider may set IBV_WC_WITH_IMM on the sender's own
-            // completion of a send or write with immediate and write
-            // neither the immediate nor the length (`wcs` is reused, so
-            // those would be an earlier completion's).
-            let recv = status.is_success() && wc.opcode & rdma_sys::ibv_wc_opcode::IBV_WC_RECV != 0;
-            let with_imm = recv && wc.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-            *slot = RawCompletion {
-                wr_id: wc.wr_id,
-                qp_num: wc.qp_num,
-                status,
-                byte_len: if recv { wc.byte_len } else { 0 },
-                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate.
-                imm: with_imm
-                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
-                by_write_imm: recv
-                    && wc.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
-            };
+            *slot = raw_completion(wc);
         }
         Ok(n as usize)
     }

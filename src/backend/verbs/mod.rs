@@ -37,6 +37,8 @@ mod events;
 mod pd;
 mod qp;
 mod srq;
+#[cfg(test)]
+mod translation_probe;
 
 use std::ffi::CStr;
 

@@ -501,6 +501,55 @@ fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     }
 }
 
+/// Fills the first `wrs.len()` entries of `list` (which has room for
+/// them) from the ring's work requests, linked in order, each naming its
+/// elements in `sges`: all the verbs backend does per work request before
+/// the provider's post. Apart so that its cost can be measured without a
+/// device (see `translation_probe`).
+#[inline]
+pub(super) fn fill_send_list(
+    list: &mut [ibv_send_wr],
+    wrs: &[SendWr],
+    sges: &[Sge],
+) -> Result<(), PostError> {
+    let base = list.as_mut_ptr();
+    for (i, (wr, out)) in wrs.iter().zip(list.iter_mut()).enumerate() {
+        let Some(elements) = wr.sges.of(sges) else {
+            return Err(PostError {
+                accepted: 0,
+                error: Error::PostRejected("scatter/gather span out of range"),
+            });
+        };
+        out.wr_id = wr.wr_id;
+        out.next = if i + 1 < wrs.len() {
+            base.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
+        // `Sge` is laid out as `ibv_sge` (asserted in `verbs`), and the
+        // NIC only reads the list.
+        out.sg_list = elements.as_ptr().cast::<ibv_sge>().cast_mut();
+        out.num_sge = elements.len() as i32;
+        out.opcode = opcode(wr.opcode);
+        out.send_flags = wr.flags.bits();
+        out.imm_data_invalidated_rkey_union.imm_data = wr.imm.to_be();
+        if wr.opcode.is_atomic() {
+            out.wr.atomic = rdma_sys::atomic_t {
+                remote_addr: wr.remote_addr,
+                compare_add: wr.compare_add,
+                swap: wr.swap,
+                rkey: wr.rkey,
+            };
+        } else {
+            out.wr.rdma = rdma_sys::rdma_t {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+            };
+        }
+    }
+    Ok(())
+}
+
 // SAFETY: work requests complete on the CQ this QP was created on (named in
 // `caps`), reported by `ibv_poll_cq` once each, after the NIC is done with
 // them, in send-queue order, and always for failed or flushed ones; posts
@@ -526,42 +575,8 @@ unsafe impl QueuePair for VerbsQp {
                 error: Error::PostRejected("more work requests than the send queue holds"),
             });
         }
+        fill_send_list(&mut self.send_wrs, wrs, sges)?;
         let base = self.send_wrs.as_mut_ptr();
-        for (i, wr) in wrs.iter().enumerate() {
-            let Some(list) = wr.sges.of(sges) else {
-                return Err(PostError {
-                    accepted: 0,
-                    error: Error::PostRejected("scatter/gather span out of range"),
-                });
-            };
-            let out = &mut self.send_wrs[i];
-            out.wr_id = wr.wr_id;
-            out.next = if i + 1 < wrs.len() {
-                base.wrapping_add(i + 1)
-            } else {
-                std::ptr::null_mut()
-            };
-            // `Sge` is laid out as `ibv_sge` (asserted in `verbs`), and the
-            // NIC only reads the list.
-            out.sg_list = list.as_ptr().cast::<ibv_sge>().cast_mut();
-            out.num_sge = list.len() as i32;
-            out.opcode = opcode(wr.opcode);
-            out.send_flags = wr.flags.bits();
-            out.imm_data_invalidated_rkey_union.imm_data = wr.imm.to_be();
-            if wr.opcode.is_atomic() {
-                out.wr.atomic = rdma_sys::atomic_t {
-                    remote_addr: wr.remote_addr,
-                    compare_add: wr.compare_add,
-                    swap: wr.swap,
-                    rkey: wr.rkey,
-                };
-            } else {
-                out.wr.rdma = rdma_sys::rdma_t {
-                    remote_addr: wr.remote_addr,
-                    rkey: wr.rkey,
-                };
-            }
-        }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the list is linked within `send_wrs`, each element list lies
         // in `sges`, both live across the call; the caller guarantees the
