@@ -559,6 +559,32 @@ fn another_rings_queue_pair_on_the_queue_releases_none_of_this_rings_receives() 
     drop(stray);
 }
 
+/// The device's `LastWqeReached` applied while the queue pair is still
+/// attached (its peer failed it) is not lost: once it is detached, its
+/// number is not kept as a former queue pair's, since nothing more can
+/// name it (a later queue pair with the number would be suspected of its
+/// late flushes, and a caller waiting for the event would wait for ever).
+#[test]
+fn the_last_receive_s_event_applied_while_attached_is_kept_for_the_detach() {
+    let mut s = server(64, 8);
+    let events = s.dev.async_events().unwrap();
+    let (conn, _client) = s.connect();
+    s.post_receives(1, 0);
+    s.ring.fail_qp(conn).unwrap();
+    let last = std::iter::from_fn(|| events.next_event().unwrap())
+        .find(|e| matches!(e, AsyncEvent::LastWqeReached { .. }))
+        .expect("the device says the failed queue pair took its last receive");
+    assert!(s.ring.apply_event(last), "an attached queue pair's");
+    let qp = s.ring.detach(conn).unwrap();
+    assert_eq!(last.qp_num(), Some(qp.qpn()));
+    assert!(
+        !s.ring.apply_event(last),
+        "its number was kept as a former queue pair's"
+    );
+    drop(qp);
+    assert_eq!(s.ring.srq_posted(s.srq).unwrap(), 1);
+}
+
 #[test]
 fn the_device_saying_a_detached_queue_pair_took_its_last_receive_concerns_the_ring() {
     let mut s = server(64, 8);

@@ -1697,6 +1697,45 @@ fn a_wait_returns_a_refused_refill_s_receives() {
             accept: accept.clone(),
         })
         .unwrap();
+    // The pool is empty when the refill is set (its chunks held here), so
+    // the first top-up waits for the reap inside the wait.
+    let refill_pool = BufferPool::new(&pd, 64, 4).unwrap();
+    let held: Vec<_> = (0..4).map(|_| refill_pool.take().unwrap()).collect();
+    ring.set_srq_refill(
+        srq,
+        Some(SrqRefill {
+            pool: refill_pool.clone(),
+            low: 2,
+            target: 4,
+            user_data: 9,
+        }),
+    )
+    .unwrap();
+    assert_eq!(ring.in_flight(), 0, "nothing posted");
+    drop(held);
+    let back = ring.completion().wait(1).unwrap();
+    assert_eq!(back.len(), 4);
+    assert!(back
+        .iter()
+        .all(|c| (c.user_data(), c.status()) == (9, WcStatus::WrFlushErr)));
+}
+
+/// A refill whose post the device refuses stops: its receives come back
+/// flushed once, and later reaps neither take chunks nor ring doorbells
+/// (they would, and be refused, on every reap).
+#[test]
+fn a_refused_refill_post_stops_the_refill() {
+    let dev = SoftDevice::new();
+    let pd = dev.alloc_pd();
+    let accept = std::sync::Arc::new(std::sync::Mutex::new(0));
+    let mut ring: Ring<OnRefusing> =
+        Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
+    let srq = ring
+        .add_srq(Refusing {
+            inner: dev.create_srq(&pd, srq_config()).unwrap(),
+            accept: accept.clone(),
+        })
+        .unwrap();
     let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
     ring.set_srq_refill(
         srq,
@@ -1708,22 +1747,90 @@ fn a_wait_returns_a_refused_refill_s_receives() {
         }),
     )
     .unwrap();
-    // Every chunk handed out and back (refused), and held here, so the
-    // refills stop; then nothing is ready, nothing posted.
     let mut out = Vec::new();
-    while refill_pool.available() > 0 || out.is_empty() {
-        ring.completion().reap(&mut out).unwrap();
-    }
     ring.completion().reap(&mut out).unwrap();
-    assert_eq!(out.len(), 8, "every chunk's receive refused");
-    assert_eq!(ring.in_flight(), 0, "nothing posted");
-    // The chunks go home: the reap inside the wait refills, and is refused.
+    assert_eq!(out.len(), 5, "the refused top-up, flushed");
     drop(out);
-    let back = ring.completion().wait(1).unwrap();
-    assert!(!back.is_empty());
-    assert!(back
-        .iter()
-        .all(|c| (c.user_data(), c.status()) == (9, WcStatus::WrFlushErr)));
+    let doorbells = ring.srq_doorbells(srq).unwrap();
+    for _ in 0..4 {
+        let mut out = Vec::new();
+        ring.completion().reap(&mut out).unwrap();
+        assert!(out.is_empty(), "refilled again: {out:?}");
+    }
+    assert_eq!(ring.srq_doorbells(srq), Some(doorbells));
+    assert_eq!(refill_pool.available(), 8);
+}
+
+/// A refill's marks are checked: a low-water mark of 0 (it would never
+/// run), above the target, or a target deeper than the queue is refused.
+#[test]
+fn a_refill_s_marks_are_checked() {
+    let s = star(Progress::Auto, 1, 256, Some(srq_config()));
+    let (mut server, srq) = (s.server, s.srq.unwrap());
+    let refill = |low, target| SrqRefill {
+        pool: s.pool.clone(),
+        low,
+        target,
+        user_data: 0,
+    };
+    for (low, target) in [(0, 4), (5, 4), (2, 33)] {
+        let err = server
+            .set_srq_refill(srq, Some(refill(low, target)))
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Incompatible(_)),
+            "{low} {target}: {err}"
+        );
+    }
+    assert_eq!(server.srq_posted(srq), Some(0), "nothing taken");
+    server.set_srq_refill(srq, Some(refill(2, 32))).unwrap();
+    assert_eq!(server.srq_posted(srq), Some(32));
+}
+
+/// Removing a shared receive queue does not top it up first: the reap that
+/// takes its filled receives' completions would, with chunks that came
+/// home since, and post them only to flush them.
+#[test]
+fn removing_a_shared_receive_queue_does_not_refill_it() {
+    let mut s = star(Progress::Auto, 1, 256, Some(srq_config()));
+    let srq = s.srq.unwrap();
+    let refill_pool = BufferPool::new(&s.pd, 64, 5).unwrap();
+    s.server
+        .set_srq_refill(
+            srq,
+            Some(SrqRefill {
+                pool: refill_pool.clone(),
+                low: 2,
+                target: 5,
+                user_data: 9,
+            }),
+        )
+        .unwrap();
+    // Four messages fill four receives; the pool is empty, so the reap
+    // that takes them tops nothing up.
+    for _ in 0..4 {
+        s.clients[0]
+            .submission()
+            .push(Send::new(s.pool.take().unwrap().slice(0..4)))
+            .unwrap();
+        s.clients[0].submit().unwrap();
+        s.clients[0].completion().wait(1).unwrap();
+    }
+    let filled = s.server.completion().wait(4).unwrap();
+    assert_eq!(s.server.srq_posted(srq), Some(1));
+    let detached = s.server.detach(s.handles[0]).unwrap();
+    assert!(detached.drained);
+    drop(detached);
+    // Their chunks go home; then the queue goes.
+    drop(filled);
+    assert_eq!(refill_pool.available(), 4);
+    let doorbells = s.server.stats().doorbells;
+    s.server.remove_srq(srq).unwrap();
+    assert_eq!(s.server.stats().doorbells, doorbells, "topped up to flush");
+    let back = s.server.completion().wait(1).unwrap();
+    assert_eq!(back.len(), 1, "the one receive left, flushed");
+    drop(back);
+    assert_eq!(refill_pool.available(), 5);
 }
 
 /// A queue pair made on this ring's completion queue but on another

@@ -36,10 +36,13 @@ impl<Q: QueuePair> FixedRing<Q> {
     ///   the ring reaps what is queued (it comes back from the next reap)
     ///   and tops the queues up now; else the queue is the caller's to
     ///   refill (`true` says the event concerns the ring);
-    /// * `SrqError` of a shared receive queue the ring holds,
-    ///   `LastWqeReached` of an attached queue pair: nothing changes (they
-    ///   concern the ring, and `true` says so). A failed shared receive
-    ///   queue's queue pairs are failed by their own events.
+    /// * `LastWqeReached` of an attached queue pair on a shared receive
+    ///   queue: kept for its detach, which reaps what it took and then
+    ///   forgets it at once (no later event is needed to drop it);
+    /// * `SrqError` of a shared receive queue the ring holds: nothing
+    ///   changes (it concerns the ring, and `true` says so). A failed
+    ///   shared receive queue's queue pairs are failed by their own
+    ///   events.
     ///
     /// Other events change nothing here.
     ///
@@ -105,8 +108,14 @@ impl<Q: QueuePair> FixedRing<Q> {
             }
             AsyncEvent::SrqError { srq } => self.srq_index_of(srq).is_some(),
             AsyncEvent::LastWqeReached { qp_num } => {
-                self.qps.iter().flatten().any(|s| s.qpn == qp_num)
-                    || self.last_receive_of_former(qp_num)
+                let attached = self.qps.iter_mut().flatten().find(|s| s.qpn == qp_num);
+                match attached {
+                    Some(slot) => {
+                        slot.last_wqe = slot.srq.is_some();
+                        true
+                    }
+                    None => self.last_receive_of_former(qp_num),
+                }
             }
             _ => false,
         }

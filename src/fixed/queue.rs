@@ -160,6 +160,10 @@ pub(super) struct AttachedQp<Q> {
     /// A queue pair detached from that queue had its number: a flush
     /// naming it may be a late one of that queue pair's.
     pub(super) reused_number: bool,
+    /// The device said it takes no more of the shared queue's receives
+    /// (`LastWqeReached`, applied while attached): once its completions
+    /// are reaped at detach, none can name its number.
+    pub(super) last_wqe: bool,
     pub(super) limits: Limits,
     /// Sends the ring lets be outstanding: the send queue's depth less the
     /// drain marker's place.

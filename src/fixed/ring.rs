@@ -321,6 +321,7 @@ impl<Q: QueuePair> FixedRing<Q> {
             dirty: false,
             error: None,
             parked: Vec::new(),
+            last_wqe: false,
             qp,
         });
         // The drain marker's entry, kept until detach.
@@ -714,7 +715,8 @@ impl<Q: QueuePair> FixedRing<Q> {
     /// them all with
     /// [`AsyncEvent::LastWqeReached`](crate::backend::AsyncEvent::LastWqeReached):
     /// apply that event ([`apply_event`](Self::apply_event), which reaps
-    /// them) before dropping the queue pair, as a device may drop the
+    /// them; applied while it was still attached, the detach itself does)
+    /// before dropping the queue pair, as a device may drop the
     /// completions of a destroyed queue pair. A receive lost so holds one
     /// of the queue's places, counted as posted (and its slot stays with
     /// the ring), until the queue is removed or the ring closed, which
@@ -808,7 +810,15 @@ impl<Q: QueuePair> FixedRing<Q> {
         if let Some(srq) = slot.srq {
             self.consumers.remove(slot.qpn);
             if let Some(srq) = self.srqs[srq as usize].as_mut() {
-                srq.leave(slot.qpn);
+                // Its last receive's event came while attached, and what it
+                // took was reaped above: no completion will name its number,
+                // so it is not remembered (a queue pair that takes the
+                // number over is not suspected of its late flushes).
+                if slot.last_wqe && self.failed.is_none() {
+                    srq.leave_for_good();
+                } else {
+                    srq.leave(slot.qpn);
+                }
             }
         }
         Ok(slot.qp)

@@ -103,6 +103,12 @@ impl<S> AttachedSrq<S> {
         self.remember(qpn, true);
     }
 
+    /// A queue pair leaves whose last receive was reported and reaped:
+    /// nothing more can name its number.
+    pub(super) fn leave_for_good(&mut self) {
+        self.attached -= 1;
+    }
+
     /// Remembers `qpn` as a queue pair on this queue, not attached
     /// (`detached`, or announced), whose receives may be reported.
     fn remember(&mut self, qpn: u32, detached: bool) {

@@ -18,7 +18,11 @@ use crate::op::{Limits, Operation, Recv};
 /// pool chunks until `target` are (or the pool runs dry), and posts them
 /// with one doorbell. Their completions arrive like any other receive, with
 /// `user_data`; dropping a completion's buffer returns the chunk to the
-/// pool.
+/// pool. `low` is at least 1 and at most `target`, which is at most the
+/// queue's depth. A post of the refill's that the device refuses stops
+/// it (its receives come back flushed): otherwise every reap would take
+/// chunks, post them, and have them refused again; set it again once the
+/// queue takes receives.
 ///
 /// ```
 /// use rdma_ring::ring::SrqRefill;
@@ -427,7 +431,20 @@ impl<Q: QueuePair> Ring<Q> {
         let key = self
             .srq_key(srq)
             .ok_or(Error::NotAttached("shared receive queue"))?;
-        self.srqs.get_mut(key).expect("checked").refill = refill;
+        let slot = self.srqs.get_mut(key).expect("checked");
+        if let Some(refill) = &refill {
+            if refill.low == 0 || refill.low > refill.target {
+                return Err(Error::Incompatible(
+                    "a refill's low-water mark must be at least 1 and at most its target",
+                ));
+            }
+            if refill.target > slot.caps.max_wr as usize {
+                return Err(Error::Incompatible(
+                    "a refill's target is deeper than the shared receive queue",
+                ));
+            }
+        }
+        slot.refill = refill;
         self.refill_srqs();
         Ok(())
     }
@@ -645,8 +662,7 @@ impl<Q: QueuePair> Ring<Q> {
         // Post the refilled queues now (only those: other queues' pushed
         // work waits for the caller's submit). Refused receives go back to
         // the completion queue as flushed, so their chunks return to the
-        // pool.
-        let mut posting = Posting::default();
+        // pool, and the refill of a queue that refused stops.
         for index in 0..self.srqs.capacity() as u32 {
             let Some(key) = self.srqs.key_at(index) else {
                 continue;
@@ -655,11 +671,13 @@ impl<Q: QueuePair> Ring<Q> {
             if slot.dirty && slot.refill.is_some() {
                 slot.dirty = false;
                 self.dirty.retain(|q| *q != QueueRef::Srq(key));
+                let mut posting = Posting::default();
                 self.submit_srq(key, &mut posting);
+                if let Some((_, unposted)) = posting.failure {
+                    self.srqs.get_mut(key).expect("live").refill = None;
+                    self.requeue_unposted(unposted);
+                }
             }
-        }
-        if let Some((_, unposted)) = posting.failure {
-            self.requeue_unposted(unposted);
         }
     }
 
@@ -703,11 +721,17 @@ impl<Q: QueuePair> Ring<Q> {
                 "queue pairs on this shared receive queue are still attached",
             ));
         }
+        // Its refill stops first: the reaps below would top it up again.
+        let refill = self.srqs.get_mut(key).expect("checked").refill.take();
         self.flush_pending(QueueRef::Srq(key));
         // Receives a message already filled have their completions queued:
         // take them before the rest are handed back as flushed.
         self.reap_queued();
-        self.srqs.get_mut(key).expect("checked").srq.destroy()?;
+        let slot = self.srqs.get_mut(key).expect("checked");
+        if let Err(e) = slot.srq.destroy() {
+            slot.refill = refill;
+            return Err(e);
+        }
         self.release_srq_receives(key);
         let slot = self.srqs.remove(key).expect("checked");
         self.dirty.retain(|q| *q != QueueRef::Srq(key));
