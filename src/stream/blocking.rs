@@ -227,7 +227,17 @@ impl<Q: QueuePair> RdmaStream<Q> {
         pd: &dyn ProtectionDomain,
         config: StreamConfig,
     ) -> Result<PendingStream<Q>, Error> {
-        let deadline = Deadline::after(config.connect_timeout);
+        RdmaStream::prepare_by(qp, pd, config, Deadline::after(config.connect_timeout))
+    }
+
+    /// [`prepare`](Self::prepare), the connection due by `deadline` (a
+    /// listener's, counted from before it waited for the peer to speak).
+    pub(crate) fn prepare_by(
+        qp: Q,
+        pd: &dyn ProtectionDomain,
+        config: StreamConfig,
+        deadline: Deadline,
+    ) -> Result<PendingStream<Q>, Error> {
         // The hello promises the peer every receive buffer: a queue too
         // shallow to post them all would meet the peer's sends with
         // receiver-not-ready.
