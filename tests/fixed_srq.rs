@@ -560,7 +560,7 @@ fn another_rings_queue_pair_on_the_queue_releases_none_of_this_rings_receives() 
 }
 
 /// The device's `LastWqeReached` applied while the queue pair is still
-/// attached (its peer failed it) is not lost: once it is detached, its
+/// attached (failed, here on request) is not lost: once it is detached, its
 /// number is not kept as a former queue pair's, since nothing more can
 /// name it (a later queue pair with the number would be suspected of its
 /// late flushes, and a caller waiting for the event would wait for ever).

@@ -111,7 +111,10 @@ impl<Q: QueuePair> FixedRing<Q> {
                 let attached = self.qps.iter_mut().flatten().find(|s| s.qpn == qp_num);
                 match attached {
                     Some(slot) => {
-                        slot.last_wqe = slot.srq.is_some();
+                        // Only for a queue pair the ring knows is in error:
+                        // a live one of a reused number must not take an
+                        // earlier holder's event for its own.
+                        slot.last_wqe = slot.srq.is_some() && slot.error.is_some();
                         true
                     }
                     None => self.last_receive_of_former(qp_num),

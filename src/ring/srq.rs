@@ -19,10 +19,10 @@ use crate::op::{Limits, Operation, Recv};
 /// with one doorbell. Their completions arrive like any other receive, with
 /// `user_data`; dropping a completion's buffer returns the chunk to the
 /// pool. `low` is at least 1 and at most `target`, which is at most the
-/// queue's depth. A post of the refill's that the device refuses stops
-/// it (its receives come back flushed): otherwise every reap would take
-/// chunks, post them, and have them refused again; set it again once the
-/// queue takes receives.
+/// queue's depth. A post of the refill's that the device refuses hands
+/// its receives back flushed (their chunks go home once the completions
+/// are dropped), and the refill tries again at the next reap below the
+/// mark: a queue that refuses for a while takes receives again after.
 ///
 /// ```
 /// use rdma_ring::ring::SrqRefill;
@@ -662,7 +662,8 @@ impl<Q: QueuePair> Ring<Q> {
         // Post the refilled queues now (only those: other queues' pushed
         // work waits for the caller's submit). Refused receives go back to
         // the completion queue as flushed, so their chunks return to the
-        // pool, and the refill of a queue that refused stops.
+        // pool.
+        let mut posting = Posting::default();
         for index in 0..self.srqs.capacity() as u32 {
             let Some(key) = self.srqs.key_at(index) else {
                 continue;
@@ -671,13 +672,11 @@ impl<Q: QueuePair> Ring<Q> {
             if slot.dirty && slot.refill.is_some() {
                 slot.dirty = false;
                 self.dirty.retain(|q| *q != QueueRef::Srq(key));
-                let mut posting = Posting::default();
                 self.submit_srq(key, &mut posting);
-                if let Some((_, unposted)) = posting.failure {
-                    self.srqs.get_mut(key).expect("live").refill = None;
-                    self.requeue_unposted(unposted);
-                }
             }
+        }
+        if let Some((_, unposted)) = posting.failure {
+            self.requeue_unposted(unposted);
         }
     }
 

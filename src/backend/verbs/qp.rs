@@ -501,8 +501,8 @@ fn opcode(op: SendOpcode) -> rdma_sys::ibv_wr_opcode::Type {
     }
 }
 
-/// Fills the first `wrs.len()` entries of `list` (which has room for
-/// them) from the ring's work requests, linked in order, each naming its
+/// Fills the first `wrs.len()` entries of `list` (refused if it has no
+/// room for them) from the ring's work requests, linked in order, each naming its
 /// elements in `sges`: all the verbs backend does per work request before
 /// the provider's post. Apart so that its cost can be measured without a
 /// device (see `translation_probe`).
@@ -512,6 +512,12 @@ pub(super) fn fill_send_list(
     wrs: &[SendWr],
     sges: &[Sge],
 ) -> Result<(), PostError> {
+    let Some(list) = list.get_mut(..wrs.len()) else {
+        return Err(PostError {
+            accepted: 0,
+            error: Error::PostRejected("more work requests than the send queue holds"),
+        });
+    };
     let base = list.as_mut_ptr();
     for (i, (wr, out)) in wrs.iter().zip(list.iter_mut()).enumerate() {
         let Some(elements) = wr.sges.of(sges) else {
@@ -568,12 +574,6 @@ unsafe impl QueuePair for VerbsQp {
     unsafe fn post_send(&mut self, wrs: &[SendWr], sges: &[Sge]) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
-        }
-        if wrs.len() > self.send_wrs.len() {
-            return Err(PostError {
-                accepted: 0,
-                error: Error::PostRejected("more work requests than the send queue holds"),
-            });
         }
         fill_send_list(&mut self.send_wrs, wrs, sges)?;
         let base = self.send_wrs.as_mut_ptr();
