@@ -59,45 +59,6 @@ pub(crate) fn io_error(step: &'static str, e: std::io::Error, got: usize, want: 
     Error::Handshake { step, reason }
 }
 
-/// Waits by `deadline` until the peer has sent something, which stays
-/// unread: a listener whose peers send first spends nothing on one that
-/// never does. A peer that closes first, or says nothing in time, is a
-/// failed handshake.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-pub(crate) fn await_bytes(
-    stream: &TcpStream,
-    deadline: Deadline,
-    step: &'static str,
-) -> Result<(), Error> {
-    loop {
-        let left = deadline.remaining();
-        if left.is_zero() {
-            return Err(io_error(
-                step,
-                ErrorKind::TimedOut.into(),
-                0,
-                ENDPOINT_WIRE_LEN,
-            ));
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(|e| io_error(step, e, 0, ENDPOINT_WIRE_LEN))?;
-        match stream.peek(&mut [0u8; 1]) {
-            Ok(0) => {
-                return Err(io_error(
-                    step,
-                    ErrorKind::UnexpectedEof.into(),
-                    0,
-                    ENDPOINT_WIRE_LEN,
-                ))
-            }
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_error(step, e, 0, ENDPOINT_WIRE_LEN)),
-        }
-    }
-}
-
 /// Reads exactly `buf.len()` bytes by `deadline` (a deadline for the whole
 /// read, so a peer trickling bytes cannot stretch it).
 pub(crate) fn read_exact(
@@ -520,35 +481,6 @@ pub fn peer_closed(socket: &std::net::TcpStream) -> bool {
 mod tests {
     use super::*;
     use std::net::TcpListener;
-
-    /// Waiting for a peer to speak: what it sent stays to be read; one
-    /// that closes, or stays silent past the deadline, fails as a peer's
-    /// handshake.
-    #[test]
-    fn await_bytes_waits_for_the_peer_to_speak_and_leaves_what_it_said() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let step = "waiting for the peer's endpoint";
-        let deadline = || Deadline::after(Duration::from_millis(200));
-
-        let _silent = TcpStream::connect(addr).unwrap();
-        let (ours, _) = listener.accept().unwrap();
-        let err = await_bytes(&ours, deadline(), step).unwrap_err();
-        assert!(matches!(err, Error::HandshakeTimeout { .. }), "{err:?}");
-
-        drop(TcpStream::connect(addr).unwrap());
-        let (ours, _) = listener.accept().unwrap();
-        let err = await_bytes(&ours, deadline(), step).unwrap_err();
-        assert!(matches!(err, Error::Handshake { .. }), "{err:?}");
-
-        let mut speaks = TcpStream::connect(addr).unwrap();
-        let (mut ours, _) = listener.accept().unwrap();
-        speaks.write_all(b"RE").unwrap();
-        await_bytes(&ours, deadline(), step).unwrap();
-        let mut said = [0u8; 2];
-        ours.read_exact(&mut said).unwrap();
-        assert_eq!(&said, b"RE");
-    }
 
     /// A failed accept is a peer's failure only when a peer caused it:
     /// the listener out of descriptors is its own, so that a caller that

@@ -227,17 +227,7 @@ impl<Q: QueuePair> RdmaStream<Q> {
         pd: &dyn ProtectionDomain,
         config: StreamConfig,
     ) -> Result<PendingStream<Q>, Error> {
-        RdmaStream::prepare_by(qp, pd, config, Deadline::after(config.connect_timeout))
-    }
-
-    /// [`prepare`](Self::prepare), the connection due by `deadline` (a
-    /// listener's, counted from before it waited for the peer to speak).
-    pub(crate) fn prepare_by(
-        qp: Q,
-        pd: &dyn ProtectionDomain,
-        config: StreamConfig,
-        deadline: Deadline,
-    ) -> Result<PendingStream<Q>, Error> {
+        let deadline = Deadline::after(config.connect_timeout);
         // The hello promises the peer every receive buffer: a queue too
         // shallow to post them all would meet the peer's sends with
         // receiver-not-ready.

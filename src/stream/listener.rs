@@ -78,10 +78,9 @@ impl RdmaListener {
         self.tcp.local_addr()
     }
 
-    /// Waits for the next peer and connects a stream to it: once the peer
-    /// has sent its endpoint (until then it has no queue pair and no
-    /// buffers), a queue pair with its receives posted, the handshake,
-    /// then the hellos (all of it within the config's `connect_timeout`). Handshakes run side by
+    /// Waits for the next peer and connects a stream to it: a queue pair
+    /// with its receives posted, the handshake, then the hellos (all of it
+    /// within the config's `connect_timeout`). Handshakes run side by
     /// side, on threads of their own (64 at most; more peers wait in the
     /// TCP backlog), so a peer that stalls holds up nobody behind it while
     /// fewer than 64 stall at once. One address has 8 at most; its further peers wait their turn, accepted, so
@@ -92,13 +91,7 @@ impl RdmaListener {
     pub fn accept(&self) -> io::Result<RdmaStream<VerbsQp>> {
         let (dev, pd, config) = (self.dev.clone(), self.pd.clone(), self.config);
         self.tcp.accept(move |(socket, peer)| {
-            // A peer sends its endpoint before it reads ours: until it
-            // has, it gets no queue pair and no registered buffers, so
-            // peers that connect and say nothing cost a socket each.
-            let deadline = Deadline::after(config.connect_timeout);
-            tcp::await_bytes(&socket, deadline, "waiting for the peer's endpoint")
-                .map_err(to_io)?;
-            over_tcp(socket, &dev, &pd, config, deadline).map(|mut s| {
+            over_tcp(socket, &dev, &pd, config).map(|mut s| {
                 s.peer_addr = Some(peer);
                 s
             })
@@ -117,12 +110,11 @@ fn over_tcp(
     dev: &VerbsDevice,
     pd: &VerbsPd,
     config: StreamConfig,
-    deadline: Deadline,
 ) -> io::Result<RdmaStream<VerbsQp>> {
     let local = socket.local_addr().ok();
     let peer = socket.peer_addr().ok();
     let qp = dev.create_qp(pd, config.qp_config()).map_err(to_io)?;
-    let pending = RdmaStream::prepare_by(qp, pd, config, deadline).map_err(to_io)?;
+    let pending = RdmaStream::prepare(qp, pd, config).map_err(to_io)?;
     tcp::handshake_by(&mut socket, pending.qp(), pending.deadline()).map_err(to_io)?;
     let mut stream = pending.establish_in_time()?;
     stream.local_addr = local;
@@ -146,8 +138,7 @@ impl RdmaStream<VerbsQp> {
         config.check().map_err(to_io)?;
         let socket = tcp::dial(addr, config.connect_timeout).map_err(to_io)?;
         let pd = dev.alloc_pd().map_err(to_io)?;
-        let deadline = Deadline::after(config.connect_timeout);
-        over_tcp(socket, dev, &pd, config, deadline)
+        over_tcp(socket, dev, &pd, config)
     }
 }
 
