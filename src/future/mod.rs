@@ -340,23 +340,23 @@ pub(crate) fn take_and_arm(
 /// how long a push that nobody awaits stays unposted.
 pub(crate) const DEFERRED_MAX: usize = 32;
 
-/// The ring's lock while a caller's closure runs on it: if the closure
+/// Armed while a caller's closure runs on the locked ring: if the closure
 /// panics, what it collected to wake (an awaited operation its reap
-/// completed, say) is woken all the same, with the lock released, as
-/// nothing else may wake it on a quiet ring.
-struct WakeOnUnwind<'a, Q: QueuePair>(Option<MutexGuard<'a, Ring<Q>>>);
+/// completed, say) is woken all the same once the unwinding released the
+/// lock, as nothing else may wake it on a quiet ring. Defused (forgotten)
+/// on the normal path, where it costs nothing.
+struct WakeOnUnwind<'a, Q: QueuePair>(&'a Shared<Q>);
 
 impl<Q: QueuePair> Drop for WakeOnUnwind<'_, Q> {
     fn drop(&mut self) {
-        if let Some(mut ring) = self.0.take() {
-            let mut wakes = Vec::new();
-            ring.take_wakes(&mut wakes);
-            let let_go = ring.take_let_go();
-            drop(ring);
-            crate::wakers::wake_all(wakes);
-            if let Some(let_go) = let_go {
-                crate::wakers::drop_quietly(let_go);
-            }
+        let mut ring = self.0.lock();
+        let mut wakes = Vec::new();
+        ring.take_wakes(&mut wakes);
+        let let_go = ring.take_let_go();
+        drop(ring);
+        crate::wakers::wake_all(wakes);
+        if let Some(let_go) = let_go {
+            crate::wakers::drop_quietly(let_go);
         }
     }
 }
@@ -370,9 +370,12 @@ impl<Q: QueuePair> Shared<Q> {
     /// Runs `f` on the locked ring, then wakes the wakers it collected
     /// with the lock released (see `ring::lifecycle`).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Ring<Q>) -> R) -> R {
-        let mut locked = WakeOnUnwind(Some(self.lock()));
-        let result = f(locked.0.as_mut().expect("held until taken below"));
-        let mut ring = locked.0.take().expect("held until here");
+        // Declared before the lock's guard, so dropped after it: an
+        // unwinding closure releases the lock first.
+        let on_unwind = WakeOnUnwind(self);
+        let mut ring = self.lock();
+        let result = f(&mut ring);
+        std::mem::forget(on_unwind);
         // Most calls leave nobody to wake: they skip the thread-local.
         if !ring.has_wakes() {
             return result;
