@@ -765,10 +765,9 @@ unsafe impl QueuePair for Wedged {
     }
 }
 
-/// A queue pair that refuses to move to error cannot be drained: detach
-/// leaks its in-flight buffers (never frees them) and says so.
-#[test]
-fn detach_leaks_what_it_cannot_drain() {
+/// A ring over one `Wedged` queue pair (manual progress), its handle and
+/// its connected peer.
+fn wedged_ring() -> (SoftDevice, SoftPd, Ring<Wedged>, QpHandle, SoftQp) {
     let dev = SoftDevice::with_progress(Progress::Manual);
     let pd = dev.alloc_pd();
     let mut ring: Ring<Wedged> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
@@ -776,6 +775,14 @@ fn detach_leaks_what_it_cannot_drain() {
     let peer = dev.create_qp(&pd, config()).unwrap();
     dev.connect(&qp, &peer).unwrap();
     let h = ring.attach(Wedged(qp)).unwrap();
+    (dev, pd, ring, h, peer)
+}
+
+/// A queue pair that refuses to move to error cannot be drained: detach
+/// leaks its in-flight buffers (never frees them) and says so.
+#[test]
+fn detach_leaks_what_it_cannot_drain() {
+    let (_dev, pd, mut ring, h, peer) = wedged_ring();
     let pool = BufferPool::new(&pd, 64, 4).unwrap();
     for _ in 0..3 {
         ring.submission_on(h)
@@ -796,13 +803,7 @@ fn detach_leaks_what_it_cannot_drain() {
 /// flight: detach hands it back, and leaks nothing of it.
 #[test]
 fn detach_of_a_queue_pair_that_refuses_error_hands_back_what_completed() {
-    let dev = SoftDevice::with_progress(Progress::Manual);
-    let pd = dev.alloc_pd();
-    let mut ring: Ring<Wedged> = Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
-    let qp = dev.create_qp_on(&pd, ring.cq(), None, config()).unwrap();
-    let peer = dev.create_qp(&pd, config()).unwrap();
-    dev.connect(&qp, &peer).unwrap();
-    let h = ring.attach(Wedged(qp)).unwrap();
+    let (dev, pd, mut ring, h, peer) = wedged_ring();
     let pool = BufferPool::new(&pd, 64, 4).unwrap();
     let target = ExposedBuf::new(&pd, vec![0u8; 64], RemoteAccess::WRITE).unwrap();
     for i in 0..3 {
@@ -1637,13 +1638,20 @@ unsafe impl rdma_ring::backend::SharedReceiveQueue for Refusing {
 /// The queue pair type for a `Refusing` shared receive queue.
 type OnRefusing = OnSoft<SoftCq, Refusing>;
 
-/// Receives of a refill the device refused come back flushed, naming the
-/// shared receive queue they were pushed to, and their chunks go home.
-#[test]
-fn refused_refill_receives_name_their_shared_receive_queue() {
+/// A ring holding a `Refusing` shared receive queue, which takes
+/// `accept` receives in all (more once `accept` is raised).
+struct RefusingRing {
+    _dev: SoftDevice,
+    pd: SoftPd,
+    ring: Ring<OnRefusing>,
+    srq: SrqHandle,
+    accept: std::sync::Arc<std::sync::Mutex<usize>>,
+}
+
+fn refusing_ring(accept: usize) -> RefusingRing {
     let dev = SoftDevice::new();
     let pd = dev.alloc_pd();
-    let accept = std::sync::Arc::new(std::sync::Mutex::new(3));
+    let accept = std::sync::Arc::new(std::sync::Mutex::new(accept));
     let mut ring: Ring<OnRefusing> =
         Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
     let srq = ring
@@ -1652,17 +1660,35 @@ fn refused_refill_receives_name_their_shared_receive_queue() {
             accept: accept.clone(),
         })
         .unwrap();
-    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
-    ring.set_srq_refill(
+    RefusingRing {
+        _dev: dev,
+        pd,
+        ring,
         srq,
-        Some(SrqRefill {
-            pool: refill_pool.clone(),
-            low: 2,
-            target: 5,
-            user_data: 9,
-        }),
-    )
-    .unwrap();
+        accept,
+    }
+}
+
+/// A refill from `pool`: below 2 posted, up to `target`, tagged 9.
+fn refill(pool: &BufferPool, target: usize) -> SrqRefill {
+    SrqRefill {
+        pool: pool.clone(),
+        low: 2,
+        target,
+        user_data: 9,
+    }
+}
+
+/// Receives of a refill the device refused come back flushed, naming the
+/// shared receive queue they were pushed to, and their chunks go home.
+#[test]
+fn refused_refill_receives_name_their_shared_receive_queue() {
+    let RefusingRing {
+        pd, mut ring, srq, ..
+    } = refusing_ring(3);
+    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
+    ring.set_srq_refill(srq, Some(refill(&refill_pool, 5)))
+        .unwrap();
     assert_eq!(ring.srq_posted(srq), Some(3), "the device took three");
     let mut out = Vec::new();
     ring.completion().reap(&mut out).unwrap();
@@ -1686,31 +1712,15 @@ fn refused_refill_receives_name_their_shared_receive_queue() {
 /// the wait returns them; it does not say they cannot come.
 #[test]
 fn a_wait_returns_a_refused_refill_s_receives() {
-    let dev = SoftDevice::new();
-    let pd = dev.alloc_pd();
-    let accept = std::sync::Arc::new(std::sync::Mutex::new(0));
-    let mut ring: Ring<OnRefusing> =
-        Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
-    let srq = ring
-        .add_srq(Refusing {
-            inner: dev.create_srq(&pd, srq_config()).unwrap(),
-            accept: accept.clone(),
-        })
-        .unwrap();
+    let RefusingRing {
+        pd, mut ring, srq, ..
+    } = refusing_ring(0);
     // The pool is empty when the refill is set (its chunks held here), so
     // the first top-up waits for the reap inside the wait.
     let refill_pool = BufferPool::new(&pd, 64, 4).unwrap();
     let held: Vec<_> = (0..4).map(|_| refill_pool.take().unwrap()).collect();
-    ring.set_srq_refill(
-        srq,
-        Some(SrqRefill {
-            pool: refill_pool.clone(),
-            low: 2,
-            target: 4,
-            user_data: 9,
-        }),
-    )
-    .unwrap();
+    ring.set_srq_refill(srq, Some(refill(&refill_pool, 4)))
+        .unwrap();
     assert_eq!(ring.in_flight(), 0, "nothing posted");
     drop(held);
     let back = ring.completion().wait(1).unwrap();
@@ -1726,28 +1736,16 @@ fn a_wait_returns_a_refused_refill_s_receives() {
 /// for a while is not left deaf).
 #[test]
 fn a_refused_refill_tries_again_and_tops_up_once_the_queue_takes_receives() {
-    let dev = SoftDevice::new();
-    let pd = dev.alloc_pd();
-    let accept = std::sync::Arc::new(std::sync::Mutex::new(0));
-    let mut ring: Ring<OnRefusing> =
-        Ring::with_cq(dev.create_cq(64).unwrap(), RingConfig::default());
-    let srq = ring
-        .add_srq(Refusing {
-            inner: dev.create_srq(&pd, srq_config()).unwrap(),
-            accept: accept.clone(),
-        })
-        .unwrap();
-    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
-    ring.set_srq_refill(
+    let RefusingRing {
+        pd,
+        mut ring,
         srq,
-        Some(SrqRefill {
-            pool: refill_pool.clone(),
-            low: 2,
-            target: 5,
-            user_data: 9,
-        }),
-    )
-    .unwrap();
+        accept,
+        ..
+    } = refusing_ring(0);
+    let refill_pool = BufferPool::new(&pd, 64, 8).unwrap();
+    ring.set_srq_refill(srq, Some(refill(&refill_pool, 5)))
+        .unwrap();
     let mut out = Vec::new();
     ring.completion().reap(&mut out).unwrap();
     assert!(out
